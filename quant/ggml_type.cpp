@@ -1,0 +1,65 @@
+#include "quant/ggml_type.h"
+
+#include <array>
+#include <cctype>
+#include <stdexcept>
+
+namespace hetmoe::quant {
+namespace {
+
+using T = GgmlType;
+
+constexpr std::array kTypes = {
+    TypeInfo{T::F32, "F32", 1, 4, T::F32},
+    TypeInfo{T::F16, "F16", 1, 2, T::F16},
+    TypeInfo{T::BF16, "BF16", 1, 2, T::BF16},
+    TypeInfo{T::Q4_0, "Q4_0", 32, 18, T::Q8_0},
+    TypeInfo{T::Q4_1, "Q4_1", 32, 20, T::Q8_1},
+    TypeInfo{T::Q5_0, "Q5_0", 32, 22, T::Q8_0},
+    TypeInfo{T::Q5_1, "Q5_1", 32, 24, T::Q8_1},
+    TypeInfo{T::Q8_0, "Q8_0", 32, 34, T::Q8_0},
+    TypeInfo{T::Q8_1, "Q8_1", 32, 36, T::Q8_1},
+    TypeInfo{T::Q2_K, "Q2_K", 256, 84, T::Q8_K},
+    TypeInfo{T::Q3_K, "Q3_K", 256, 110, T::Q8_K},
+    TypeInfo{T::Q4_K, "Q4_K", 256, 144, T::Q8_K},
+    TypeInfo{T::Q5_K, "Q5_K", 256, 176, T::Q8_K},
+    TypeInfo{T::Q6_K, "Q6_K", 256, 210, T::Q8_K},
+    TypeInfo{T::Q8_K, "Q8_K", 256, 292, T::Q8_K},
+    TypeInfo{T::IQ4_NL, "IQ4_NL", 32, 18, T::Q8_0},
+    TypeInfo{T::IQ4_XS, "IQ4_XS", 256, 136, T::Q8_K},
+};
+
+bool iequal(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::toupper(static_cast<unsigned char>(a[i])) != std::toupper(static_cast<unsigned char>(b[i]))) return false;
+  return true;
+}
+
+}  // namespace
+
+const TypeInfo* type_info(uint32_t id) {
+  for (const TypeInfo& t : kTypes)
+    if (static_cast<uint32_t>(t.type) == id) return &t;
+  return nullptr;
+}
+
+const TypeInfo& type_info(GgmlType type) {
+  const TypeInfo* t = type_info(static_cast<uint32_t>(type));
+  if (!t) throw std::logic_error("unknown GgmlType");
+  return *t;
+}
+
+std::optional<GgmlType> type_from_name(std::string_view name) {
+  for (const TypeInfo& t : kTypes)
+    if (iequal(t.name, name)) return t.type;
+  return std::nullopt;
+}
+
+size_t row_bytes(GgmlType type, int64_t n) {
+  const TypeInfo& t = type_info(type);
+  if (n < 0 || n % t.block_size != 0) return 0;
+  return static_cast<size_t>(n / t.block_size) * t.type_size;
+}
+
+}  // namespace hetmoe::quant

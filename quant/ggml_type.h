@@ -1,0 +1,47 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace hetmoe::quant {
+
+// The ggml weight formats hetmoe reads, with ggml's numeric ids (they are what GGUF files store).
+enum class GgmlType : uint32_t {
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
+  Q8_0 = 8,
+  Q8_1 = 9,
+  Q2_K = 10,
+  Q3_K = 11,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
+  Q8_K = 15,
+  IQ4_NL = 20,
+  IQ4_XS = 23,
+  BF16 = 30,
+};
+
+struct TypeInfo {
+  GgmlType type;
+  std::string_view name;  // as this project writes it: "Q4_K", "F16"
+  int64_t block_size;     // elements per block
+  size_t type_size;       // bytes per block
+  GgmlType vec_dot_type;  // the format an activation is converted to before a dot product with this type
+};
+
+// nullptr for ids hetmoe does not know (the GGUF reader reports those as errors).
+const TypeInfo* type_info(uint32_t id);
+const TypeInfo& type_info(GgmlType type);
+std::optional<GgmlType> type_from_name(std::string_view name);  // case-insensitive, "q4_k" or "Q4_K"
+
+// Bytes of a row of n elements; 0 when n is not a multiple of the block size.
+size_t row_bytes(GgmlType type, int64_t n);
+
+}  // namespace hetmoe::quant

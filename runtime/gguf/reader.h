@@ -1,0 +1,87 @@
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "quant/ggml_type.h"
+#include "runtime/gguf/mapped_file.h"
+#include "runtime/gguf/value.h"
+
+namespace hetmoe::gguf {
+
+inline constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
+inline constexpr uint32_t kDefaultAlignment = 32;
+inline constexpr int kMaxDims = 4;
+
+// One tensor of the file. `data` points into the mapping: the weights are used where they lie.
+struct TensorInfo {
+  std::string name;
+  quant::GgmlType type = quant::GgmlType::F32;
+  int n_dims = 0;
+  std::array<int64_t, kMaxDims> ne{1, 1, 1, 1};  // ggml order: ne[0] is the contiguous row length
+  uint64_t offset = 0;                            // from the start of the data section
+  size_t row_bytes = 0;                           // bytes of one row of ne[0] elements
+  int64_t n_rows = 0;                             // ne[1] * ne[2] * ne[3]
+  size_t nbytes = 0;
+  const uint8_t* data = nullptr;
+
+  int64_t n_elements() const { return ne[0] * n_rows; }
+  const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
+  std::string shape_string() const;
+};
+
+// A parsed GGUF v2/v3 file. The file is untrusted: parsing checks every count, length, offset, shape product
+// and byte size against the file's size before using it, and reports the first problem as an Error naming the
+// file, the problem and its byte offset. Metadata is copied out (small); tensor data stays in the mapping.
+class GgufFile {
+ public:
+  static GgufFile open(const std::string& path);
+  // Parses bytes owned by the caller (they must outlive the result); used by the fuzzer and tests.
+  static GgufFile parse(std::span<const uint8_t> bytes, const std::string& name);
+
+  const std::string& path() const { return name_; }
+  uint32_t version() const { return version_; }
+  uint32_t alignment() const { return alignment_; }
+  uint64_t data_offset() const { return data_offset_; }
+  size_t file_size() const { return bytes_.size(); }
+
+  // Metadata in file order.
+  const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }
+  const Value* find(std::string_view key) const;
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo* find_tensor(std::string_view name) const;
+
+  // Typed look-ups. The get_ forms return nullopt when the key is absent and fail when it has the wrong type;
+  // the require_ forms also fail when it is absent.
+  std::optional<int64_t> get_int(std::string_view key) const;
+  std::optional<double> get_float(std::string_view key) const;
+  std::optional<bool> get_bool(std::string_view key) const;
+  std::optional<std::string> get_string(std::string_view key) const;
+  int64_t require_int(std::string_view key) const;
+  double require_float(std::string_view key) const;
+  std::string require_string(std::string_view key) const;
+
+ private:
+  GgufFile() = default;
+  void parse_all();
+
+  MappedFile mapping_;
+  std::span<const uint8_t> bytes_;
+  std::string name_;
+  uint32_t version_ = 0;
+  uint32_t alignment_ = kDefaultAlignment;
+  uint64_t data_offset_ = 0;
+  std::vector<std::pair<std::string, Value>> kv_;
+  std::map<std::string, size_t, std::less<>> kv_index_;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, size_t, std::less<>> tensor_index_;
+};
+
+}  // namespace hetmoe::gguf

@@ -1,0 +1,168 @@
+#include "runtime/gguf/writer.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <set>
+
+#include <unistd.h>
+
+#include "runtime/error.h"
+#include "runtime/gguf/reader.h"
+
+namespace hetmoe::gguf {
+
+namespace {
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+
+class Out {
+ public:
+  Out(std::FILE* f, const std::string& path) : f_(f), path_(path) {}
+
+  void bytes(const void* p, size_t n) {
+    if (n && std::fwrite(p, 1, n, f_) != n) fail("cannot write {}: {}", path_, std::strerror(errno));
+    pos_ += n;
+  }
+  template <typename T>
+  void pod(T v) { bytes(&v, sizeof v); }
+  void string(const std::string& s) {
+    pod<uint64_t>(s.size());
+    bytes(s.data(), s.size());
+  }
+  void pad_to(uint64_t alignment) {
+    static const uint8_t zeros[256] = {};
+    uint64_t pad = (alignment - pos_ % alignment) % alignment;
+    while (pad) {
+      size_t n = pad < sizeof zeros ? pad : sizeof zeros;
+      bytes(zeros, n);
+      pad -= n;
+    }
+  }
+  uint64_t pos() const { return pos_; }
+
+ private:
+  std::FILE* f_;
+  const std::string& path_;
+  uint64_t pos_ = 0;
+};
+
+void write_value(Out& out, const Value& v) {
+  switch (v.type()) {
+    case ValueType::kUint8: out.pod<uint8_t>(static_cast<uint8_t>(*v.as_int())); break;
+    case ValueType::kInt8: out.pod<int8_t>(static_cast<int8_t>(*v.as_int())); break;
+    case ValueType::kUint16: out.pod<uint16_t>(static_cast<uint16_t>(*v.as_int())); break;
+    case ValueType::kInt16: out.pod<int16_t>(static_cast<int16_t>(*v.as_int())); break;
+    case ValueType::kUint32: out.pod<uint32_t>(static_cast<uint32_t>(*v.as_int())); break;
+    case ValueType::kInt32: out.pod<int32_t>(static_cast<int32_t>(*v.as_int())); break;
+    case ValueType::kFloat32: out.pod<float>(static_cast<float>(*v.as_float())); break;
+    case ValueType::kBool: out.pod<uint8_t>(*v.as_bool() ? 1 : 0); break;
+    case ValueType::kUint64: out.pod<uint64_t>(v.u64_value()); break;
+    case ValueType::kInt64: out.pod<int64_t>(*v.as_int()); break;
+    case ValueType::kFloat64: out.pod<double>(*v.as_float()); break;
+    case ValueType::kString: out.string(*v.as_string()); break;
+    case ValueType::kArray:
+      out.pod<uint32_t>(static_cast<uint32_t>(v.elem_type()));
+      out.pod<uint64_t>(v.array_size());
+      if (v.elem_type() == ValueType::kString) {
+        for (const std::string& s : v.strings()) out.string(s);
+      } else if (v.elem_type() == ValueType::kArray) {
+        for (const Value& item : v.items()) write_value(out, item);
+      } else {
+        out.bytes(v.raw().data(), v.raw().size());
+      }
+      break;
+  }
+}
+
+}  // namespace
+
+void GgufWriter::set(std::string key, Value value) {
+  if (key == "general.alignment") {
+    auto a = value.as_int();
+    if (value.type() != ValueType::kUint32 || !a || *a == 0 || (*a & (*a - 1)) != 0)
+      fail("general.alignment must be a u32 power of two");
+    alignment_ = static_cast<uint32_t>(*a);
+  }
+  for (auto& [k, v] : kv_) {
+    if (k == key) {
+      v = std::move(value);
+      return;
+    }
+  }
+  kv_.emplace_back(std::move(key), std::move(value));
+}
+
+void GgufWriter::add_tensor(std::string name, quant::GgmlType type, std::vector<int64_t> ne, FillFn fill) {
+  if (ne.empty() || ne.size() > static_cast<size_t>(kMaxDims)) fail("tensor {}: {} dimensions", name, ne.size());
+  size_t row = quant::row_bytes(type, ne[0]);
+  if (row == 0)
+    fail("tensor {}: row of {} elements does not fit type {}", name, ne[0], quant::type_info(type).name);
+  size_t nbytes = row;
+  for (size_t d = 1; d < ne.size(); ++d) nbytes *= static_cast<size_t>(ne[d]);
+  for (const PendingTensor& t : tensors_)
+    if (t.name == name) fail("duplicate tensor name {}", name);
+  tensors_.push_back({std::move(name), type, std::move(ne), nbytes, std::move(fill)});
+}
+
+void GgufWriter::add_tensor_bytes(std::string name, quant::GgmlType type, std::vector<int64_t> ne,
+                                  std::vector<uint8_t> bytes) {
+  auto shared = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
+  std::string label = name;
+  add_tensor(std::move(name), type, std::move(ne), [shared, label](std::span<uint8_t> out) {
+    if (out.size() != shared->size()) fail("tensor {}: {} bytes given, {} expected", label, shared->size(), out.size());
+    std::memcpy(out.data(), shared->data(), out.size());
+  });
+}
+
+void GgufWriter::write(const std::string& path) const {
+  std::string tmp = path + ".tmp";
+  std::unique_ptr<std::FILE, FileCloser> file(std::fopen(tmp.c_str(), "wb"));
+  if (!file) fail("cannot create {}: {}", tmp, std::strerror(errno));
+  try {
+    Out out(file.get(), tmp);
+    out.pod<uint32_t>(kMagic);
+    out.pod<uint32_t>(3);
+    out.pod<uint64_t>(tensors_.size());
+    out.pod<uint64_t>(kv_.size());
+    for (const auto& [key, value] : kv_) {
+      out.string(key);
+      out.pod<uint32_t>(static_cast<uint32_t>(value.type()));
+      write_value(out, value);
+    }
+    uint64_t offset = 0;
+    for (const PendingTensor& t : tensors_) {
+      out.string(t.name);
+      out.pod<uint32_t>(static_cast<uint32_t>(t.ne.size()));
+      for (int64_t n : t.ne) out.pod<int64_t>(n);
+      out.pod<uint32_t>(static_cast<uint32_t>(t.type));
+      out.pod<uint64_t>(offset);
+      offset += t.nbytes;
+      offset += (alignment_ - offset % alignment_) % alignment_;
+    }
+    out.pad_to(alignment_);
+    std::vector<uint8_t> buffer;
+    for (const PendingTensor& t : tensors_) {
+      buffer.assign(t.nbytes, 0);
+      t.fill(buffer);
+      out.bytes(buffer.data(), buffer.size());
+      out.pad_to(alignment_);
+    }
+    if (std::fflush(file.get()) != 0) fail("cannot write {}: {}", tmp, std::strerror(errno));
+  } catch (...) {
+    file.reset();
+    std::remove(tmp.c_str());
+    throw;
+  }
+  file.reset();
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    std::remove(tmp.c_str());
+    fail("cannot rename {} to {}: {}", tmp, path, std::strerror(err));
+  }
+}
+
+}  // namespace hetmoe::gguf

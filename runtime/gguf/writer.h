@@ -1,0 +1,46 @@
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "quant/ggml_type.h"
+#include "runtime/gguf/value.h"
+
+namespace hetmoe::gguf {
+
+// Writes a GGUF v3 file. Metadata and tensor descriptions are collected first; the data is then streamed one
+// tensor at a time through a fill callback, so writing a model never holds more than one tensor in memory.
+// The file is written under a temporary name and renamed at the end: a failed write leaves no partial file.
+class GgufWriter {
+ public:
+  // Fills `out` (exactly the tensor's byte size) with the tensor's data in its GGUF type.
+  using FillFn = std::function<void(std::span<uint8_t> out)>;
+
+  void set(std::string key, Value value);
+  void add_tensor(std::string name, quant::GgmlType type, std::vector<int64_t> ne, FillFn fill);
+  // Convenience: a tensor whose bytes are already in memory (copied when written).
+  void add_tensor_bytes(std::string name, quant::GgmlType type, std::vector<int64_t> ne, std::vector<uint8_t> bytes);
+
+  void write(const std::string& path) const;
+  uint32_t alignment() const { return alignment_; }
+
+ private:
+  struct PendingTensor {
+    std::string name;
+    quant::GgmlType type;
+    std::vector<int64_t> ne;
+    size_t nbytes;
+    FillFn fill;
+  };
+
+  std::vector<std::pair<std::string, Value>> kv_;
+  std::vector<PendingTensor> tensors_;
+  uint32_t alignment_ = 32;
+};
+
+}  // namespace hetmoe::gguf
