@@ -15,9 +15,10 @@ namespace {
 // Nested arrays are legal GGUF; no real file nests more than once, and a bound keeps a hostile file from
 // recursing the stack away.
 constexpr int kMaxArrayDepth = 3;
-// Longer names are not ggml tensors (GGML_MAX_NAME is 64); keys get more room but not megabytes.
+// Longer names are not ggml tensors (GGML_MAX_NAME is 64); keys get the spec's limit of 2^16 - 1 bytes.
 constexpr uint64_t kMaxTensorNameLen = 256;
-constexpr uint64_t kMaxKeyLen = 65536;
+constexpr uint64_t kMaxKeyLen = 65535;
+constexpr uint64_t kInt64Max = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
 
 bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
 
@@ -101,7 +102,13 @@ Value read_array(Cursor& c, int depth) {
   uint64_t bytes = 0;
   if (mul_overflows(count, value_type_size(elem), &bytes) || bytes > c.remaining())
     c.error_at(at, "array of {} {} does not fit in the file", count, value_type_name(elem));
-  return Value::numeric_array(elem, c.read_bytes(bytes, "array data"));
+  uint64_t data_at = c.pos();
+  std::vector<uint8_t> raw = c.read_bytes(bytes, "array data");
+  // The spec makes any bool byte other than 0 and 1 invalid, in arrays as in scalars.
+  if (elem == ValueType::kBool)
+    for (uint64_t i = 0; i < raw.size(); ++i)
+      if (raw[i] > 1) c.error_at(data_at + i, "bool array element {} is {}, neither 0 nor 1", i, raw[i]);
+  return Value::numeric_array(elem, std::move(raw));
 }
 
 Value read_value(Cursor& c, ValueType type, int depth) {
@@ -158,7 +165,10 @@ void GgufFile::parse_all() {
   uint32_t magic = c.read<uint32_t>("magic");
   if (magic != kMagic) c.error_at(0, "not a GGUF file (bad magic 0x{:08x})", magic);
   version_ = c.read<uint32_t>("version");
+  // Version 1 had 32-bit counts and lengths; this reader only knows the 64-bit layout of versions 2 and 3.
   if (version_ == 1) c.error_at(4, "GGUF version 1 is not supported (only 2 and 3)");
+  if (version_ == __builtin_bswap32(2u) || version_ == __builtin_bswap32(3u))
+    c.error_at(4, "big-endian GGUF file (version {}) is not supported", __builtin_bswap32(version_));
   if (version_ != 2 && version_ != 3) c.error_at(4, "unsupported GGUF version {}", version_);
 
   uint64_t at = c.pos();
@@ -170,34 +180,42 @@ void GgufFile::parse_all() {
 
   // No reserve() from the untrusted counts: a count that passes the size bound can still ask for far more memory
   // than its entries take in the file. The vectors grow only as entries actually parse.
+  uint64_t alignment_at = 0;
   for (uint64_t i = 0; i < n_kv; ++i) {
     uint64_t key_at = c.pos();
     std::string key = c.read_string("metadata key", kMaxKeyLen);
     if (key.empty()) c.error_at(key_at, "empty metadata key");
     ValueType type = read_value_type(c, "metadata value type");
+    uint64_t value_at = c.pos();
     Value value = read_value(c, type, 0);
     if (!kv_index_.emplace(key, kv_.size()).second) c.error_at(key_at, "duplicate metadata key '{}'", key);
+    if (key == "general.alignment") alignment_at = value_at;
     kv_.emplace_back(std::move(key), std::move(value));
   }
 
   if (const Value* a = find("general.alignment")) {
     auto v = a->as_int();
     if (a->type() != ValueType::kUint32 || !v || *v == 0 || (*v & (*v - 1)) != 0)
-      fail("{}: general.alignment must be a u32 power of two, got {}", name_, a->to_display());
+      c.error_at(alignment_at, "general.alignment must be a u32 power of two, got {} {}", value_type_name(a->type()),
+                 a->to_display());
     alignment_ = static_cast<uint32_t>(*v);
   }
 
+  // Where each tensor's offset field lies, for errors found once the data section is known.
+  std::vector<uint64_t> offset_field_at;
   for (uint64_t i = 0; i < n_tensors; ++i) {
     uint64_t t_at = c.pos();
     TensorInfo t;
     t.name = c.read_string("tensor name", kMaxTensorNameLen);
+    uint64_t dims_at = c.pos();
     uint32_t n_dims = c.read<uint32_t>("tensor dimension count");
     if (n_dims == 0 || n_dims > kMaxDims)
-      c.error_at(t_at, "tensor '{}' has {} dimensions (1..{} allowed)", t.name, n_dims, kMaxDims);
+      c.error_at(dims_at, "tensor '{}' has {} dimensions (1..{} allowed)", t.name, n_dims, kMaxDims);
     t.n_dims = static_cast<int>(n_dims);
     for (uint32_t d = 0; d < n_dims; ++d) {
+      uint64_t ne_at = c.pos();
       int64_t ne = c.read<int64_t>("tensor dimension");
-      if (ne <= 0) c.error_at(t_at, "tensor '{}' has dimension {} of size {}", t.name, d, ne);
+      if (ne <= 0) c.error_at(ne_at, "tensor '{}' dimension {} has size {} (must be positive)", t.name, d, ne);
       t.ne[d] = ne;
     }
     uint64_t type_at = c.pos();
@@ -205,39 +223,56 @@ void GgufFile::parse_all() {
     const quant::TypeInfo* info = quant::type_info(raw_type);
     if (!info) c.error_at(type_at, "tensor '{}' has unknown or unsupported type {}", t.name, raw_type);
     t.type = info->type;
+    uint64_t offset_at = c.pos();
     t.offset = c.read<uint64_t>("tensor data offset");
 
     if (t.ne[0] % info->block_size != 0)
-      c.error_at(t_at, "tensor '{}' row of {} elements is not a multiple of the {} block size {}", t.name, t.ne[0],
-                 info->name, info->block_size);
-    uint64_t rows = 1, bytes = 0;
-    for (int d = 1; d < kMaxDims; ++d)
-      if (mul_overflows(rows, static_cast<uint64_t>(t.ne[d]), &rows)) rows = UINT64_MAX;
-    uint64_t row_bytes = static_cast<uint64_t>(t.ne[0] / info->block_size) * info->type_size;
-    if (rows > static_cast<uint64_t>(INT64_MAX) || mul_overflows(row_bytes, rows, &bytes) || bytes > bytes_.size())
-      c.error_at(t_at, "tensor '{}' of shape {} is larger than the file", t.name, t.shape_string());
+      c.error_at(dims_at + 4, "tensor '{}' row of {} elements is not a multiple of the {} block size {}", t.name,
+                 t.ne[0], info->name, info->block_size);
+    // Every product is checked: a wrapped element count or byte size would let a huge shape pass as a small
+    // one and send kernels far past the mapping (the ne-product class of llama.cpp's GGUF CVEs). The element
+    // count must fit int64 for n_elements(); the bytes must fit the file.
+    uint64_t rows = 1, elements = 0, row_bytes = 0, bytes = 0;
+    bool overflow = false;
+    for (int d = 1; d < kMaxDims; ++d) overflow |= mul_overflows(rows, static_cast<uint64_t>(t.ne[d]), &rows);
+    overflow |= mul_overflows(static_cast<uint64_t>(t.ne[0]), rows, &elements) || elements > kInt64Max;
+    overflow |= mul_overflows(static_cast<uint64_t>(t.ne[0] / info->block_size), info->type_size, &row_bytes);
+    overflow |= mul_overflows(row_bytes, rows, &bytes);
+    if (overflow)
+      c.error_at(dims_at, "tensor '{}' of shape {} has an element count or byte size that overflows", t.name,
+                 t.shape_string());
+    if (bytes > bytes_.size())
+      c.error_at(dims_at, "tensor '{}' of shape {} ({} bytes of {}) is larger than the file", t.name,
+                 t.shape_string(), bytes, info->name);
     t.row_bytes = row_bytes;
     t.n_rows = static_cast<int64_t>(rows);
     t.nbytes = bytes;
     if (t.offset % alignment_ != 0)
-      c.error_at(t_at, "tensor '{}' data offset {} is not aligned to {}", t.name, t.offset, alignment_);
+      c.error_at(offset_at, "tensor '{}' data offset {} is not aligned to {}", t.name, t.offset, alignment_);
     if (!tensor_index_.emplace(t.name, tensors_.size()).second)
       c.error_at(t_at, "duplicate tensor name '{}'", t.name);
     tensors_.push_back(std::move(t));
+    offset_field_at.push_back(offset_at);
   }
 
-  // The data section starts at the next multiple of the alignment after the header.
+  // The data section starts at the next multiple of the alignment after the header. A file without tensors
+  // (a vocab-only file) may end right after its header, unpadded; its empty data section is put at the end of
+  // the file so that file_size() - data_offset() cannot wrap.
   uint64_t header_end = c.pos();
   data_offset_ = header_end + (alignment_ - header_end % alignment_) % alignment_;
-  if (data_offset_ > bytes_.size() && !tensors_.empty())
-    c.error_at(header_end, "data section starts at {} beyond the end of the file ({} bytes)", data_offset_,
-               bytes_.size());
+  if (data_offset_ > bytes_.size()) {
+    if (!tensors_.empty())
+      c.error_at(header_end, "data section starts at {} beyond the end of the file ({} bytes)", data_offset_,
+                 bytes_.size());
+    data_offset_ = bytes_.size();
+  }
 
-  uint64_t data_size = bytes_.size() >= data_offset_ ? bytes_.size() - data_offset_ : 0;
-  for (TensorInfo& t : tensors_) {
+  uint64_t data_size = bytes_.size() - data_offset_;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    TensorInfo& t = tensors_[i];
     if (t.offset > data_size || t.nbytes > data_size - t.offset)
-      fail("{}: tensor '{}' data [{}, +{}) runs past the end of the file (data section holds {} bytes) (at byte offset {})",
-           name_, t.name, t.offset, t.nbytes, data_size, data_offset_ + t.offset);
+      c.error_at(offset_field_at[i], "tensor '{}' data [{}, +{}) runs past the end of the file (data section holds {} bytes)",
+                 t.name, t.offset, t.nbytes, data_size);
     t.data = bytes_.data() + data_offset_ + t.offset;
   }
 

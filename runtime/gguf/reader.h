@@ -51,6 +51,8 @@ class GgufFile {
   uint32_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
   size_t file_size() const { return bytes_.size(); }
+  // The whole file: the mapping for open(), the caller's bytes for parse(). Tensor data points into it.
+  std::span<const uint8_t> bytes() const { return bytes_; }
 
   // Metadata in file order.
   const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }

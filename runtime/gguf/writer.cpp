@@ -1,6 +1,7 @@
 #include "runtime/gguf/writer.h"
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -97,12 +98,21 @@ void GgufWriter::set(std::string key, Value value) {
 }
 
 void GgufWriter::add_tensor(std::string name, quant::GgmlType type, std::vector<int64_t> ne, FillFn fill) {
-  if (ne.empty() || ne.size() > static_cast<size_t>(kMaxDims)) fail("tensor {}: {} dimensions", name, ne.size());
+  if (ne.empty() || ne.size() > static_cast<size_t>(kMaxDims))
+    fail("tensor {}: {} dimensions (1..{} allowed)", name, ne.size(), kMaxDims);
+  for (size_t d = 0; d < ne.size(); ++d)
+    if (ne[d] <= 0) fail("tensor {}: dimension {} has size {} (must be positive)", name, d, ne[d]);
   size_t row = quant::row_bytes(type, ne[0]);
   if (row == 0)
     fail("tensor {}: row of {} elements does not fit type {}", name, ne[0], quant::type_info(type).name);
-  size_t nbytes = row;
-  for (size_t d = 1; d < ne.size(); ++d) nbytes *= static_cast<size_t>(ne[d]);
+  // The reader rejects shapes whose element count or byte size overflows; the writer must not produce them.
+  uint64_t nbytes = row, elements = static_cast<uint64_t>(ne[0]);
+  for (size_t d = 1; d < ne.size(); ++d) {
+    if (__builtin_mul_overflow(nbytes, static_cast<uint64_t>(ne[d]), &nbytes) ||
+        __builtin_mul_overflow(elements, static_cast<uint64_t>(ne[d]), &elements) ||
+        elements > static_cast<uint64_t>(INT64_MAX))
+      fail("tensor {}: shape is too large", name);
+  }
   for (const PendingTensor& t : tensors_)
     if (t.name == name) fail("duplicate tensor name {}", name);
   tensors_.push_back({std::move(name), type, std::move(ne), nbytes, std::move(fill)});

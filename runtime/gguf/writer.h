@@ -21,6 +21,8 @@ class GgufWriter {
   // Fills `out` (exactly the tensor's byte size) with the tensor's data in its GGUF type.
   using FillFn = std::function<void(std::span<uint8_t> out)>;
 
+  // Setting `general.alignment` (a u32 power of two) also sets the alignment of the tensor data: the data
+  // section and every tensor offset are padded to it, as readers expect. Without it the alignment is 32.
   void set(std::string key, Value value);
   void add_tensor(std::string name, quant::GgmlType type, std::vector<int64_t> ne, FillFn fill);
   // Convenience: a tensor whose bytes are already in memory (copied when written).

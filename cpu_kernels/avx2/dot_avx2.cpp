@@ -1,0 +1,175 @@
+// AVX2 dot products of weight rows with converted activations. The integer arithmetic per block is the same as
+// the scalar reference in quant/; only the float summation order differs (8 lanes, then a horizontal sum).
+#include <immintrin.h>
+
+#include "cpu_kernels/avx2/kernels_avx2.h"
+#include "quant/blocks.h"
+#include "quant/half.h"
+
+namespace hetmoe::cpu::avx2 {
+namespace {
+
+using quant::fp16_to_fp32;
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// Signed 8-bit x signed 8-bit, 32 pairs, summed in pairs of 4 into 8 int32 lanes. maddubs wants an unsigned
+// first operand, so the sign of x moves onto y; |x| <= 127 keeps the int16 pair sums from saturating.
+inline __m256i dot_i8(__m256i x, __m256i y) {
+  const __m256i ax = _mm256_sign_epi8(x, x);
+  const __m256i sy = _mm256_sign_epi8(y, x);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+}
+
+float dot_f32(int64_t n, const void* w, const void* a) {
+  const float* x = static_cast<const float*>(w);
+  const float* y = static_cast<const float*>(a);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), acc1);
+    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), acc2);
+    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), acc3);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
+  float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+  for (; i < n; ++i) sum += x[i] * y[i];
+  return sum;
+}
+
+float dot_f16(int64_t n, const void* w, const void* a) {
+  const uint16_t* x = static_cast<const uint16_t*>(w);
+  const uint16_t* y = static_cast<const uint16_t*>(a);
+  auto load = [](const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm256_fmadd_ps(load(x + i), load(y + i), acc0);
+    acc1 = _mm256_fmadd_ps(load(x + i + 8), load(y + i + 8), acc1);
+    acc2 = _mm256_fmadd_ps(load(x + i + 16), load(y + i + 16), acc2);
+    acc3 = _mm256_fmadd_ps(load(x + i + 24), load(y + i + 24), acc3);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(load(x + i), load(y + i), acc0);
+  float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+  for (; i < n; ++i) sum += fp16_to_fp32(x[i]) * fp16_to_fp32(y[i]);
+  return sum;
+}
+
+float dot_q8_0(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const quant::BlockQ8_0*>(w);
+  const auto* y = static_cast<const quant::BlockQ8_0*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / quant::kQK8_0; ++i) {
+    const __m256 d = _mm256_set1_ps(fp16_to_fp32(x[i].d) * fp16_to_fp32(y[i].d));
+    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
+    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(qx, qy)), acc);
+  }
+  return hsum(acc);
+}
+
+// Q4_K: 8 groups of 32 with 6-bit scales and mins packed in 12 bytes.
+inline void q4k_scales(const uint8_t* s, uint8_t sc[8], uint8_t mn[8]) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = s[j] & 63;
+    mn[j] = s[j + 4] & 63;
+    sc[j + 4] = (s[j + 8] & 0xF) | ((s[j] >> 6) << 4);
+    mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+  }
+}
+
+float dot_q4_k(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const quant::BlockQ4_K*>(w);
+  const auto* y = static_cast<const quant::BlockQ8_K*>(a);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps();
+  float acc_min = 0;
+  for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
+    uint8_t sc[8], mn[8];
+    q4k_scales(x[i].scales, sc, mn);
+    int32_t summ = 0;
+    for (int j = 0; j < 8; ++j) summ += mn[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * c));
+      const __m256i lo = _mm256_and_si256(q4, low4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+      const __m256i a_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * c));
+      const __m256i a_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * c + 32));
+      const __m256i p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a_lo), _mm256_set1_epi16(sc[2 * c]));
+      const __m256i p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a_hi), _mm256_set1_epi16(sc[2 * c + 1]));
+      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
+    }
+    const float d = y[i].d * fp16_to_fp32(x[i].d);
+    const float dmin = y[i].d * fp16_to_fp32(x[i].dmin);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    acc_min += dmin * static_cast<float>(summ);
+  }
+  return hsum(acc) - acc_min;
+}
+
+// Q6_K: 16 groups of 16 with signed 8-bit scales; values are 6-bit unsigned minus 32. The products use the
+// unsigned values and the -32 is folded in through the activation's group sums.
+float dot_q6_k(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const quant::BlockQ6_K*>(w);
+  const auto* y = static_cast<const quant::BlockQ8_K*>(a);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i bits45 = _mm256_set1_epi8(0x30);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
+    const quant::BlockQ6_K& b = x[i];
+    int32_t corr = 0;
+    for (int g = 0; g < 16; ++g) corr += b.scales[g] * y[i].bsums[g];
+    __m256i sumi = _mm256_setzero_si256();
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = b.ql + 64 * half;
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 32 * half));
+      const __m256i rows[4] = {
+          _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45)),
+          _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, bits45)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                          _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45)),
+      };
+      for (int k = 0; k < 4; ++k) {
+        const int g = 8 * half + 2 * k;
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 128 * half + 32 * k));
+        const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(b.scales[g + 1]), _mm_set1_epi16(b.scales[g]));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(rows[k], av), scales));
+      }
+    }
+    const float d = y[i].d * fp16_to_fp32(b.d);
+    sumi = _mm256_sub_epi32(sumi, _mm256_set_epi32(0, 0, 0, 0, 0, 0, 0, 32 * corr));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum(acc);
+}
+
+}  // namespace
+
+bool has_dot(quant::GgmlType t) {
+  using quant::GgmlType;
+  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K ||
+         t == GgmlType::Q6_K;
+}
+
+void install(KernelTable& table) {
+  using quant::GgmlType;
+  auto set = [&](GgmlType t, VecDotFn fn) { table.vec_dot[static_cast<uint32_t>(t)] = fn; };
+  set(GgmlType::F32, &dot_f32);
+  set(GgmlType::F16, &dot_f16);
+  set(GgmlType::Q8_0, &dot_q8_0);
+  set(GgmlType::Q4_K, &dot_q4_k);
+  set(GgmlType::Q6_K, &dot_q6_k);
+}
+
+}  // namespace hetmoe::cpu::avx2

@@ -1,0 +1,80 @@
+#include "cpu_kernels/kernel_table.h"
+
+#include "cpu_kernels/avx2/kernels_avx2.h"
+#include "quant/ref.h"
+
+namespace hetmoe::cpu {
+namespace {
+
+using quant::GgmlType;
+
+template <GgmlType T>
+float ref_dot(int64_t n, const void* w, const void* a) {
+  return quant::vec_dot(T, n, w, a);
+}
+
+template <GgmlType T>
+void ref_activation(const float* src, void* dst, int64_t n) {
+  quant::quantize_activation(T, src, dst, n);
+}
+
+template <GgmlType T>
+void set_ref(KernelTable& table) {
+  table.vec_dot[static_cast<uint32_t>(T)] = &ref_dot<T>;
+}
+
+KernelTable make_ref_table() {
+  KernelTable t;
+  t.isa = Isa::kRef;
+  set_ref<GgmlType::F32>(t);
+  set_ref<GgmlType::F16>(t);
+  set_ref<GgmlType::BF16>(t);
+  set_ref<GgmlType::Q4_0>(t);
+  set_ref<GgmlType::Q4_1>(t);
+  set_ref<GgmlType::Q5_0>(t);
+  set_ref<GgmlType::Q5_1>(t);
+  set_ref<GgmlType::Q8_0>(t);
+  set_ref<GgmlType::Q2_K>(t);
+  set_ref<GgmlType::Q3_K>(t);
+  set_ref<GgmlType::Q4_K>(t);
+  set_ref<GgmlType::Q5_K>(t);
+  set_ref<GgmlType::Q6_K>(t);
+  set_ref<GgmlType::IQ4_NL>(t);
+  set_ref<GgmlType::IQ4_XS>(t);
+  for (GgmlType a : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K}) {
+    QuantizeActivationFn fn = nullptr;
+    switch (a) {
+      case GgmlType::F32: fn = &ref_activation<GgmlType::F32>; break;
+      case GgmlType::F16: fn = &ref_activation<GgmlType::F16>; break;
+      case GgmlType::BF16: fn = &ref_activation<GgmlType::BF16>; break;
+      case GgmlType::Q8_0: fn = &ref_activation<GgmlType::Q8_0>; break;
+      case GgmlType::Q8_1: fn = &ref_activation<GgmlType::Q8_1>; break;
+      default: fn = &ref_activation<GgmlType::Q8_K>; break;
+    }
+    t.quantize_activation[static_cast<uint32_t>(a)] = fn;
+  }
+  return t;
+}
+
+}  // namespace
+
+KernelTable make_kernel_table(Isa isa) {
+  KernelTable t = make_ref_table();
+  // AVX-512 and AMX kernels arrive with the CPU engine; until then those tiers run the AVX2 kernels, which
+  // every AVX-512 CPU also executes.
+  if (isa >= Isa::kAvx2) avx2::install(t);
+  t.isa = isa;
+  return t;
+}
+
+const KernelTable& kernels() {
+  static const KernelTable table = make_kernel_table(selected_isa());
+  return table;
+}
+
+bool has_fast_dot(Isa isa, quant::GgmlType t) {
+  if (isa < Isa::kAvx2) return false;
+  return avx2::has_dot(t);
+}
+
+}  // namespace hetmoe::cpu

@@ -1,0 +1,37 @@
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "cpu_kernels/isa.h"
+#include "quant/ggml_type.h"
+
+namespace hetmoe::cpu {
+
+// Dot product of one weight row of n elements with an activation already in the weight type's vec_dot_type.
+using VecDotFn = float (*)(int64_t n, const void* weight_row, const void* activation);
+// n activation floats to a vec_dot_type.
+using QuantizeActivationFn = void (*)(const float* src, void* dst, int64_t n);
+
+// The kernels for one ISA tier, filled once; everything else calls through it (no ISA checks in the hot path).
+// Entries the tier has no fast version of hold the scalar reference, so every slot is callable.
+struct KernelTable {
+  Isa isa = Isa::kRef;
+  std::array<VecDotFn, 32> vec_dot{};                         // by weight type id
+  std::array<QuantizeActivationFn, 32> quantize_activation{};  // by vec_dot_type id
+
+  VecDotFn dot_for(quant::GgmlType t) const { return vec_dot[static_cast<uint32_t>(t)]; }
+  QuantizeActivationFn activation_for(quant::GgmlType vec_dot_type) const {
+    return quantize_activation[static_cast<uint32_t>(vec_dot_type)];
+  }
+};
+
+// The table of the selected tier (selected_isa()), built on first use.
+const KernelTable& kernels();
+// The table of a given tier; tests use it to compare every tier the host has with the reference.
+KernelTable make_kernel_table(Isa isa);
+
+// Which weight types have a tier-specific dot product (the rest run the reference).
+bool has_fast_dot(Isa isa, quant::GgmlType t);
+
+}  // namespace hetmoe::cpu

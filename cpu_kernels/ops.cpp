@@ -1,0 +1,122 @@
+#include "cpu_kernels/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numbers>
+#include <vector>
+
+namespace hetmoe::cpu {
+
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i] * x[i]);
+  const float mean = static_cast<float>(sum / static_cast<double>(n));
+  const float scale = 1.0f / std::sqrt(mean + eps);
+  if (w) {
+    for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale;
+  }
+}
+
+void softmax(float* x, int64_t n) {
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) max = std::max(max, x[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += static_cast<double>(x[i]);
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void sigmoid(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = 1.0f / (1.0f + std::exp(-x[i]));
+}
+
+void swiglu(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float g = gate[i];
+    out[i] = (g / (1.0f + std::exp(-g))) * up[i];
+  }
+}
+
+namespace {
+
+float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
+  return n_dims * std::log(n_ctx_orig / (n_rot * 2 * std::numbers::pi_v<float>)) / (2 * std::log(base));
+}
+
+}  // namespace
+
+void rope_cache(const RopeParams& p, int64_t pos, float* cache) {
+  const float theta_scale = std::pow(p.freq_base, -2.0f / p.n_dims);
+  float corr0 = 0, corr1 = 0;
+  if (p.ext_factor != 0.0f) {
+    corr0 = std::max(0.0f, std::floor(yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_fast, p.freq_base)));
+    corr1 = std::min(static_cast<float>(p.n_dims - 1),
+                     std::ceil(yarn_corr_dim(p.n_dims, p.n_ctx_orig, p.beta_slow, p.freq_base)));
+  }
+  float theta_extrap = static_cast<float>(pos);
+  for (int i0 = 0; i0 < p.n_dims; i0 += 2) {
+    const float theta_interp = p.freq_scale * theta_extrap;
+    float theta = theta_interp;
+    float mscale = p.attn_factor;
+    if (p.ext_factor != 0.0f) {
+      const float y = (i0 / 2 - corr0) / std::max(0.001f, corr1 - corr0);
+      const float ramp_mix = (1 - std::min(1.0f, std::max(0.0f, y))) * p.ext_factor;
+      theta = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix;
+      mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
+    }
+    cache[i0] = std::cos(theta) * mscale;
+    cache[i0 + 1] = std::sin(theta) * mscale;
+    theta_extrap *= theta_scale;
+  }
+}
+
+void rope_apply(const RopeParams& p, const float* cache, float* x) {
+  const int half = p.n_dims / 2;
+  for (int i0 = 0; i0 < p.n_dims; i0 += 2) {
+    const float c = cache[i0], s = cache[i0 + 1];
+    float* a = p.neox ? &x[i0 / 2] : &x[i0];
+    float* b = p.neox ? &x[i0 / 2 + half] : &x[i0 + 1];
+    const float x0 = *a, x1 = *b;
+    *a = x0 * c - x1 * s;
+    *b = x0 * s + x1 * c;
+  }
+}
+
+void causal_attention(const AttentionShape& shape, const AttentionInput& in, int64_t n_tokens, int64_t pos0,
+                      float* out, ThreadPool& pool) {
+  const int group = shape.n_head / shape.n_head_kv;
+  const int64_t out_stride = static_cast<int64_t>(shape.n_head) * shape.head_dim_v;
+  pool.parallel_for(n_tokens * shape.n_head, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / shape.n_head;
+      const int h = static_cast<int>(i % shape.n_head);
+      const int g = h / group;
+      const int64_t n_keys = pos0 + t + 1;
+      const float* q = in.q + t * in.q_token_stride + h * in.q_head_stride;
+      scores.resize(n_keys);
+      for (int64_t j = 0; j < n_keys; ++j) {
+        const float* k = in.k + j * in.k_stride + static_cast<int64_t>(g) * shape.head_dim_k;
+        float dot = 0;
+        for (int d = 0; d < shape.head_dim_k; ++d) dot += q[d] * k[d];
+        scores[j] = dot * shape.scale;
+      }
+      softmax(scores.data(), n_keys);
+      float* o = out + t * out_stride + static_cast<int64_t>(h) * shape.head_dim_v;
+      std::fill(o, o + shape.head_dim_v, 0.0f);
+      for (int64_t j = 0; j < n_keys; ++j) {
+        const float* v = in.v + j * in.v_stride + static_cast<int64_t>(g) * shape.head_dim_v;
+        const float pj = scores[j];
+        for (int d = 0; d < shape.head_dim_v; ++d) o[d] += pj * v[d];
+      }
+    }
+  });
+}
+
+}  // namespace hetmoe::cpu

@@ -1,0 +1,64 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cpu_kernels/thread_pool.h"
+
+namespace hetmoe::cpu {
+
+// The element-wise and attention operations of a transformer layer, in F32, following ggml's order of
+// operations where the last bits matter (norm sums in double, softmax sums in double).
+
+// y = (x / rms(x)) * w; y may alias x. `w` may be null (no weight).
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
+
+// In place over n values.
+void softmax(float* x, int64_t n);
+void sigmoid(float* x, int64_t n);
+// out[i] = silu(gate[i]) * up[i]; out may alias gate.
+void swiglu(const float* gate, const float* up, float* out, int64_t n);
+
+// Rotary position embedding with ggml's YaRN formulation.
+struct RopeParams {
+  int n_dims = 0;             // rotated dimensions at the start of each head
+  bool neox = false;          // pairs (i, i + n_dims/2) instead of adjacent (2i, 2i+1)
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;    // 1 / context scaling factor
+  float ext_factor = 0.0f;    // YaRN extrapolation mix: 1 with YaRN scaling, 0 otherwise
+  float attn_factor = 1.0f;   // magnitude applied to sin/cos
+  float beta_fast = 32.0f;
+  float beta_slow = 1.0f;
+  int n_ctx_orig = 0;         // training context the YaRN ramp is measured against
+};
+
+// cos/sin of every rotated pair at position `pos`: cache[2i] = cos, cache[2i+1] = sin, n_dims values.
+void rope_cache(const RopeParams& p, int64_t pos, float* cache);
+// Rotates the first n_dims values of one head vector in place.
+void rope_apply(const RopeParams& p, const float* cache, float* x);
+
+// Causal attention of a batch of queries against a cache.
+struct AttentionShape {
+  int n_head = 0;
+  int n_head_kv = 0;      // heads share a key/value head in groups of n_head / n_head_kv
+  int head_dim_k = 0;     // query and key length per head
+  int head_dim_v = 0;
+  float scale = 1.0f;     // applied to q.k before the softmax
+};
+
+// q: [n_tokens][n_head * q_stride_head] (query head h at h * q_head_stride); token t sits at position pos0 + t and
+// attends to cache positions 0..pos0+t. Key head g of position j at k + j*k_stride + g*head_dim_k, value head g
+// at v + j*v_stride + g*head_dim_v. out: [n_tokens][n_head * head_dim_v].
+struct AttentionInput {
+  const float* q = nullptr;
+  int64_t q_token_stride = 0;
+  int64_t q_head_stride = 0;
+  const float* k = nullptr;
+  int64_t k_stride = 0;
+  const float* v = nullptr;
+  int64_t v_stride = 0;
+};
+void causal_attention(const AttentionShape& shape, const AttentionInput& in, int64_t n_tokens, int64_t pos0,
+                      float* out, ThreadPool& pool);
+
+}  // namespace hetmoe::cpu

@@ -1,0 +1,157 @@
+#pragma once
+
+// ggml's block structs, field for field. A row of a quantized tensor is an array of these, so the layouts
+// (sizes and field offsets) must match ggml exactly; the static_asserts below pin them. Half-precision fields
+// are stored as raw uint16_t bits (decode with fp16_to_fp32), as in the file.
+//
+// Rows in a file or a caller's buffer are not guaranteed to be aligned for these structs; code that reads them
+// from a byte buffer copies a block out (load_block) instead of casting the pointer.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace hetmoe::quant {
+
+inline constexpr int kQK4_0 = 32;
+inline constexpr int kQK4_1 = 32;
+inline constexpr int kQK5_0 = 32;
+inline constexpr int kQK5_1 = 32;
+inline constexpr int kQK8_0 = 32;
+inline constexpr int kQK8_1 = 32;
+inline constexpr int kQK4_NL = 32;
+inline constexpr int kQK_K = 256;        // elements per K-quant super-block
+inline constexpr int kKScaleBytes = 12;  // packed 6-bit scales and mins of Q4_K / Q5_K, and Q3_K's scales
+
+// The 16 levels of IQ4_NL and IQ4_XS, in units of the block scale.
+inline constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+
+struct BlockQ4_0 {
+  uint16_t d;               // fp16 scale
+  uint8_t qs[kQK4_0 / 2];   // element j in the low nibble of qs[j], element j+16 in the high nibble
+};
+
+struct BlockQ4_1 {
+  uint16_t d;               // fp16 scale
+  uint16_t m;               // fp16 min
+  uint8_t qs[kQK4_1 / 2];
+};
+
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];            // fifth bit of element j at bit j (little-endian uint32)
+  uint8_t qs[kQK5_0 / 2];
+};
+
+struct BlockQ5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[kQK5_1 / 2];
+};
+
+struct BlockQ8_0 {
+  uint16_t d;
+  int8_t qs[kQK8_0];
+};
+
+struct BlockQ8_1 {
+  uint16_t d;               // fp16 scale
+  uint16_t s;               // fp16 of d * sum(qs), d taken before rounding to half
+  int8_t qs[kQK8_1];
+};
+
+// 2.625 bits per weight: 16 groups of 16, each with a 4-bit scale and a 4-bit min.
+struct BlockQ2_K {
+  uint8_t scales[kQK_K / 16];  // low nibble scale, high nibble min
+  uint8_t qs[kQK_K / 4];
+  uint16_t d;                  // fp16 super-scale of the scales
+  uint16_t dmin;               // fp16 super-scale of the mins
+};
+
+// 3.4375 bits per weight: 16 groups of 16 with 6-bit signed scales.
+struct BlockQ3_K {
+  uint8_t hmask[kQK_K / 8];    // third bit of each element
+  uint8_t qs[kQK_K / 4];       // low two bits
+  uint8_t scales[kKScaleBytes];
+  uint16_t d;
+};
+
+// 4.5 bits per weight: 8 groups of 32 with 6-bit scales and mins.
+struct BlockQ4_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[kKScaleBytes];
+  uint8_t qs[kQK_K / 2];
+};
+
+// 5.5 bits per weight: as Q4_K plus a fifth bit per element.
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[kKScaleBytes];
+  uint8_t qh[kQK_K / 8];
+  uint8_t qs[kQK_K / 2];
+};
+
+// 6.5625 bits per weight: 16 groups of 16 with 8-bit signed scales.
+struct BlockQ6_K {
+  uint8_t ql[kQK_K / 2];       // low four bits
+  uint8_t qh[kQK_K / 4];       // high two bits
+  int8_t scales[kQK_K / 16];
+  uint16_t d;
+};
+
+// Activation format of the K-quants: the scale is a full float, and bsums lets a dot product fold in the
+// weights' mins without touching qs again.
+struct BlockQ8_K {
+  float d;
+  int8_t qs[kQK_K];
+  int16_t bsums[kQK_K / 16];   // sum of qs over each group of 16
+};
+
+struct BlockIQ4_NL {
+  uint16_t d;
+  uint8_t qs[kQK4_NL / 2];     // indices into kIq4NlValues, nibbles laid out as Q4_0
+};
+
+struct BlockIQ4_XS {
+  uint16_t d;
+  uint16_t scales_h;           // high two bits of the 8 six-bit block scales
+  uint8_t scales_l[kQK_K / 64];  // low four bits, two per byte
+  uint8_t qs[kQK_K / 2];
+};
+
+static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockQ5_0) == 22 && offsetof(BlockQ5_0, qs) == 6);
+static_assert(sizeof(BlockQ5_1) == 24 && offsetof(BlockQ5_1, qs) == 8);
+static_assert(sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ8_1) == 36 && offsetof(BlockQ8_1, qs) == 4);
+static_assert(sizeof(BlockQ2_K) == 84 && offsetof(BlockQ2_K, d) == 80);
+static_assert(sizeof(BlockQ3_K) == 110 && offsetof(BlockQ3_K, d) == 108);
+static_assert(sizeof(BlockQ4_K) == 144 && offsetof(BlockQ4_K, qs) == 16);
+static_assert(sizeof(BlockQ5_K) == 176 && offsetof(BlockQ5_K, qs) == 48);
+static_assert(sizeof(BlockQ6_K) == 210 && offsetof(BlockQ6_K, d) == 208);
+static_assert(sizeof(BlockQ8_K) == 292 && offsetof(BlockQ8_K, bsums) == 260);
+static_assert(sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockIQ4_XS) == 136 && offsetof(BlockIQ4_XS, qs) == 8);
+
+// Block i of a row that may sit at any byte address.
+template <typename Block>
+Block load_block(const void* row, int64_t i) {
+  static_assert(std::is_trivially_copyable_v<Block>);
+  Block b;
+  std::memcpy(&b, static_cast<const std::byte*>(row) + i * static_cast<int64_t>(sizeof(Block)), sizeof(Block));
+  return b;
+}
+
+template <typename Block>
+void store_block(void* row, int64_t i, const Block& b) {
+  static_assert(std::is_trivially_copyable_v<Block>);
+  std::memcpy(static_cast<std::byte*>(row) + i * static_cast<int64_t>(sizeof(Block)), &b, sizeof(Block));
+}
+
+}  // namespace hetmoe::quant

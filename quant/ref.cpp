@@ -1,0 +1,114 @@
+// Entry points of the scalar reference: argument checks and dispatch to the per-format code in ref_*.cpp.
+
+#include "quant/ref.h"
+
+#include <array>
+#include <stdexcept>
+#include <string>
+
+#include "quant/ref_formats.h"
+
+namespace hetmoe::quant {
+namespace {
+
+namespace rd = ref_detail;
+using T = GgmlType;
+
+struct FormatRef {
+  GgmlType type;
+  rd::DequantizeFn dequantize;
+  rd::QuantizeFn quantize;  // nullptr for the activation-only formats Q8_1 and Q8_K
+  rd::VecDotFn vec_dot;     // nullptr for the activation-only formats
+};
+
+constexpr std::array kFormats = {
+    FormatRef{T::F32, rd::dequantize_f32, rd::quantize_f32, rd::vec_dot_f32},
+    FormatRef{T::F16, rd::dequantize_f16, rd::quantize_f16, rd::vec_dot_f16},
+    FormatRef{T::BF16, rd::dequantize_bf16, rd::quantize_bf16, rd::vec_dot_bf16},
+    FormatRef{T::Q4_0, rd::dequantize_q4_0, rd::quantize_q4_0, rd::vec_dot_q4_0},
+    FormatRef{T::Q4_1, rd::dequantize_q4_1, rd::quantize_q4_1, rd::vec_dot_q4_1},
+    FormatRef{T::Q5_0, rd::dequantize_q5_0, rd::quantize_q5_0, rd::vec_dot_q5_0},
+    FormatRef{T::Q5_1, rd::dequantize_q5_1, rd::quantize_q5_1, rd::vec_dot_q5_1},
+    FormatRef{T::Q8_0, rd::dequantize_q8_0, rd::quantize_q8_0, rd::vec_dot_q8_0},
+    FormatRef{T::Q8_1, rd::dequantize_q8_1, nullptr, nullptr},
+    FormatRef{T::Q2_K, rd::dequantize_q2_k, rd::quantize_q2_k, rd::vec_dot_q2_k},
+    FormatRef{T::Q3_K, rd::dequantize_q3_k, rd::quantize_q3_k, rd::vec_dot_q3_k},
+    FormatRef{T::Q4_K, rd::dequantize_q4_k, rd::quantize_q4_k, rd::vec_dot_q4_k},
+    FormatRef{T::Q5_K, rd::dequantize_q5_k, rd::quantize_q5_k, rd::vec_dot_q5_k},
+    FormatRef{T::Q6_K, rd::dequantize_q6_k, rd::quantize_q6_k, rd::vec_dot_q6_k},
+    FormatRef{T::Q8_K, rd::dequantize_q8_k, nullptr, nullptr},
+    FormatRef{T::IQ4_NL, rd::dequantize_iq4_nl, rd::quantize_iq4_nl, rd::vec_dot_iq4_nl},
+    FormatRef{T::IQ4_XS, rd::dequantize_iq4_xs, rd::quantize_iq4_xs, rd::vec_dot_iq4_xs},
+};
+
+std::string type_name(GgmlType type) {
+  const TypeInfo* info = type_info(static_cast<uint32_t>(type));
+  return info ? std::string(info->name) : "ggml type id " + std::to_string(static_cast<uint32_t>(type));
+}
+
+[[noreturn]] void unsupported(const char* function, GgmlType type, const char* why) {
+  throw std::invalid_argument(std::string("hetmoe::quant::") + function + ": " + type_name(type) + " " + why);
+}
+
+const FormatRef& format(const char* function, GgmlType type) {
+  for (const FormatRef& f : kFormats)
+    if (f.type == type) return f;
+  unsupported(function, type, "is not a format hetmoe knows");
+}
+
+// Every entry point takes whole blocks only; a partial block has no defined layout.
+void check_length(const char* function, GgmlType type, int64_t n) {
+  const int64_t block = type_info(type).block_size;
+  if (n < 0 || n % block != 0)
+    throw std::invalid_argument(std::string("hetmoe::quant::") + function + ": " + std::to_string(n) +
+                                " elements is not a whole number of " + type_name(type) + " blocks of " +
+                                std::to_string(block));
+}
+
+}  // namespace
+
+void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
+  const FormatRef& f = format("dequantize_row", type);
+  check_length("dequantize_row", type, n);
+  f.dequantize(src, dst, n);
+}
+
+void quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
+  const FormatRef& f = format("quantize_row", type);
+  if (!f.quantize) unsupported("quantize_row", type, "is an activation format; it has no weight quantizer");
+  check_length("quantize_row", type, n);
+  f.quantize(src, dst, n);
+}
+
+void quantize_activation(GgmlType vec_dot_type, const float* src, void* dst, int64_t n) {
+  rd::QuantizeFn quantize = nullptr;
+  switch (vec_dot_type) {
+    case T::F32: quantize = rd::quantize_f32; break;
+    case T::F16: quantize = rd::quantize_f16; break;
+    case T::BF16: quantize = rd::quantize_bf16; break;
+    case T::Q8_0: quantize = rd::quantize_activation_q8_0; break;
+    case T::Q8_1: quantize = rd::quantize_activation_q8_1; break;
+    case T::Q8_K: quantize = rd::quantize_activation_q8_k; break;
+    default:
+      format("quantize_activation", vec_dot_type);  // throws for ids hetmoe does not know
+      unsupported("quantize_activation", vec_dot_type, "is not an activation (vec_dot) format");
+  }
+  check_length("quantize_activation", vec_dot_type, n);
+  quantize(src, dst, n);
+}
+
+size_t activation_row_bytes(GgmlType weight_type, int64_t n) {
+  format("activation_row_bytes", weight_type);
+  return row_bytes(type_info(weight_type).vec_dot_type, n);
+}
+
+float vec_dot(GgmlType weight_type, int64_t n, const void* weight_row, const void* activation) {
+  const FormatRef& f = format("vec_dot", weight_type);
+  if (!f.vec_dot) unsupported("vec_dot", weight_type, "is an activation format, not a weight format");
+  check_length("vec_dot", weight_type, n);
+  // The activation must hold whole blocks of the vec_dot type too (Q8_0 for IQ4_NL: same 32).
+  check_length("vec_dot", type_info(weight_type).vec_dot_type, n);
+  return f.vec_dot(n, weight_row, activation);
+}
+
+}  // namespace hetmoe::quant

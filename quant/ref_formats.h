@@ -1,0 +1,94 @@
+#pragma once
+
+// Internal to the scalar reference (ref*.cpp): one entry point per format and operation, all with the same
+// signatures so ref.cpp can dispatch through a table, plus the numeric helpers ggml's quantizers share.
+// n is always a whole number of blocks; ref.cpp checks that before calling in.
+
+#include <bit>
+#include <cstdint>
+
+namespace hetmoe::quant::ref_detail {
+
+using DequantizeFn = void (*)(const void* src, float* dst, int64_t n);
+using QuantizeFn = void (*)(const float* src, void* dst, int64_t n);
+using VecDotFn = float (*)(int64_t n, const void* weight, const void* activation);
+
+// Round to nearest, ties to even, exactly as ggml's nearest_int: adding 1.5 * 2^23 pushes the rounded integer
+// into the low mantissa bits. Only valid for |v| < 2^22; every caller's value is bounded far below that.
+// Written this way (not lrintf) so the result does not depend on the floating-point environment.
+inline int nearest_int(float v) {
+  const float shifted = v + 12582912.0f;
+  return static_cast<int>(std::bit_cast<uint32_t>(shifted) & 0x007fffffu) - 0x00400000;
+}
+
+// The fifth bits of a Q5_0 / Q5_1 block, stored as a little-endian uint32.
+inline uint32_t load_u32_le(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
+         static_cast<uint32_t>(p[3]) << 24;
+}
+
+inline void store_u32_le(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+// ref_float.cpp (F32, F16, BF16: the activation quantizers of these are the weight quantizers)
+void dequantize_f32(const void* src, float* dst, int64_t n);
+void dequantize_f16(const void* src, float* dst, int64_t n);
+void dequantize_bf16(const void* src, float* dst, int64_t n);
+void quantize_f32(const float* src, void* dst, int64_t n);
+void quantize_f16(const float* src, void* dst, int64_t n);
+void quantize_bf16(const float* src, void* dst, int64_t n);
+float vec_dot_f32(int64_t n, const void* weight, const void* activation);
+float vec_dot_f16(int64_t n, const void* weight, const void* activation);
+float vec_dot_bf16(int64_t n, const void* weight, const void* activation);
+
+// ref_legacy.cpp
+void dequantize_q4_0(const void* src, float* dst, int64_t n);
+void dequantize_q4_1(const void* src, float* dst, int64_t n);
+void dequantize_q5_0(const void* src, float* dst, int64_t n);
+void dequantize_q5_1(const void* src, float* dst, int64_t n);
+void dequantize_q8_0(const void* src, float* dst, int64_t n);
+void dequantize_q8_1(const void* src, float* dst, int64_t n);
+void quantize_q4_0(const float* src, void* dst, int64_t n);
+void quantize_q4_1(const float* src, void* dst, int64_t n);
+void quantize_q5_0(const float* src, void* dst, int64_t n);
+void quantize_q5_1(const float* src, void* dst, int64_t n);
+void quantize_q8_0(const float* src, void* dst, int64_t n);
+float vec_dot_q4_0(int64_t n, const void* weight, const void* activation);
+float vec_dot_q4_1(int64_t n, const void* weight, const void* activation);
+float vec_dot_q5_0(int64_t n, const void* weight, const void* activation);
+float vec_dot_q5_1(int64_t n, const void* weight, const void* activation);
+float vec_dot_q8_0(int64_t n, const void* weight, const void* activation);
+
+// ref_kquants.cpp
+void dequantize_q2_k(const void* src, float* dst, int64_t n);
+void dequantize_q3_k(const void* src, float* dst, int64_t n);
+void dequantize_q4_k(const void* src, float* dst, int64_t n);
+void dequantize_q5_k(const void* src, float* dst, int64_t n);
+void dequantize_q6_k(const void* src, float* dst, int64_t n);
+void dequantize_q8_k(const void* src, float* dst, int64_t n);
+void quantize_q2_k(const float* src, void* dst, int64_t n);
+void quantize_q3_k(const float* src, void* dst, int64_t n);
+void quantize_q4_k(const float* src, void* dst, int64_t n);
+void quantize_q5_k(const float* src, void* dst, int64_t n);
+void quantize_q6_k(const float* src, void* dst, int64_t n);
+float vec_dot_q2_k(int64_t n, const void* weight, const void* activation);
+float vec_dot_q3_k(int64_t n, const void* weight, const void* activation);
+float vec_dot_q4_k(int64_t n, const void* weight, const void* activation);
+float vec_dot_q5_k(int64_t n, const void* weight, const void* activation);
+float vec_dot_q6_k(int64_t n, const void* weight, const void* activation);
+
+// ref_iq4.cpp
+void dequantize_iq4_nl(const void* src, float* dst, int64_t n);
+void dequantize_iq4_xs(const void* src, float* dst, int64_t n);
+void quantize_iq4_nl(const float* src, void* dst, int64_t n);
+void quantize_iq4_xs(const float* src, void* dst, int64_t n);
+float vec_dot_iq4_nl(int64_t n, const void* weight, const void* activation);
+float vec_dot_iq4_xs(int64_t n, const void* weight, const void* activation);
+
+// ref_activation.cpp: the 8-bit activation formats as ggml-cpu's x86 (AVX2) from_float writes them.
+void quantize_activation_q8_0(const float* src, void* dst, int64_t n);
+void quantize_activation_q8_1(const float* src, void* dst, int64_t n);
+void quantize_activation_q8_k(const float* src, void* dst, int64_t n);
+
+}  // namespace hetmoe::quant::ref_detail

@@ -1,0 +1,180 @@
+#include "runtime/model/model.h"
+
+#include <algorithm>
+
+#include "cpu_kernels/ops.h"
+#include "quant/ref.h"
+#include "runtime/error.h"
+#include "runtime/model/archs.h"
+
+namespace hetmoe::model {
+namespace {
+
+std::string shape_of(std::initializer_list<int64_t> ne) {
+  std::string s = "{";
+  for (int64_t v : ne) s += (s.size() > 1 ? ", " : "") + std::to_string(v);
+  return s + "}";
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load(const std::string& path, int n_threads) {
+  auto file = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(path));
+  ModelConfig config = read_config(*file);
+  switch (config.arch) {
+    case Arch::kDeepseek2: return make_deepseek2(std::move(file), std::move(config), n_threads);
+    case Arch::kQwen3Moe: return make_qwen3moe(std::move(file), std::move(config), n_threads);
+    case Arch::kLlama: return make_llama(std::move(file), std::move(config), n_threads);
+  }
+  fail("{}: unsupported architecture", path);
+}
+
+Model::Model(std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads)
+    : file_(std::move(file)),
+      config_(std::move(config)),
+      pool_(std::make_unique<cpu::ThreadPool>(n_threads)),
+      kernels_(cpu::kernels()) {}
+
+const gguf::TensorInfo* Model::optional_tensor(const std::string& name, std::initializer_list<int64_t> ne) const {
+  const gguf::TensorInfo* t = file_->find_tensor(name);
+  if (!t) return nullptr;
+  bool ok = true;
+  int i = 0;
+  for (int64_t v : ne) ok = ok && t->ne[i++] == v;
+  for (; i < gguf::kMaxDims; ++i) ok = ok && t->ne[i] == 1;
+  if (!ok) fail("{}: tensor '{}' has shape {}, expected {}", file_->path(), name, t->shape_string(), shape_of(ne));
+  return t;
+}
+
+const gguf::TensorInfo& Model::tensor(const std::string& name, std::initializer_list<int64_t> ne) const {
+  const gguf::TensorInfo* t = optional_tensor(name, ne);
+  if (!t) fail("{}: missing tensor '{}' (expected shape {})", file_->path(), name, shape_of(ne));
+  return *t;
+}
+
+cpu::WeightMatrix Model::as_matrix(const gguf::TensorInfo& t) {
+  return {t.type, t.ne[0], t.n_rows, t.row_bytes, t.data};
+}
+
+cpu::WeightMatrix Model::matrix(const std::string& name, int64_t n_cols, int64_t n_rows) const {
+  return as_matrix(tensor(name, {n_cols, n_rows}));
+}
+
+const float* Model::optional_vector(const std::string& name, int64_t n) {
+  const gguf::TensorInfo* t = optional_tensor(name, {n});
+  if (!t) return nullptr;
+  if (t->type == quant::GgmlType::F32) return reinterpret_cast<const float*>(t->data);
+  std::vector<float>& v = owned_vectors_.emplace_back(n);
+  quant::dequantize_row(t->type, t->data, v.data(), n);
+  return v.data();
+}
+
+const float* Model::vector(const std::string& name, int64_t n) {
+  const float* v = optional_vector(name, n);
+  if (!v) fail("{}: missing tensor '{}' (expected shape {{{}}})", file_->path(), name, n);
+  return v;
+}
+
+void Model::bind_common() {
+  const ModelConfig& c = config_;
+  const int64_t E = c.n_embd;
+  token_embd_ = &tensor("token_embd.weight", {E, c.n_vocab});
+  output_norm_ = vector("output_norm.weight", E);
+  const gguf::TensorInfo* out = optional_tensor("output.weight", {E, c.n_vocab});
+  output_ = as_matrix(out ? *out : *token_embd_);  // tied embeddings when the file has no output matrix
+
+  attn_norm_.resize(c.n_layer);
+  ffn_.resize(c.n_layer);
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    attn_norm_[l] = vector(blk(l, "attn_norm"), E);
+    FfnWeights& f = ffn_[l];
+    f.norm = vector(blk(l, "ffn_norm"), E);
+    if (!c.is_moe_layer(l)) {
+      if (c.n_ff <= 0) fail("{}: feed_forward_length is missing for dense block {}", file_->path(), l);
+      f.gate = matrix(blk(l, "ffn_gate"), E, c.n_ff);
+      f.up = matrix(blk(l, "ffn_up"), E, c.n_ff);
+      f.down = matrix(blk(l, "ffn_down"), c.n_ff, E);
+      continue;
+    }
+    MoeWeights& m = f.moe;
+    const int64_t ne = c.n_expert, ff = c.n_ff_exp;
+    m.n_expert = ne;
+    m.n_ff_exp = ff;
+    m.gate_inp = matrix(blk(l, "ffn_gate_inp"), E, ne);
+    m.probs_bias = optional_vector("blk." + std::to_string(l) + ".exp_probs_b.bias", ne);
+    m.gate_exps = as_matrix(tensor(blk(l, "ffn_gate_exps"), {E, ff, ne}));
+    m.up_exps = as_matrix(tensor(blk(l, "ffn_up_exps"), {E, ff, ne}));
+    m.down_exps = as_matrix(tensor(blk(l, "ffn_down_exps"), {ff, E, ne}));
+    if (c.n_expert_shared > 0) {
+      const int64_t fs = ff * c.n_expert_shared;
+      m.has_shared = true;
+      m.gate_shexp = matrix(blk(l, "ffn_gate_shexp"), E, fs);
+      m.up_shexp = matrix(blk(l, "ffn_up_shexp"), E, fs);
+      m.down_shexp = matrix(blk(l, "ffn_down_shexp"), fs, E);
+    }
+  }
+}
+
+KvCache Model::make_cache(int64_t n_ctx) const {
+  if (n_ctx <= 0) fail("context size must be positive, got {}", n_ctx);
+  if (n_ctx > config_.n_ctx_train)
+    fail("context size {} exceeds the model's training context of {}", n_ctx, config_.n_ctx_train);
+  return KvCache(config_.n_layer, n_ctx, cache_k_width(), cache_v_width());
+}
+
+void Model::matmul(const cpu::WeightMatrix& w, const float* x, int64_t n, float* y, int64_t ldy) {
+  cpu::matmul(kernels_, *pool_, w, x, n, y, ldy);
+}
+
+void Model::ffn(int64_t layer, const float* x, int64_t n, float* out) {
+  const FfnWeights& f = ffn_[layer];
+  if (!config_.is_moe_layer(layer)) {
+    swiglu_ffn(kernels_, *pool_, f.gate, f.up, f.down, x, n, out);
+    return;
+  }
+  RoutingParams p{.n_expert = config_.n_expert,
+                  .n_used = config_.n_expert_used,
+                  .gating = config_.gating,
+                  .norm = config_.expert_weights_norm,
+                  .scale = config_.expert_weights_scale,
+                  .n_group = config_.n_group,
+                  .n_group_used = config_.n_group_used};
+  moe_ffn(kernels_, *pool_, f.moe, p, x, n, config_.n_embd, out, trace_, layer);
+}
+
+void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,
+                    std::vector<float>& logits, Trace* trace) {
+  const ModelConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t E = c.n_embd;
+  if (n == 0) fail("nothing to evaluate: the token list is empty");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= c.n_vocab) fail("token id {} is out of range (the vocabulary has {} tokens)", t, c.n_vocab);
+  if (pos0 < 0 || pos0 + n > cache.n_ctx())
+    fail("context full: {} more tokens do not fit after {} of {} positions", n, pos0, cache.n_ctx());
+  trace_ = trace;
+
+  std::vector<float> x(n * E), xn(n * E), branch(n * E);
+  for (int64_t t = 0; t < n; ++t)
+    quant::dequantize_row(token_embd_->type, token_embd_->row(tokens[t]), x.data() + t * E, E);
+
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    for (int64_t t = 0; t < n; ++t) cpu::rms_norm(x.data() + t * E, attn_norm_[l], xn.data() + t * E, E, c.rms_eps);
+    attention(l, xn.data(), n, pos0, cache, branch.data());
+    for (int64_t i = 0; i < n * E; ++i) x[i] += branch[i];
+    for (int64_t t = 0; t < n; ++t) cpu::rms_norm(x.data() + t * E, ffn_[l].norm, xn.data() + t * E, E, c.rms_eps);
+    ffn(l, xn.data(), n, branch.data());
+    for (int64_t i = 0; i < n * E; ++i) x[i] += branch[i];
+    if (trace) trace->values(l, "l_out", x.data(), n, E);
+  }
+
+  const int64_t first = all_logits ? 0 : n - 1;
+  const int64_t n_out = n - first;
+  for (int64_t t = first; t < n; ++t)
+    cpu::rms_norm(x.data() + t * E, output_norm_, xn.data() + (t - first) * E, E, c.rms_eps);
+  logits.resize(n_out * c.n_vocab);
+  matmul(output_, xn.data(), n_out, logits.data(), c.n_vocab);
+  trace_ = nullptr;
+}
+
+}  // namespace hetmoe::model

@@ -1,0 +1,93 @@
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cpu_kernels/kernel_table.h"
+#include "cpu_kernels/matmul.h"
+#include "cpu_kernels/thread_pool.h"
+#include "runtime/gguf/reader.h"
+#include "runtime/model/config.h"
+#include "runtime/model/kv_cache.h"
+#include "runtime/model/moe.h"
+#include "runtime/model/trace.h"
+
+namespace hetmoe::model {
+
+// The FFN of one layer: a dense SwiGLU, or routed experts with optional shared experts.
+struct FfnWeights {
+  const float* norm = nullptr;  // [n_embd]
+  cpu::WeightMatrix gate, up, down;  // dense: [n_ff, n_embd], [n_ff, n_embd], [n_embd, n_ff]
+  MoeWeights moe;                    // used when moe.n_expert > 0
+};
+
+// A loaded model: the file stays mapped and the weights are used where they lie. Architecture files
+// (deepseek2.cpp, qwen3moe.cpp, llama.cpp) bind their tensors and implement attention; the embedding, the FFN
+// (dense or MoE), the residual stream and the output head are shared here.
+class Model {
+ public:
+  // Maps and validates the file. Errors: missing file, corrupt GGUF, unknown architecture, missing or misshapen
+  // tensor; each a one-line hetmoe::Error.
+  static std::unique_ptr<Model> load(const std::string& path, int n_threads);
+  virtual ~Model() = default;
+
+  const ModelConfig& config() const { return config_; }
+  const gguf::GgufFile& file() const { return *file_; }
+  cpu::ThreadPool& pool() { return *pool_; }
+
+  // A KV cache for n_ctx positions (at most the training context).
+  KvCache make_cache(int64_t n_ctx) const;
+
+  // Runs `tokens` at positions pos0, pos0+1, ... as one batch, appending their keys and values to `cache`.
+  // logits receives [n_tokens][n_vocab] when all_logits, else [n_vocab] of the last token.
+  // Fails (before touching the cache) on an out-of-range token id or when the batch does not fit the context.
+  void forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,
+               std::vector<float>& logits, Trace* trace = nullptr);
+
+ protected:
+  Model(std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads);
+
+  // Attention of layer `layer` for the normalised input x [n][n_embd]; writes out [n][n_embd].
+  virtual void attention(int64_t layer, const float* x, int64_t n, int64_t pos0, KvCache& cache, float* out) = 0;
+  virtual int64_t cache_k_width() const = 0;
+  virtual int64_t cache_v_width() const = 0;
+
+  // Tensor binding with shape checks. ne lists the expected ggml dims; the tensor must have exactly these.
+  const gguf::TensorInfo& tensor(const std::string& name, std::initializer_list<int64_t> ne) const;
+  const gguf::TensorInfo* optional_tensor(const std::string& name, std::initializer_list<int64_t> ne) const;
+  cpu::WeightMatrix matrix(const std::string& name, int64_t n_cols, int64_t n_rows) const;
+  // A 1-D F32 vector of n values; other types are dequantized once into storage the model owns.
+  const float* vector(const std::string& name, int64_t n);
+  const float* optional_vector(const std::string& name, int64_t n);
+  static cpu::WeightMatrix as_matrix(const gguf::TensorInfo& t);
+  void bind_common();
+
+  void matmul(const cpu::WeightMatrix& w, const float* x, int64_t n, float* y, int64_t ldy);
+  static std::string blk(int64_t layer, std::string_view name) {
+    return "blk." + std::to_string(layer) + "." + std::string(name) + ".weight";
+  }
+
+  std::unique_ptr<gguf::GgufFile> file_;
+  ModelConfig config_;
+  std::unique_ptr<cpu::ThreadPool> pool_;
+  const cpu::KernelTable& kernels_;
+
+  const gguf::TensorInfo* token_embd_ = nullptr;  // [n_vocab, n_embd]
+  const float* output_norm_ = nullptr;            // [n_embd]
+  cpu::WeightMatrix output_;                      // [n_vocab, n_embd] (token_embd when tied)
+  std::vector<const float*> attn_norm_;           // per layer [n_embd]
+  std::vector<FfnWeights> ffn_;                   // per layer
+  Trace* trace_ = nullptr;                        // set during forward
+
+ private:
+  void ffn(int64_t layer, const float* x, int64_t n, float* out);
+  std::deque<std::vector<float>> owned_vectors_;
+};
+
+}  // namespace hetmoe::model

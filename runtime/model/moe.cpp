@@ -1,0 +1,145 @@
+#include "runtime/model/moe.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+#include "cpu_kernels/ops.h"
+
+namespace hetmoe::model {
+namespace {
+
+// Indices of the k largest values, largest first; ties go to the lower index.
+void top_k(const float* v, int64_t n, int64_t k, int32_t* out) {
+  std::vector<int32_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+  std::copy(idx.begin(), idx.begin() + k, out);
+}
+
+// Group-limited routing (DeepSeek-V3): a group scores the sum of its two best selection scores; only the best
+// n_group_used groups stay eligible, the others are masked to -inf.
+void mask_groups(const RoutingParams& p, float* sel) {
+  const int64_t per_group = p.n_expert / p.n_group;
+  std::vector<float> group_score(p.n_group);
+  for (int64_t g = 0; g < p.n_group; ++g) {
+    const float* s = sel + g * per_group;
+    int32_t best[2];
+    const int64_t take = std::min<int64_t>(2, per_group);
+    top_k(s, per_group, take, best);
+    float score = s[best[0]];
+    if (take > 1) score += s[best[1]];
+    group_score[g] = score;
+  }
+  std::vector<int32_t> keep(p.n_group_used);
+  top_k(group_score.data(), p.n_group, p.n_group_used, keep.data());
+  std::vector<bool> kept(p.n_group, false);
+  for (int32_t g : keep) kept[g] = true;
+  for (int64_t g = 0; g < p.n_group; ++g)
+    if (!kept[g]) std::fill(sel + g * per_group, sel + (g + 1) * per_group, -std::numeric_limits<float>::infinity());
+}
+
+}  // namespace
+
+void route(const RoutingParams& p, float* logits, const float* bias, int64_t n, Routing& out, Trace* trace,
+           int64_t layer) {
+  const int64_t ne = p.n_expert, nu = p.n_used;
+  out.ids.resize(n * nu);
+  out.weights.resize(n * nu);
+  std::vector<float> sel(ne);
+  const bool apply_scale = p.scale != 0.0f && p.scale != 1.0f;
+  std::vector<float> w_raw, w_norm;
+  if (trace) {
+    w_raw.resize(n * nu);
+    w_norm.resize(n * nu);
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    float* probs = logits + t * ne;
+    if (p.gating == Gating::kSigmoid) {
+      cpu::sigmoid(probs, ne);
+    } else {
+      cpu::softmax(probs, ne);
+    }
+    for (int64_t e = 0; e < ne; ++e) sel[e] = bias ? probs[e] + bias[e] : probs[e];
+    if (p.n_group > 1) mask_groups(p, sel.data());
+    int32_t* ids = out.ids.data() + t * nu;
+    top_k(sel.data(), ne, nu, ids);
+    float* w = out.weights.data() + t * nu;
+    for (int64_t i = 0; i < nu; ++i) w[i] = probs[ids[i]];
+    if (trace) std::copy(w, w + nu, w_raw.data() + t * nu);
+    if (p.norm) {
+      float sum = 0;
+      for (int64_t i = 0; i < nu; ++i) sum += w[i];
+      sum = std::max(sum, 6.103515625e-5f);  // the smallest normal half: guards against a zero sum
+      for (int64_t i = 0; i < nu; ++i) w[i] /= sum;
+      if (trace) std::copy(w, w + nu, w_norm.data() + t * nu);
+    }
+    if (apply_scale)
+      for (int64_t i = 0; i < nu; ++i) w[i] *= p.scale;
+  }
+  if (trace) {
+    trace->values(layer, "ffn_moe_probs", logits, n, ne);
+    trace->ids(layer, "ffn_moe_topk", out.ids.data(), n, nu);
+    trace->values(layer, "ffn_moe_weights", w_raw.data(), n, nu);
+    if (p.norm) trace->values(layer, "ffn_moe_weights_norm", w_norm.data(), n, nu);
+    if (apply_scale) trace->values(layer, "ffn_moe_weights_scaled", out.weights.data(), n, nu);
+  }
+}
+
+void swiglu_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const cpu::WeightMatrix& gate,
+                const cpu::WeightMatrix& up, const cpu::WeightMatrix& down, const float* x, int64_t n, float* out) {
+  const int64_t ff = gate.n_rows;
+  std::vector<float> g(n * ff), u(n * ff);
+  cpu::matmul(k, pool, gate, x, n, g.data(), ff);
+  cpu::matmul(k, pool, up, x, n, u.data(), ff);
+  cpu::swiglu(g.data(), u.data(), g.data(), n * ff);
+  cpu::matmul(k, pool, down, g.data(), n, out, down.n_rows);
+}
+
+void moe_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const RoutingParams& p,
+             const float* x, int64_t n, int64_t n_embd, float* out, Trace* trace, int64_t layer) {
+  const int64_t nu = p.n_used;
+  std::vector<float> logits(n * p.n_expert);
+  cpu::matmul(k, pool, w.gate_inp, x, n, logits.data(), p.n_expert);
+  Routing r;
+  route(p, logits.data(), w.probs_bias, n, r, trace, layer);
+
+  // Each selected (token, slot) gets its weighted expert output; summing the slots in selection order afterwards
+  // matches llama.cpp's chain of adds.
+  std::vector<float> slots(n * nu * n_embd);
+  std::vector<std::vector<int64_t>> routed(p.n_expert);  // token * nu + slot, per expert
+  for (int64_t i = 0; i < n * nu; ++i) routed[r.ids[i]].push_back(i);
+
+  std::vector<float> xs, ys;
+  for (int64_t e = 0; e < p.n_expert; ++e) {
+    const std::vector<int64_t>& items = routed[e];
+    const int64_t m = static_cast<int64_t>(items.size());
+    if (m == 0) continue;
+    xs.resize(m * n_embd);
+    ys.resize(m * n_embd);
+    for (int64_t j = 0; j < m; ++j) std::copy_n(x + (items[j] / nu) * n_embd, n_embd, xs.data() + j * n_embd);
+    swiglu_ffn(k, pool, w.gate_exps.rows(e * w.n_ff_exp, w.n_ff_exp), w.up_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
+               w.down_exps.rows(e * n_embd, n_embd), xs.data(), m, ys.data());
+    for (int64_t j = 0; j < m; ++j) {
+      const float weight = r.weights[items[j]];
+      float* dst = slots.data() + items[j] * n_embd;
+      const float* src = ys.data() + j * n_embd;
+      for (int64_t i = 0; i < n_embd; ++i) dst[i] = src[i] * weight;
+    }
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    float* o = out + t * n_embd;
+    const float* s = slots.data() + t * nu * n_embd;
+    std::copy_n(s, n_embd, o);
+    for (int64_t slot = 1; slot < nu; ++slot)
+      for (int64_t i = 0; i < n_embd; ++i) o[i] += s[slot * n_embd + i];
+  }
+  if (w.has_shared) {
+    std::vector<float> shared(n * n_embd);
+    swiglu_ffn(k, pool, w.gate_shexp, w.up_shexp, w.down_shexp, x, n, shared.data());
+    for (int64_t i = 0; i < n * n_embd; ++i) out[i] += shared[i];
+  }
+}
+
+}  // namespace hetmoe::model

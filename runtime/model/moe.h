@@ -1,0 +1,58 @@
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cpu_kernels/kernel_table.h"
+#include "cpu_kernels/matmul.h"
+#include "cpu_kernels/thread_pool.h"
+#include "runtime/model/config.h"
+#include "runtime/model/trace.h"
+
+namespace hetmoe::model {
+
+// The router's rules, as the architecture and its metadata set them.
+struct RoutingParams {
+  int64_t n_expert = 0;
+  int64_t n_used = 0;
+  Gating gating = Gating::kSoftmax;
+  bool norm = false;         // divide the selected weights by their sum
+  float scale = 0.0f;        // multiply them by this unless 0 or 1
+  int64_t n_group = 1;       // group-limited routing when > 1
+  int64_t n_group_used = 1;
+};
+
+// The selected experts of a batch: ids and mixing weights [n_tokens][n_used], in selection order.
+struct Routing {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+// From router logits [n][n_expert] (overwritten with the probabilities) to the selection. `bias` ([n_expert],
+// may be null) is added for the selection only. Reports ffn_moe_probs/topk/weights(_norm, _scaled) to trace.
+void route(const RoutingParams& p, float* logits, const float* bias, int64_t n, Routing& out, Trace* trace,
+           int64_t layer);
+
+// The weights of one MoE FFN. Expert e owns rows [e * rows, (e+1) * rows) of each 3-D tensor.
+struct MoeWeights {
+  int64_t n_expert = 0;
+  int64_t n_ff_exp = 0;
+  cpu::WeightMatrix gate_inp;           // [n_expert, n_embd]
+  const float* probs_bias = nullptr;    // [n_expert] (exp_probs_b), optional
+  cpu::WeightMatrix gate_exps, up_exps; // [n_expert * n_ff_exp, n_embd]
+  cpu::WeightMatrix down_exps;          // [n_expert * n_embd, n_ff_exp]
+  bool has_shared = false;
+  cpu::WeightMatrix gate_shexp, up_shexp;  // [n_ff_shared, n_embd]
+  cpu::WeightMatrix down_shexp;            // [n_embd, n_ff_shared]
+};
+
+// out[n][n_embd] = sum over selected experts of weight * down(silu(gate x) * up x), plus the shared experts.
+// Tokens are grouped by expert so each expert's rows are read once per batch.
+void moe_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const RoutingParams& p,
+             const float* x, int64_t n, int64_t n_embd, float* out, Trace* trace, int64_t layer);
+
+// out[n][n_embd] = down(silu(gate x) * up x).
+void swiglu_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const cpu::WeightMatrix& gate,
+                const cpu::WeightMatrix& up, const cpu::WeightMatrix& down, const float* x, int64_t n, float* out);
+
+}  // namespace hetmoe::model

@@ -1,0 +1,160 @@
+#include "tools/file_types.h"
+
+#include <array>
+#include <cctype>
+#include <cstdio>
+#include <string>
+
+#include "runtime/error.h"
+
+namespace hetmoe {
+namespace {
+
+using quant::GgmlType;
+
+constexpr std::array kFileTypes = {
+    FileType{"F32", LlamaFtype::kAllF32, GgmlType::F32},
+    FileType{"F16", LlamaFtype::kMostlyF16, GgmlType::F16},
+    FileType{"BF16", LlamaFtype::kMostlyBF16, GgmlType::BF16},
+    FileType{"Q8_0", LlamaFtype::kMostlyQ8_0, GgmlType::Q8_0},
+    FileType{"Q4_0", LlamaFtype::kMostlyQ4_0, GgmlType::Q4_0},
+    FileType{"Q4_1", LlamaFtype::kMostlyQ4_1, GgmlType::Q4_1},
+    FileType{"Q5_0", LlamaFtype::kMostlyQ5_0, GgmlType::Q5_0},
+    FileType{"Q5_1", LlamaFtype::kMostlyQ5_1, GgmlType::Q5_1},
+    FileType{"Q2_K", LlamaFtype::kMostlyQ2_K, GgmlType::Q2_K},
+    FileType{"Q3_K_M", LlamaFtype::kMostlyQ3_K_M, GgmlType::Q3_K},
+    FileType{"Q4_K_M", LlamaFtype::kMostlyQ4_K_M, GgmlType::Q4_K},
+    FileType{"Q5_K_M", LlamaFtype::kMostlyQ5_K_M, GgmlType::Q5_K},
+    FileType{"Q6_K", LlamaFtype::kMostlyQ6_K, GgmlType::Q6_K},
+    FileType{"IQ4_NL", LlamaFtype::kMostlyIQ4_NL, GgmlType::IQ4_NL},
+    FileType{"IQ4_XS", LlamaFtype::kMostlyIQ4_XS, GgmlType::IQ4_XS},
+};
+
+bool iequal(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::toupper(static_cast<unsigned char>(a[i])) != std::toupper(static_cast<unsigned char>(b[i]))) return false;
+  return true;
+}
+
+bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+bool ends_with(std::string_view s, std::string_view tail) {
+  return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
+}
+
+bool is_quantized(GgmlType t) { return t != GgmlType::F32 && t != GgmlType::F16 && t != GgmlType::BF16; }
+
+// llama.cpp's tensor_allows_quantization, reduced to the names a deepseek2 model has.
+bool allows_quantization(const TensorTypeQuery& q) {
+  if (q.ne.size() < 2) return false;
+  if (!ends_with(q.name, "weight")) return false;
+  if (contains(q.name, "_norm.weight")) return false;
+  if (contains(q.name, "ffn_gate_inp.weight")) return false;
+  return true;
+}
+
+// The categories of llama.cpp's tensor_get_category that deepseek2 tensors fall into. The split-MLA tensors
+// (attn_q_a, attn_q_b, attn_kv_a_mqa, attn_k_b, attn_v_b) match none of the attention patterns ("attn_k_b.weight"
+// does not contain "attn_k.weight"), so they keep the default type; deepseek2 files have no attn_v/attn_qkv/attn_kv_b
+// in the split layout, which leaves llama.cpp's attn_v rules unused here.
+enum class Category { kOutput, kTokenEmbd, kAttnOutput, kFfnDown, kOther };
+
+Category category_of(std::string_view name) {
+  if (name == "output.weight") return Category::kOutput;
+  if (name == "token_embd.weight") return Category::kTokenEmbd;
+  if (contains(name, "attn_output.weight")) return Category::kAttnOutput;
+  // ffn_up / ffn_gate are tested before ffn_down in llama.cpp; neither has a rule for these mixes.
+  if (contains(name, "ffn_up") || contains(name, "ffn_gate")) return Category::kOther;
+  if (contains(name, "ffn_down")) return Category::kFfnDown;
+  return Category::kOther;
+}
+
+// llama.cpp's use_more_bits: the first and last eighth of the layers, and every third layer in between.
+bool use_more_bits(int i_layer, int n_layer) {
+  return i_layer < n_layer / 8 || i_layer >= 7 * n_layer / 8 || (i_layer - n_layer / 8) % 3 == 2;
+}
+
+// With more than one expert llama.cpp takes the layer from the name ("blk.%d."), not from a running count.
+int layer_of(std::string_view name) {
+  int layer = -1;
+  std::string s(name);
+  if (std::sscanf(s.c_str(), "blk.%d.", &layer) != 1) return -1;
+  return layer;
+}
+
+GgmlType mix_rule(const FileType& ft, const TensorTypeQuery& q, GgmlType t) {
+  const LlamaFtype f = ft.ftype;
+  switch (category_of(q.name)) {
+    case Category::kOutput: {
+      // Not tied to token_embd (deepseek2 has output.weight): output gets Q6_K unless the file is Q8_0, or Q8_0
+      // when its rows do not fit the default type's blocks.
+      if (q.ne[0] % quant::type_info(t).block_size != 0) return GgmlType::Q8_0;
+      if (t != GgmlType::Q8_0) return GgmlType::Q6_K;
+      return t;
+    }
+    case Category::kTokenEmbd:
+      return t;  // only the IQ1/IQ2/IQ3/TQ mixes change it
+    case Category::kAttnOutput:
+      if (q.n_expert == 8) {
+        if (f == LlamaFtype::kMostlyQ2_K || f == LlamaFtype::kMostlyQ3_K_M || f == LlamaFtype::kMostlyIQ4_NL ||
+            f == LlamaFtype::kMostlyQ4_K_M || f == LlamaFtype::kMostlyIQ4_XS)
+          return GgmlType::Q5_K;
+        return t;
+      }
+      if (f == LlamaFtype::kMostlyQ2_K) return GgmlType::Q3_K;
+      if (f == LlamaFtype::kMostlyQ3_K_M) return GgmlType::Q4_K;
+      return t;
+    case Category::kFfnDown: {
+      const int i_layer = layer_of(q.name);
+      const int n_layer = q.n_layer;
+      if (f == LlamaFtype::kMostlyQ2_K) return GgmlType::Q3_K;
+      if (f == LlamaFtype::kMostlyQ3_K_M) return i_layer < n_layer / 16 ? GgmlType::Q5_K : GgmlType::Q4_K;
+      if (f == LlamaFtype::kMostlyQ4_K_M) return use_more_bits(i_layer, n_layer) ? GgmlType::Q6_K : t;
+      if ((f == LlamaFtype::kMostlyIQ4_NL || f == LlamaFtype::kMostlyIQ4_XS) && i_layer < n_layer / 8)
+        return GgmlType::Q5_K;
+      if (f == LlamaFtype::kMostlyQ5_K_M && use_more_bits(i_layer, n_layer)) return GgmlType::Q6_K;
+      return t;
+    }
+    case Category::kOther:
+      return t;
+  }
+  return t;
+}
+
+// llama.cpp's tensor_type_fallback: a row that the chosen type's blocks do not divide gets a 32-block type.
+GgmlType fallback(GgmlType t, int64_t ncols) {
+  if (ncols % quant::type_info(t).block_size == 0) return t;
+  GgmlType r = t;
+  switch (t) {
+    case GgmlType::IQ4_XS: r = GgmlType::IQ4_NL; break;
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K: r = GgmlType::Q4_0; break;
+    case GgmlType::Q4_K: r = GgmlType::Q5_0; break;
+    case GgmlType::Q5_K: r = GgmlType::Q5_1; break;
+    case GgmlType::Q6_K: r = GgmlType::Q8_0; break;
+    default:  // llama.cpp stops here too ("no tensor type fallback is defined")
+      fail("no fallback type for {} rows of {} elements", quant::type_info(t).name, ncols);
+  }
+  if (ncols % quant::type_info(r).block_size != 0) return GgmlType::F16;
+  return r;
+}
+
+}  // namespace
+
+std::span<const FileType> file_types() { return kFileTypes; }
+
+const FileType* find_file_type(std::string_view name) {
+  for (const FileType& ft : kFileTypes)
+    if (iequal(ft.name, name)) return &ft;
+  return nullptr;
+}
+
+GgmlType tensor_type_for(const FileType& ft, const TensorTypeQuery& q) {
+  if (!allows_quantization(q)) return GgmlType::F32;
+  GgmlType t = ft.default_type;
+  if (!is_quantized(t)) return t;
+  t = mix_rule(ft, q, t);
+  return fallback(t, q.ne[0]);
+}
+
+}  // namespace hetmoe

@@ -1,0 +1,54 @@
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "quant/ggml_type.h"
+
+namespace hetmoe {
+
+// llama.cpp's llama_ftype numbers (what general.file_type stores) for the mixes make-model writes.
+enum class LlamaFtype : uint32_t {
+  kAllF32 = 0,
+  kMostlyF16 = 1,
+  kMostlyQ4_0 = 2,
+  kMostlyQ4_1 = 3,
+  kMostlyQ8_0 = 7,
+  kMostlyQ5_0 = 8,
+  kMostlyQ5_1 = 9,
+  kMostlyQ2_K = 10,
+  kMostlyQ3_K_M = 12,
+  kMostlyQ4_K_M = 15,
+  kMostlyQ5_K_M = 17,
+  kMostlyQ6_K = 18,
+  kMostlyIQ4_NL = 25,
+  kMostlyIQ4_XS = 30,
+  kMostlyBF16 = 32,
+};
+
+// One --type value: its name, the llama_ftype it is, and the type most weight tensors get.
+struct FileType {
+  std::string_view name;  // "Q4_K_M"
+  LlamaFtype ftype;
+  quant::GgmlType default_type;
+};
+
+std::span<const FileType> file_types();
+// Case-insensitive; nullptr for an unknown name.
+const FileType* find_file_type(std::string_view name);
+
+// What decides a tensor's type besides its name and shape.
+struct TensorTypeQuery {
+  std::string_view name;       // GGUF tensor name, "blk.2.ffn_down_exps.weight"
+  std::span<const int64_t> ne;  // ggml order; ne[0] is the row length
+  int n_layer = 0;             // block count of the model
+  int64_t n_expert = 0;        // routed experts per MoE block
+};
+
+// The type llama.cpp's quantizer (llama_tensor_get_type, no importance matrix, no overrides) gives this tensor when
+// it writes a `ft` file from an F32 model, for the deepseek2 tensors make-model writes. F16 and BF16 follow the
+// converter rule (every 2-D+ ".weight" except ffn_gate_inp); F32 keeps everything F32.
+quant::GgmlType tensor_type_for(const FileType& ft, const TensorTypeQuery& q);
+
+}  // namespace hetmoe

@@ -1,0 +1,364 @@
+#include "tools/make_model.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <span>
+#include <thread>
+
+#include "quant/half.h"
+#include "quant/ref.h"
+#include "runtime/error.h"
+#include "runtime/gguf/writer.h"
+#include "tools/bpe_vocab.h"
+
+namespace hetmoe {
+namespace {
+
+using gguf::Value;
+using quant::GgmlType;
+
+constexpr uint32_t kQuantizationVersion = 2;  // GGML_QNT_VERSION
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+
+uint64_t splitmix64_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// splitmix64: tiny state, so each row can start its own stream and rows can be drawn in any order or thread.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t state) : state_(state) {}
+  uint64_t next() { return splitmix64_mix(state_ += kGolden); }
+  double uniform_open0() { return static_cast<double>((next() >> 11) + 1) * 0x1.0p-53; }  // (0, 1]
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }              // [0, 1)
+
+ private:
+  uint64_t state_;
+};
+
+constexpr std::array<uint32_t, 256> make_crc_table() {
+  std::array<uint32_t, 256> table{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    table[i] = c;
+  }
+  return table;
+}
+constexpr std::array<uint32_t, 256> kCrcTable = make_crc_table();
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+std::string shape_string(const std::vector<int64_t>& ne) {
+  std::string out = "[";
+  for (size_t i = 0; i < ne.size(); ++i) out += (i ? ", " : "") + std::to_string(ne[i]);
+  return out + "]";
+}
+
+// Metadata keys and order of llama.cpp's DeepSeek converter, as in the reference tiny deepseek files.
+std::vector<std::pair<std::string, Value>> build_metadata(const ModelPreset& p, const FileType& ft, int n_layer,
+                                                          int n_leading_dense) {
+  const std::string a = "deepseek2.";
+  auto u32 = [](int64_t v) { return Value::u32(static_cast<uint32_t>(v)); };
+  std::vector<std::pair<std::string, Value>> kv;
+  auto add = [&kv](std::string key, Value v) { kv.emplace_back(std::move(key), std::move(v)); };
+
+  add("general.architecture", Value::string("deepseek2"));
+  add("general.type", Value::string("model"));
+  add("general.name", Value::string(std::string(p.name)));
+  add(a + "block_count", u32(n_layer));
+  add(a + "context_length", u32(p.context_length));
+  add(a + "embedding_length", u32(p.n_embd));
+  add(a + "feed_forward_length", u32(p.n_ff));
+  add(a + "attention.head_count", u32(p.n_head));
+  add(a + "attention.head_count_kv", u32(1));  // MLA: one latent head
+  add(a + "rope.scaling.type", Value::string("yarn"));
+  add(a + "rope.scaling.factor", Value::f32(p.yarn_factor));
+  add(a + "rope.scaling.original_context_length", u32(p.yarn_original_context));
+  add(a + "rope.scaling.yarn_beta_fast", Value::f32(p.yarn_beta_fast));
+  add(a + "rope.scaling.yarn_beta_slow", Value::f32(p.yarn_beta_slow));
+  add(a + "rope.freq_base", Value::f32(p.rope_freq_base));
+  add(a + "attention.layer_norm_rms_epsilon", Value::f32(p.rms_norm_eps));
+  add(a + "expert_count", u32(p.n_expert));
+  add(a + "expert_used_count", u32(p.n_expert_used));
+  add(a + "expert_group_count", u32(p.n_group));
+  add(a + "expert_group_used_count", u32(p.n_group_used));
+  add(a + "expert_gating_func", u32(p.gating_func));
+  add("general.file_type", u32(static_cast<int64_t>(ft.ftype)));
+  add(a + "leading_dense_block_count", u32(n_leading_dense));
+  add(a + "vocab_size", u32(p.n_vocab));
+  add(a + "attention.q_lora_rank", u32(p.q_lora_rank));  // 0 written explicitly: llama.cpp requires the key
+  add(a + "attention.kv_lora_rank", u32(p.kv_lora_rank));
+  add(a + "attention.key_length", u32(p.kv_lora_rank + p.qk_rope));
+  add(a + "attention.value_length", u32(p.kv_lora_rank));
+  add(a + "attention.key_length_mla", u32(p.qk_nope + p.qk_rope));
+  add(a + "attention.value_length_mla", u32(p.v_head));
+  add(a + "expert_feed_forward_length", u32(p.n_ff_exp));
+  add(a + "expert_shared_count", u32(p.n_expert_shared));
+  add(a + "expert_weights_scale", Value::f32(p.weights_scale));
+  if (p.weights_norm) add(a + "expert_weights_norm", Value::boolean(true));
+  add(a + "rope.dimension_count", u32(p.qk_rope));
+  // The converter's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]: 0.1 * mscale_all_dim, computed in double as Python does.
+  add(a + "rope.scaling.yarn_log_multiplier", Value::f32(static_cast<float>(0.1 * p.mscale_all_dim)));
+  add("general.quantization_version", Value::u32(kQuantizationVersion));
+
+  BpeVocab vocab = build_bpe_vocab({.n_vocab = p.n_vocab});
+  add("tokenizer.ggml.model", Value::string("gpt2"));
+  add("tokenizer.ggml.pre", Value::string(std::string(p.tokenizer_pre)));
+  add("tokenizer.ggml.tokens", Value::string_array(std::move(vocab.tokens)));
+  add("tokenizer.ggml.token_type", Value::i32_array(vocab.token_types));
+  add("tokenizer.ggml.merges", Value::string_array(std::move(vocab.merges)));
+  add("tokenizer.ggml.bos_token_id", u32(kBosTokenId));
+  add("tokenizer.ggml.eos_token_id", u32(kEosTokenId));
+  add("tokenizer.ggml.padding_token_id", u32(kPadTokenId));
+  add("tokenizer.ggml.add_bos_token", Value::boolean(true));
+  add("tokenizer.ggml.add_eos_token", Value::boolean(false));
+  return kv;
+}
+
+// Tensor names, shapes and order of llama.cpp's DeepSeek converter (split MLA layout, README section 2.4).
+std::vector<PlannedTensor> build_tensors(const ModelPreset& p, int n_layer, int n_leading_dense) {
+  const int64_t e = p.n_embd;
+  const int64_t h = p.n_head;
+  const int64_t n_exp = p.n_expert;
+  const int64_t fe = p.n_ff_exp;
+  const int64_t f_shared = p.n_ff_exp * p.n_expert_shared;
+  std::vector<PlannedTensor> out;
+  auto add = [&](std::string name, std::vector<int64_t> ne) {
+    PlannedTensor t{.name = std::move(name), .type = GgmlType::F32, .ne = std::move(ne)};
+    if (t.name.ends_with("_norm.weight")) {
+      t.init = WeightInit::kNorm;
+    } else if (t.name.ends_with("exp_probs_b.bias")) {
+      t.init = WeightInit::kBias;
+    } else {
+      t.init = WeightInit::kMatrix;
+      t.scale = p.matrix_scale == MatrixScale::kConstant005 ? 0.05f
+                                                            : static_cast<float>(1.0 / std::sqrt(static_cast<double>(t.ne[0])));
+    }
+    out.push_back(std::move(t));
+  };
+
+  add("token_embd.weight", {e, p.n_vocab});
+  for (int il = 0; il < n_layer; ++il) {
+    const std::string b = "blk." + std::to_string(il) + ".";
+    add(b + "attn_norm.weight", {e});
+    if (p.q_lora_rank > 0) {
+      add(b + "attn_q_a.weight", {e, p.q_lora_rank});
+      add(b + "attn_q_a_norm.weight", {p.q_lora_rank});
+      add(b + "attn_q_b.weight", {p.q_lora_rank, h * (p.qk_nope + p.qk_rope)});
+    } else {
+      add(b + "attn_q.weight", {e, h * (p.qk_nope + p.qk_rope)});
+    }
+    add(b + "attn_kv_a_mqa.weight", {e, p.kv_lora_rank + p.qk_rope});
+    add(b + "attn_kv_a_norm.weight", {p.kv_lora_rank});
+    add(b + "attn_k_b.weight", {p.qk_nope, p.kv_lora_rank, h});
+    add(b + "attn_v_b.weight", {p.kv_lora_rank, p.v_head, h});
+    add(b + "attn_output.weight", {h * p.v_head, e});
+    add(b + "ffn_norm.weight", {e});
+    if (il < n_leading_dense) {
+      add(b + "ffn_gate.weight", {e, p.n_ff});
+      add(b + "ffn_up.weight", {e, p.n_ff});
+      add(b + "ffn_down.weight", {p.n_ff, e});
+    } else {
+      add(b + "ffn_gate_inp.weight", {e, n_exp});
+      if (p.has_exp_probs_b) add(b + "exp_probs_b.bias", {n_exp});
+      add(b + "ffn_gate_exps.weight", {e, fe, n_exp});
+      add(b + "ffn_up_exps.weight", {e, fe, n_exp});
+      add(b + "ffn_down_exps.weight", {fe, e, n_exp});
+      if (p.n_expert_shared > 0) {
+        add(b + "ffn_gate_shexp.weight", {e, f_shared});
+        add(b + "ffn_up_shexp.weight", {e, f_shared});
+        add(b + "ffn_down_shexp.weight", {f_shared, e});
+      }
+    }
+  }
+  add("output_norm.weight", {e});
+  add("output.weight", {e, p.n_vocab});
+  return out;
+}
+
+void convert_row(GgmlType type, const float* src, uint8_t* dst, int64_t n) {
+  switch (type) {
+    case GgmlType::F32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+      return;
+    case GgmlType::F16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h = quant::fp32_to_fp16(src[i]);
+        std::memcpy(dst + 2 * i, &h, 2);
+      }
+      return;
+    case GgmlType::BF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h = quant::fp32_to_bf16(src[i]);
+        std::memcpy(dst + 2 * i, &h, 2);
+      }
+      return;
+    default:
+      quant::quantize_row(type, src, dst, n);
+  }
+}
+
+// Generates and converts every row of `t` into `out`, `threads` workers taking chunks of about 256 K values.
+// Rows are independent (generate_row), so the bytes do not depend on the thread count.
+void fill_tensor(const PlannedTensor& t, uint64_t seed, int threads, std::span<uint8_t> out) {
+  const int64_t n0 = t.ne[0];
+  const int64_t rows = t.n_rows();
+  const size_t row_bytes = quant::row_bytes(t.type, n0);
+  if (out.size() != row_bytes * static_cast<size_t>(rows))
+    fail("tensor {}: {} bytes to fill, {} expected", t.name, out.size(), row_bytes * static_cast<size_t>(rows));
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 18) / n0);
+  const int64_t n_chunks = (rows + chunk - 1) / chunk;
+  const int n_workers = static_cast<int>(std::clamp<int64_t>(threads, 1, n_chunks));
+
+  std::atomic<int64_t> next_chunk{0};
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n_workers));
+  auto work = [&](int w) {
+    try {
+      std::vector<float> buf(static_cast<size_t>(n0));
+      for (int64_t c; (c = next_chunk.fetch_add(1)) < n_chunks;) {
+        const int64_t r_end = std::min(rows, (c + 1) * chunk);
+        for (int64_t r = c * chunk; r < r_end; ++r) {
+          generate_row(seed, t, r, buf.data());
+          convert_row(t.type, buf.data(), out.data() + static_cast<size_t>(r) * row_bytes, n0);
+        }
+      }
+    } catch (...) {
+      errors[static_cast<size_t>(w)] = std::current_exception();
+      next_chunk.store(n_chunks);  // the others stop at their next chunk
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int w = 1; w < n_workers; ++w) pool.emplace_back(work, w);
+  work(0);
+  for (std::thread& th : pool) th.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace
+
+int64_t PlannedTensor::n_rows() const {
+  int64_t rows = 1;
+  for (size_t d = 1; d < ne.size(); ++d) rows *= ne[d];
+  return rows;
+}
+
+size_t PlannedTensor::nbytes() const { return quant::row_bytes(type, ne[0]) * static_cast<size_t>(n_rows()); }
+
+uint64_t ModelPlan::n_params() const {
+  uint64_t n = 0;
+  for (const PlannedTensor& t : tensors) n += static_cast<uint64_t>(t.n_elements());
+  return n;
+}
+
+uint64_t ModelPlan::data_bytes() const {
+  uint64_t n = 0;
+  for (const PlannedTensor& t : tensors) n += t.nbytes();
+  return n;
+}
+
+uint32_t crc32(std::string_view bytes) {
+  uint32_t c = 0xFFFFFFFFu;
+  for (unsigned char b : bytes) c = kCrcTable[(c ^ b) & 0xFF] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+void generate_row(uint64_t seed, const PlannedTensor& t, int64_t row, float* out) {
+  const uint64_t tensor_key = splitmix64_mix(seed ^ crc32(t.name));
+  SplitMix64 rng(splitmix64_mix(tensor_key ^ splitmix64_mix(static_cast<uint64_t>(row) + kGolden)));
+  double mean = 0.0;
+  double sd = 0.0;
+  switch (t.init) {
+    case WeightInit::kMatrix: sd = t.scale; break;
+    case WeightInit::kNorm: mean = 1.0; sd = 0.1; break;
+    case WeightInit::kBias: sd = 0.05; break;
+  }
+  const int64_t n = t.ne[0];
+  constexpr double kTwoPi = 6.283185307179586476925;
+  for (int64_t i = 0; i < n; i += 2) {  // Box-Muller: two normals per pair of uniforms
+    const double r = std::sqrt(-2.0 * std::log(rng.uniform_open0()));
+    const double phi = kTwoPi * rng.uniform();
+    out[i] = static_cast<float>(mean + sd * r * std::cos(phi));
+    if (i + 1 < n) out[i + 1] = static_cast<float>(mean + sd * r * std::sin(phi));
+  }
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const ModelPreset& p : model_presets()) names.emplace_back(p.name);
+  return names;
+}
+
+std::vector<std::string> file_type_names() {
+  std::vector<std::string> names;
+  for (const FileType& ft : file_types()) names.emplace_back(ft.name);
+  return names;
+}
+
+ModelPlan plan_model(const MakeModelOptions& opt) {
+  const ModelPreset* preset = find_model_preset(opt.preset);
+  if (!preset) fail("unknown preset '{}' (known: {})", opt.preset, join(preset_names()));
+  const FileType* ft = find_file_type(opt.type);
+  if (!ft) fail("unknown file type '{}' (known: {})", opt.type, join(file_type_names()));
+  const int n_layer = opt.layers < 0 ? preset->n_layer : opt.layers;
+  if (n_layer < 1 || n_layer > preset->max_layers)
+    fail("--layers {} is out of range for preset {} (1..{})", opt.layers, preset->name, preset->max_layers);
+
+  ModelPlan plan;
+  plan.preset = preset;
+  plan.file_type = ft;
+  plan.n_layer = n_layer;
+  // Keep at least one MoE block: a truncated model still exercises the routing.
+  plan.n_leading_dense = std::min(preset->n_leading_dense, n_layer - 1);
+  plan.seed = opt.seed;
+  plan.metadata = build_metadata(*preset, *ft, plan.n_layer, plan.n_leading_dense);
+  plan.tensors = build_tensors(*preset, plan.n_layer, plan.n_leading_dense);
+  for (PlannedTensor& t : plan.tensors)
+    t.type = tensor_type_for(*ft, {.name = t.name, .ne = t.ne, .n_layer = plan.n_layer, .n_expert = preset->n_expert});
+  return plan;
+}
+
+void make_model(const MakeModelOptions& opt, std::FILE* progress) {
+  if (opt.out_path.empty()) fail("make-model: no output path given");
+  const auto start = std::chrono::steady_clock::now();
+  ModelPlan plan = plan_model(opt);
+  const int threads = opt.threads >= 1 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (progress)
+    fmt::print(progress, "{} {}: {} blocks ({} dense), {:.3f} B parameters, {:.1f} MB of tensor data, seed {}\n",
+               plan.preset->name, plan.file_type->name, plan.n_layer, plan.n_leading_dense, plan.n_params() * 1e-9,
+               plan.data_bytes() / 1e6, plan.seed);
+
+  gguf::GgufWriter writer;
+  for (auto& [key, value] : plan.metadata) writer.set(key, std::move(value));
+  const size_t n_tensors = plan.tensors.size();
+  for (size_t i = 0; i < n_tensors; ++i) {
+    const PlannedTensor& t = plan.tensors[i];
+    writer.add_tensor(t.name, t.type, t.ne, [&t, i, n_tensors, &plan, threads, progress](std::span<uint8_t> out) {
+      fill_tensor(t, plan.seed, threads, out);
+      if (progress) {
+        fmt::print(progress, "[{:>4}/{}] {:<32} {:<6} {:<20} {:>10.2f} MB\n", i + 1, n_tensors, t.name,
+                   quant::type_info(t.type).name, shape_string(t.ne), t.nbytes() / 1e6);
+        std::fflush(progress);
+      }
+    });
+  }
+  writer.write(opt.out_path);
+  if (progress) {
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    fmt::print(progress, "wrote {} ({} tensors) in {:.1f} s\n", opt.out_path, n_tensors, secs);
+  }
+}
+
+}  // namespace hetmoe
