@@ -1,0 +1,282 @@
+// End-to-end agreement with llama.cpp v0.5.0 on the tiny reference models (README of ../shared/ref, section 8.2):
+// per-layer hidden states, routing, logits and greedy continuations, with the tolerance of each weight class.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cpu_kernels/kernel_table.h"
+#include "runtime/model/model.h"
+
+namespace hetmoe {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const std::vector<int32_t> kPrompt = {3, 17, 42, 100, 7, 255, 256, 300, 11, 64, 128, 5,
+                                      400, 77, 19, 450, 23, 99, 1, 2, 310, 222, 8, 511};
+
+// Where a reference file lies: the suite's own copy in tests/data, else ../shared/ref.
+std::optional<fs::path> find_ref(const std::string& sub, const std::string& name) {
+  for (const fs::path root : {fs::path(HETMOE_TEST_DATA_DIR), fs::path(HETMOE_SHARED_REF)}) {
+    fs::path p = root / sub / name;
+    if (fs::exists(p)) return p;
+  }
+  return std::nullopt;
+}
+
+struct Tolerance {
+  double l_out_first;      // rel L2 per token, first layer
+  double l_out_later;      // later layers
+  double probs;            // max abs diff of router probabilities and weights
+  double topk_margin;      // sets must agree where the reference selection margin is at least this
+  double logits_rel;
+  double logits_abs;       // < 0: not checked
+  double top1_margin;      // top-1 and greedy tokens must agree where the reference margin is at least this
+};
+
+constexpr Tolerance kF32{1e-4, 1e-4, 1e-5, 0.0, 1e-4, 1e-3, 0.0};
+constexpr Tolerance kF16{5e-3, 5e-3, 3e-3, 5e-3, 5e-3, 1.5e-2, 3e-2};
+constexpr Tolerance kQuant{1e-2, 5e-2, 1e-2, 1e-2, 5e-2, -1, 0.1};
+
+struct Case {
+  std::string model;     // file in models/
+  std::string expected;  // file in expected/
+  Tolerance tol;
+};
+
+std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.expected; }
+
+class Recorder : public model::Trace {
+ public:
+  void values(int64_t layer, std::string_view name, const float* data, int64_t rows, int64_t cols) override {
+    values_[{layer, std::string(name)}].assign(data, data + rows * cols);
+  }
+  void ids(int64_t layer, std::string_view name, const int32_t* data, int64_t rows, int64_t cols) override {
+    ids_[{layer, std::string(name)}].assign(data, data + rows * cols);
+  }
+  const std::vector<float>* values(int64_t layer, const std::string& name) const {
+    auto it = values_.find({layer, name});
+    return it == values_.end() ? nullptr : &it->second;
+  }
+  const std::vector<int32_t>* ids(int64_t layer, const std::string& name) const {
+    auto it = ids_.find({layer, name});
+    return it == ids_.end() ? nullptr : &it->second;
+  }
+
+ private:
+  std::map<std::pair<int64_t, std::string>, std::vector<float>> values_;
+  std::map<std::pair<int64_t, std::string>, std::vector<int32_t>> ids_;
+};
+
+double rel_l2(const float* a, const json& ref, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    double r = ref[i].get<double>();
+    num += (a[i] - r) * (a[i] - r);
+    den += r * r;
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// The reference's selection margin for one token: the last selected score minus the best unselected one, using
+// the biased score and, with expert groups, also the margin between the kept and the dropped groups.
+double selection_margin(const model::ModelConfig& c, const json& probs, const float* bias) {
+  const int64_t ne = c.n_expert;
+  std::vector<double> s(ne);
+  for (int64_t e = 0; e < ne; ++e) s[e] = probs[e].get<double>() + (bias ? bias[e] : 0.0);
+  double group_margin = INFINITY;
+  std::vector<bool> eligible(ne, true);
+  if (c.n_group > 1) {
+    const int64_t per = ne / c.n_group;
+    std::vector<std::pair<double, int64_t>> gs;
+    for (int64_t g = 0; g < c.n_group; ++g) {
+      std::vector<double> v(s.begin() + g * per, s.begin() + (g + 1) * per);
+      std::sort(v.rbegin(), v.rend());
+      gs.push_back({v[0] + (per > 1 ? v[1] : 0.0), g});
+    }
+    std::sort(gs.rbegin(), gs.rend());
+    group_margin = gs[c.n_group_used - 1].first - gs[c.n_group_used].first;
+    for (int64_t i = c.n_group_used; i < c.n_group; ++i)
+      for (int64_t e = 0; e < per; ++e) eligible[gs[i].second * per + e] = false;
+  }
+  std::vector<double> v;
+  for (int64_t e = 0; e < ne; ++e)
+    if (eligible[e]) v.push_back(s[e]);
+  std::sort(v.rbegin(), v.rend());
+  const double expert_margin = static_cast<int64_t>(v.size()) > c.n_expert_used
+                                   ? v[c.n_expert_used - 1] - v[c.n_expert_used]
+                                   : INFINITY;
+  return std::min(group_margin, expert_margin);
+}
+
+int32_t argmax(const float* v, int64_t n) { return static_cast<int32_t>(std::max_element(v, v + n) - v); }
+
+class Conformance : public testing::TestWithParam<Case> {};
+
+TEST_P(Conformance, AgreesWithLlamaCpp) {
+  const Case& tc = GetParam();
+  const auto model_path = find_ref("models", tc.model);
+  const auto expected_path = find_ref("expected", tc.expected);
+  if (!model_path || !expected_path)
+    GTEST_SKIP() << "skipped: " << tc.model << " or " << tc.expected << " is neither in tests/data nor in "
+                 << HETMOE_SHARED_REF;
+  json ref;
+  std::ifstream(*expected_path) >> ref;
+
+  auto m = model::Model::load(model_path->string(), 2);
+  const model::ModelConfig& c = m->config();
+  const int64_t E = c.n_embd, V = c.n_vocab, T = static_cast<int64_t>(kPrompt.size());
+  ASSERT_EQ(V, ref["n_vocab"].get<int64_t>());
+  model::KvCache cache = m->make_cache(64);
+  Recorder rec;
+  std::vector<float> logits;
+  m->forward(kPrompt, 0, cache, true, logits, &rec);
+
+  // Layer by layer. A token whose expert set legitimately differs (reference margin below the tolerance) is
+  // left out of the later checks, as the reference README prescribes.
+  std::vector<bool> alive(T, true);
+  double worst_l_out = 0, worst_probs = 0;
+  int sets_equal = 0, sets_total = 0;
+  for (const json& layer : ref["internals"]) {
+    const int64_t l = layer["layer"].get<int64_t>();
+    const double tol_l_out = l == 0 ? tc.tol.l_out_first : tc.tol.l_out_later;
+    if (layer.contains("ffn_moe_topk")) {
+      const auto* probs = rec.values(l, "ffn_moe_probs");
+      const auto* topk = rec.ids(l, "ffn_moe_topk");
+      const auto* weights = rec.values(l, "ffn_moe_weights");
+      ASSERT_TRUE(probs && topk && weights) << "layer " << l << " reported no routing";
+      const gguf::TensorInfo* bias_t = m->file().find_tensor(fmt::format("blk.{}.exp_probs_b.bias", l));
+      const float* bias = bias_t ? reinterpret_cast<const float*>(bias_t->data) : nullptr;
+      for (int64_t t = 0; t < T; ++t) {
+        if (!alive[t]) continue;
+        const json& rp = layer["ffn_moe_probs"][t];
+        for (int64_t e = 0; e < c.n_expert; ++e) {
+          const double d = std::abs((*probs)[t * c.n_expert + e] - rp[e].get<double>());
+          worst_probs = std::max(worst_probs, d);
+          EXPECT_LE(d, tc.tol.probs) << "layer " << l << " token " << t << " expert " << e;
+        }
+        std::set<int32_t> mine(topk->begin() + t * c.n_expert_used, topk->begin() + (t + 1) * c.n_expert_used);
+        std::set<int32_t> theirs;
+        for (const json& id : layer["ffn_moe_topk"][t]) theirs.insert(id.get<int32_t>());
+        ++sets_total;
+        if (mine == theirs) {
+          ++sets_equal;
+          // Compare the final mixing weights by expert id.
+          const char* last = layer.contains("ffn_moe_weights_scaled")  ? "ffn_moe_weights_scaled"
+                             : layer.contains("ffn_moe_weights_norm") ? "ffn_moe_weights_norm"
+                                                                      : "ffn_moe_weights";
+          const auto* w = rec.values(l, last);
+          ASSERT_NE(w, nullptr) << last;
+          for (int64_t i = 0; i < c.n_expert_used; ++i) {
+            const int32_t id = layer["ffn_moe_topk"][t][i].get<int32_t>();
+            const int64_t j = std::find(topk->begin() + t * c.n_expert_used, topk->begin() + (t + 1) * c.n_expert_used,
+                                        id) - (topk->begin() + t * c.n_expert_used);
+            const double scale = std::string(last) == "ffn_moe_weights_scaled" ? c.expert_weights_scale : 1.0;
+            EXPECT_LE(std::abs((*w)[t * c.n_expert_used + j] - layer[last][t][i].get<double>()), tc.tol.probs * scale)
+                << last << " layer " << l << " token " << t;
+          }
+          continue;
+        }
+        const double margin = selection_margin(c, rp, bias);
+        EXPECT_LT(margin, tc.tol.topk_margin)
+            << "layer " << l << " token " << t << ": expert set differs although the reference margin is " << margin;
+        alive[t] = false;
+      }
+    }
+    const auto* l_out = rec.values(l, "l_out");
+    ASSERT_NE(l_out, nullptr);
+    for (int64_t t = 0; t < T; ++t) {
+      if (!alive[t]) continue;
+      const double r = rel_l2(l_out->data() + t * E, layer["l_out"][t], E);
+      worst_l_out = std::max(worst_l_out, r);
+      EXPECT_LE(r, tol_l_out) << "l_out layer " << l << " token " << t;
+    }
+  }
+
+  double worst_rel = 0, worst_abs = 0;
+  for (const json& fl : ref["full_logits"]) {
+    const int64_t p = fl["pos"].get<int64_t>();
+    if (!alive[p]) continue;
+    const float* mine = logits.data() + p * V;
+    const double r = rel_l2(mine, fl["logits"], V);
+    double a = 0;
+    for (int64_t i = 0; i < V; ++i) a = std::max(a, std::abs(mine[i] - fl["logits"][i].get<double>()));
+    worst_rel = std::max(worst_rel, r);
+    worst_abs = std::max(worst_abs, a);
+    EXPECT_LE(r, tc.tol.logits_rel) << "logits rel at position " << p;
+    if (tc.tol.logits_abs >= 0) EXPECT_LE(a, tc.tol.logits_abs) << "logits abs at position " << p;
+  }
+  int top1_equal = 0, top1_checked = 0;
+  for (int64_t p = 0; p < T; ++p) {
+    const json& top = ref["top10"][p];
+    const double margin = top["logits"][0].get<double>() - top["logits"][1].get<double>();
+    if (!alive[p] || margin < tc.tol.top1_margin) continue;
+    ++top1_checked;
+    const int32_t mine = argmax(logits.data() + p * V, V);
+    top1_equal += mine == top["ids"][0].get<int32_t>();
+    EXPECT_EQ(mine, top["ids"][0].get<int32_t>()) << "top-1 at position " << p << " (margin " << margin << ")";
+  }
+
+  // Greedy continuation through the KV cache. Every step must agree where the reference margin is at least the
+  // tolerance (F32: every step); at a step below it either token is accepted, and a different one ends the run.
+  int greedy_equal = 0, greedy_checked = 0;
+  std::vector<float> step = std::vector<float>(logits.end() - V, logits.end());
+  const json& steps = ref["greedy"]["steps"];
+  for (int s = 0; s < 16; ++s) {
+    const json& top = steps[s]["top10"];
+    const double margin = top["logits"][0].get<double>() - top["logits"][1].get<double>();
+    const int32_t mine = argmax(step.data(), V);
+    const int32_t theirs = ref["greedy"]["tokens"][s].get<int32_t>();
+    const bool binding = margin >= tc.tol.top1_margin;
+    greedy_checked += binding;
+    if (mine != theirs) {
+      if (binding) ADD_FAILURE() << "greedy step " << s << ": " << mine << " vs " << theirs << " (margin " << margin << ")";
+      break;
+    }
+    ++greedy_equal;
+    if (s + 1 < 16) {
+      const int32_t one[1] = {mine};
+      m->forward(one, T + s, cache, false, step);
+    }
+  }
+  if (tc.tol.top1_margin == 0) EXPECT_EQ(greedy_equal, 16);
+
+  std::cout << fmt::format(
+                   "[ summary  ] {} (isa {}): logits rel {:.2e} abs {:.2e}; worst l_out rel {:.2e}; router probs "
+                   "{:.2e}; expert sets equal {}/{}; top-1 {}/{} checked; greedy {} equal in a row ({} steps above the margin)\n",
+                   tc.expected, cpu::isa_name(cpu::kernels().isa), worst_rel, worst_abs, worst_l_out, worst_probs,
+                   sets_equal, sets_total, top1_equal, top1_checked, greedy_equal, greedy_checked)
+            << std::flush;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, Conformance,
+    testing::Values(Case{"tiny-deepseek3-F32.gguf", "tiny-deepseek3-F32.json", kF32},
+                    // llama.cpp's default F16 KV cache and flash attention: 0.05-0.2 % away from the F32 cache.
+                    Case{"tiny-deepseek3-F32.gguf", "tiny-deepseek3-F32.kvf16-faauto.json", kF16},
+                    Case{"tiny-deepseek3-Q8_0.gguf", "tiny-deepseek3-Q8_0.json", kQuant},
+                    Case{"tiny-deepseek3-Q4_K_M.gguf", "tiny-deepseek3-Q4_K_M.json", kQuant},
+                    Case{"tiny-deepseek2lite-F16.gguf", "tiny-deepseek2lite-F16.json", kF16},
+                    Case{"tiny-deepseek2lite-Q4_K_M.gguf", "tiny-deepseek2lite-Q4_K_M.json", kQuant},
+                    Case{"tiny-qwen3moe-F16.gguf", "tiny-qwen3moe-F16.json", kF16},
+                    Case{"tiny-qwen3moe-Q4_K_M.gguf", "tiny-qwen3moe-Q4_K_M.json", kQuant},
+                    Case{"tiny-mixtral-F16.gguf", "tiny-mixtral-F16.json", kF16},
+                    Case{"tiny-mixtral-Q4_K_M.gguf", "tiny-mixtral-Q4_K_M.json", kQuant}),
+    [](const testing::TestParamInfo<Case>& info) {
+      std::string name = info.param.expected.substr(0, info.param.expected.size() - 5);
+      for (char& ch : name)
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return name;
+    });
+
+}  // namespace
+}  // namespace hetmoe
