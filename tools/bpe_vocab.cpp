@@ -207,7 +207,8 @@ std::vector<std::string> gpt2_pre_split(std::string_view text) {
 std::string_view bpe_training_text() { return kTrainingText; }
 
 BpeVocab build_bpe_vocab(const BpeVocabParams& params) {
-  if (params.n_vocab < kMinBpeVocab) fail("vocabulary of {} tokens is below the minimum of {}", params.n_vocab, kMinBpeVocab);
+  if (params.n_vocab < kMinBpeVocab)
+    fail("vocabulary of {} tokens is below the minimum of {}", params.n_vocab, kMinBpeVocab);
   const size_t n_specials = std::size(kSpecials);
   const size_t target = static_cast<size_t>(params.n_vocab) - n_specials;
 

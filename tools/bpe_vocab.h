@@ -9,7 +9,8 @@ namespace hetmoe {
 
 // A gpt2-type (byte-level BPE) vocabulary in the deepseek layout, built deterministically so generated models carry a
 // tokenizer that llama.cpp and hetmoe both accept:
-//   ids 0..2    CONTROL specials <｜begin▁of▁sentence｜> (bos), <｜end▁of▁sentence｜> (eos, padding), <｜▁pad▁｜>
+//   ids 0..2    CONTROL specials <｜begin▁of▁sentence｜> (bos), <｜end▁of▁sentence｜> (eos, padding),
+//               <｜▁pad▁｜>
 //   ids 3..258  the 256 byte-level characters in byte order (GPT-2's bytes_to_unicode)
 //   then        tokens learnt by BPE from a fixed English paragraph (most frequent adjacent pair first), and, once
 //               the paragraph has no pairs left, tokens made by extending merged tokens with one letter.

@@ -143,8 +143,8 @@ std::vector<PlannedTensor> build_tensors(const ModelPreset& p, int n_layer, int 
       t.init = WeightInit::kBias;
     } else {
       t.init = WeightInit::kMatrix;
-      t.scale = p.matrix_scale == MatrixScale::kConstant005 ? 0.05f
-                                                            : static_cast<float>(1.0 / std::sqrt(static_cast<double>(t.ne[0])));
+      const double row = static_cast<double>(t.ne[0]);
+      t.scale = p.matrix_scale == MatrixScale::kConstant005 ? 0.05f : static_cast<float>(1.0 / std::sqrt(row));
     }
     out.push_back(std::move(t));
   };
@@ -334,7 +334,8 @@ void make_model(const MakeModelOptions& opt, std::FILE* progress) {
   if (opt.out_path.empty()) fail("make-model: no output path given");
   const auto start = std::chrono::steady_clock::now();
   ModelPlan plan = plan_model(opt);
-  const int threads = opt.threads >= 1 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads =
+      opt.threads >= 1 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (progress)
     fmt::print(progress, "{} {}: {} blocks ({} dense), {:.3f} B parameters, {:.1f} MB of tensor data, seed {}\n",
                plan.preset->name, plan.file_type->name, plan.n_layer, plan.n_leading_dense, plan.n_params() * 1e-9,

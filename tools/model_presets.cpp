@@ -11,7 +11,7 @@ namespace {
 constexpr std::array kPresets = {
     ModelPreset{
         .name = "tiny-deepseek-v3",
-        .description = "DeepSeek-V3-like toy (n_embd 256, 3 blocks, 16 experts, sigmoid routing with groups), 9.1 M params",
+        .description = "DeepSeek-V3-like toy (n_embd 256, 3 blocks, 16 experts, sigmoid routing), 9.1 M params",
         .n_layer = 3,
         .max_layers = 64,
         .n_leading_dense = 1,
@@ -47,7 +47,7 @@ constexpr std::array kPresets = {
     },
     ModelPreset{
         .name = "deepseek-v2-lite",
-        .description = "DeepSeek-V2-Lite dimensions (n_embd 2048, 27 blocks, 64 experts + 2 shared, no q LoRA), 15.7 B params",
+        .description = "DeepSeek-V2-Lite dimensions (n_embd 2048, 27 blocks, 64+2 experts, no q LoRA), 15.7 B params",
         .n_layer = 27,
         .max_layers = 27,
         .n_leading_dense = 1,
@@ -83,7 +83,7 @@ constexpr std::array kPresets = {
     },
     ModelPreset{
         .name = "deepseek-v3",
-        .description = "DeepSeek-V3 shapes (n_embd 7168, 256 experts, q LoRA 1536); 4 of 61 blocks by default, 15 B params",
+        .description = "DeepSeek-V3 shapes (n_embd 7168, 256 experts); 4 of 61 blocks by default, 15.1 B params",
         .n_layer = 4,
         .max_layers = 61,
         .n_leading_dense = 3,

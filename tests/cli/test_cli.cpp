@@ -1,0 +1,196 @@
+// The command line on bad input: each case must end with exactly one line "hetmoe: error: ..." on stderr and
+// exit status 1 (never a signal), and must leave the user's files as they were.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+
+#include "runtime/gguf/reader.h"
+#include "runtime/gguf/writer.h"
+
+namespace hetmoe {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kModel = fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-deepseek3-Q4_K_M.gguf";
+
+struct Result {
+  int status = -1;  // exit status, or 128 + signal
+  std::string out, err;
+};
+
+std::string read_all(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+class Cli : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("hetmoe_cli_" + std::to_string(::getpid()) + "_" + testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Result hetmoe(const std::string& args) {
+    const fs::path out = dir_ / "stdout", err = dir_ / "stderr";
+    const std::string cmd = std::string(HETMOE_BIN) + " " + args + " >" + out.string() + " 2>" + err.string();
+    const int raw = std::system(cmd.c_str());
+    Result r;
+    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+    r.out = read_all(out);
+    r.err = read_all(err);
+    return r;
+  }
+
+  // Asserts the one-line error contract and that the message contains `needle`.
+  static void expect_error(const Result& r, const std::string& needle) {
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_EQ(r.err.rfind("hetmoe: error: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "not one line: " << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << "'" << needle << "' not in: " << r.err;
+  }
+
+  // A copy of the test model with its metadata or tensors changed on the way.
+  fs::path rewrite(const std::string& name, const std::function<bool(std::string&, gguf::Value&)>& kv,
+                   const std::function<bool(const gguf::TensorInfo&, gguf::GgufWriter&)>& tensor) {
+    const gguf::GgufFile src = gguf::GgufFile::open(kModel.string());
+    gguf::GgufWriter w;
+    for (auto [key, value] : src.metadata())
+      if (kv(key, value)) w.set(key, value);
+    for (const gguf::TensorInfo& t : src.tensors()) {
+      if (!tensor(t, w)) continue;
+      w.add_tensor_bytes(t.name, t.type, std::vector<int64_t>(t.ne.begin(), t.ne.begin() + t.n_dims),
+                         std::vector<uint8_t>(t.data, t.data + t.nbytes));
+    }
+    const fs::path p = dir_ / name;
+    w.write(p.string());
+    return p;
+  }
+
+  fs::path dir_;
+};
+
+const char* kTokens = "--tokens 3,17,42";
+
+TEST_F(Cli, MissingFile) {
+  expect_error(hetmoe("run -m " + (dir_ / "nope.gguf").string() + " " + kTokens), "nope.gguf");
+}
+
+TEST_F(Cli, TruncatedFile) {
+  const std::string bytes = read_all(kModel);
+  for (size_t cut : {size_t{3}, size_t{100}, bytes.size() / 2, bytes.size() - 1}) {
+    const fs::path p = dir_ / "cut.gguf";
+    std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(cut));
+    expect_error(hetmoe("run -m " + p.string() + " " + kTokens), "offset");
+  }
+}
+
+TEST_F(Cli, CorruptMagicAndVersion) {
+  std::string bytes = read_all(kModel);
+  const fs::path p = dir_ / "bad.gguf";
+  bytes[0] = 'X';
+  std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  expect_error(hetmoe("inspect -m " + p.string()), "magic");
+  bytes[0] = 'G';
+  bytes[4] = 9;  // version 9
+  std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  expect_error(hetmoe("inspect -m " + p.string()), "version");
+}
+
+TEST_F(Cli, UnknownArchitecture) {
+  const fs::path p = rewrite(
+      "arch.gguf",
+      [](std::string& key, gguf::Value& v) {
+        if (key == "general.architecture") v = gguf::Value::string("gpt99");
+        return true;
+      },
+      [](const gguf::TensorInfo&, gguf::GgufWriter&) { return true; });
+  expect_error(hetmoe("run -m " + p.string() + " " + kTokens), "unsupported architecture 'gpt99'");
+}
+
+TEST_F(Cli, MissingTensor) {
+  const fs::path p = rewrite(
+      "missing.gguf", [](std::string&, gguf::Value&) { return true; },
+      [](const gguf::TensorInfo& t, gguf::GgufWriter&) { return t.name != "blk.1.ffn_up_exps.weight"; });
+  expect_error(hetmoe("run -m " + p.string() + " " + kTokens), "missing tensor 'blk.1.ffn_up_exps.weight'");
+}
+
+TEST_F(Cli, MisshapenTensor) {
+  const fs::path p = rewrite(
+      "shape.gguf", [](std::string&, gguf::Value&) { return true; },
+      [](const gguf::TensorInfo& t, gguf::GgufWriter& w) {
+        if (t.name != "blk.0.attn_output.weight") return true;
+        // Same bytes, rows twice as long: {512, 128} instead of {256, 256}.
+        w.add_tensor_bytes(t.name, t.type, {t.ne[0] * 2, t.ne[1] / 2}, std::vector<uint8_t>(t.data, t.data + t.nbytes));
+        return false;
+      });
+  expect_error(hetmoe("run -m " + p.string() + " " + kTokens), "'blk.0.attn_output.weight' has shape");
+}
+
+TEST_F(Cli, MissingMetadataKey) {
+  const fs::path p = rewrite(
+      "key.gguf", [](std::string& key, gguf::Value&) { return key != "deepseek2.embedding_length"; },
+      [](const gguf::TensorInfo&, gguf::GgufWriter&) { return true; });
+  expect_error(hetmoe("inspect -m " + p.string()), "deepseek2.embedding_length");
+}
+
+TEST_F(Cli, TokenOutOfRange) {
+  expect_error(hetmoe("run -m " + kModel.string() + " --tokens 3,512"), "token id 512 is out of range");
+  expect_error(hetmoe("run -m " + kModel.string() + " --tokens -1"), "token id -1 is out of range");
+  expect_error(hetmoe("run -m " + kModel.string() + " --tokens 3,x"), "--tokens");
+}
+
+TEST_F(Cli, ContextOverflowKeepsWhatWasGenerated) {
+  const Result r = hetmoe("run -m " + kModel.string() + " --tokens 3,17,42 -n 5 -c 4 --print-ids");
+  expect_error(r, "context full");
+  // The prompt fills 3 of 4 positions: two tokens come out (the second cannot be evaluated) before the error.
+  std::istringstream ids(r.out);
+  int count = 0, id;
+  while (ids >> id) ++count;
+  EXPECT_EQ(count, 2) << r.out;
+  expect_error(hetmoe("run -m " + kModel.string() + " --tokens 3,17,42 -n 1 -c 2"), "context full");
+}
+
+TEST_F(Cli, FailedCommandsLeaveExistingFilesAlone) {
+  const fs::path out = dir_ / "keep.bin";
+  std::ofstream(out) << "precious";
+  expect_error(hetmoe("logits -m " + kModel.string() + " --tokens 3,999 --out " + out.string()), "out of range");
+  EXPECT_EQ(read_all(out), "precious");
+  expect_error(hetmoe("make-model --preset tiny-deepseek-v3 --layers 100000 -o " + out.string()), "layers");
+  EXPECT_EQ(read_all(out), "precious");
+  EXPECT_EQ(hetmoe("logits -m " + kModel.string() + " --tokens 3 --out " + (dir_ / "no/such/dir/x").string()).status, 1);
+}
+
+TEST_F(Cli, LogitsWritesOneRowPerToken) {
+  const fs::path out = dir_ / "logits.bin";
+  const Result r = hetmoe("logits -m " + kModel.string() + " --tokens 3,17,42 --out " + out.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(fs::file_size(out), 3u * 512u * sizeof(float));
+}
+
+TEST_F(Cli, RunPrintsOnlyIds) {
+  const Result r = hetmoe("run -m " + kModel.string() + " --tokens 3,17,42 -n 4 --temp 0 --print-ids");
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::istringstream ids(r.out);
+  int count = 0, id;
+  while (ids >> id) {
+    EXPECT_GE(id, 0);
+    EXPECT_LT(id, 512);
+    ++count;
+  }
+  EXPECT_TRUE(ids.eof()) << "stdout holds more than ids: " << r.out;
+  EXPECT_EQ(count, 4);
+}
+
+}  // namespace
+}  // namespace hetmoe

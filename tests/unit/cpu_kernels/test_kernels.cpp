@@ -1,0 +1,230 @@
+// Every ISA tier this CPU has against the scalar reference: dot products per weight type on awkward sizes,
+// the threaded matmul, the thread pool and the F32 operations.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "cpu_kernels/isa.h"
+#include "cpu_kernels/kernel_table.h"
+#include "cpu_kernels/matmul.h"
+#include "cpu_kernels/ops.h"
+#include "quant/ref.h"
+
+namespace hetmoe::cpu {
+namespace {
+
+using quant::GgmlType;
+
+std::vector<float> random_floats(int64_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<Isa> tiers_present() {
+  std::vector<Isa> tiers;
+  for (Isa isa : {Isa::kRef, Isa::kAvx2, Isa::kAvx512, Isa::kAmx})
+    if (isa <= detect_isa()) tiers.push_back(isa);
+  return tiers;
+}
+
+const GgmlType kWeightTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,  GgmlType::Q4_1,
+                                 GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K,  GgmlType::Q3_K,
+                                 GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
+
+struct Prepared {
+  std::vector<uint8_t> weight, act;
+  double abs_sum = 0;  // sum of |w_i * a_i| over the dequantized values: the natural scale of a dot's error
+};
+
+Prepared prepare(GgmlType type, int64_t n, uint64_t seed) {
+  Prepared p;
+  const std::vector<float> w = random_floats(n, seed, 0.05f), a = random_floats(n, seed + 1);
+  p.weight.resize(quant::row_bytes(type, n));
+  quant::quantize_row(type, w.data(), p.weight.data(), n);
+  const GgmlType act_type = quant::type_info(type).vec_dot_type;
+  p.act.resize(quant::activation_row_bytes(type, n));
+  quant::quantize_activation(act_type, a.data(), p.act.data(), n);
+  std::vector<float> wd(n);
+  quant::dequantize_row(type, p.weight.data(), wd.data(), n);
+  for (int64_t i = 0; i < n; ++i) p.abs_sum += std::abs(static_cast<double>(wd[i]) * a[i]);
+  return p;
+}
+
+TEST(Kernels, EveryTierMatchesTheReferenceDot) {
+  for (Isa isa : tiers_present()) {
+    const KernelTable table = make_kernel_table(isa);
+    for (GgmlType type : kWeightTypes) {
+      const int64_t block = quant::type_info(type).block_size;
+      // Awkward lengths: one block, an odd count of blocks, and a length whose tail is not a multiple of 32.
+      for (int64_t blocks : {1, 3, 7}) {
+        const int64_t n = block == 1 ? 37 * blocks : block * blocks;
+        const Prepared p = prepare(type, n, 1000 * blocks + static_cast<uint64_t>(type));
+        const float want = quant::vec_dot(type, n, p.weight.data(), p.act.data());
+        const float got = table.dot_for(type)(n, p.weight.data(), p.act.data());
+        EXPECT_NEAR(got, want, 1e-6 * p.abs_sum + 1e-30)
+            << isa_name(isa) << " " << quant::type_info(type).name << " n=" << n;
+      }
+    }
+  }
+}
+
+TEST(Kernels, ActivationConverterOfEveryTierMatchesTheReference) {
+  for (Isa isa : tiers_present()) {
+    const KernelTable table = make_kernel_table(isa);
+    for (GgmlType act : {GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K}) {
+      const int64_t n = 512;
+      const std::vector<float> x = random_floats(n, 7);
+      const GgmlType weight = act == GgmlType::Q8_K   ? GgmlType::Q4_K
+                              : act == GgmlType::Q8_1 ? GgmlType::Q4_1
+                              : act == GgmlType::Q8_0 ? GgmlType::Q8_0
+                                                      : act;
+      std::vector<uint8_t> want(quant::activation_row_bytes(weight, n)), got(want.size());
+      quant::quantize_activation(act, x.data(), want.data(), n);
+      table.activation_for(act)(x.data(), got.data(), n);
+      EXPECT_EQ(got, want) << isa_name(isa) << " " << quant::type_info(act).name;
+    }
+  }
+}
+
+TEST(Kernels, ThreadedMatmulEqualsRowByRowDots) {
+  const int64_t n_cols = 512, n_rows = 37, n_tokens = 17;
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0}) {
+    const std::vector<float> w = random_floats(n_cols * n_rows, 11, 0.05f), x = random_floats(n_cols * n_tokens, 12);
+    const size_t rb = quant::row_bytes(type, n_cols);
+    std::vector<uint8_t> wq(rb * n_rows);
+    for (int64_t r = 0; r < n_rows; ++r) quant::quantize_row(type, &w[r * n_cols], wq.data() + r * rb, n_cols);
+    const WeightMatrix m{type, n_cols, n_rows, rb, wq.data()};
+    const KernelTable& k = kernels();
+    for (int threads : {1, 2, 3}) {
+      ThreadPool pool(threads);
+      const int64_t ldy = n_rows + 5;  // a wider output row: only the first n_rows columns may be written
+      std::vector<float> y(n_tokens * ldy, -7.0f);
+      matmul(k, pool, m, x.data(), n_tokens, y.data(), ldy);
+      std::vector<uint8_t> act(quant::activation_row_bytes(type, n_cols));
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        const void* a = &x[t * n_cols];
+        if (type != GgmlType::F32) {
+          k.activation_for(quant::type_info(type).vec_dot_type)(&x[t * n_cols], act.data(), n_cols);
+          a = act.data();
+        }
+        for (int64_t r = 0; r < n_rows; ++r)
+          ASSERT_EQ(y[t * ldy + r], k.dot_for(type)(n_cols, m.row(r), a))
+              << quant::type_info(type).name << " threads " << threads << " t " << t << " r " << r;
+        for (int64_t r = n_rows; r < ldy; ++r) ASSERT_EQ(y[t * ldy + r], -7.0f) << "wrote past the row";
+      }
+    }
+  }
+}
+
+TEST(ThreadPool, CoversEveryIndexOnceAndRethrows) {
+  for (int threads : {1, 2, 4}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 5, 97, 1000}) {
+      std::vector<std::atomic<int>> hits(n);
+      pool.parallel_for(n, 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[i]++;
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "threads " << threads << " n " << n;
+    }
+    EXPECT_THROW(pool.parallel_for(100, 1, [](int64_t b, int64_t) {
+      if (b == 0) throw std::runtime_error("boom");
+    }), std::runtime_error);
+    // The pool stays usable after an exception.
+    std::atomic<int64_t> sum = 0;
+    pool.parallel_for(10, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) sum += i;
+    });
+    EXPECT_EQ(sum.load(), 45);
+  }
+}
+
+TEST(Ops, RmsNormSoftmaxSwiglu) {
+  const std::vector<float> x = random_floats(97, 3), w = random_floats(97, 4);
+  std::vector<float> y(97);
+  rms_norm(x.data(), w.data(), y.data(), 97, 1e-6f);
+  double ss = 0;
+  for (float v : x) ss += double(v) * v;
+  const double scale = 1.0 / std::sqrt(ss / 97 + 1e-6);
+  for (int i = 0; i < 97; ++i) EXPECT_NEAR(y[i], x[i] * scale * w[i], 1e-5 * std::abs(x[i] * scale * w[i]) + 1e-7);
+
+  std::vector<float> s = x;
+  softmax(s.data(), 97);
+  EXPECT_NEAR(std::accumulate(s.begin(), s.end(), 0.0), 1.0, 1e-6);
+  EXPECT_EQ(std::max_element(s.begin(), s.end()) - s.begin(), std::max_element(x.begin(), x.end()) - x.begin());
+
+  std::vector<float> g = {-3.0f, 0.0f, 2.0f}, u = {2.0f, 5.0f, -1.0f}, o(3);
+  swiglu(g.data(), u.data(), o.data(), 3);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(o[i], g[i] / (1 + std::exp(-g[i])) * u[i], 1e-6);
+}
+
+TEST(Ops, RopeRotatesPairsByPositionTimesFrequency) {
+  for (bool neox : {false, true}) {
+    RopeParams p{.n_dims = 8, .neox = neox, .freq_base = 10000.0f};
+    const int64_t pos = 5;
+    std::vector<float> cache(8);
+    rope_cache(p, pos, cache.data());
+    std::vector<float> x = random_floats(10, 9), y = x;  // 2 values past n_dims stay untouched
+    rope_apply(p, cache.data(), y.data());
+    for (int i = 0; i < 4; ++i) {
+      const double theta = pos * std::pow(10000.0, -2.0 * i / 8);
+      const int a = neox ? i : 2 * i, b = neox ? i + 4 : 2 * i + 1;
+      EXPECT_NEAR(y[a], x[a] * std::cos(theta) - x[b] * std::sin(theta), 1e-5) << neox << " pair " << i;
+      EXPECT_NEAR(y[b], x[a] * std::sin(theta) + x[b] * std::cos(theta), 1e-5) << neox << " pair " << i;
+    }
+    EXPECT_EQ(y[8], x[8]);
+    EXPECT_EQ(y[9], x[9]);
+  }
+}
+
+TEST(Ops, YarnKeepsMagnitudeAndInterpolatesLowFrequencies) {
+  // DeepSeek's YaRN: factor 40, original context 4096, 32 dims. High-frequency pairs rotate as without scaling,
+  // the lowest-frequency pairs rotate 40 times slower; the attn_factor keeps |cos, sin| at 1.
+  RopeParams p{.n_dims = 32, .freq_base = 10000.0f, .freq_scale = 1.0f / 40, .ext_factor = 1.0f,
+               .attn_factor = 1.0f / (1.0f + 0.1f * std::log(40.0f)), .n_ctx_orig = 4096};
+  std::vector<float> cache(32);
+  const int64_t pos = 3;
+  rope_cache(p, pos, cache.data());
+  for (int i = 0; i < 16; ++i) EXPECT_NEAR(std::hypot(cache[2 * i], cache[2 * i + 1]), 1.0, 1e-6);
+  EXPECT_NEAR(std::atan2(cache[1], cache[0]), 3.0, 1e-5);  // pair 0: theta = pos, unscaled
+  const double lowest = pos * std::pow(10000.0, -30.0 / 32) / 40;
+  EXPECT_NEAR(std::atan2(cache[31], cache[30]), lowest, 1e-7);
+}
+
+TEST(Attention, CausalGroupedHeadsMatchDirectFormula) {
+  const AttentionShape shape{.n_head = 4, .n_head_kv = 2, .head_dim_k = 8, .head_dim_v = 6, .scale = 0.3f};
+  const int64_t pos0 = 3, n = 4, total = pos0 + n;
+  const std::vector<float> q = random_floats(n * 4 * 8, 1), k = random_floats(total * 2 * 8, 2),
+                           v = random_floats(total * 2 * 6, 3);
+  std::vector<float> out(n * 4 * 6);
+  ThreadPool pool(2);
+  causal_attention(shape, {q.data(), 32, 8, k.data(), 16, v.data(), 12}, n, pos0, out.data(), pool);
+  for (int64_t t = 0; t < n; ++t)
+    for (int h = 0; h < 4; ++h) {
+      const int g = h / 2;
+      std::vector<double> s;
+      for (int64_t j = 0; j <= pos0 + t; ++j) {
+        double d = 0;
+        for (int i = 0; i < 8; ++i) d += double(q[t * 32 + h * 8 + i]) * k[j * 16 + g * 8 + i];
+        s.push_back(d * 0.3);
+      }
+      const double mx = *std::max_element(s.begin(), s.end());
+      double z = 0;
+      for (double& e : s) z += (e = std::exp(e - mx));
+      for (int d = 0; d < 6; ++d) {
+        double o = 0;
+        for (size_t j = 0; j < s.size(); ++j) o += s[j] / z * v[j * 12 + g * 6 + d];
+        EXPECT_NEAR(out[t * 24 + h * 6 + d], o, 1e-5) << "t " << t << " h " << h << " d " << d;
+      }
+    }
+}
+
+}  // namespace
+}  // namespace hetmoe::cpu
