@@ -108,6 +108,7 @@ int run(const RunOptions& opt) {
     if (i + 1 == opt.n_predict) break;  // the last token is not evaluated
     if (pos >= cache.n_ctx()) {
       fmt::print("\n");
+      std::fflush(stdout);
       fail("context full after {} tokens (context size {}); use a larger --ctx-size", pos, cache.n_ctx());
     }
     const int32_t one[1] = {next};
@@ -115,6 +116,7 @@ int run(const RunOptions& opt) {
   }
   const auto t2 = Clock::now();
   fmt::print("\n");
+  std::fflush(stdout);
   if (!opt.print_ids) {
     const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
     const double decode_s = std::chrono::duration<double>(t2 - t1).count();
