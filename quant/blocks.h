@@ -25,23 +25,22 @@ inline constexpr int kQK_K = 256;        // elements per K-quant super-block
 inline constexpr int kKScaleBytes = 12;  // packed 6-bit scales and mins of Q4_K / Q5_K, and Q3_K's scales
 
 // The 16 levels of IQ4_NL and IQ4_XS, in units of the block scale.
-inline constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                            1,    13,   25,  38,  53,  69,  89,  113};
+inline constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 struct BlockQ4_0 {
-  uint16_t d;               // fp16 scale
-  uint8_t qs[kQK4_0 / 2];   // element j in the low nibble of qs[j], element j+16 in the high nibble
+  uint16_t d;              // fp16 scale
+  uint8_t qs[kQK4_0 / 2];  // element j in the low nibble of qs[j], element j+16 in the high nibble
 };
 
 struct BlockQ4_1 {
-  uint16_t d;               // fp16 scale
-  uint16_t m;               // fp16 min
+  uint16_t d;  // fp16 scale
+  uint16_t m;  // fp16 min
   uint8_t qs[kQK4_1 / 2];
 };
 
 struct BlockQ5_0 {
   uint16_t d;
-  uint8_t qh[4];            // fifth bit of element j at bit j (little-endian uint32)
+  uint8_t qh[4];  // fifth bit of element j at bit j (little-endian uint32)
   uint8_t qs[kQK5_0 / 2];
 };
 
@@ -58,8 +57,8 @@ struct BlockQ8_0 {
 };
 
 struct BlockQ8_1 {
-  uint16_t d;               // fp16 scale
-  uint16_t s;               // fp16 of d * sum(qs), d taken before rounding to half
+  uint16_t d;  // fp16 scale
+  uint16_t s;  // fp16 of d * sum(qs), d taken before rounding to half
   int8_t qs[kQK8_1];
 };
 
@@ -67,14 +66,14 @@ struct BlockQ8_1 {
 struct BlockQ2_K {
   uint8_t scales[kQK_K / 16];  // low nibble scale, high nibble min
   uint8_t qs[kQK_K / 4];
-  uint16_t d;                  // fp16 super-scale of the scales
-  uint16_t dmin;               // fp16 super-scale of the mins
+  uint16_t d;     // fp16 super-scale of the scales
+  uint16_t dmin;  // fp16 super-scale of the mins
 };
 
 // 3.4375 bits per weight: 16 groups of 16 with 6-bit signed scales.
 struct BlockQ3_K {
-  uint8_t hmask[kQK_K / 8];    // third bit of each element
-  uint8_t qs[kQK_K / 4];       // low two bits
+  uint8_t hmask[kQK_K / 8];  // third bit of each element
+  uint8_t qs[kQK_K / 4];     // low two bits
   uint8_t scales[kKScaleBytes];
   uint16_t d;
 };
@@ -98,8 +97,8 @@ struct BlockQ5_K {
 
 // 6.5625 bits per weight: 16 groups of 16 with 8-bit signed scales.
 struct BlockQ6_K {
-  uint8_t ql[kQK_K / 2];       // low four bits
-  uint8_t qh[kQK_K / 4];       // high two bits
+  uint8_t ql[kQK_K / 2];  // low four bits
+  uint8_t qh[kQK_K / 4];  // high two bits
   int8_t scales[kQK_K / 16];
   uint16_t d;
 };
@@ -109,17 +108,17 @@ struct BlockQ6_K {
 struct BlockQ8_K {
   float d;
   int8_t qs[kQK_K];
-  int16_t bsums[kQK_K / 16];   // sum of qs over each group of 16
+  int16_t bsums[kQK_K / 16];  // sum of qs over each group of 16
 };
 
 struct BlockIQ4_NL {
   uint16_t d;
-  uint8_t qs[kQK4_NL / 2];     // indices into kIq4NlValues, nibbles laid out as Q4_0
+  uint8_t qs[kQK4_NL / 2];  // indices into kIq4NlValues, nibbles laid out as Q4_0
 };
 
 struct BlockIQ4_XS {
   uint16_t d;
-  uint16_t scales_h;           // high two bits of the 8 six-bit block scales
+  uint16_t scales_h;             // high two bits of the 8 six-bit block scales
   uint8_t scales_l[kQK_K / 64];  // low four bits, two per byte
   uint8_t qs[kQK_K / 2];
 };

@@ -17,29 +17,32 @@ using T = GgmlType;
 struct FormatRef {
   GgmlType type;
   rd::DequantizeFn dequantize;
-  rd::QuantizeFn quantize;  // nullptr for the activation-only formats Q8_1 and Q8_K
-  rd::VecDotFn vec_dot;     // nullptr for the activation-only formats
+  rd::QuantizeFn quantize;             // nullptr for the activation-only formats Q8_1 and Q8_K
+  rd::VecDotFn vec_dot;                // nullptr for the activation-only formats
+  rd::QuantizeFn quantize_activation;  // nullptr for the formats that are never a vec_dot type
 };
 
+// clang-format off
 constexpr std::array kFormats = {
-    FormatRef{T::F32, rd::dequantize_f32, rd::quantize_f32, rd::vec_dot_f32},
-    FormatRef{T::F16, rd::dequantize_f16, rd::quantize_f16, rd::vec_dot_f16},
-    FormatRef{T::BF16, rd::dequantize_bf16, rd::quantize_bf16, rd::vec_dot_bf16},
-    FormatRef{T::Q4_0, rd::dequantize_q4_0, rd::quantize_q4_0, rd::vec_dot_q4_0},
-    FormatRef{T::Q4_1, rd::dequantize_q4_1, rd::quantize_q4_1, rd::vec_dot_q4_1},
-    FormatRef{T::Q5_0, rd::dequantize_q5_0, rd::quantize_q5_0, rd::vec_dot_q5_0},
-    FormatRef{T::Q5_1, rd::dequantize_q5_1, rd::quantize_q5_1, rd::vec_dot_q5_1},
-    FormatRef{T::Q8_0, rd::dequantize_q8_0, rd::quantize_q8_0, rd::vec_dot_q8_0},
-    FormatRef{T::Q8_1, rd::dequantize_q8_1, nullptr, nullptr},
-    FormatRef{T::Q2_K, rd::dequantize_q2_k, rd::quantize_q2_k, rd::vec_dot_q2_k},
-    FormatRef{T::Q3_K, rd::dequantize_q3_k, rd::quantize_q3_k, rd::vec_dot_q3_k},
-    FormatRef{T::Q4_K, rd::dequantize_q4_k, rd::quantize_q4_k, rd::vec_dot_q4_k},
-    FormatRef{T::Q5_K, rd::dequantize_q5_k, rd::quantize_q5_k, rd::vec_dot_q5_k},
-    FormatRef{T::Q6_K, rd::dequantize_q6_k, rd::quantize_q6_k, rd::vec_dot_q6_k},
-    FormatRef{T::Q8_K, rd::dequantize_q8_k, nullptr, nullptr},
-    FormatRef{T::IQ4_NL, rd::dequantize_iq4_nl, rd::quantize_iq4_nl, rd::vec_dot_iq4_nl},
-    FormatRef{T::IQ4_XS, rd::dequantize_iq4_xs, rd::quantize_iq4_xs, rd::vec_dot_iq4_xs},
+    FormatRef{T::F32,    rd::dequantize_f32,    rd::quantize_f32,    rd::vec_dot_f32,    rd::quantize_f32},
+    FormatRef{T::F16,    rd::dequantize_f16,    rd::quantize_f16,    rd::vec_dot_f16,    rd::quantize_f16},
+    FormatRef{T::BF16,   rd::dequantize_bf16,   rd::quantize_bf16,   rd::vec_dot_bf16,   rd::quantize_bf16},
+    FormatRef{T::Q4_0,   rd::dequantize_q4_0,   rd::quantize_q4_0,   rd::vec_dot_q4_0,   nullptr},
+    FormatRef{T::Q4_1,   rd::dequantize_q4_1,   rd::quantize_q4_1,   rd::vec_dot_q4_1,   nullptr},
+    FormatRef{T::Q5_0,   rd::dequantize_q5_0,   rd::quantize_q5_0,   rd::vec_dot_q5_0,   nullptr},
+    FormatRef{T::Q5_1,   rd::dequantize_q5_1,   rd::quantize_q5_1,   rd::vec_dot_q5_1,   nullptr},
+    FormatRef{T::Q8_0,   rd::dequantize_q8_0,   rd::quantize_q8_0,   rd::vec_dot_q8_0,   rd::quantize_activation_q8_0},
+    FormatRef{T::Q8_1,   rd::dequantize_q8_1,   nullptr,             nullptr,            rd::quantize_activation_q8_1},
+    FormatRef{T::Q2_K,   rd::dequantize_q2_k,   rd::quantize_q2_k,   rd::vec_dot_q2_k,   nullptr},
+    FormatRef{T::Q3_K,   rd::dequantize_q3_k,   rd::quantize_q3_k,   rd::vec_dot_q3_k,   nullptr},
+    FormatRef{T::Q4_K,   rd::dequantize_q4_k,   rd::quantize_q4_k,   rd::vec_dot_q4_k,   nullptr},
+    FormatRef{T::Q5_K,   rd::dequantize_q5_k,   rd::quantize_q5_k,   rd::vec_dot_q5_k,   nullptr},
+    FormatRef{T::Q6_K,   rd::dequantize_q6_k,   rd::quantize_q6_k,   rd::vec_dot_q6_k,   nullptr},
+    FormatRef{T::Q8_K,   rd::dequantize_q8_k,   nullptr,             nullptr,            rd::quantize_activation_q8_k},
+    FormatRef{T::IQ4_NL, rd::dequantize_iq4_nl, rd::quantize_iq4_nl, rd::vec_dot_iq4_nl, nullptr},
+    FormatRef{T::IQ4_XS, rd::dequantize_iq4_xs, rd::quantize_iq4_xs, rd::vec_dot_iq4_xs, nullptr},
 };
+// clang-format on
 
 std::string type_name(GgmlType type) {
   const TypeInfo* info = type_info(static_cast<uint32_t>(type));
@@ -81,33 +84,21 @@ void quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
 }
 
 void quantize_activation(GgmlType vec_dot_type, const float* src, void* dst, int64_t n) {
-  rd::QuantizeFn quantize = nullptr;
-  switch (vec_dot_type) {
-    case T::F32: quantize = rd::quantize_f32; break;
-    case T::F16: quantize = rd::quantize_f16; break;
-    case T::BF16: quantize = rd::quantize_bf16; break;
-    case T::Q8_0: quantize = rd::quantize_activation_q8_0; break;
-    case T::Q8_1: quantize = rd::quantize_activation_q8_1; break;
-    case T::Q8_K: quantize = rd::quantize_activation_q8_k; break;
-    default:
-      format("quantize_activation", vec_dot_type);  // throws for ids hetmoe does not know
-      unsupported("quantize_activation", vec_dot_type, "is not an activation (vec_dot) format");
-  }
+  const FormatRef& f = format("quantize_activation", vec_dot_type);
+  if (!f.quantize_activation) unsupported("quantize_activation", vec_dot_type, "is not an activation (vec_dot) format");
   check_length("quantize_activation", vec_dot_type, n);
-  quantize(src, dst, n);
+  f.quantize_activation(src, dst, n);
 }
 
 size_t activation_row_bytes(GgmlType weight_type, int64_t n) {
-  format("activation_row_bytes", weight_type);
+  format("activation_row_bytes", weight_type);  // throws for ids hetmoe does not know
   return row_bytes(type_info(weight_type).vec_dot_type, n);
 }
 
 float vec_dot(GgmlType weight_type, int64_t n, const void* weight_row, const void* activation) {
   const FormatRef& f = format("vec_dot", weight_type);
   if (!f.vec_dot) unsupported("vec_dot", weight_type, "is an activation format, not a weight format");
-  check_length("vec_dot", weight_type, n);
-  // The activation must hold whole blocks of the vec_dot type too (Q8_0 for IQ4_NL: same 32).
-  check_length("vec_dot", type_info(weight_type).vec_dot_type, n);
+  check_length("vec_dot", weight_type, n);  // every vec_dot type has its weight type's block size
   return f.vec_dot(n, weight_row, activation);
 }
 

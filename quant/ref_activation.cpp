@@ -13,8 +13,8 @@ namespace hetmoe::quant::ref_detail {
 namespace {
 
 struct Q8Block {
-  float d;    // amax / 127, before rounding to half
-  int sum;    // sum of the codes
+  float d;  // amax / 127, before rounding to half
+  int sum;  // sum of the codes
 };
 
 // Codes of one block of 32; the AVX2 code packs them with signed saturation, hence the clamp (finite input

@@ -2,8 +2,8 @@
 // 6-bit block scales under one fp16 scale). Both index the same 16-entry table, kIq4NlValues.
 //
 // ggml_quantize_chunk runs quantize_iq4_nl / quantize_iq4_xs, i.e. quantize_row_iq4_nl_impl with ntry = 7 even
-// without an importance matrix (quantize_row_iq4_nl_ref uses ntry = -1 and gives other bytes; it is not what
-// llama-quantize writes). The weights are then x^2.
+// without an importance matrix; the weights of the fit are then x^2. (Recent ggml's quantize_row_iq4_nl_ref
+// passes ntry = -1 instead and writes other bytes; llama-quantize does not use it.)
 
 #include <algorithm>
 #include <cmath>

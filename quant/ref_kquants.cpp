@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "quant/blocks.h"
 #include "quant/half.h"
@@ -385,8 +384,7 @@ void pack_scale_min_k4(const uint8_t* ls, const uint8_t* lm, uint8_t* scales) {
 // both quantized to 6 bits against the super-block's largest, then every element requantized against the
 // rounded scale and min. Returns the codes in levels.
 template <typename Block>
-void quantize_k_with_min(const float* x, Block& b, int nmax, float rmin, float rdelta, int nstep,
-                         uint8_t* levels) {
+void quantize_k_with_min(const float* x, Block& b, int nmax, float rmin, float rdelta, int nstep, uint8_t* levels) {
   float scales[8];
   float mins[8];
   float weights[32];
@@ -399,8 +397,8 @@ void quantize_k_with_min(const float* x, Block& b, int nmax, float rmin, float r
     for (int l = 0; l < 32; ++l) sum_x2 += xj[l] * xj[l];
     const float av_x = std::sqrt(sum_x2 / 32);
     for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xj[l]);
-    scales[j] = make_qkx2_quants(32, nmax, xj, weights, levels + 32 * j, &mins[j], levels_aux, rmin, rdelta,
-                                 nstep, false);
+    scales[j] =
+        make_qkx2_quants(32, nmax, xj, weights, levels + 32 * j, &mins[j], levels_aux, rmin, rdelta, nstep, false);
     if (scales[j] > max_scale) max_scale = scales[j];
     if (mins[j] > max_min) max_min = mins[j];
   }
@@ -461,8 +459,8 @@ void quantize_q2_k(const float* src, void* dst, int64_t n) {
     float max_min = 0;
     for (int j = 0; j < 16; ++j) {
       for (int l = 0; l < 16; ++l) weights[l] = std::fabs(x[16 * j + l]);
-      scales[j] = make_qkx2_quants(16, 3, x + 16 * j, weights, levels + 16 * j, &mins[j], levels_aux, -0.5f, 0.1f,
-                                   15, true);
+      scales[j] =
+          make_qkx2_quants(16, 3, x + 16 * j, weights, levels + 16 * j, &mins[j], levels_aux, -0.5f, 0.1f, 15, true);
       if (scales[j] > max_scale) max_scale = scales[j];
       if (mins[j] > max_min) max_min = mins[j];
     }
@@ -476,8 +474,7 @@ void quantize_q2_k(const float* src, void* dst, int64_t n) {
     }
     if (max_min > 0) {
       const float iscale = kQ4Scale / max_min;
-      for (int j = 0; j < 16; ++j)
-        b.scales[j] = static_cast<uint8_t>(b.scales[j] | nearest_int(iscale * mins[j]) << 4);
+      for (int j = 0; j < 16; ++j) b.scales[j] = static_cast<uint8_t>(b.scales[j] | nearest_int(iscale * mins[j]) << 4);
       b.dmin = fp32_to_fp16(max_min / kQ4Scale);
     } else {
       b.dmin = fp32_to_fp16(0.f);

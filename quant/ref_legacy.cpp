@@ -238,8 +238,7 @@ float vec_dot_q4_1(int64_t n, const void* weight, const void* activation) {
       sumi += (w.qs[j] & 0x0f) * a.qs[j];
       sumi += (w.qs[j] >> 4) * a.qs[j + kHalf];
     }
-    sum += fp16_to_fp32(w.d) * fp16_to_fp32(a.d) * static_cast<float>(sumi) +
-           fp16_to_fp32(w.m) * fp16_to_fp32(a.s);
+    sum += fp16_to_fp32(w.d) * fp16_to_fp32(a.d) * static_cast<float>(sumi) + fp16_to_fp32(w.m) * fp16_to_fp32(a.s);
   }
   return sum;
 }
@@ -265,8 +264,7 @@ float vec_dot_q5_1(int64_t n, const void* weight, const void* activation) {
     const uint32_t qh = load_u32_le(w.qh);
     int sumi = 0;
     for (int j = 0; j < kQK5_1; ++j) sumi += q5_code(w.qs, qh, j) * a.qs[j];
-    sum += fp16_to_fp32(w.d) * fp16_to_fp32(a.d) * static_cast<float>(sumi) +
-           fp16_to_fp32(w.m) * fp16_to_fp32(a.s);
+    sum += fp16_to_fp32(w.d) * fp16_to_fp32(a.d) * static_cast<float>(sumi) + fp16_to_fp32(w.m) * fp16_to_fp32(a.s);
   }
   return sum;
 }
