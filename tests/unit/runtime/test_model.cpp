@@ -1,0 +1,263 @@
+// Model-level behaviour that the reference data does not pin down: routing rules in isolation, batch versus
+// token-by-token evaluation, thread-count independence, the legacy fused attn_kv_b layout, metadata defaults.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+
+#include "quant/ref.h"
+#include "runtime/error.h"
+#include "runtime/gguf/reader.h"
+#include "runtime/gguf/writer.h"
+#include "runtime/model/config.h"
+#include "runtime/model/model.h"
+#include "runtime/model/moe.h"
+#include "tools/make_model.h"
+
+namespace hetmoe {
+namespace {
+
+namespace fs = std::filesystem;
+using model::Gating;
+using model::RoutingParams;
+
+// A folder of this process's generated files, removed when the process exits.
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("hetmoe_model_" + std::to_string(::getpid()));
+  TempDir() { fs::create_directories(path); }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+};
+
+const fs::path& temp_dir() {
+  static const TempDir dir;
+  return dir.path;
+}
+
+// A tiny DeepSeek-V3-architecture model in F32, generated once for the suite.
+const fs::path& tiny_f32() {
+  static const fs::path path = [] {
+    fs::path p = temp_dir() / "tiny-f32.gguf";
+    make_model(MakeModelOptions{.preset = "tiny-deepseek-v3", .out_path = p.string(), .type = "F32", .seed = 7}, nullptr);
+    return p;
+  }();
+  return path;
+}
+
+class Capture : public model::Trace {
+ public:
+  void values(int64_t, std::string_view, const float*, int64_t, int64_t) override {}
+  void ids(int64_t layer, std::string_view name, const int32_t* data, int64_t rows, int64_t cols) override {
+    if (name == "ffn_moe_topk") topk[layer].assign(data, data + rows * cols);
+  }
+  std::map<int64_t, std::vector<int32_t>> topk;
+};
+
+// --- routing ---------------------------------------------------------------------------------------------------
+
+TEST(Routing, SoftmaxTopKNormalised) {
+  RoutingParams p{.n_expert = 4, .n_used = 2, .gating = Gating::kSoftmax, .norm = true};
+  std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.0f};
+  model::Routing r;
+  model::route(p, logits.data(), nullptr, 1, r, nullptr, 0);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{1, 2}));
+  const double e1 = std::exp(3.0), e2 = std::exp(2.0);
+  EXPECT_NEAR(r.weights[0], e1 / (e1 + e2), 1e-6);
+  EXPECT_NEAR(r.weights[1], e2 / (e1 + e2), 1e-6);
+  EXPECT_NEAR(logits[1], e1 / (std::exp(1.0) + e1 + e2 + 1.0), 1e-6) << "probabilities are written back";
+}
+
+TEST(Routing, BiasChoosesButDoesNotWeigh) {
+  // Sigmoid gating with exp_probs_b: expert 3 has the lowest probability but wins through its bias; its mixing
+  // weight is still its unbiased probability. Scale 2.5 applies after normalisation.
+  RoutingParams p{.n_expert = 4, .n_used = 2, .gating = Gating::kSigmoid, .norm = true, .scale = 2.5f};
+  std::vector<float> logits = {0.5f, 1.0f, 0.8f, -1.0f};
+  const std::vector<float> bias = {0.0f, 0.0f, 0.0f, 2.0f};
+  model::Routing r;
+  model::route(p, logits.data(), bias.data(), 1, r, nullptr, 0);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{3, 1}));
+  const double s3 = 1 / (1 + std::exp(1.0)), s1 = 1 / (1 + std::exp(-1.0));
+  EXPECT_NEAR(r.weights[0], 2.5 * s3 / (s3 + s1), 1e-6);
+  EXPECT_NEAR(r.weights[1], 2.5 * s1 / (s3 + s1), 1e-6);
+}
+
+TEST(Routing, ScaleOfOneOrZeroIsIgnoredAndNoNormKeepsProbabilities) {
+  for (float scale : {0.0f, 1.0f}) {
+    RoutingParams p{.n_expert = 3, .n_used = 1, .gating = Gating::kSoftmax, .norm = false, .scale = scale};
+    std::vector<float> logits = {0.0f, 0.0f, std::log(2.0f)};
+    model::Routing r;
+    model::route(p, logits.data(), nullptr, 1, r, nullptr, 0);
+    EXPECT_EQ(r.ids[0], 2);
+    EXPECT_NEAR(r.weights[0], 0.5, 1e-6);
+  }
+}
+
+TEST(Routing, GroupLimitedUsesTopTwoSumPerGroup) {
+  // 8 experts in 4 groups of 2, keep 2 groups, pick 2 experts. Group 0 has the single best expert (0.9) but a weak
+  // partner; groups 1 and 2 have the best top-2 sums, so expert 0 must not be chosen.
+  RoutingParams p{.n_expert = 8, .n_used = 2, .gating = Gating::kSigmoid, .n_group = 4, .n_group_used = 2};
+  const std::vector<float> probs = {0.9f, 0.05f, 0.6f, 0.5f, 0.55f, 0.52f, 0.3f, 0.3f};
+  std::vector<float> logits(8);
+  for (int i = 0; i < 8; ++i) logits[i] = std::log(probs[i] / (1 - probs[i]));  // sigmoid^-1
+  model::Routing r;
+  model::route(p, logits.data(), nullptr, 1, r, nullptr, 0);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 4}));
+}
+
+TEST(Routing, NormalisationClampsATinySum) {
+  RoutingParams p{.n_expert = 2, .n_used = 1, .gating = Gating::kSigmoid, .norm = true};
+  std::vector<float> logits = {-40.0f, -45.0f};  // sigmoid ~ 4e-18
+  model::Routing r;
+  model::route(p, logits.data(), nullptr, 1, r, nullptr, 0);
+  EXPECT_EQ(r.ids[0], 0);
+  EXPECT_NEAR(r.weights[0], (1 / (1 + std::exp(40.0))) / 6.103515625e-5, 1e-20);
+}
+
+// --- evaluation order -----------------------------------------------------------------------------------------
+
+std::vector<float> logits_of(model::Model& m, const std::vector<int32_t>& tokens, const std::vector<int>& split) {
+  model::KvCache cache = m.make_cache(64);
+  std::vector<float> all, part;
+  int64_t pos = 0;
+  for (int len : split) {
+    std::vector<int32_t> chunk(tokens.begin() + pos, tokens.begin() + pos + len);
+    m.forward(chunk, pos, cache, true, part);
+    all.insert(all.end(), part.begin(), part.end());
+    pos += len;
+  }
+  return all;
+}
+
+TEST(Evaluation, BatchAndTokenByTokenAgreeBitForBit) {
+  // Every dot product is evaluated by one thread with the same inputs whatever the batching, so batched prefill,
+  // chunked prefill and one-token decode through the KV cache give identical logits, for any thread count.
+  const std::vector<int32_t> tokens = {3, 17, 42, 100, 7, 255, 256, 300, 11, 64, 128, 5, 400};
+  for (const fs::path& file : {tiny_f32(), fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-qwen3moe-Q4_K_M.gguf",
+                               fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-mixtral-Q4_K_M.gguf"}) {
+    auto one = model::Model::load(file.string(), 1);
+    auto three = model::Model::load(file.string(), 3);
+    const std::vector<float> batch = logits_of(*one, tokens, {13});
+    EXPECT_EQ(logits_of(*three, tokens, {13}), batch) << file << ": thread count changed the result";
+    EXPECT_EQ(logits_of(*one, tokens, {5, 1, 7}), batch) << file << ": chunked prefill differs";
+    EXPECT_EQ(logits_of(*three, tokens, std::vector<int>(13, 1)), batch) << file << ": decode differs";
+  }
+}
+
+TEST(Evaluation, ContextLimitAndBadTokensFailBeforeTouchingTheCache) {
+  auto m = model::Model::load(tiny_f32().string(), 1);
+  model::KvCache cache = m->make_cache(4);
+  std::vector<float> logits;
+  const std::vector<int32_t> three = {1, 2, 3}, two = {4, 5}, bad = {1, 512};
+  m->forward(three, 0, cache, false, logits);
+  EXPECT_THROW(m->forward(two, 3, cache, false, logits), Error);
+  EXPECT_THROW(m->forward(bad, 3, cache, false, logits), Error);
+  EXPECT_THROW(m->make_cache(1 << 30), Error) << "larger than the training context";
+  const std::vector<int32_t> one = {4};
+  m->forward(one, 3, cache, false, logits);  // the last position still works
+}
+
+// --- the legacy fused attn_kv_b layout -------------------------------------------------------------------------
+
+// Rewrites a split-MLA F32 file into the old layout: attn_kv_b {kv_lora, H*(nope+v)} whose rows are, per head,
+// the nope rows of K (attn_k_b transposed back) followed by the v_head rows of V; no *_mla keys.
+fs::path make_legacy(const fs::path& src_path) {
+  const gguf::GgufFile src = gguf::GgufFile::open(src_path.string());
+  const model::ModelConfig c = model::read_config(src);
+  const int64_t H = c.n_head, nope = c.qk_nope, kvl = c.kv_lora_rank, vh = c.v_head, rope = c.qk_rope;
+  gguf::GgufWriter w;
+  for (auto [key, value] : src.metadata()) {
+    if (key.ends_with("key_length_mla") || key.ends_with("value_length_mla")) continue;
+    if (key.ends_with(".attention.key_length")) value = gguf::Value::u32(static_cast<uint32_t>(nope + rope));
+    if (key.ends_with(".attention.value_length")) value = gguf::Value::u32(static_cast<uint32_t>(vh));
+    w.set(key, value);
+  }
+  for (const gguf::TensorInfo& t : src.tensors()) {
+    if (t.name.find("attn_v_b") != std::string::npos) continue;
+    std::vector<int64_t> ne(t.ne.begin(), t.ne.begin() + t.n_dims);
+    if (t.name.find("attn_k_b") == std::string::npos) {
+      w.add_tensor_bytes(t.name, t.type, ne, std::vector<uint8_t>(t.data, t.data + t.nbytes));
+      continue;
+    }
+    const std::string layer = t.name.substr(0, t.name.find(".attn_k_b"));
+    const float* kb = reinterpret_cast<const float*>(t.data);  // [H][kvl][nope]
+    const float* vb = reinterpret_cast<const float*>(src.find_tensor(layer + ".attn_v_b.weight")->data);  // [H][vh][kvl]
+    std::vector<float> kvb(H * (nope + vh) * kvl);
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t d = 0; d < nope; ++d)
+        for (int64_t j = 0; j < kvl; ++j) kvb[(h * (nope + vh) + d) * kvl + j] = kb[(h * kvl + j) * nope + d];
+      for (int64_t v = 0; v < vh; ++v)
+        for (int64_t j = 0; j < kvl; ++j) kvb[(h * (nope + vh) + nope + v) * kvl + j] = vb[(h * vh + v) * kvl + j];
+    }
+    std::vector<uint8_t> bytes(kvb.size() * sizeof(float));
+    std::memcpy(bytes.data(), kvb.data(), bytes.size());
+    w.add_tensor_bytes(layer + ".attn_kv_b.weight", quant::GgmlType::F32, {kvl, H * (nope + vh)}, std::move(bytes));
+  }
+  fs::path out = temp_dir() / "tiny-legacy.gguf";
+  w.write(out.string());
+  return out;
+}
+
+TEST(Deepseek2, LegacyFusedKvbMatchesTheSplitLayout) {
+  const std::vector<int32_t> tokens = {3, 17, 42, 100, 7, 255, 256, 300, 11};
+  auto split = model::Model::load(tiny_f32().string(), 2);
+  auto legacy = model::Model::load(make_legacy(tiny_f32()).string(), 2);
+  ASSERT_EQ(legacy->config().qk_nope, split->config().qk_nope);
+  const std::vector<float> a = logits_of(*split, tokens, {6, 1, 1, 1});
+  const std::vector<float> b = logits_of(*legacy, tokens, {6, 1, 1, 1});
+  ASSERT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * double(a[i] - b[i]);
+    den += double(a[i]) * a[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-5) << "absorbed and decompressed attention are the same function";
+}
+
+// --- metadata ------------------------------------------------------------------------------------------------
+
+model::ModelConfig config_of_preset(const std::string& preset, int layers = -1) {
+  const ModelPlan plan = plan_model(MakeModelOptions{.preset = preset, .out_path = "", .layers = layers});
+  gguf::GgufWriter w;
+  for (const auto& [key, value] : plan.metadata) w.set(key, value);
+  const fs::path p = temp_dir() / (preset + "-meta.gguf");
+  w.write(p.string());
+  return model::read_config(gguf::GgufFile::open(p.string()));
+}
+
+TEST(Config, DeepseekYarnSoftmaxScale) {
+  const model::ModelConfig v3 = config_of_preset("deepseek-v3");
+  const double m3 = 1 + 0.1 * std::log(40.0);
+  EXPECT_NEAR(v3.kq_scale, m3 * m3 / std::sqrt(192.0), 1e-6);
+  EXPECT_EQ(v3.gating, Gating::kSigmoid);
+  EXPECT_EQ(v3.n_group, 8);
+  EXPECT_EQ(v3.n_leading_dense, 3);
+  EXPECT_TRUE(v3.expert_weights_norm);
+  const model::ModelConfig lite = config_of_preset("deepseek-v2-lite", 2);
+  const double ml = 1 + 0.0707 * std::log(40.0);
+  EXPECT_NEAR(lite.kq_scale, ml * ml / std::sqrt(192.0), 1e-5);
+  EXPECT_EQ(lite.q_lora_rank, 0);
+  EXPECT_EQ(lite.gating, Gating::kSoftmax);
+  EXPECT_FALSE(lite.expert_weights_norm);
+  const model::ModelConfig kimi = config_of_preset("kimi-k2");
+  EXPECT_EQ(kimi.n_expert, 384);
+  EXPECT_EQ(kimi.n_group, 1);
+  EXPECT_NEAR(kimi.expert_weights_scale, 2.827f, 1e-6);
+}
+
+TEST(Config, OldFilesWithoutGatingKeyDefaultToSoftmax) {
+  const ModelPlan plan = plan_model(MakeModelOptions{.preset = "tiny-deepseek-v3", .out_path = ""});
+  gguf::GgufWriter w;
+  for (const auto& [key, value] : plan.metadata)
+    if (!key.ends_with("expert_gating_func") && !key.ends_with("q_lora_rank")) w.set(key, value);
+  const fs::path p = temp_dir() / "old-meta.gguf";
+  w.write(p.string());
+  const model::ModelConfig c = model::read_config(gguf::GgufFile::open(p.string()));
+  EXPECT_EQ(c.gating, Gating::kSoftmax);
+  EXPECT_EQ(c.q_lora_rank, 0) << "q_lora_rank is optional; the tensors decide";
+}
+
+}  // namespace
+}  // namespace hetmoe
