@@ -27,27 +27,9 @@ inline __m256i dot_i8(__m256i x, __m256i y) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
 }
 
-float dot_f32(int64_t n, const void* w, const void* a) {
-  const float* x = static_cast<const float*>(w);
-  const float* y = static_cast<const float*>(a);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), acc1);
-    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), acc2);
-    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), acc3);
-  }
-  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
-  float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-  for (; i < n; ++i) sum += x[i] * y[i];
-  return sum;
-}
-
-float dot_f16(int64_t n, const void* w, const void* a) {
-  const uint16_t* x = static_cast<const uint16_t*>(w);
-  const uint16_t* y = static_cast<const uint16_t*>(a);
-  auto load = [](const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
+// F32 accumulation over 4 x 8 lanes of values that `load` widens to float (F32 as is, F16 through F16C).
+template <typename T, typename Load, typename Scalar>
+float dot_fma(int64_t n, const T* x, const T* y, Load load, Scalar scalar) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -58,8 +40,21 @@ float dot_f16(int64_t n, const void* w, const void* a) {
   }
   for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(load(x + i), load(y + i), acc0);
   float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-  for (; i < n; ++i) sum += fp16_to_fp32(x[i]) * fp16_to_fp32(y[i]);
+  for (; i < n; ++i) sum += scalar(x[i]) * scalar(y[i]);
   return sum;
+}
+
+float dot_f32(int64_t n, const void* w, const void* a) {
+  return dot_fma(
+      n, static_cast<const float*>(w), static_cast<const float*>(a), [](const float* p) { return _mm256_loadu_ps(p); },
+      [](float v) { return v; });
+}
+
+float dot_f16(int64_t n, const void* w, const void* a) {
+  return dot_fma(
+      n, static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(a),
+      [](const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); },
+      [](uint16_t v) { return fp16_to_fp32(v); });
 }
 
 float dot_q8_0(int64_t n, const void* w, const void* a) {
