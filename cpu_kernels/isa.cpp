@@ -5,6 +5,7 @@
 #include <string>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -35,13 +36,22 @@ std::string_view isa_name(Isa isa) {
 
 Isa detect_isa() {
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")))
-    return Isa::kRef;
-  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")))
-    return Isa::kAvx2;
-  if (__builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8") && os_grants_amx()) return Isa::kAmx;
+  // CPUID, and XGETBV for what the OS saves on a context switch: a CPU feature is usable only when both agree.
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return Isa::kRef;
+  const bool osxsave = ecx & (1u << 27), fma = ecx & (1u << 12), f16c = ecx & (1u << 29);
+  if (!osxsave) return Isa::kRef;
+  unsigned xcr0_lo, xcr0_hi;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  const bool os_avx = (xcr0_lo & 0x6) == 0x6;        // XMM and YMM state
+  const bool os_avx512 = (xcr0_lo & 0xe6) == 0xe6;   // plus opmask and ZMM state
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return Isa::kRef;
+  const bool avx2 = ebx & (1u << 5);
+  const bool avx512 = (ebx & (1u << 16)) && (ebx & (1u << 30)) && (ebx & (1u << 31)) && (ecx & (1u << 11));  // F BW VL VNNI
+  const bool amx = (edx & (1u << 24)) && (edx & (1u << 25));  // AMX-TILE, AMX-INT8
+  if (!(os_avx && avx2 && fma && f16c)) return Isa::kRef;
+  if (!(os_avx512 && avx512)) return Isa::kAvx2;
+  if (amx && os_grants_amx()) return Isa::kAmx;
   return Isa::kAvx512;
 #else
   return Isa::kRef;

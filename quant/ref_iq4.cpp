@@ -22,12 +22,12 @@ constexpr float kGroupMaxEps = 1e-15f;  // ggml's GROUP_MAX_EPS
 // Index of the table level nearest to x (ties to the upper level), found by bisection as ggml's
 // best_index_int8 does: the distances are compared after rounding, and that decides near-ties.
 int best_index(float x) {
-  constexpr int n = 16;
+  constexpr int kLevels = 16;
   const int8_t* val = kIq4NlValues;
   if (x <= val[0]) return 0;
-  if (x >= val[n - 1]) return n - 1;
+  if (x >= val[kLevels - 1]) return kLevels - 1;
   int ml = 0;
-  int mu = n - 1;
+  int mu = kLevels - 1;
   while (mu - ml > 1) {
     const int mav = (ml + mu) / 2;
     if (x < val[mav]) {
