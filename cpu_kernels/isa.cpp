@@ -26,10 +26,14 @@ bool os_grants_amx() {
 
 std::string_view isa_name(Isa isa) {
   switch (isa) {
-    case Isa::kRef: return "ref";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kAvx512: return "avx512";
-    case Isa::kAmx: return "amx";
+    case Isa::kRef:
+      return "ref";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAmx:
+      return "amx";
   }
   return "?";
 }
@@ -43,12 +47,13 @@ Isa detect_isa() {
   if (!osxsave) return Isa::kRef;
   unsigned xcr0_lo, xcr0_hi;
   __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  const bool os_avx = (xcr0_lo & 0x6) == 0x6;        // XMM and YMM state
-  const bool os_avx512 = (xcr0_lo & 0xe6) == 0xe6;   // plus opmask and ZMM state
+  const bool os_avx = (xcr0_lo & 0x6) == 0x6;       // XMM and YMM state
+  const bool os_avx512 = (xcr0_lo & 0xe6) == 0xe6;  // plus opmask and ZMM state
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return Isa::kRef;
   const bool avx2 = ebx & (1u << 5);
-  const bool avx512 = (ebx & (1u << 16)) && (ebx & (1u << 30)) && (ebx & (1u << 31)) && (ecx & (1u << 11));  // F BW VL VNNI
-  const bool amx = (edx & (1u << 24)) && (edx & (1u << 25));  // AMX-TILE, AMX-INT8
+  const bool avx512 =
+      (ebx & (1u << 16)) && (ebx & (1u << 30)) && (ebx & (1u << 31)) && (ecx & (1u << 11));  // F BW VL VNNI
+  const bool amx = (edx & (1u << 24)) && (edx & (1u << 25));                                 // AMX-TILE, AMX-INT8
   if (!(os_avx && avx2 && fma && f16c)) return Isa::kRef;
   if (!(os_avx512 && avx512)) return Isa::kAvx2;
   if (amx && os_grants_amx()) return Isa::kAmx;
@@ -67,7 +72,8 @@ Isa selected_isa() {
     for (Isa isa : {Isa::kRef, Isa::kAvx2, Isa::kAvx512, Isa::kAmx}) {
       if (want != isa_name(isa)) continue;
       if (isa > have)
-        throw std::runtime_error("HETMOE_ISA=" + want + " asks for more than this CPU has (" + std::string(isa_name(have)) + ")");
+        throw std::runtime_error("HETMOE_ISA=" + want + " asks for more than this CPU has (" +
+                                 std::string(isa_name(have)) + ")");
       return isa;
     }
     throw std::runtime_error("HETMOE_ISA=" + want + ": unknown tier (use ref, avx2, avx512 or amx)");

@@ -44,12 +44,24 @@ KernelTable make_ref_table() {
   for (GgmlType a : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K}) {
     QuantizeActivationFn fn = nullptr;
     switch (a) {
-      case GgmlType::F32: fn = &ref_activation<GgmlType::F32>; break;
-      case GgmlType::F16: fn = &ref_activation<GgmlType::F16>; break;
-      case GgmlType::BF16: fn = &ref_activation<GgmlType::BF16>; break;
-      case GgmlType::Q8_0: fn = &ref_activation<GgmlType::Q8_0>; break;
-      case GgmlType::Q8_1: fn = &ref_activation<GgmlType::Q8_1>; break;
-      default: fn = &ref_activation<GgmlType::Q8_K>; break;
+      case GgmlType::F32:
+        fn = &ref_activation<GgmlType::F32>;
+        break;
+      case GgmlType::F16:
+        fn = &ref_activation<GgmlType::F16>;
+        break;
+      case GgmlType::BF16:
+        fn = &ref_activation<GgmlType::BF16>;
+        break;
+      case GgmlType::Q8_0:
+        fn = &ref_activation<GgmlType::Q8_0>;
+        break;
+      case GgmlType::Q8_1:
+        fn = &ref_activation<GgmlType::Q8_1>;
+        break;
+      default:
+        fn = &ref_activation<GgmlType::Q8_K>;
+        break;
     }
     t.quantize_activation[static_cast<uint32_t>(a)] = fn;
   }

@@ -17,7 +17,7 @@ using QuantizeActivationFn = void (*)(const float* src, void* dst, int64_t n);
 // Entries the tier has no fast version of hold the scalar reference, so every slot is callable.
 struct KernelTable {
   Isa isa = Isa::kRef;
-  std::array<VecDotFn, 32> vec_dot{};                         // by weight type id
+  std::array<VecDotFn, 32> vec_dot{};                          // by weight type id
   std::array<QuantizeActivationFn, 32> quantize_activation{};  // by vec_dot_type id
 
   VecDotFn dot_for(quant::GgmlType t) const { return vec_dot[static_cast<uint32_t>(t)]; }

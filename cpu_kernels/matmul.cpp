@@ -7,8 +7,8 @@
 
 namespace hetmoe::cpu {
 
-void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x, int64_t n_tokens,
-            float* y, int64_t ldy) {
+void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
+            int64_t ldy) {
   if (n_tokens <= 0 || w.n_rows <= 0) return;
   const quant::GgmlType act_type = quant::type_info(w.type).vec_dot_type;
   const VecDotFn dot = k.dot_for(w.type);

@@ -19,16 +19,14 @@ struct WeightMatrix {
   const uint8_t* data = nullptr;
 
   const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
-  WeightMatrix rows(int64_t first, int64_t count) const {
-    return {type, n_cols, count, row_bytes, row(first)};
-  }
+  WeightMatrix rows(int64_t first, int64_t count) const { return {type, n_cols, count, row_bytes, row(first)}; }
 };
 
 // y[t * ldy + r] = W.row(r) . x[t * n_cols ...] for every token t < n_tokens and row r.
 // Each activation row is first converted to the weight's vec_dot_type, as ggml does, so quantized models agree
 // with llama.cpp; the rows of W are split across the pool's threads and each row is read once for all tokens.
 // Allocates one activation buffer per call (n_tokens rows of the converted type).
-void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x, int64_t n_tokens,
-            float* y, int64_t ldy);
+void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
+            int64_t ldy);
 
 }  // namespace hetmoe::cpu

@@ -89,8 +89,8 @@ void rope_apply(const RopeParams& p, const float* cache, float* x) {
   }
 }
 
-void causal_attention(const AttentionShape& shape, const AttentionInput& in, int64_t n_tokens, int64_t pos0,
-                      float* out, ThreadPool& pool) {
+void causal_attention(const AttentionShape& shape, const AttentionInput& in, int64_t n_tokens, int64_t pos0, float* out,
+                      ThreadPool& pool) {
   const int group = shape.n_head / shape.n_head_kv;
   const int64_t out_stride = static_cast<int64_t>(shape.n_head) * shape.head_dim_v;
   pool.parallel_for(n_tokens * shape.n_head, 1, [&](int64_t i0, int64_t i1) {

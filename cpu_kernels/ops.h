@@ -21,15 +21,15 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n);
 
 // Rotary position embedding with ggml's YaRN formulation.
 struct RopeParams {
-  int n_dims = 0;             // rotated dimensions at the start of each head
-  bool neox = false;          // pairs (i, i + n_dims/2) instead of adjacent (2i, 2i+1)
+  int n_dims = 0;     // rotated dimensions at the start of each head
+  bool neox = false;  // pairs (i, i + n_dims/2) instead of adjacent (2i, 2i+1)
   float freq_base = 10000.0f;
-  float freq_scale = 1.0f;    // 1 / context scaling factor
-  float ext_factor = 0.0f;    // YaRN extrapolation mix: 1 with YaRN scaling, 0 otherwise
-  float attn_factor = 1.0f;   // magnitude applied to sin/cos
+  float freq_scale = 1.0f;   // 1 / context scaling factor
+  float ext_factor = 0.0f;   // YaRN extrapolation mix: 1 with YaRN scaling, 0 otherwise
+  float attn_factor = 1.0f;  // magnitude applied to sin/cos
   float beta_fast = 32.0f;
   float beta_slow = 1.0f;
-  int n_ctx_orig = 0;         // training context the YaRN ramp is measured against
+  int n_ctx_orig = 0;  // training context the YaRN ramp is measured against
 };
 
 // cos/sin of every rotated pair at position `pos`: cache[2i] = cos, cache[2i+1] = sin, n_dims values.
@@ -40,10 +40,10 @@ void rope_apply(const RopeParams& p, const float* cache, float* x);
 // Causal attention of a batch of queries against a cache.
 struct AttentionShape {
   int n_head = 0;
-  int n_head_kv = 0;      // heads share a key/value head in groups of n_head / n_head_kv
-  int head_dim_k = 0;     // query and key length per head
+  int n_head_kv = 0;   // heads share a key/value head in groups of n_head / n_head_kv
+  int head_dim_k = 0;  // query and key length per head
   int head_dim_v = 0;
-  float scale = 1.0f;     // applied to q.k before the softmax
+  float scale = 1.0f;  // applied to q.k before the softmax
 };
 
 // q: [n_tokens][n_head * q_stride_head] (query head h at h * q_head_stride); token t sits at position pos0 + t and
@@ -58,7 +58,7 @@ struct AttentionInput {
   const float* v = nullptr;
   int64_t v_stride = 0;
 };
-void causal_attention(const AttentionShape& shape, const AttentionInput& in, int64_t n_tokens, int64_t pos0,
-                      float* out, ThreadPool& pool);
+void causal_attention(const AttentionShape& shape, const AttentionInput& in, int64_t n_tokens, int64_t pos0, float* out,
+                      ThreadPool& pool);
 
 }  // namespace hetmoe::cpu

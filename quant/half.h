@@ -36,7 +36,7 @@ inline uint16_t fp32_to_fp16(float f) {
   uint32_t absx = x & 0x7fffffff;
   if (absx > 0x7f800000) return static_cast<uint16_t>(sign | 0x7e00 | ((absx >> 13) & 0x3ff));  // NaN
   if (absx >= 0x477ff000) return static_cast<uint16_t>(sign | 0x7c00);  // rounds to >= 65520: inf
-  if (absx < 0x38800000) {  // below the smallest normal half: subnormal or zero
+  if (absx < 0x38800000) {                                      // below the smallest normal half: subnormal or zero
     if (absx < 0x33000000) return static_cast<uint16_t>(sign);  // < 2^-25 rounds to zero
     uint32_t exp = absx >> 23;
     uint32_t mant = (absx & 0x7fffff) | 0x800000;

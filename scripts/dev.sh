@@ -2,7 +2,8 @@
 # hetmoe's two entry points. Both install the Debian packages they need first (scripts/deps.sh).
 #
 #   scripts/dev.sh demo   build hetmoe, generate a tiny DeepSeek-V3-architecture model, inspect it, generate tokens
-#   scripts/dev.sh test   build everything and run the whole test suite, then again under ASan + UBSan
+#   scripts/dev.sh test   build everything, run the whole test suite, check format and naming, then the unit and
+#                         conformance tests again under ASan + UBSan
 #
 # Build folders: build/ (RelWithDebInfo) and build-asan/. Generated models go to out/.
 set -euo pipefail
@@ -36,16 +37,28 @@ demo() {
   ./build/tools/hetmoe run -m "$model" --tokens 3,17,42,100,7 -n 16 --temp 0
 }
 
+# STYLE.md rule 11: the formatting and the naming rules are checked, not hoped for.
+lint() {
+  git ls-files '*.cpp' '*.h' '*.cu' | xargs clang-format --dry-run -Werror
+  git ls-files 'quant/*.cpp' 'cpu_kernels/*.cpp' 'runtime/*.cpp' 'tools/*.cpp' |
+    xargs -P "$JOBS" -n 4 clang-tidy -p build --quiet 2>/dev/null
+}
+
 test_all() {
   configure build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETMOE_TESTS=ON
   ninja -C build -j "$JOBS"
   (cd build && ctest -j "$JOBS" --output-on-failure $(ctest_filter))
+  lint
 
   # Second stage: the unit and conformance tests under AddressSanitizer and UndefinedBehaviorSanitizer.
   configure build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DHETMOE_SANITIZE=ON -DHETMOE_TESTS=ON
   ninja -C build-asan -j "$JOBS"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest -j "$JOBS" --output-on-failure -L "unit|conformance" $(ctest_filter))
+
+  # Third: a minute of fuzzing the GGUF reader as a smoke test (scripts/fuzz.sh runs it for longer).
+  scripts/fuzz.sh 60 >build-fuzz.log 2>&1 || { tail -40 build-fuzz.log; exit 1; }
+  grep -E "^(stat::number_of_executed_units|fuzz.sh: corpus)" build-fuzz.log
 }
 
 case "${1:-}" in

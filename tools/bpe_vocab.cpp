@@ -32,9 +32,16 @@ constexpr std::string_view kTrainingText =
     "This tokenizer was built from a single paragraph of plain English text, nothing more.";
 
 constexpr std::string_view kSpecials[] = {
-    "<\xEF\xBD\x9C" "begin\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>",  // <｜begin▁of▁sentence｜>
-    "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>",    // <｜end▁of▁sentence｜>
-    "<\xEF\xBD\x9C\xE2\x96\x81" "pad\xE2\x96\x81\xEF\xBD\x9C>",                    // <｜▁pad▁｜>
+    "<\xEF\xBD\x9C"
+    "begin\xE2\x96\x81"
+    "of\xE2\x96\x81"
+    "sentence\xEF\xBD\x9C>",  // <｜begin▁of▁sentence｜>
+    "<\xEF\xBD\x9C"
+    "end\xE2\x96\x81"
+    "of\xE2\x96\x81"
+    "sentence\xEF\xBD\x9C>",  // <｜end▁of▁sentence｜>
+    "<\xEF\xBD\x9C\xE2\x96\x81"
+    "pad\xE2\x96\x81\xEF\xBD\x9C>",  // <｜▁pad▁｜>
 };
 constexpr int32_t kTypeNormal = 1;
 constexpr int32_t kTypeControl = 3;

@@ -25,8 +25,8 @@ int inspect(const InspectOptions& opt) {
   const gguf::GgufFile file = gguf::GgufFile::open(opt.model);
   const model::ModelConfig c = model::read_config(file);
 
-  fmt::print("file          {} (GGUF v{}, {} tensors, {} metadata keys, alignment {})\n", file.path(),
-             file.version(), file.tensors().size(), file.metadata().size(), file.alignment());
+  fmt::print("file          {} (GGUF v{}, {} tensors, {} metadata keys, alignment {})\n", file.path(), file.version(),
+             file.tensors().size(), file.metadata().size(), file.alignment());
   fmt::print("architecture  {}{}\n", c.arch_name, c.name.empty() ? "" : "  (" + c.name + ")");
   fmt::print("vocab {}  embd {}  layers {}  heads {} (kv {})  context {}  rms_eps {:g}\n", c.n_vocab, c.n_embd,
              c.n_layer, c.n_head, c.n_head_kv, c.n_ctx_train, c.rms_eps);

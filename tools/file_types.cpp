@@ -126,12 +126,22 @@ GgmlType fallback(GgmlType t, int64_t ncols) {
   if (ncols % quant::type_info(t).block_size == 0) return t;
   GgmlType r = t;
   switch (t) {
-    case GgmlType::IQ4_XS: r = GgmlType::IQ4_NL; break;
+    case GgmlType::IQ4_XS:
+      r = GgmlType::IQ4_NL;
+      break;
     case GgmlType::Q2_K:
-    case GgmlType::Q3_K: r = GgmlType::Q4_0; break;
-    case GgmlType::Q4_K: r = GgmlType::Q5_0; break;
-    case GgmlType::Q5_K: r = GgmlType::Q5_1; break;
-    case GgmlType::Q6_K: r = GgmlType::Q8_0; break;
+    case GgmlType::Q3_K:
+      r = GgmlType::Q4_0;
+      break;
+    case GgmlType::Q4_K:
+      r = GgmlType::Q5_0;
+      break;
+    case GgmlType::Q5_K:
+      r = GgmlType::Q5_1;
+      break;
+    case GgmlType::Q6_K:
+      r = GgmlType::Q8_0;
+      break;
     default:  // llama.cpp stops here too ("no tensor type fallback is defined")
       fail("no fallback type for {} rows of {} elements", quant::type_info(t).name, ncols);
   }

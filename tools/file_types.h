@@ -40,10 +40,10 @@ const FileType* find_file_type(std::string_view name);
 
 // What decides a tensor's type besides its name and shape.
 struct TensorTypeQuery {
-  std::string_view name;       // GGUF tensor name, "blk.2.ffn_down_exps.weight"
+  std::string_view name;        // GGUF tensor name, "blk.2.ffn_down_exps.weight"
   std::span<const int64_t> ne;  // ggml order; ne[0] is the row length
-  int n_layer = 0;             // block count of the model
-  int64_t n_expert = 0;        // routed experts per MoE block
+  int n_layer = 0;              // block count of the model
+  int64_t n_expert = 0;         // routed experts per MoE block
 };
 
 // The type llama.cpp's quantizer (llama_tensor_get_type, no importance matrix, no overrides) gives this tensor when

@@ -1,7 +1,7 @@
 // The hetmoe command line. Every failure ends as one line on stderr and a non-zero exit status.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
 #include <new>

@@ -281,9 +281,16 @@ void generate_row(uint64_t seed, const PlannedTensor& t, int64_t row, float* out
   double mean = 0.0;
   double sd = 0.0;
   switch (t.init) {
-    case WeightInit::kMatrix: sd = t.scale; break;
-    case WeightInit::kNorm: mean = 1.0; sd = 0.1; break;
-    case WeightInit::kBias: sd = 0.05; break;
+    case WeightInit::kMatrix:
+      sd = t.scale;
+      break;
+    case WeightInit::kNorm:
+      mean = 1.0;
+      sd = 0.1;
+      break;
+    case WeightInit::kBias:
+      sd = 0.05;
+      break;
   }
   const int64_t n = t.ne[0];
   constexpr double kTwoPi = 6.283185307179586476925;

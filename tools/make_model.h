@@ -16,12 +16,12 @@ namespace hetmoe {
 
 // What `hetmoe make-model` is asked for.
 struct MakeModelOptions {
-  std::string preset;          // a name from preset_names()
+  std::string preset;  // a name from preset_names()
   std::string out_path;
   std::string type = "Q4_K_M";  // a name from file_type_names()
   int layers = -1;              // -1: the preset's default block count
   uint64_t seed = 1;
-  int threads = 1;              // threads generating and quantizing rows; < 1: all cores
+  int threads = 1;  // threads generating and quantizing rows; < 1: all cores
 };
 
 // How a tensor's values are drawn (README section 2.1 of the reference data).

@@ -20,8 +20,8 @@ struct ModelPreset {
   int n_leading_dense = 0;       // leading blocks with a dense FFN (before --layers clamps it)
   int64_t n_vocab = 0;
   int64_t n_embd = 0;
-  int64_t n_ff = 0;       // dense FFN width (feed_forward_length)
-  int64_t n_ff_exp = 0;   // per-expert FFN width (expert_feed_forward_length)
+  int64_t n_ff = 0;      // dense FFN width (feed_forward_length)
+  int64_t n_ff_exp = 0;  // per-expert FFN width (expert_feed_forward_length)
   int64_t n_head = 0;
   int64_t q_lora_rank = 0;  // 0: no q LoRA, attn_q is used (the key is still written, as the tiny lite file)
   int64_t kv_lora_rank = 0;

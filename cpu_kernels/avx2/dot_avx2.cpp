@@ -153,8 +153,7 @@ float dot_q6_k(int64_t n, const void* w, const void* a) {
 
 bool has_dot(quant::GgmlType t) {
   using quant::GgmlType;
-  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K ||
-         t == GgmlType::Q6_K;
+  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K;
 }
 
 void install(KernelTable& table) {

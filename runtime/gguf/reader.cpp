@@ -1,10 +1,10 @@
 #include "runtime/gguf/reader.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
-
-#include <fmt/format.h>
 
 #include "runtime/error.h"
 
@@ -15,12 +15,31 @@ namespace {
 // Nested arrays are legal GGUF; no real file nests more than once, and a bound keeps a hostile file from
 // recursing the stack away.
 constexpr int kMaxArrayDepth = 3;
+// Each nested entry costs about 150 bytes of memory for 12 bytes of file; this caps what a hostile file of
+// nested empty arrays can make the parser allocate (about 150 MB), far above anything a real file holds.
+constexpr uint64_t kMaxNestedEntries = uint64_t{1} << 20;
 // Longer names are not ggml tensors (GGML_MAX_NAME is 64); keys get the spec's limit of 2^16 - 1 bytes.
 constexpr uint64_t kMaxTensorNameLen = 256;
 constexpr uint64_t kMaxKeyLen = 65535;
 constexpr uint64_t kInt64Max = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
 
 bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
+
+// Names from the file go into one-line error messages: bytes other than printable ASCII are escaped and long
+// names are cut, so a hostile name can neither break the line nor flood the terminal.
+std::string printable(std::string_view s) {
+  constexpr size_t kMaxShown = 80;
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < kMaxShown; ++i) {
+    auto ch = static_cast<unsigned char>(s[i]);
+    if (ch >= 0x20 && ch < 0x7f)
+      out += static_cast<char>(ch);
+    else
+      out += fmt::format("\\x{:02x}", ch);
+  }
+  if (s.size() > kMaxShown) out += "...";
+  return out;
+}
 
 // Bounds-checked cursor over the untrusted bytes. Every read names the offset where it failed.
 class Cursor {
@@ -29,6 +48,11 @@ class Cursor {
 
   uint64_t pos() const { return pos_; }
   uint64_t remaining() const { return bytes_.size() - pos_; }
+  // Counts entries of nested arrays across the whole file; fails past kMaxNestedEntries.
+  void count_nested(uint64_t n, uint64_t at) {
+    nested_ += n;
+    if (nested_ > kMaxNestedEntries) error_at(at, "nested arrays hold more than {} entries in all", kMaxNestedEntries);
+  }
 
   template <typename... Args>
   [[noreturn]] void error_at(uint64_t at, fmt::format_string<Args...> format, Args&&... args) const {
@@ -36,8 +60,7 @@ class Cursor {
   }
 
   void need(uint64_t n, const char* what) const {
-    if (n > remaining())
-      error_at(pos_, "file truncated: {} needs {} bytes, {} left", what, n, remaining());
+    if (n > remaining()) error_at(pos_, "file truncated: {} needs {} bytes, {} left", what, n, remaining());
   }
 
   template <typename T>
@@ -70,6 +93,7 @@ class Cursor {
   std::span<const uint8_t> bytes_;
   const std::string& name_;
   uint64_t pos_ = 0;
+  uint64_t nested_ = 0;
 };
 
 ValueType read_value_type(Cursor& c, const char* what) {
@@ -95,6 +119,7 @@ Value read_array(Cursor& c, int depth) {
   }
   if (elem == ValueType::kArray) {
     if (count > c.remaining() / 12) c.error_at(at, "nested array of {} entries does not fit in the file", count);
+    c.count_nested(count, at);
     std::vector<Value> items;
     for (uint64_t i = 0; i < count; ++i) items.push_back(read_array(c, depth + 1));
     return Value::nested_array(elem, std::move(items));
@@ -113,24 +138,36 @@ Value read_array(Cursor& c, int depth) {
 
 Value read_value(Cursor& c, ValueType type, int depth) {
   switch (type) {
-    case ValueType::kUint8: return Value::u8(c.read<uint8_t>("u8 value"));
-    case ValueType::kInt8: return Value::i8(c.read<int8_t>("i8 value"));
-    case ValueType::kUint16: return Value::u16(c.read<uint16_t>("u16 value"));
-    case ValueType::kInt16: return Value::i16(c.read<int16_t>("i16 value"));
-    case ValueType::kUint32: return Value::u32(c.read<uint32_t>("u32 value"));
-    case ValueType::kInt32: return Value::i32(c.read<int32_t>("i32 value"));
-    case ValueType::kFloat32: return Value::f32(c.read<float>("f32 value"));
-    case ValueType::kUint64: return Value::u64(c.read<uint64_t>("u64 value"));
-    case ValueType::kInt64: return Value::i64(c.read<int64_t>("i64 value"));
-    case ValueType::kFloat64: return Value::f64(c.read<double>("f64 value"));
+    case ValueType::kUint8:
+      return Value::u8(c.read<uint8_t>("u8 value"));
+    case ValueType::kInt8:
+      return Value::i8(c.read<int8_t>("i8 value"));
+    case ValueType::kUint16:
+      return Value::u16(c.read<uint16_t>("u16 value"));
+    case ValueType::kInt16:
+      return Value::i16(c.read<int16_t>("i16 value"));
+    case ValueType::kUint32:
+      return Value::u32(c.read<uint32_t>("u32 value"));
+    case ValueType::kInt32:
+      return Value::i32(c.read<int32_t>("i32 value"));
+    case ValueType::kFloat32:
+      return Value::f32(c.read<float>("f32 value"));
+    case ValueType::kUint64:
+      return Value::u64(c.read<uint64_t>("u64 value"));
+    case ValueType::kInt64:
+      return Value::i64(c.read<int64_t>("i64 value"));
+    case ValueType::kFloat64:
+      return Value::f64(c.read<double>("f64 value"));
     case ValueType::kBool: {
       uint64_t at = c.pos();
       uint8_t b = c.read<uint8_t>("bool value");
       if (b > 1) c.error_at(at, "bool value {} is neither 0 nor 1", b);
       return Value::boolean(b != 0);
     }
-    case ValueType::kString: return Value::string(c.read_string("string value", c.remaining()));
-    case ValueType::kArray: return read_array(c, depth);
+    case ValueType::kString:
+      return Value::string(c.read_string("string value", c.remaining()));
+    case ValueType::kArray:
+      return read_array(c, depth);
   }
   c.error_at(c.pos(), "unknown metadata value type");
 }
@@ -188,7 +225,7 @@ void GgufFile::parse_all() {
     ValueType type = read_value_type(c, "metadata value type");
     uint64_t value_at = c.pos();
     Value value = read_value(c, type, 0);
-    if (!kv_index_.emplace(key, kv_.size()).second) c.error_at(key_at, "duplicate metadata key '{}'", key);
+    if (!kv_index_.emplace(key, kv_.size()).second) c.error_at(key_at, "duplicate metadata key '{}'", printable(key));
     if (key == "general.alignment") alignment_at = value_at;
     kv_.emplace_back(std::move(key), std::move(value));
   }
@@ -210,25 +247,26 @@ void GgufFile::parse_all() {
     uint64_t dims_at = c.pos();
     uint32_t n_dims = c.read<uint32_t>("tensor dimension count");
     if (n_dims == 0 || n_dims > kMaxDims)
-      c.error_at(dims_at, "tensor '{}' has {} dimensions (1..{} allowed)", t.name, n_dims, kMaxDims);
+      c.error_at(dims_at, "tensor '{}' has {} dimensions (1..{} allowed)", printable(t.name), n_dims, kMaxDims);
     t.n_dims = static_cast<int>(n_dims);
     for (uint32_t d = 0; d < n_dims; ++d) {
       uint64_t ne_at = c.pos();
       int64_t ne = c.read<int64_t>("tensor dimension");
-      if (ne <= 0) c.error_at(ne_at, "tensor '{}' dimension {} has size {} (must be positive)", t.name, d, ne);
+      if (ne <= 0)
+        c.error_at(ne_at, "tensor '{}' dimension {} has size {} (must be positive)", printable(t.name), d, ne);
       t.ne[d] = ne;
     }
     uint64_t type_at = c.pos();
     uint32_t raw_type = c.read<uint32_t>("tensor type");
     const quant::TypeInfo* info = quant::type_info(raw_type);
-    if (!info) c.error_at(type_at, "tensor '{}' has unknown or unsupported type {}", t.name, raw_type);
+    if (!info) c.error_at(type_at, "tensor '{}' has unknown or unsupported type {}", printable(t.name), raw_type);
     t.type = info->type;
     uint64_t offset_at = c.pos();
     t.offset = c.read<uint64_t>("tensor data offset");
 
     if (t.ne[0] % info->block_size != 0)
-      c.error_at(dims_at + 4, "tensor '{}' row of {} elements is not a multiple of the {} block size {}", t.name,
-                 t.ne[0], info->name, info->block_size);
+      c.error_at(dims_at + 4, "tensor '{}' row of {} elements is not a multiple of the {} block size {}",
+                 printable(t.name), t.ne[0], info->name, info->block_size);
     // Every product is checked: a wrapped element count or byte size would let a huge shape pass as a small
     // one and send kernels far past the mapping (the ne-product class of llama.cpp's GGUF CVEs). The element
     // count must fit int64 for n_elements(); the bytes must fit the file.
@@ -239,18 +277,18 @@ void GgufFile::parse_all() {
     overflow |= mul_overflows(static_cast<uint64_t>(t.ne[0] / info->block_size), info->type_size, &row_bytes);
     overflow |= mul_overflows(row_bytes, rows, &bytes);
     if (overflow)
-      c.error_at(dims_at, "tensor '{}' of shape {} has an element count or byte size that overflows", t.name,
+      c.error_at(dims_at, "tensor '{}' of shape {} has an element count or byte size that overflows", printable(t.name),
                  t.shape_string());
     if (bytes > bytes_.size())
-      c.error_at(dims_at, "tensor '{}' of shape {} ({} bytes of {}) is larger than the file", t.name,
+      c.error_at(dims_at, "tensor '{}' of shape {} ({} bytes of {}) is larger than the file", printable(t.name),
                  t.shape_string(), bytes, info->name);
     t.row_bytes = row_bytes;
     t.n_rows = static_cast<int64_t>(rows);
     t.nbytes = bytes;
     if (t.offset % alignment_ != 0)
-      c.error_at(offset_at, "tensor '{}' data offset {} is not aligned to {}", t.name, t.offset, alignment_);
+      c.error_at(offset_at, "tensor '{}' data offset {} is not aligned to {}", printable(t.name), t.offset, alignment_);
     if (!tensor_index_.emplace(t.name, tensors_.size()).second)
-      c.error_at(t_at, "duplicate tensor name '{}'", t.name);
+      c.error_at(t_at, "duplicate tensor name '{}'", printable(t.name));
     tensors_.push_back(std::move(t));
     offset_field_at.push_back(offset_at);
   }
@@ -271,8 +309,9 @@ void GgufFile::parse_all() {
   for (size_t i = 0; i < tensors_.size(); ++i) {
     TensorInfo& t = tensors_[i];
     if (t.offset > data_size || t.nbytes > data_size - t.offset)
-      c.error_at(offset_field_at[i], "tensor '{}' data [{}, +{}) runs past the end of the file (data section holds {} bytes)",
-                 t.name, t.offset, t.nbytes, data_size);
+      c.error_at(offset_field_at[i],
+                 "tensor '{}' data [{}, +{}) runs past the end of the file (data section holds {} bytes)",
+                 printable(t.name), t.offset, t.nbytes, data_size);
     t.data = bytes_.data() + data_offset_ + t.offset;
   }
 
@@ -282,8 +321,8 @@ void GgufFile::parse_all() {
   std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
   for (size_t i = 1; i < by_offset.size(); ++i)
     if (by_offset[i - 1]->offset + by_offset[i - 1]->nbytes > by_offset[i]->offset)
-      fail("{}: tensors '{}' and '{}' overlap (at byte offset {})", name_, by_offset[i - 1]->name, by_offset[i]->name,
-           data_offset_ + by_offset[i]->offset);
+      c.error_at(data_offset_ + by_offset[i]->offset, "tensors '{}' and '{}' overlap",
+                 printable(by_offset[i - 1]->name), printable(by_offset[i]->name));
 }
 
 const Value* GgufFile::find(std::string_view key) const {
@@ -300,7 +339,9 @@ std::optional<int64_t> GgufFile::get_int(std::string_view key) const {
   const Value* v = find(key);
   if (!v) return std::nullopt;
   auto i = v->as_int();
-  if (!i) fail("{}: metadata key {} should be an integer, got {} {}", name_, key, value_type_name(v->type()), v->to_display());
+  if (!i)
+    fail("{}: metadata key {} should be an integer, got {} {}", name_, key, value_type_name(v->type()),
+         v->to_display());
   return i;
 }
 
@@ -308,7 +349,8 @@ std::optional<double> GgufFile::get_float(std::string_view key) const {
   const Value* v = find(key);
   if (!v) return std::nullopt;
   auto f = v->as_float();
-  if (!f) fail("{}: metadata key {} should be a number, got {} {}", name_, key, value_type_name(v->type()), v->to_display());
+  if (!f)
+    fail("{}: metadata key {} should be a number, got {} {}", name_, key, value_type_name(v->type()), v->to_display());
   return f;
 }
 
@@ -316,7 +358,8 @@ std::optional<bool> GgufFile::get_bool(std::string_view key) const {
   const Value* v = find(key);
   if (!v) return std::nullopt;
   auto b = v->as_bool();
-  if (!b) fail("{}: metadata key {} should be a bool, got {} {}", name_, key, value_type_name(v->type()), v->to_display());
+  if (!b)
+    fail("{}: metadata key {} should be a bool, got {} {}", name_, key, value_type_name(v->type()), v->to_display());
   return b;
 }
 

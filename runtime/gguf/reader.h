@@ -26,9 +26,9 @@ struct TensorInfo {
   quant::GgmlType type = quant::GgmlType::F32;
   int n_dims = 0;
   std::array<int64_t, kMaxDims> ne{1, 1, 1, 1};  // ggml order: ne[0] is the contiguous row length
-  uint64_t offset = 0;                            // from the start of the data section
-  size_t row_bytes = 0;                           // bytes of one row of ne[0] elements
-  int64_t n_rows = 0;                             // ne[1] * ne[2] * ne[3]
+  uint64_t offset = 0;                           // from the start of the data section
+  size_t row_bytes = 0;                          // bytes of one row of ne[0] elements
+  int64_t n_rows = 0;                            // ne[1] * ne[2] * ne[3]
   size_t nbytes = 0;
   const uint8_t* data = nullptr;
 

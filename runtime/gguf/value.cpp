@@ -1,8 +1,8 @@
 #include "runtime/gguf/value.h"
 
-#include <cstring>
-
 #include <fmt/format.h>
+
+#include <cstring>
 
 namespace hetmoe::gguf {
 
@@ -18,37 +18,58 @@ T load(const uint8_t* p) {
 // Reads element i of a raw numeric array as a double; integer types go through as_int's rules elsewhere.
 double element_as_double(ValueType t, const uint8_t* p) {
   switch (t) {
-    case ValueType::kUint8: return load<uint8_t>(p);
-    case ValueType::kInt8: return load<int8_t>(p);
-    case ValueType::kUint16: return load<uint16_t>(p);
-    case ValueType::kInt16: return load<int16_t>(p);
-    case ValueType::kUint32: return load<uint32_t>(p);
-    case ValueType::kInt32: return load<int32_t>(p);
-    case ValueType::kFloat32: return load<float>(p);
-    case ValueType::kBool: return load<uint8_t>(p) != 0;
-    case ValueType::kUint64: return static_cast<double>(load<uint64_t>(p));
-    case ValueType::kInt64: return static_cast<double>(load<int64_t>(p));
-    case ValueType::kFloat64: return load<double>(p);
-    default: return 0;
+    case ValueType::kUint8:
+      return load<uint8_t>(p);
+    case ValueType::kInt8:
+      return load<int8_t>(p);
+    case ValueType::kUint16:
+      return load<uint16_t>(p);
+    case ValueType::kInt16:
+      return load<int16_t>(p);
+    case ValueType::kUint32:
+      return load<uint32_t>(p);
+    case ValueType::kInt32:
+      return load<int32_t>(p);
+    case ValueType::kFloat32:
+      return load<float>(p);
+    case ValueType::kBool:
+      return load<uint8_t>(p) != 0;
+    case ValueType::kUint64:
+      return static_cast<double>(load<uint64_t>(p));
+    case ValueType::kInt64:
+      return static_cast<double>(load<int64_t>(p));
+    case ValueType::kFloat64:
+      return load<double>(p);
+    default:
+      return 0;
   }
 }
 
 std::optional<int64_t> element_as_int(ValueType t, const uint8_t* p) {
   switch (t) {
-    case ValueType::kUint8: return load<uint8_t>(p);
-    case ValueType::kInt8: return load<int8_t>(p);
-    case ValueType::kUint16: return load<uint16_t>(p);
-    case ValueType::kInt16: return load<int16_t>(p);
-    case ValueType::kUint32: return load<uint32_t>(p);
-    case ValueType::kInt32: return load<int32_t>(p);
-    case ValueType::kBool: return load<uint8_t>(p) != 0;
-    case ValueType::kInt64: return load<int64_t>(p);
+    case ValueType::kUint8:
+      return load<uint8_t>(p);
+    case ValueType::kInt8:
+      return load<int8_t>(p);
+    case ValueType::kUint16:
+      return load<uint16_t>(p);
+    case ValueType::kInt16:
+      return load<int16_t>(p);
+    case ValueType::kUint32:
+      return load<uint32_t>(p);
+    case ValueType::kInt32:
+      return load<int32_t>(p);
+    case ValueType::kBool:
+      return load<uint8_t>(p) != 0;
+    case ValueType::kInt64:
+      return load<int64_t>(p);
     case ValueType::kUint64: {
       uint64_t v = load<uint64_t>(p);
       if (v > static_cast<uint64_t>(INT64_MAX)) return std::nullopt;
       return static_cast<int64_t>(v);
     }
-    default: return std::nullopt;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -56,19 +77,32 @@ std::optional<int64_t> element_as_int(ValueType t, const uint8_t* p) {
 
 const char* value_type_name(ValueType t) {
   switch (t) {
-    case ValueType::kUint8: return "u8";
-    case ValueType::kInt8: return "i8";
-    case ValueType::kUint16: return "u16";
-    case ValueType::kInt16: return "i16";
-    case ValueType::kUint32: return "u32";
-    case ValueType::kInt32: return "i32";
-    case ValueType::kFloat32: return "f32";
-    case ValueType::kBool: return "bool";
-    case ValueType::kString: return "string";
-    case ValueType::kArray: return "array";
-    case ValueType::kUint64: return "u64";
-    case ValueType::kInt64: return "i64";
-    case ValueType::kFloat64: return "f64";
+    case ValueType::kUint8:
+      return "u8";
+    case ValueType::kInt8:
+      return "i8";
+    case ValueType::kUint16:
+      return "u16";
+    case ValueType::kInt16:
+      return "i16";
+    case ValueType::kUint32:
+      return "u32";
+    case ValueType::kInt32:
+      return "i32";
+    case ValueType::kFloat32:
+      return "f32";
+    case ValueType::kBool:
+      return "bool";
+    case ValueType::kString:
+      return "string";
+    case ValueType::kArray:
+      return "array";
+    case ValueType::kUint64:
+      return "u64";
+    case ValueType::kInt64:
+      return "i64";
+    case ValueType::kFloat64:
+      return "f64";
   }
   return "?";
 }
@@ -77,11 +111,24 @@ bool is_valid_value_type(uint32_t raw) { return raw <= static_cast<uint32_t>(Val
 
 size_t value_type_size(ValueType t) {
   switch (t) {
-    case ValueType::kUint8: case ValueType::kInt8: case ValueType::kBool: return 1;
-    case ValueType::kUint16: case ValueType::kInt16: return 2;
-    case ValueType::kUint32: case ValueType::kInt32: case ValueType::kFloat32: return 4;
-    case ValueType::kUint64: case ValueType::kInt64: case ValueType::kFloat64: return 8;
-    case ValueType::kString: case ValueType::kArray: return 0;
+    case ValueType::kUint8:
+    case ValueType::kInt8:
+    case ValueType::kBool:
+      return 1;
+    case ValueType::kUint16:
+    case ValueType::kInt16:
+      return 2;
+    case ValueType::kUint32:
+    case ValueType::kInt32:
+    case ValueType::kFloat32:
+      return 4;
+    case ValueType::kUint64:
+    case ValueType::kInt64:
+    case ValueType::kFloat64:
+      return 8;
+    case ValueType::kString:
+    case ValueType::kArray:
+      return 0;
   }
   return 0;
 }
@@ -167,12 +214,16 @@ Value Value::nested_array(ValueType elem, std::vector<Value> items) {
 
 std::optional<int64_t> Value::as_int() const {
   switch (type_) {
-    case ValueType::kFloat32: case ValueType::kFloat64: case ValueType::kString: case ValueType::kArray:
+    case ValueType::kFloat32:
+    case ValueType::kFloat64:
+    case ValueType::kString:
+    case ValueType::kArray:
       return std::nullopt;
     case ValueType::kUint64:
       if (uint_ > static_cast<uint64_t>(INT64_MAX)) return std::nullopt;
       return int_;
-    default: return int_;
+    default:
+      return int_;
   }
 }
 
@@ -215,15 +266,22 @@ std::string Value::to_display() const {
   switch (type_) {
     case ValueType::kString: {
       std::string s = string_.size() > 60 ? string_.substr(0, 57) + "..." : string_;
+      // Control characters (newlines, terminal escapes) from an untrusted file would break a one-line display.
       for (char& c : s)
-        if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
       return fmt::format("\"{}\"", s);
     }
-    case ValueType::kArray: return fmt::format("<array of {} {}>", array_size(), value_type_name(elem_type_));
-    case ValueType::kFloat32: case ValueType::kFloat64: return fmt::format("{:g}", float_);
-    case ValueType::kBool: return int_ ? "true" : "false";
-    case ValueType::kUint64: return fmt::format("{}", uint_);
-    default: return fmt::format("{}", int_);
+    case ValueType::kArray:
+      return fmt::format("<array of {} {}>", array_size(), value_type_name(elem_type_));
+    case ValueType::kFloat32:
+    case ValueType::kFloat64:
+      return fmt::format("{:g}", float_);
+    case ValueType::kBool:
+      return int_ ? "true" : "false";
+    case ValueType::kUint64:
+      return fmt::format("{}", uint_);
+    default:
+      return fmt::format("{}", int_);
   }
 }
 

@@ -1,13 +1,13 @@
 #include "runtime/gguf/writer.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <set>
-
-#include <unistd.h>
 
 #include "runtime/error.h"
 #include "runtime/gguf/reader.h"
@@ -29,7 +29,9 @@ class Out {
     pos_ += n;
   }
   template <typename T>
-  void pod(T v) { bytes(&v, sizeof v); }
+  void pod(T v) {
+    bytes(&v, sizeof v);
+  }
   void string(const std::string& s) {
     pod<uint64_t>(s.size());
     bytes(s.data(), s.size());
@@ -53,18 +55,42 @@ class Out {
 
 void write_value(Out& out, const Value& v) {
   switch (v.type()) {
-    case ValueType::kUint8: out.pod<uint8_t>(static_cast<uint8_t>(*v.as_int())); break;
-    case ValueType::kInt8: out.pod<int8_t>(static_cast<int8_t>(*v.as_int())); break;
-    case ValueType::kUint16: out.pod<uint16_t>(static_cast<uint16_t>(*v.as_int())); break;
-    case ValueType::kInt16: out.pod<int16_t>(static_cast<int16_t>(*v.as_int())); break;
-    case ValueType::kUint32: out.pod<uint32_t>(static_cast<uint32_t>(*v.as_int())); break;
-    case ValueType::kInt32: out.pod<int32_t>(static_cast<int32_t>(*v.as_int())); break;
-    case ValueType::kFloat32: out.pod<float>(static_cast<float>(*v.as_float())); break;
-    case ValueType::kBool: out.pod<uint8_t>(*v.as_bool() ? 1 : 0); break;
-    case ValueType::kUint64: out.pod<uint64_t>(v.u64_value()); break;
-    case ValueType::kInt64: out.pod<int64_t>(*v.as_int()); break;
-    case ValueType::kFloat64: out.pod<double>(*v.as_float()); break;
-    case ValueType::kString: out.string(*v.as_string()); break;
+    case ValueType::kUint8:
+      out.pod<uint8_t>(static_cast<uint8_t>(*v.as_int()));
+      break;
+    case ValueType::kInt8:
+      out.pod<int8_t>(static_cast<int8_t>(*v.as_int()));
+      break;
+    case ValueType::kUint16:
+      out.pod<uint16_t>(static_cast<uint16_t>(*v.as_int()));
+      break;
+    case ValueType::kInt16:
+      out.pod<int16_t>(static_cast<int16_t>(*v.as_int()));
+      break;
+    case ValueType::kUint32:
+      out.pod<uint32_t>(static_cast<uint32_t>(*v.as_int()));
+      break;
+    case ValueType::kInt32:
+      out.pod<int32_t>(static_cast<int32_t>(*v.as_int()));
+      break;
+    case ValueType::kFloat32:
+      out.pod<float>(static_cast<float>(*v.as_float()));
+      break;
+    case ValueType::kBool:
+      out.pod<uint8_t>(*v.as_bool() ? 1 : 0);
+      break;
+    case ValueType::kUint64:
+      out.pod<uint64_t>(v.u64_value());
+      break;
+    case ValueType::kInt64:
+      out.pod<int64_t>(*v.as_int());
+      break;
+    case ValueType::kFloat64:
+      out.pod<double>(*v.as_float());
+      break;
+    case ValueType::kString:
+      out.string(*v.as_string());
+      break;
     case ValueType::kArray:
       out.pod<uint32_t>(static_cast<uint32_t>(v.elem_type()));
       out.pod<uint64_t>(v.array_size());
@@ -103,8 +129,7 @@ void GgufWriter::add_tensor(std::string name, quant::GgmlType type, std::vector<
   for (size_t d = 0; d < ne.size(); ++d)
     if (ne[d] <= 0) fail("tensor {}: dimension {} has size {} (must be positive)", name, d, ne[d]);
   size_t row = quant::row_bytes(type, ne[0]);
-  if (row == 0)
-    fail("tensor {}: row of {} elements does not fit type {}", name, ne[0], quant::type_info(type).name);
+  if (row == 0) fail("tensor {}: row of {} elements does not fit type {}", name, ne[0], quant::type_info(type).name);
   // The reader rejects shapes whose element count or byte size overflows; the writer must not produce them.
   uint64_t nbytes = row, elements = static_cast<uint64_t>(ne[0]);
   for (size_t d = 1; d < ne.size(); ++d) {

@@ -119,7 +119,8 @@ ModelConfig read_config(const gguf::GgufFile& f) {
       check_positive(f, "qk_nope", c.qk_nope, kMaxDim);
       check_positive(f, "v_head", c.v_head, kMaxDim);
       const int gating = static_cast<int>(k.opt_int("expert_gating_func", 1));
-      if (gating != 1 && gating != 2) fail("{}: expert_gating_func {} is not supported (1 softmax, 2 sigmoid)", f.path(), gating);
+      if (gating != 1 && gating != 2)
+        fail("{}: expert_gating_func {} is not supported (1 softmax, 2 sigmoid)", f.path(), gating);
       c.gating = static_cast<Gating>(gating);
       c.expert_weights_norm = k.opt_bool("expert_weights_norm", false);
       c.expert_weights_scale = static_cast<float>(k.opt_float("expert_weights_scale", 0.0));

@@ -34,9 +34,9 @@ struct ModelConfig {
   float kq_scale = 1.0f;  // softmax scale of attention
 
   // Feed-forward.
-  int64_t n_ff = 0;             // dense FFN width
-  int64_t n_ff_exp = 0;         // one routed expert's width
-  int64_t n_expert = 0;         // 0: dense model
+  int64_t n_ff = 0;      // dense FFN width
+  int64_t n_ff_exp = 0;  // one routed expert's width
+  int64_t n_expert = 0;  // 0: dense model
   int64_t n_expert_used = 0;
   int64_t n_expert_shared = 0;  // shared experts, fused into one FFN of width n_ff_exp * n_expert_shared
   int64_t n_leading_dense = 0;  // blocks < this one use the dense FFN

@@ -11,16 +11,16 @@ namespace {
 
 struct MlaLayer {
   bool q_lora = false;
-  cpu::WeightMatrix q;                // [H * (nope + rope), E] without q LoRA
-  cpu::WeightMatrix q_a;              // [q_lora, E]
-  const float* q_a_norm = nullptr;    // [q_lora]
-  cpu::WeightMatrix q_b;              // [H * (nope + rope), q_lora]
-  cpu::WeightMatrix kv_a;             // [kv_lora + rope, E]
-  const float* kv_a_norm = nullptr;   // [kv_lora]
-  cpu::WeightMatrix k_b;              // [H * kv_lora, nope]: per head, q_nope -> latent space
-  cpu::WeightMatrix v_b;              // [H * v_head, kv_lora]: per head, latent -> value
-  cpu::WeightMatrix kv_b;             // legacy [H * (nope + v_head), kv_lora]
-  cpu::WeightMatrix out;              // [E, H * v_head]
+  cpu::WeightMatrix q;               // [H * (nope + rope), E] without q LoRA
+  cpu::WeightMatrix q_a;             // [q_lora, E]
+  const float* q_a_norm = nullptr;   // [q_lora]
+  cpu::WeightMatrix q_b;             // [H * (nope + rope), q_lora]
+  cpu::WeightMatrix kv_a;            // [kv_lora + rope, E]
+  const float* kv_a_norm = nullptr;  // [kv_lora]
+  cpu::WeightMatrix k_b;             // [H * kv_lora, nope]: per head, q_nope -> latent space
+  cpu::WeightMatrix v_b;             // [H * v_head, kv_lora]: per head, latent -> value
+  cpu::WeightMatrix kv_b;            // legacy [H * (nope + v_head), kv_lora]
+  cpu::WeightMatrix out;             // [E, H * v_head]
 };
 
 class Deepseek2 final : public Model {
@@ -128,10 +128,18 @@ class Deepseek2 final : public Model {
     }
 
     std::vector<float> lat(n * H * kvl);
-    cpu::AttentionShape shape{.n_head = static_cast<int>(H), .n_head_kv = 1, .head_dim_k = static_cast<int>(width),
-                              .head_dim_v = static_cast<int>(kvl), .scale = c.kq_scale};
-    cpu::AttentionInput in{.q = q_lat.data(), .q_token_stride = H * width, .q_head_stride = width,
-                           .k = cache.k(layer, 0), .k_stride = width, .v = cache.k(layer, 0), .v_stride = width};
+    cpu::AttentionShape shape{.n_head = static_cast<int>(H),
+                              .n_head_kv = 1,
+                              .head_dim_k = static_cast<int>(width),
+                              .head_dim_v = static_cast<int>(kvl),
+                              .scale = c.kq_scale};
+    cpu::AttentionInput in{.q = q_lat.data(),
+                           .q_token_stride = H * width,
+                           .q_head_stride = width,
+                           .k = cache.k(layer, 0),
+                           .k_stride = width,
+                           .v = cache.k(layer, 0),
+                           .v_stride = width};
     cpu::causal_attention(shape, in, n, pos0, lat.data(), pool());
 
     std::vector<float> heads(n * H * vh);
@@ -162,11 +170,18 @@ class Deepseek2 final : public Model {
       }
     }
     std::vector<float> heads(n * H * vh);
-    cpu::AttentionShape shape{.n_head = static_cast<int>(H), .n_head_kv = static_cast<int>(H),
-                              .head_dim_k = static_cast<int>(qk), .head_dim_v = static_cast<int>(vh),
+    cpu::AttentionShape shape{.n_head = static_cast<int>(H),
+                              .n_head_kv = static_cast<int>(H),
+                              .head_dim_k = static_cast<int>(qk),
+                              .head_dim_v = static_cast<int>(vh),
                               .scale = c.kq_scale};
-    cpu::AttentionInput in{.q = q.data(), .q_token_stride = H * qk, .q_head_stride = qk, .k = cache.k(layer, 0),
-                           .k_stride = H * qk, .v = cache.v(layer, 0), .v_stride = H * vh};
+    cpu::AttentionInput in{.q = q.data(),
+                           .q_token_stride = H * qk,
+                           .q_head_stride = qk,
+                           .k = cache.k(layer, 0),
+                           .k_stride = H * qk,
+                           .v = cache.v(layer, 0),
+                           .v_stride = H * vh};
     cpu::causal_attention(shape, in, n, pos0, heads.data(), pool());
     matmul(L.out, heads.data(), n, out, c.n_embd);
   }

@@ -8,11 +8,11 @@ namespace hetmoe::model {
 namespace {
 
 struct GqaLayer {
-  cpu::WeightMatrix q;               // [H * D, E]
-  cpu::WeightMatrix k, v;            // [KV * D, E]
-  cpu::WeightMatrix out;             // [E, H * Dv]
-  const float* q_norm = nullptr;     // [D], qk_norm only
-  const float* k_norm = nullptr;     // [D]
+  cpu::WeightMatrix q;            // [H * D, E]
+  cpu::WeightMatrix k, v;         // [KV * D, E]
+  cpu::WeightMatrix out;          // [E, H * Dv]
+  const float* q_norm = nullptr;  // [D], qk_norm only
+  const float* k_norm = nullptr;  // [D]
 };
 
 class GqaModel final : public Model {
@@ -65,11 +65,18 @@ class GqaModel final : public Model {
       std::copy_n(&v[t * KV * Dv], KV * Dv, cache.v(layer, pos0 + t));
     }
     std::vector<float> heads(n * H * Dv);
-    cpu::AttentionShape shape{.n_head = static_cast<int>(H), .n_head_kv = static_cast<int>(KV),
-                              .head_dim_k = static_cast<int>(D), .head_dim_v = static_cast<int>(Dv),
+    cpu::AttentionShape shape{.n_head = static_cast<int>(H),
+                              .n_head_kv = static_cast<int>(KV),
+                              .head_dim_k = static_cast<int>(D),
+                              .head_dim_v = static_cast<int>(Dv),
                               .scale = c.kq_scale};
-    cpu::AttentionInput in{.q = q.data(), .q_token_stride = H * D, .q_head_stride = D, .k = cache.k(layer, 0),
-                           .k_stride = KV * D, .v = cache.v(layer, 0), .v_stride = KV * Dv};
+    cpu::AttentionInput in{.q = q.data(),
+                           .q_token_stride = H * D,
+                           .q_head_stride = D,
+                           .k = cache.k(layer, 0),
+                           .k_stride = KV * D,
+                           .v = cache.v(layer, 0),
+                           .v_stride = KV * Dv};
     cpu::causal_attention(shape, in, n, pos0, heads.data(), pool());
     matmul(L.out, heads.data(), n, out, c.n_embd);
   }

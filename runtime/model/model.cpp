@@ -22,9 +22,12 @@ std::unique_ptr<Model> Model::load(const std::string& path, int n_threads) {
   auto file = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(path));
   ModelConfig config = read_config(*file);
   switch (config.arch) {
-    case Arch::kDeepseek2: return make_deepseek2(std::move(file), std::move(config), n_threads);
-    case Arch::kQwen3Moe: return make_qwen3moe(std::move(file), std::move(config), n_threads);
-    case Arch::kLlama: return make_llama(std::move(file), std::move(config), n_threads);
+    case Arch::kDeepseek2:
+      return make_deepseek2(std::move(file), std::move(config), n_threads);
+    case Arch::kQwen3Moe:
+      return make_qwen3moe(std::move(file), std::move(config), n_threads);
+    case Arch::kLlama:
+      return make_llama(std::move(file), std::move(config), n_threads);
   }
   fail("{}: unsupported architecture", path);
 }

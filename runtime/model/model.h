@@ -22,7 +22,7 @@ namespace hetmoe::model {
 
 // The FFN of one layer: a dense SwiGLU, or routed experts with optional shared experts.
 struct FfnWeights {
-  const float* norm = nullptr;  // [n_embd]
+  const float* norm = nullptr;       // [n_embd]
   cpu::WeightMatrix gate, up, down;  // dense: [n_ff, n_embd], [n_ff, n_embd], [n_embd, n_ff]
   MoeWeights moe;                    // used when moe.n_expert > 0
 };

@@ -16,9 +16,9 @@ struct RoutingParams {
   int64_t n_expert = 0;
   int64_t n_used = 0;
   Gating gating = Gating::kSoftmax;
-  bool norm = false;         // divide the selected weights by their sum
-  float scale = 0.0f;        // multiply them by this unless 0 or 1
-  int64_t n_group = 1;       // group-limited routing when > 1
+  bool norm = false;    // divide the selected weights by their sum
+  float scale = 0.0f;   // multiply them by this unless 0 or 1
+  int64_t n_group = 1;  // group-limited routing when > 1
   int64_t n_group_used = 1;
 };
 
@@ -37,10 +37,10 @@ void route(const RoutingParams& p, float* logits, const float* bias, int64_t n, 
 struct MoeWeights {
   int64_t n_expert = 0;
   int64_t n_ff_exp = 0;
-  cpu::WeightMatrix gate_inp;           // [n_expert, n_embd]
-  const float* probs_bias = nullptr;    // [n_expert] (exp_probs_b), optional
-  cpu::WeightMatrix gate_exps, up_exps; // [n_expert * n_ff_exp, n_embd]
-  cpu::WeightMatrix down_exps;          // [n_expert * n_embd, n_ff_exp]
+  cpu::WeightMatrix gate_inp;            // [n_expert, n_embd]
+  const float* probs_bias = nullptr;     // [n_expert] (exp_probs_b), optional
+  cpu::WeightMatrix gate_exps, up_exps;  // [n_expert * n_ff_exp, n_embd]
+  cpu::WeightMatrix down_exps;           // [n_expert * n_embd, n_ff_exp]
   bool has_shared = false;
   cpu::WeightMatrix gate_shexp, up_shexp;  // [n_ff_shared, n_embd]
   cpu::WeightMatrix down_shexp;            // [n_embd, n_ff_shared]

@@ -35,8 +35,8 @@ std::string read_all(const fs::path& p) {
 class Cli : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("hetmoe_cli_" + std::to_string(::getpid()) + "_" + testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() / ("hetmoe_cli_" + std::to_string(::getpid()) + "_" +
+                                        testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -168,7 +168,8 @@ TEST_F(Cli, FailedCommandsLeaveExistingFilesAlone) {
   EXPECT_EQ(read_all(out), "precious");
   expect_error(hetmoe("make-model --preset tiny-deepseek-v3 --layers 100000 -o " + out.string()), "layers");
   EXPECT_EQ(read_all(out), "precious");
-  EXPECT_EQ(hetmoe("logits -m " + kModel.string() + " --tokens 3 --out " + (dir_ / "no/such/dir/x").string()).status, 1);
+  EXPECT_EQ(hetmoe("logits -m " + kModel.string() + " --tokens 3 --out " + (dir_ / "no/such/dir/x").string()).status,
+            1);
 }
 
 TEST_F(Cli, LogitsWritesOneRowPerToken) {

@@ -1,5 +1,6 @@
 // End-to-end agreement with llama.cpp v0.5.0 on the tiny reference models (README of ../shared/ref, section 8.2):
 // per-layer hidden states, routing, logits and greedy continuations, with the tolerance of each weight class.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,10 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "cpu_kernels/kernel_table.h"
 #include "runtime/model/model.h"
@@ -21,8 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const std::vector<int32_t> kPrompt = {3, 17, 42, 100, 7, 255, 256, 300, 11, 64, 128, 5,
-                                      400, 77, 19, 450, 23, 99, 1, 2, 310, 222, 8, 511};
+const std::vector<int32_t> kPrompt = {3,   17, 42, 100, 7,  255, 256, 300, 11,  64,  128, 5,
+                                      400, 77, 19, 450, 23, 99,  1,   2,   310, 222, 8,   511};
 
 // Where a reference file lies: the suite's own copy in tests/data, else ../shared/ref.
 std::optional<fs::path> find_ref(const std::string& sub, const std::string& name) {
@@ -34,13 +33,13 @@ std::optional<fs::path> find_ref(const std::string& sub, const std::string& name
 }
 
 struct Tolerance {
-  double l_out_first;      // rel L2 per token, first layer
-  double l_out_later;      // later layers
-  double probs;            // max abs diff of router probabilities and weights
-  double topk_margin;      // sets must agree where the reference selection margin is at least this
+  double l_out_first;  // rel L2 per token, first layer
+  double l_out_later;  // later layers
+  double probs;        // max abs diff of router probabilities and weights
+  double topk_margin;  // sets must agree where the reference selection margin is at least this
   double logits_rel;
-  double logits_abs;       // < 0: not checked
-  double top1_margin;      // top-1 and greedy tokens must agree where the reference margin is at least this
+  double logits_abs;   // < 0: not checked
+  double top1_margin;  // top-1 and greedy tokens must agree where the reference margin is at least this
 };
 
 constexpr Tolerance kF32{1e-4, 1e-4, 1e-5, 0.0, 1e-4, 1e-3, 0.0};
@@ -112,9 +111,8 @@ double selection_margin(const model::ModelConfig& c, const json& probs, const fl
   for (int64_t e = 0; e < ne; ++e)
     if (eligible[e]) v.push_back(s[e]);
   std::sort(v.rbegin(), v.rend());
-  const double expert_margin = static_cast<int64_t>(v.size()) > c.n_expert_used
-                                   ? v[c.n_expert_used - 1] - v[c.n_expert_used]
-                                   : INFINITY;
+  const double expert_margin =
+      static_cast<int64_t>(v.size()) > c.n_expert_used ? v[c.n_expert_used - 1] - v[c.n_expert_used] : INFINITY;
   return std::min(group_margin, expert_margin);
 }
 
@@ -171,15 +169,16 @@ TEST_P(Conformance, AgreesWithLlamaCpp) {
         if (mine == theirs) {
           ++sets_equal;
           // Compare the final mixing weights by expert id.
-          const char* last = layer.contains("ffn_moe_weights_scaled")  ? "ffn_moe_weights_scaled"
+          const char* last = layer.contains("ffn_moe_weights_scaled") ? "ffn_moe_weights_scaled"
                              : layer.contains("ffn_moe_weights_norm") ? "ffn_moe_weights_norm"
                                                                       : "ffn_moe_weights";
           const auto* w = rec.values(l, last);
           ASSERT_NE(w, nullptr) << last;
           for (int64_t i = 0; i < c.n_expert_used; ++i) {
             const int32_t id = layer["ffn_moe_topk"][t][i].get<int32_t>();
-            const int64_t j = std::find(topk->begin() + t * c.n_expert_used, topk->begin() + (t + 1) * c.n_expert_used,
-                                        id) - (topk->begin() + t * c.n_expert_used);
+            const int64_t j =
+                std::find(topk->begin() + t * c.n_expert_used, topk->begin() + (t + 1) * c.n_expert_used, id) -
+                (topk->begin() + t * c.n_expert_used);
             const double scale = std::string(last) == "ffn_moe_weights_scaled" ? c.expert_weights_scale : 1.0;
             EXPECT_LE(std::abs((*w)[t * c.n_expert_used + j] - layer[last][t][i].get<double>()), tc.tol.probs * scale)
                 << last << " layer " << l << " token " << t;
@@ -239,7 +238,8 @@ TEST_P(Conformance, AgreesWithLlamaCpp) {
     const bool binding = margin >= tc.tol.top1_margin;
     greedy_checked += binding;
     if (mine != theirs) {
-      if (binding) ADD_FAILURE() << "greedy step " << s << ": " << mine << " vs " << theirs << " (margin " << margin << ")";
+      if (binding)
+        ADD_FAILURE() << "greedy step " << s << ": " << mine << " vs " << theirs << " (margin " << margin << ")";
       break;
     }
     ++greedy_equal;
@@ -252,7 +252,8 @@ TEST_P(Conformance, AgreesWithLlamaCpp) {
 
   std::cout << fmt::format(
                    "[ summary  ] {} (isa {}): logits rel {:.2e} abs {:.2e}; worst l_out rel {:.2e}; router probs "
-                   "{:.2e}; expert sets equal {}/{}; top-1 {}/{} checked; greedy {} equal in a row ({} steps above the margin)\n",
+                   "{:.2e}; expert sets equal {}/{}; top-1 {}/{} checked; greedy {} equal in a row ({} steps above the "
+                   "margin)\n",
                    tc.expected, cpu::isa_name(cpu::kernels().isa), worst_rel, worst_abs, worst_l_out, worst_probs,
                    sets_equal, sets_total, top1_equal, top1_checked, greedy_equal, greedy_checked)
             << std::flush;

@@ -34,7 +34,8 @@ TEST_P(Memory, LoadDoesNotCopyWeights) {
       path = root / "models" / GetParam();
       break;
     }
-  if (path.empty()) GTEST_SKIP() << "skipped: " << GetParam() << " is neither in tests/data nor in " << HETMOE_SHARED_REF;
+  if (path.empty())
+    GTEST_SKIP() << "skipped: " << GetParam() << " is neither in tests/data nor in " << HETMOE_SHARED_REF;
   const int64_t before = rss_anon();
   ASSERT_GT(before, 0) << "no RssAnon in /proc/self/status";
   auto model = model::Model::load(path.string(), 1);
@@ -42,8 +43,8 @@ TEST_P(Memory, LoadDoesNotCopyWeights) {
   const int64_t grown = rss_anon() - before;
   const double file_size = static_cast<double>(fs::file_size(path));
   const double budget = 0.05 * file_size + static_cast<double>(cache.bytes());
-  std::cout << "[ memory   ] " << GetParam() << ": file " << file_size / 1e6 << " MB, anonymous growth "
-            << grown / 1e3 << " kB, KV cache " << cache.bytes() / 1e3 << " kB, budget " << budget / 1e3 << " kB\n";
+  std::cout << "[ memory   ] " << GetParam() << ": file " << file_size / 1e6 << " MB, anonymous growth " << grown / 1e3
+            << " kB, KV cache " << cache.bytes() / 1e3 << " kB, budget " << budget / 1e3 << " kB\n";
   EXPECT_LT(static_cast<double>(grown), budget);
 }
 

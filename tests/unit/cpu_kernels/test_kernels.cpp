@@ -35,8 +35,8 @@ std::vector<Isa> tiers_present() {
   return tiers;
 }
 
-const GgmlType kWeightTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,  GgmlType::Q4_1,
-                                 GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K,  GgmlType::Q3_K,
+const GgmlType kWeightTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,   GgmlType::Q4_1,
+                                 GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K,   GgmlType::Q3_K,
                                  GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
 
 struct Prepared {
@@ -134,9 +134,11 @@ TEST(ThreadPool, CoversEveryIndexOnceAndRethrows) {
       });
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "threads " << threads << " n " << n;
     }
-    EXPECT_THROW(pool.parallel_for(100, 1, [](int64_t b, int64_t) {
-      if (b == 0) throw std::runtime_error("boom");
-    }), std::runtime_error);
+    EXPECT_THROW(pool.parallel_for(100, 1,
+                                   [](int64_t b, int64_t) {
+                                     if (b == 0) throw std::runtime_error("boom");
+                                   }),
+                 std::runtime_error);
     // The pool stays usable after an exception.
     std::atomic<int64_t> sum = 0;
     pool.parallel_for(10, 1, [&](int64_t b, int64_t e) {
@@ -187,8 +189,12 @@ TEST(Ops, RopeRotatesPairsByPositionTimesFrequency) {
 TEST(Ops, YarnKeepsMagnitudeAndInterpolatesLowFrequencies) {
   // DeepSeek's YaRN: factor 40, original context 4096, 32 dims. High-frequency pairs rotate as without scaling,
   // the lowest-frequency pairs rotate 40 times slower; the attn_factor keeps |cos, sin| at 1.
-  RopeParams p{.n_dims = 32, .freq_base = 10000.0f, .freq_scale = 1.0f / 40, .ext_factor = 1.0f,
-               .attn_factor = 1.0f / (1.0f + 0.1f * std::log(40.0f)), .n_ctx_orig = 4096};
+  RopeParams p{.n_dims = 32,
+               .freq_base = 10000.0f,
+               .freq_scale = 1.0f / 40,
+               .ext_factor = 1.0f,
+               .attn_factor = 1.0f / (1.0f + 0.1f * std::log(40.0f)),
+               .n_ctx_orig = 4096};
   std::vector<float> cache(32);
   const int64_t pos = 3;
   rope_cache(p, pos, cache.data());

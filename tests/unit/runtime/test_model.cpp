@@ -41,7 +41,8 @@ const fs::path& temp_dir() {
 const fs::path& tiny_f32() {
   static const fs::path path = [] {
     fs::path p = temp_dir() / "tiny-f32.gguf";
-    make_model(MakeModelOptions{.preset = "tiny-deepseek-v3", .out_path = p.string(), .type = "F32", .seed = 7}, nullptr);
+    make_model(MakeModelOptions{.preset = "tiny-deepseek-v3", .out_path = p.string(), .type = "F32", .seed = 7},
+               nullptr);
     return p;
   }();
   return path;
@@ -183,7 +184,8 @@ fs::path make_legacy(const fs::path& src_path) {
     }
     const std::string layer = t.name.substr(0, t.name.find(".attn_k_b"));
     const float* kb = reinterpret_cast<const float*>(t.data);  // [H][kvl][nope]
-    const float* vb = reinterpret_cast<const float*>(src.find_tensor(layer + ".attn_v_b.weight")->data);  // [H][vh][kvl]
+    const float* vb =
+        reinterpret_cast<const float*>(src.find_tensor(layer + ".attn_v_b.weight")->data);  // [H][vh][kvl]
     std::vector<float> kvb(H * (nope + vh) * kvl);
     for (int64_t h = 0; h < H; ++h) {
       for (int64_t d = 0; d < nope; ++d)

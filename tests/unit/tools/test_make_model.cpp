@@ -1,3 +1,6 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -6,15 +9,11 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <unordered_set>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <unistd.h>
-
-#include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
 #include "runtime/gguf/reader.h"
@@ -33,7 +32,7 @@ using quant::GgmlType;
 const json* manifest() {
   static const json m = [] {
     for (const std::string& path : {std::string(HETMOE_TEST_DATA_DIR) + "/manifest.json",
-                                   std::string(HETMOE_SHARED_REF) + "/models/manifest.json"}) {
+                                    std::string(HETMOE_SHARED_REF) + "/models/manifest.json"}) {
       std::ifstream in(path);
       if (in) return json::parse(in);
     }
@@ -50,10 +49,9 @@ const json* reference(const std::string& file) {
   return nullptr;
 }
 
-#define REQUIRE_REFERENCE(var, file)                                                                   \
-  const json* var = reference(file);                                                                   \
-  if (!var) GTEST_SKIP() << "no manifest.json (neither tests/data nor the shared reference folder) with " \
-                         << (file)
+#define REQUIRE_REFERENCE(var, file) \
+  const json* var = reference(file); \
+  if (!var) GTEST_SKIP() << "no manifest.json (neither tests/data nor the shared reference folder) with " << (file)
 
 class TempDir {
  public:
@@ -244,9 +242,19 @@ void expect_consistent_vocab(const BpeVocab& v, int64_t n_vocab) {
   ASSERT_EQ(v.token_types.size(), v.tokens.size());
   std::unordered_set<std::string> set(v.tokens.begin(), v.tokens.end());
   EXPECT_EQ(set.size(), v.tokens.size()) << "duplicate token strings";
-  EXPECT_EQ(v.tokens[0], "<\xEF\xBD\x9C" "begin\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>");
-  EXPECT_EQ(v.tokens[1], "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>");
-  EXPECT_EQ(v.tokens[2], "<\xEF\xBD\x9C\xE2\x96\x81" "pad\xE2\x96\x81\xEF\xBD\x9C>");
+  EXPECT_EQ(v.tokens[0],
+            "<\xEF\xBD\x9C"
+            "begin\xE2\x96\x81"
+            "of\xE2\x96\x81"
+            "sentence\xEF\xBD\x9C>");
+  EXPECT_EQ(v.tokens[1],
+            "<\xEF\xBD\x9C"
+            "end\xE2\x96\x81"
+            "of\xE2\x96\x81"
+            "sentence\xEF\xBD\x9C>");
+  EXPECT_EQ(v.tokens[2],
+            "<\xEF\xBD\x9C\xE2\x96\x81"
+            "pad\xE2\x96\x81\xEF\xBD\x9C>");
   for (int i = 0; i < 3; ++i) EXPECT_EQ(v.token_types[static_cast<size_t>(i)], 3);
   for (size_t i = 3; i < v.tokens.size(); ++i) ASSERT_EQ(v.token_types[i], 1) << i;
   for (int b = 0; b < 256; ++b)
@@ -325,7 +333,7 @@ TEST(FileTypes, RulesReproduceTheReferenceFiles) {
 }
 
 TEST(FileTypes, FallbacksAndOutputRule) {
-  const std::vector<int64_t> k_b{128, 512, 16};  // attn_k_b of the real models: rows of 128
+  const std::vector<int64_t> k_b{128, 512, 16};     // attn_k_b of the real models: rows of 128
   const std::vector<int64_t> exps{1408, 2048, 64};  // V2-Lite ffn_down_exps
   auto type_of = [](const char* ft, const char* name, const std::vector<int64_t>& ne) {
     return tensor_type_for(*find_file_type(ft), {.name = name, .ne = ne, .n_layer = 27, .n_expert = 64});
