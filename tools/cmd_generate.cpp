@@ -5,31 +5,19 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <random>
+#include <optional>
 #include <thread>
 
+#include "runtime/engine/generate.h"
+#include "runtime/engine/sampler.h"
+#include "runtime/engine/session.h"
 #include "runtime/error.h"
 #include "runtime/model/model.h"
+#include "runtime/text/tokenizer.h"
 #include "tools/commands.h"
 
 namespace hetmoe::cli {
 namespace {
-
-int32_t argmax(const float* v, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (v[i] > v[best]) best = i;  // ties keep the lower id
-  return static_cast<int32_t>(best);
-}
-
-int32_t sample(const float* logits, int64_t n, float temperature, std::mt19937_64& rng) {
-  if (temperature <= 0) return argmax(logits, n);
-  std::vector<double> p(n);
-  const float max = *std::max_element(logits, logits + n);
-  for (int64_t i = 0; i < n; ++i) p[i] = std::exp((logits[i] - max) / temperature);
-  std::discrete_distribution<int32_t> dist(p.begin(), p.end());
-  return dist(rng);
-}
 
 // Writes all of `bytes` or fails; the file is replaced only when everything was written.
 void write_file(const std::string& path, const void* data, size_t size) {
@@ -87,42 +75,50 @@ int logits(const LogitsOptions& opt) {
 int run(const RunOptions& opt) {
   auto model = model::Model::load(opt.model, resolve_threads(opt.threads));
   const model::ModelConfig& c = model->config();
-  const int64_t n_prompt = static_cast<int64_t>(opt.tokens.size());
   if (opt.n_predict < 0) fail("-n must not be negative");
-  const int64_t ctx = opt.ctx_size > 0 ? opt.ctx_size : std::min<int64_t>(n_prompt + opt.n_predict, c.n_ctx_train);
-  model::KvCache cache = model->make_cache(ctx);
-  std::mt19937_64 rng(opt.seed);
 
-  using Clock = std::chrono::steady_clock;
-  std::vector<float> logits;
-  const auto t0 = Clock::now();
-  model->forward(opt.tokens, 0, cache, /*all_logits=*/false, logits);
-  const auto t1 = Clock::now();
-  int64_t pos = n_prompt;
-  std::vector<int32_t> generated;
-  for (int i = 0; i < opt.n_predict; ++i) {
-    const int32_t next = sample(logits.data(), c.n_vocab, opt.temperature, rng);
-    generated.push_back(next);
-    fmt::print("{}{}", i ? " " : "", next);
-    std::fflush(stdout);
-    if (i + 1 == opt.n_predict) break;  // the last token is not evaluated
-    if (pos >= cache.n_ctx()) {
-      fmt::print("\n");
-      std::fflush(stdout);
-      fail("context full after {} tokens (context size {}); use a larger --ctx-size", pos, cache.n_ctx());
-    }
-    const int32_t one[1] = {next};
-    model->forward(one, pos++, cache, false, logits);
+  // A text prompt needs the tokenizer; ids need none (a file without one still runs with --tokens).
+  std::unique_ptr<text::Tokenizer> tokenizer;
+  std::vector<int32_t> prompt = opt.tokens;
+  if (!opt.prompt.empty() || prompt.empty()) {
+    if (const auto bad = text::find_invalid_utf8(opt.prompt)) fail("the prompt is not valid UTF-8 (byte {})", *bad);
+    tokenizer = text::Tokenizer::from_gguf(model->file());
+    prompt = tokenizer->encode(opt.prompt, /*add_special=*/true, /*parse_special=*/false);
+    if (prompt.empty()) fail("the prompt is empty");
   }
-  const auto t2 = Clock::now();
+  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+  const int64_t ctx = opt.ctx_size > 0 ? opt.ctx_size : std::min<int64_t>(n_prompt + opt.n_predict, c.n_ctx_train);
+  if (n_prompt > ctx) fail("context full: the prompt has {} tokens, more than the context size {}", n_prompt, ctx);
+  engine::Session session(*model, ctx);
+  engine::Sampler sampler(opt.sampling);
+
+  const std::span<const float> logits = session.eval(prompt);
+  const bool text_out = tokenizer && !opt.print_ids;
+  std::optional<text::StreamDecoder> decoder;
+  if (text_out) decoder.emplace(*tokenizer);
+  int count = 0;
+  engine::GenerateOptions gen{.max_tokens = opt.n_predict, .stop_at_end_of_generation = tokenizer && !opt.ignore_eos};
+  const engine::GenerateResult result =
+      engine::generate(session, logits, sampler, tokenizer.get(), gen, [&](int32_t token) {
+        if (text_out) {
+          if (!tokenizer->is_end_of_generation(token)) fmt::print("{}", decoder->push(token));
+        } else {
+          fmt::print("{}{}", count ? " " : "", token);
+        }
+        ++count;
+        std::fflush(stdout);
+        return true;
+      });
+  if (text_out) fmt::print("{}", decoder->flush());
   fmt::print("\n");
   std::fflush(stdout);
+  if (result.stop == engine::StopReason::kContextFull)
+    fail("context full after {} tokens (context size {}); use a larger --ctx-size", session.n_past(), session.n_ctx());
   if (!opt.print_ids) {
-    const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
-    const double decode_s = std::chrono::duration<double>(t2 - t1).count();
-    fmt::print(stderr, "prompt {} tokens in {:.3f} s ({:.1f} tok/s), generated {} tokens in {:.3f} s ({:.1f} tok/s)\n",
-               n_prompt, prefill_s, n_prompt / std::max(prefill_s, 1e-9), generated.size(), decode_s,
-               std::max<double>(0, static_cast<double>(generated.size()) - 1) / std::max(decode_s, 1e-9));
+    const engine::Session::Counters& k = session.counters();
+    fmt::print(stderr, "prompt {} tokens, {:.1f} tok/s; generated {} tokens, {:.1f} tok/s\n", k.prefill_tokens,
+               k.prefill_tokens / std::max(k.prefill_seconds, 1e-9), result.tokens.size(),
+               k.decode_tokens / std::max(k.decode_seconds, 1e-9));
   }
   return 0;
 }

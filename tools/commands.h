@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/engine/sampler.h"
+
 namespace hetmoe::cli {
 
 struct InspectOptions {
@@ -20,18 +22,40 @@ struct LogitsOptions {
 
 struct RunOptions {
   std::string model;
-  std::vector<int32_t> tokens;
-  int n_predict = 16;
-  float temperature = 0.0f;
-  uint64_t seed = 0;
-  int64_t ctx_size = 0;  // 0: prompt + n_predict, at most the training context
+  std::vector<int32_t> tokens;  // either these ids...
+  std::string prompt;           // ...or this text, tokenized with the model's tokenizer
+  int n_predict = 128;
+  engine::SamplingParams sampling;
+  bool ignore_eos = false;  // with a text prompt: keep going past the end-of-generation token
+  int64_t ctx_size = 0;     // 0: prompt + n_predict, at most the training context
   bool print_ids = false;
   int threads = 0;
+};
+
+struct ChatOptions {
+  std::string model;
+  std::string system;
+  std::string chat_template;  // empty: detect from the file
+  engine::SamplingParams sampling;
+  int64_t max_tokens = -1;  // per reply; < 0: until the end token or the context
+  int64_t ctx_size = 0;     // 0: min(4096, training context)
+  bool hide_think = false;  // R1/Qwen3 reasoning: hidden instead of dimmed
+  bool enable_thinking = true;
+  int threads = 0;
+};
+
+struct TokenizeOptions {
+  std::string model;
+  std::string file;
+  bool no_bos = false;
 };
 
 int inspect(const InspectOptions& opt);
 int logits(const LogitsOptions& opt);
 int run(const RunOptions& opt);
+int chat(const ChatOptions& opt);
+// Prints the token ids of a file's exact bytes on one line.
+int tokenize(const TokenizeOptions& opt);
 
 // Thread count for 0 = "all cores".
 int resolve_threads(int requested);

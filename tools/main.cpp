@@ -18,6 +18,18 @@ void add_threads(CLI::App* cmd, int* threads) {
   cmd->add_option("-t,--threads", *threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
 }
 
+void add_sampling(CLI::App* cmd, engine::SamplingParams* p) {
+  cmd->add_option("--temp", p->temperature, "temperature (0: greedy)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-k", p->top_k, "keep the k most likely tokens (0: off)");
+  cmd->add_option("--top-p", p->top_p, "keep the smallest set with this probability mass (1: off)");
+  cmd->add_option("--min-p", p->min_p, "drop tokens below this fraction of the best one's probability (0: off)");
+  cmd->add_option("--repeat-penalty", p->repeat_penalty, "penalise repeated tokens (1: off)");
+  cmd->add_option("--presence-penalty", p->presence_penalty, "subtract for tokens already present (0: off)");
+  cmd->add_option("--frequency-penalty", p->frequency_penalty, "subtract per occurrence (0: off)");
+  cmd->add_option("--repeat-last-n", p->penalty_last_n, "tokens the penalties look back on (-1: all)");
+  cmd->add_option("--seed", p->seed, "sampling seed");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -42,15 +54,38 @@ int main(int argc, char** argv) {
 
   cli::RunOptions run;
   std::string run_tokens;
-  CLI::App* c_run = app.add_subcommand("run", "generate a continuation of token ids through the KV cache");
+  CLI::App* c_run = app.add_subcommand("run", "generate a continuation of a prompt (text or token ids)");
   c_run->add_option("-m,--model", run.model, "GGUF file")->required();
-  c_run->add_option("--tokens", run_tokens, "prompt token ids, e.g. 3,17,42")->required();
+  CLI::Option* o_prompt = c_run->add_option("-p,--prompt", run.prompt, "prompt text");
+  CLI::Option* o_tokens = c_run->add_option("--tokens", run_tokens, "prompt token ids, e.g. 3,17,42");
+  o_prompt->excludes(o_tokens);
   c_run->add_option("-n,--n-predict", run.n_predict, "tokens to generate")->check(CLI::NonNegativeNumber);
-  c_run->add_option("--temp", run.temperature, "sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
-  c_run->add_option("--seed", run.seed, "sampling seed");
+  add_sampling(c_run, &run.sampling);
+  c_run->add_flag("--ignore-eos", run.ignore_eos, "do not stop at the end-of-generation token");
   c_run->add_option("-c,--ctx-size", run.ctx_size, "context size (default: prompt + n)")->check(CLI::NonNegativeNumber);
   c_run->add_flag("--print-ids", run.print_ids, "print only the generated ids on stdout");
   add_threads(c_run, &run.threads);
+
+  cli::ChatOptions chat;
+  CLI::App* c_chat = app.add_subcommand("chat", "interactive chat (one message per line when stdin is not a terminal)");
+  c_chat->add_option("-m,--model", chat.model, "GGUF file")->required();
+  c_chat->add_option("--system", chat.system, "system message");
+  c_chat->add_option("--chat-template", chat.chat_template, "override the template found in the file");
+  add_sampling(c_chat, &chat.sampling);
+  c_chat->add_option("-n,--max-tokens", chat.max_tokens, "tokens per reply at most (-1: no limit)");
+  c_chat->add_option("-c,--ctx-size", chat.ctx_size, "context size (default: min(4096, the model's))")
+      ->check(CLI::NonNegativeNumber);
+  c_chat->add_flag("--hide-think", chat.hide_think, "hide a reasoning model's <think> block instead of dimming it");
+  c_chat->add_flag("!--no-think", chat.enable_thinking, "ask Qwen3 not to think (enable_thinking = false)");
+  add_threads(c_chat, &chat.threads);
+
+  cli::TokenizeOptions tokenize;
+  CLI::App* c_tokenize = app.add_subcommand("tokenize", "print the token ids of a text file's exact bytes");
+  c_tokenize->add_option("-m,--model", tokenize.model, "GGUF file (a vocab-only one will do)")->required();
+  c_tokenize->add_option("-f,--file", tokenize.file, "text file")->required();
+  c_tokenize->add_flag("--no-bos", tokenize.no_bos, "do not add the BOS token the model asks for");
+  int tokenize_threads = 0;
+  add_threads(c_tokenize, &tokenize_threads);
 
   MakeModelOptions make;
   CLI::App* c_make = app.add_subcommand("make-model", "write a random-weight GGUF model of a real layout");
@@ -82,9 +117,12 @@ int main(int argc, char** argv) {
       return cli::logits(logits);
     }
     if (c_run->parsed()) {
-      run.tokens = cli::parse_token_list(run_tokens);
+      if (!run_tokens.empty()) run.tokens = cli::parse_token_list(run_tokens);
+      if (run.tokens.empty() && run.prompt.empty()) fail("run needs a prompt: -p TEXT or --tokens IDS");
       return cli::run(run);
     }
+    if (c_chat->parsed()) return cli::chat(chat);
+    if (c_tokenize->parsed()) return cli::tokenize(tokenize);
     if (c_make->parsed()) {
       make.threads = cli::resolve_threads(make_threads);
       make_model(make, stderr);

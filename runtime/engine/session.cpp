@@ -1,0 +1,32 @@
+#include "runtime/engine/session.h"
+
+#include "runtime/error.h"
+
+namespace hetmoe::engine {
+
+Session::Session(model::Model& model, int64_t n_ctx) : model_(model), cache_(model.make_cache(n_ctx)) {}
+
+std::span<const float> Session::eval(std::span<const int32_t> tokens) {
+  if (tokens.empty()) fail("nothing to evaluate");
+  if (static_cast<int64_t>(tokens.size()) > n_free())
+    fail("context full: {} tokens do not fit ({} of {} positions used)", tokens.size(), n_past(), n_ctx());
+  const auto start = std::chrono::steady_clock::now();
+  model_.forward(tokens, n_past(), cache_, /*all_logits=*/false, logits_);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (tokens.size() > 1) {
+    counters_.prefill_tokens += static_cast<int64_t>(tokens.size());
+    counters_.prefill_seconds += seconds;
+  } else {
+    counters_.decode_tokens += 1;
+    counters_.decode_seconds += seconds;
+  }
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  return logits_;
+}
+
+void Session::truncate(int64_t n) {
+  if (n < 0 || n > n_past()) fail("cannot keep {} of {} tokens", n, n_past());
+  tokens_.resize(static_cast<size_t>(n));
+}
+
+}  // namespace hetmoe::engine

@@ -1,0 +1,53 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "runtime/model/kv_cache.h"
+#include "runtime/model/model.h"
+
+namespace hetmoe::engine {
+
+// One conversation's state on a model: the tokens its KV cache holds and the cache itself. Tokens are appended
+// by eval() and only ever evaluated once: a chat turn evaluates just its new tokens (KV reuse).
+class Session {
+ public:
+  // Fails when n_ctx exceeds the model's training context or the cache cannot be allocated.
+  Session(model::Model& model, int64_t n_ctx);
+
+  int64_t n_ctx() const { return cache_.n_ctx(); }
+  int64_t n_past() const { return static_cast<int64_t>(tokens_.size()); }
+  int64_t n_free() const { return n_ctx() - n_past(); }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  model::Model& model() { return model_; }
+
+  // Evaluates `tokens` after what the cache holds and returns the logits of the last one (valid until the next
+  // call). Fails before changing anything when they do not fit or an id is out of range.
+  std::span<const float> eval(std::span<const int32_t> tokens);
+  // The logits eval() returned last.
+  std::span<const float> last_logits() const { return logits_; }
+  // Forgets everything after the first n tokens; their cache rows are overwritten by later evals.
+  void truncate(int64_t n);
+  void clear() { truncate(0); }
+
+  // What the last eval calls cost: a batch of more than one token counts as prefill, a single token as decode.
+  struct Counters {
+    int64_t prefill_tokens = 0;
+    double prefill_seconds = 0;
+    int64_t decode_tokens = 0;
+    double decode_seconds = 0;
+  };
+  const Counters& counters() const { return counters_; }
+  void reset_counters() { counters_ = {}; }
+
+ private:
+  model::Model& model_;
+  model::KvCache cache_;
+  std::vector<int32_t> tokens_;
+  std::vector<float> logits_;
+  Counters counters_;
+};
+
+}  // namespace hetmoe::engine

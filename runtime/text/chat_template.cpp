@@ -1,0 +1,420 @@
+#include "runtime/text/chat_template.h"
+
+#include <optional>
+#include <string>
+
+#include "runtime/error.h"
+
+// Each render_ function follows one official Jinja template, named above it, for messages whose content is a
+// plain string (no tool calls, no images). Where a template silently skips a role or raises, hetmoe fails with a
+// one-line Error instead of guessing.
+
+namespace hetmoe::text {
+namespace {
+
+// DeepSeek-V3/R1 write these literally (not through bos_token/eos_token), so they are constants here too.
+constexpr std::string_view kDsUser = "<｜User｜>";
+constexpr std::string_view kDsAssistant = "<｜Assistant｜>";
+constexpr std::string_view kDsEndOfSentence = "<｜end▁of▁sentence｜>";
+
+constexpr std::string_view kKimiDefaultSystem = "You are a helpful assistant";
+
+bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+
+bool is_known_role(const std::string& role) { return role == "system" || role == "user" || role == "assistant"; }
+
+void check_roles(std::span<const ChatMessage> messages, std::string_view format) {
+  for (const ChatMessage& m : messages)
+    if (!is_known_role(m.role))
+      fail("chat template {}: role '{}' is not supported (system, user or assistant)", format, m.role);
+}
+
+// Python's str.lstrip/rstrip/strip with an explicit character set, as the templates call them.
+std::string_view lstrip(std::string_view s, std::string_view chars) {
+  const size_t b = s.find_first_not_of(chars);
+  return b == std::string_view::npos ? std::string_view() : s.substr(b);
+}
+std::string_view rstrip(std::string_view s, std::string_view chars) {
+  const size_t e = s.find_last_not_of(chars);
+  return e == std::string_view::npos ? std::string_view() : s.substr(0, e + 1);
+}
+std::string_view strip(std::string_view s, std::string_view chars) { return rstrip(lstrip(s, chars), chars); }
+
+// Jinja's `trim` filter strips whitespace (Python's str.strip()); ASCII whitespace is what matters in practice.
+constexpr std::string_view kWhitespace = " \t\n\r\v\f";
+
+// `s.split(sep)[-1]`: the text after the last `sep` (all of `s` when absent).
+std::string_view after_last(std::string_view s, std::string_view sep) {
+  const size_t p = s.rfind(sep);
+  return p == std::string_view::npos ? s : s.substr(p + sep.size());
+}
+// `s.split(sep)[0]`: the text before the first `sep`.
+std::string_view before_first(std::string_view s, std::string_view sep) { return s.substr(0, s.find(sep)); }
+
+// A Qwen2-style ChatML template writes a fixed system prompt when the conversation has none:
+//   {{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}
+// It is the literal between "<|im_start|>system" + newline and "<|im_end|>" that contains no Jinja (no quote,
+// brace or '+'): Qwen3's `'<|im_start|>system\n' + messages[0].content + ...` does not qualify. The newline may be
+// a real one or the two characters `\n` of a Jinja string escape, which are decoded.
+std::string find_default_system(std::string_view tmpl) {
+  constexpr std::string_view kOpen = "<|im_start|>system";
+  constexpr std::string_view kClose = "<|im_end|>";
+  for (size_t at = tmpl.find(kOpen); at != std::string_view::npos; at = tmpl.find(kOpen, at + 1)) {
+    std::string_view rest = tmpl.substr(at + kOpen.size());
+    if (rest.starts_with("\\n"))
+      rest.remove_prefix(2);
+    else if (rest.starts_with("\n"))
+      rest.remove_prefix(1);
+    else
+      continue;
+    const size_t end = rest.find(kClose);
+    if (end == std::string_view::npos || end == 0) continue;
+    const std::string_view literal = rest.substr(0, end);
+    if (literal.find_first_of("'\"{}+") != std::string_view::npos) continue;
+    std::string text;
+    for (size_t i = 0; i < literal.size(); ++i) {
+      if (literal[i] == '\\' && i + 1 < literal.size()) {
+        const char c = literal[++i];
+        text += c == 'n' ? '\n' : c == 't' ? '\t' : c;
+      } else {
+        text += literal[i];
+      }
+    }
+    return text;
+  }
+  return "";
+}
+
+std::string token_text_or_empty(const Tokenizer& tokenizer, std::optional<int32_t> id) {
+  if (!id || *id < 0 || *id >= tokenizer.n_vocab()) return "";
+  return tokenizer.token_text(*id);
+}
+
+}  // namespace
+
+ChatTemplate ChatTemplate::make(TemplateKind kind, Dialect dialect, const Tokenizer& tokenizer) {
+  return ChatTemplate(kind, std::move(dialect), token_text_or_empty(tokenizer, tokenizer.bos()),
+                      token_text_or_empty(tokenizer, tokenizer.eos()));
+}
+
+// The markers follow llama.cpp's llm_chat_detect_template where it knows the format; the checks run from the
+// most specific marker to the least (Kimi's <|im_middle|> templates also hold <|im_end|>, DeepSeek-V2's
+// "User: "/"Assistant:" are plain words that other templates might contain).
+std::optional<ChatTemplate> ChatTemplate::from_text(std::string_view tmpl, const Tokenizer& tokenizer) {
+  Dialect d;
+  if (contains(tmpl, "<|im_middle|>")) {
+    d.default_system = kKimiDefaultSystem;
+    return make(TemplateKind::kKimiK2, std::move(d), tokenizer);
+  }
+  // Phi-4 also opens turns with <|im_start|> but separates the role with <|im_sep|>: not ChatML.
+  if (contains(tmpl, "<|im_start|>") && !contains(tmpl, "<|im_sep|>")) {
+    d.default_system = find_default_system(tmpl);
+    return make(TemplateKind::kChatml, std::move(d), tokenizer);
+  }
+  if (contains(tmpl, "[INST]")) {
+    // Mixtral-8x7B-Instruct-v0.1's current template writes ' [INST] ' (llama.cpp's "mistral-v1"); its first
+    // template wrote '[INST] ' with the reply glued to ' [/INST]'.
+    d.spaced_inst = contains(tmpl, "' [INST] '");
+    return make(TemplateKind::kMistral, std::move(d), tokenizer);
+  }
+  if (contains(tmpl, "<|start_header_id|>") && contains(tmpl, "<|end_header_id|>"))
+    return make(TemplateKind::kLlama3, std::move(d), tokenizer);
+  if (contains(tmpl, kDsAssistant) && contains(tmpl, kDsUser)) {
+    d.joins_systems = contains(tmpl, "is_first_sp");
+    d.assistant_after_user = contains(tmpl, "is_last_user");
+    d.strips_think = contains(tmpl, "</think>");
+    d.prefills_think = contains(tmpl, "<｜Assistant｜><think>");
+    return make(TemplateKind::kDeepseek3, std::move(d), tokenizer);
+  }
+  if (contains(tmpl, "User: ") && contains(tmpl, "Assistant:"))
+    return make(TemplateKind::kDeepseek2, std::move(d), tokenizer);
+  return std::nullopt;
+}
+
+ChatTemplate ChatTemplate::detect(const gguf::GgufFile& file, const Tokenizer& tokenizer, std::string* warning) {
+  const std::optional<std::string> tmpl = file.get_string("tokenizer.chat_template");
+  if (tmpl && !tmpl->empty()) {
+    if (std::optional<ChatTemplate> t = from_text(*tmpl, tokenizer)) return std::move(*t);
+  }
+  if (warning) {
+    *warning = tmpl && !tmpl->empty()
+                   ? fmt::format(
+                         "{}: tokenizer.chat_template is not a format hetmoe knows; using the generic "
+                         "'### User:' format (choose one with --chat-template)",
+                         file.path())
+                   : fmt::format(
+                         "{}: no tokenizer.chat_template; using the generic '### User:' format (choose one "
+                         "with --chat-template)",
+                         file.path());
+  }
+  return make(TemplateKind::kGeneric, Dialect{}, tokenizer);
+}
+
+std::optional<ChatTemplate> ChatTemplate::by_name(std::string_view name, const Tokenizer& tokenizer) {
+  Dialect d;
+  if (name == "deepseek3") return make(TemplateKind::kDeepseek3, std::move(d), tokenizer);
+  if (name == "deepseek-r1") {
+    d.joins_systems = false;
+    d.strips_think = true;
+    d.prefills_think = true;
+    return make(TemplateKind::kDeepseek3, std::move(d), tokenizer);
+  }
+  if (name == "deepseek2") return make(TemplateKind::kDeepseek2, std::move(d), tokenizer);
+  if (name == "chatml" || name == "qwen3") return make(TemplateKind::kChatml, std::move(d), tokenizer);
+  if (name == "mistral") return make(TemplateKind::kMistral, std::move(d), tokenizer);
+  if (name == "llama3") return make(TemplateKind::kLlama3, std::move(d), tokenizer);
+  if (name == "kimi-k2") {
+    d.default_system = kKimiDefaultSystem;
+    return make(TemplateKind::kKimiK2, std::move(d), tokenizer);
+  }
+  if (name == "generic") return make(TemplateKind::kGeneric, std::move(d), tokenizer);
+  return std::nullopt;
+}
+
+std::vector<std::string> ChatTemplate::names() {
+  return {"deepseek3", "deepseek-r1", "deepseek2", "chatml", "mistral", "llama3", "kimi-k2", "generic"};
+}
+
+std::string ChatTemplate::name() const {
+  switch (kind_) {
+    case TemplateKind::kDeepseek3:
+      return dialect_.strips_think ? "deepseek-r1" : "deepseek3";
+    case TemplateKind::kDeepseek2:
+      return "deepseek2";
+    case TemplateKind::kChatml:
+      return "chatml";
+    case TemplateKind::kMistral:
+      return "mistral";
+    case TemplateKind::kLlama3:
+      return "llama3";
+    case TemplateKind::kKimiK2:
+      return "kimi-k2";
+    case TemplateKind::kGeneric:
+      return "generic";
+  }
+  return "generic";
+}
+
+std::string ChatTemplate::render(std::span<const ChatMessage> messages, const RenderOptions& options) const {
+  check_roles(messages, name());
+  switch (kind_) {
+    case TemplateKind::kDeepseek3:
+      return render_deepseek3(messages, options);
+    case TemplateKind::kDeepseek2:
+      return render_deepseek2(messages, options);
+    case TemplateKind::kChatml:
+      return render_chatml(messages, options);
+    case TemplateKind::kMistral:
+      return render_mistral(messages);
+    case TemplateKind::kLlama3:
+      return render_llama3(messages, options);
+    case TemplateKind::kKimiK2:
+      return render_kimi_k2(messages, options);
+    case TemplateKind::kGeneric:
+      return render_generic(messages, options);
+  }
+  return render_generic(messages, options);
+}
+
+// deepseek-ai/DeepSeek-V3 (and V2.5): bos + the system messages (wherever they stand) joined by "\n\n", then
+// "<｜User｜>u" and "<｜Assistant｜>a<｜end▁of▁sentence｜>"; the generation prompt is "<｜Assistant｜>".
+// deepseek-ai/DeepSeek-R1: only the last system message counts, a past reply keeps only what follows its last
+// "</think>", and the generation prompt is "<｜Assistant｜><think>\n".
+// DeepSeek-V3-0324: "<｜Assistant｜>" follows every user turn instead of opening the reply, and the generation
+// prompt is written only when the conversation does not end with a user turn.
+std::string ChatTemplate::render_deepseek3(std::span<const ChatMessage> messages, const RenderOptions& options) const {
+  std::string system;
+  bool first_system = true;
+  for (const ChatMessage& m : messages) {
+    if (m.role != "system") continue;
+    if (dialect_.joins_systems && !first_system)
+      system += "\n\n" + m.content;
+    else
+      system = m.content;
+    first_system = false;
+  }
+  std::string out = bos_ + system;
+  bool last_is_user = false;
+  for (const ChatMessage& m : messages) {
+    if (m.role == "user") {
+      out += kDsUser;
+      out += m.content;
+      if (dialect_.assistant_after_user) out += kDsAssistant;
+      last_is_user = true;
+    } else if (m.role == "assistant") {
+      const std::string_view content =
+          dialect_.strips_think ? after_last(m.content, "</think>") : std::string_view(m.content);
+      if (!dialect_.assistant_after_user) out += kDsAssistant;
+      out += content;
+      out += kDsEndOfSentence;
+      last_is_user = false;
+    }
+  }
+  if (options.add_generation_prompt) {
+    if (!dialect_.assistant_after_user) {
+      out += kDsAssistant;
+      if (dialect_.prefills_think) out += "<think>\n";
+    } else if (!last_is_user) {
+      out += kDsAssistant;
+    }
+  }
+  return out;
+}
+
+// deepseek-ai/DeepSeek-V2-Lite-Chat (and V2-Chat, deepseek-llm-chat): bos, then in order "system\n\n",
+// "User: u\n\n", "Assistant: a" + eos; the generation prompt is "Assistant:" (no space: the model writes it).
+std::string ChatTemplate::render_deepseek2(std::span<const ChatMessage> messages, const RenderOptions& options) const {
+  std::string out = bos_;
+  for (const ChatMessage& m : messages) {
+    if (m.role == "user")
+      out += "User: " + m.content + "\n\n";
+    else if (m.role == "assistant")
+      out += "Assistant: " + m.content + eos_;
+    else
+      out += m.content + "\n\n";
+  }
+  if (options.add_generation_prompt) out += "Assistant:";
+  return out;
+}
+
+// Qwen/Qwen3-30B-A3B (ChatML): "<|im_start|>role\ncontent<|im_end|>\n" per message, a first system message
+// first. Replies before the last user query lose their think block; replies after it (a prefilled answer) keep
+// their reasoning in a normalised "<think>\n...\n</think>\n\n" block. enable_thinking = false appends an empty
+// think block to the generation prompt. Qwen2-style templates also write their default system prompt.
+std::string ChatTemplate::render_chatml(std::span<const ChatMessage> messages, const RenderOptions& options) const {
+  std::string out;
+  if (!messages.empty()) {
+    if (messages[0].role == "system")
+      out += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
+    else if (!dialect_.default_system.empty())
+      out += "<|im_start|>system\n" + dialect_.default_system + "<|im_end|>\n";
+  }
+  // The last user message that is not a wrapped tool response; messages.size() - 1 when there is none.
+  size_t last_query = messages.empty() ? 0 : messages.size() - 1;
+  for (size_t i = messages.size(); i-- > 0;) {
+    const std::string& c = messages[i].content;
+    if (messages[i].role == "user" && !(c.starts_with("<tool_response>") && c.ends_with("</tool_response>"))) {
+      last_query = i;
+      break;
+    }
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user" || (m.role == "system" && i > 0)) {
+      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    } else if (m.role == "assistant") {
+      std::string_view content = m.content;
+      std::string_view reasoning;
+      if (contains(m.content, "</think>")) {
+        content = lstrip(after_last(m.content, "</think>"), "\n");
+        reasoning = lstrip(after_last(rstrip(before_first(m.content, "</think>"), "\n"), "<think>"), "\n");
+      }
+      out += "<|im_start|>assistant\n";
+      if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {
+        out += "<think>\n";
+        out += strip(reasoning, "\n");
+        out += "\n</think>\n\n";
+        out += lstrip(content, "\n");
+      } else {
+        out += content;
+      }
+      out += "<|im_end|>\n";
+    }
+  }
+  if (options.add_generation_prompt) {
+    out += "<|im_start|>assistant\n";
+    if (!options.enable_thinking) out += "<think>\n\n</think>\n\n";
+  }
+  return out;
+}
+
+// mistralai/Mixtral-8x7B-Instruct-v0.1: bos, then " [INST] u [/INST]" and " a" + eos, strictly alternating from
+// a user turn; an optional first system message is prepended to the first user message with "\n\n". The
+// original template ("[INST] u [/INST]a</s>") had no system message: hetmoe prepends it in the same way. There
+// is no generation prompt: " [/INST]" already opens the reply.
+std::string ChatTemplate::render_mistral(std::span<const ChatMessage> messages) const {
+  size_t first = 0;
+  std::string system;
+  if (!messages.empty() && messages[0].role == "system") {
+    system = messages[0].content;
+    first = 1;
+  }
+  const std::string_view lead = dialect_.spaced_inst ? " " : "";
+  std::string out = bos_;
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    const bool user_turn = (i - first) % 2 == 0;
+    if (m.role == "system")
+      fail("chat template mistral: a system message may only come first (message {} is one)", i + 1);
+    if ((m.role == "user") != user_turn)
+      fail(
+          "chat template mistral: after the optional system message, roles must alternate user/assistant "
+          "(message {} is {})",
+          i + 1, m.role);
+    if (m.role == "user") {
+      out += lead;
+      out += "[INST] ";
+      if (i == first && first == 1) out += system + "\n\n";
+      out += m.content + " [/INST]";
+    } else {
+      out += lead;
+      out += m.content + eos_;
+    }
+  }
+  // A lone system message has no user turn to go into.
+  if (first == 1 && messages.size() == 1) fail("chat template mistral: a system message needs a user message after it");
+  return out;
+}
+
+// meta-llama/Meta-Llama-3-8B-Instruct: bos before the first message, then
+// "<|start_header_id|>role<|end_header_id|>\n\n" + trimmed content + "<|eot_id|>" for each message in place.
+std::string ChatTemplate::render_llama3(std::span<const ChatMessage> messages, const RenderOptions& options) const {
+  std::string out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (i == 0) out += bos_;
+    out += "<|start_header_id|>" + messages[i].role + "<|end_header_id|>\n\n";
+    out += strip(messages[i].content, kWhitespace);
+    out += "<|eot_id|>";
+  }
+  if (options.add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  return out;
+}
+
+// moonshotai/Kimi-K2-Instruct: "<|im_system|>system<|im_middle|>...<|im_end|>" (or <|im_user|>user,
+// <|im_assistant|>assistant) per message in place, no newlines and no bos; when the first message is not a
+// system message the template writes "You are a helpful assistant" as one.
+std::string ChatTemplate::render_kimi_k2(std::span<const ChatMessage> messages, const RenderOptions& options) const {
+  std::string out;
+  if (!messages.empty() && messages[0].role != "system")
+    out += "<|im_system|>system<|im_middle|>" + dialect_.default_system + "<|im_end|>";
+  for (const ChatMessage& m : messages) {
+    if (m.role == "system")
+      out += "<|im_system|>system<|im_middle|>";
+    else if (m.role == "user")
+      out += "<|im_user|>user<|im_middle|>";
+    else
+      out += "<|im_assistant|>assistant<|im_middle|>";
+    out += m.content + "<|im_end|>";
+  }
+  if (options.add_generation_prompt) out += "<|im_assistant|>assistant<|im_middle|>";
+  return out;
+}
+
+// No template: plain-text headers any vocabulary tokenizes ("### System:\n", "### User:\n", "### Assistant:\n",
+// each turn followed by a blank line). A reply ends with the EOS text so that the model sees, in context, how a
+// reply stops. No BOS: the vocabulary's add_bos decides, as for a plain prompt.
+std::string ChatTemplate::render_generic(std::span<const ChatMessage> messages, const RenderOptions& options) const {
+  std::string out;
+  for (const ChatMessage& m : messages) {
+    if (m.role == "system")
+      out += "### System:\n" + m.content + "\n\n";
+    else if (m.role == "user")
+      out += "### User:\n" + m.content + "\n\n";
+    else
+      out += "### Assistant:\n" + m.content + eos_ + "\n\n";
+  }
+  if (options.add_generation_prompt) out += "### Assistant:\n";
+  return out;
+}
+
+}  // namespace hetmoe::text

@@ -1,0 +1,81 @@
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "runtime/gguf/reader.h"
+#include "runtime/text/tokenizer.h"
+
+namespace hetmoe::text {
+
+struct ChatMessage {
+  std::string role;  // "system", "user" or "assistant"
+  std::string content;
+};
+
+struct RenderOptions {
+  bool add_generation_prompt = true;  // end with the assistant's turn opening
+  bool enable_thinking = true;        // Qwen3: false renders an empty think block, as its template does
+};
+
+// The chat formats hetmoe knows, rendered in C++ (no Jinja): each produces exactly the string the model's own
+// Jinja template produces for plain text conversations.
+enum class TemplateKind { kDeepseek3, kDeepseek2, kChatml, kMistral, kLlama3, kKimiK2, kGeneric };
+
+class ChatTemplate {
+ public:
+  // From tokenizer.chat_template (matched by its distinctive markers). An unrecognised or missing template gives
+  // the generic fallback and sets *warning to one line saying so.
+  static ChatTemplate detect(const gguf::GgufFile& file, const Tokenizer& tokenizer, std::string* warning);
+  // --chat-template NAME; nullopt for an unknown name.
+  static std::optional<ChatTemplate> by_name(std::string_view name, const Tokenizer& tokenizer);
+  // deepseek3, deepseek-r1, deepseek2, chatml (alias qwen3), mistral, llama3, kimi-k2, generic
+  static std::vector<std::string> names();
+
+  TemplateKind kind() const { return kind_; }
+  std::string name() const;
+
+  // The conversation as the model expects it, special tokens as text (tokenize with parse_special = true).
+  // Includes the BOS text when the template writes one itself. Fails (hetmoe::Error, one line) on a role the
+  // format cannot express, e.g. a system message after the first turn where the format has no place for it.
+  std::string render(std::span<const ChatMessage> messages, const RenderOptions& options) const;
+
+  // Reasoning models (DeepSeek-R1, Qwen3, Kimi-K2-Thinking) wrap their thinking in these. The same for every
+  // format (never empty: callers search for them), since a model that does not reason never writes them.
+  std::string_view think_open() const { return "<think>"; }
+  std::string_view think_close() const { return "</think>"; }
+
+ private:
+  // What separates the official templates that share one kind; detect() reads it from the template text.
+  struct Dialect {
+    bool joins_systems = true;          // deepseek3: systems joined by "\n\n" (V3); false: the last one (R1)
+    bool assistant_after_user = false;  // deepseek3 (V3-0324): every user turn ends with <｜Assistant｜>
+    bool strips_think = false;          // deepseek3 (R1): past replies lose everything up to </think>
+    bool prefills_think = false;        // deepseek3 (R1): the generation prompt opens "<think>\n"
+    bool spaced_inst = true;            // mistral: " [INST] u [/INST] a</s>" (v1) or "[INST] u [/INST]a</s>"
+    std::string default_system;         // chatml (Qwen2), kimi-k2: written when the first message is no system
+  };
+
+  ChatTemplate(TemplateKind kind, Dialect dialect, std::string bos, std::string eos)
+      : kind_(kind), dialect_(std::move(dialect)), bos_(std::move(bos)), eos_(std::move(eos)) {}
+  static ChatTemplate make(TemplateKind kind, Dialect dialect, const Tokenizer& tokenizer);
+  static std::optional<ChatTemplate> from_text(std::string_view tmpl, const Tokenizer& tokenizer);
+
+  std::string render_deepseek3(std::span<const ChatMessage> messages, const RenderOptions& options) const;
+  std::string render_deepseek2(std::span<const ChatMessage> messages, const RenderOptions& options) const;
+  std::string render_chatml(std::span<const ChatMessage> messages, const RenderOptions& options) const;
+  std::string render_mistral(std::span<const ChatMessage> messages) const;
+  std::string render_llama3(std::span<const ChatMessage> messages, const RenderOptions& options) const;
+  std::string render_kimi_k2(std::span<const ChatMessage> messages, const RenderOptions& options) const;
+  std::string render_generic(std::span<const ChatMessage> messages, const RenderOptions& options) const;
+
+  TemplateKind kind_;
+  Dialect dialect_;
+  std::string bos_, eos_;  // the vocabulary's BOS/EOS texts, which some formats write
+};
+
+}  // namespace hetmoe::text

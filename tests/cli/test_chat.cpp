@@ -1,0 +1,219 @@
+// `hetmoe chat` driven like a user would: through a pipe (one message per line, replies only on stdout) and
+// through a pseudo-terminal (line editing, Ctrl-C, commands). The tiny model's replies are random text; the tests
+// check the mechanics: turns, KV reuse, interruption, /clear, /save and /load, context overflow, bad input.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <pty.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace hetmoe {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kModel = (fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-deepseek3-Q4_K_M.gguf").string();
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+struct Piped {
+  int status = -1;
+  std::string out, err;
+};
+
+// Runs `hetmoe chat ARGS` with `input` on stdin through a pipe.
+Piped chat_piped(const std::string& args, const std::string& input) {
+  const fs::path dir = fs::temp_directory_path() / ("hetmoe_chat_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "in", std::ios::binary) << input;
+  const std::string cmd = std::string(HETMOE_BIN) + " chat -m " + kModel + " -t 1 " + args + " <" +
+                          (dir / "in").string() + " >" + (dir / "out").string() + " 2>" + (dir / "err").string();
+  const int raw = std::system(cmd.c_str());
+  Piped r{WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw), read_file(dir / "out"), read_file(dir / "err")};
+  fs::remove_all(dir);
+  return r;
+}
+
+// The prompt-token counts of the stats lines ("[prompt N tokens, ...").
+std::vector<int> prompt_counts(const std::string& err) {
+  std::vector<int> counts;
+  const std::regex re(R"(\[prompt (\d+) tokens)");
+  for (std::sregex_iterator it(err.begin(), err.end(), re), end; it != end; ++it) counts.push_back(std::stoi((*it)[1]));
+  return counts;
+}
+
+const std::string kLong =
+    "Tell me everything you know about mixtures of experts, routers, shared experts, and how a runtime decides "
+    "which experts run on the CPU and which on the GPU, in detail please.";
+
+TEST(ChatPiped, RepliesOnlyOnStdoutAndReusesTheCache) {
+  // Long sampled replies: control tokens inside them must not break the reuse.
+  const Piped r = chat_piped("--chat-template deepseek3 --temp 1 --seed 5 -n 300", kLong + "\nhi\n");
+  ASSERT_EQ(r.status, 0) << r.err;
+  // Each reply ends with a newline; the tiny model's random text may hold newlines of its own.
+  EXPECT_GE(std::count(r.out.begin(), r.out.end(), '\n'), 2) << r.out;
+  EXPECT_EQ(r.out.find("[prompt"), std::string::npos) << "statistics belong on stderr:\n" << r.out;
+  EXPECT_EQ(r.out.find("> "), std::string::npos) << "no prompt without a terminal:\n" << r.out;
+  const std::vector<int> prompts = prompt_counts(r.err);
+  ASSERT_EQ(prompts.size(), 2u) << r.err;
+  // The second turn evaluates only its own text (and the end of the first reply), not the first turn again.
+  EXPECT_LT(prompts[1], prompts[0] / 2) << r.err;
+}
+
+TEST(ChatPiped, ClearStartsOverAndCommandsWork) {
+  const Piped r =
+      chat_piped("--chat-template deepseek3 --temp 0 -n 4", kLong + "\n/clear\n" + kLong + "\n/stats\n/bogus\n");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::vector<int> prompts = prompt_counts(r.err);
+  ASSERT_EQ(prompts.size(), 2u) << r.err;
+  EXPECT_EQ(prompts[1], prompts[0]) << "after /clear the same message costs a full prefill again";
+  EXPECT_NE(r.err.find("(conversation cleared)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("context "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("unknown command /bogus"), std::string::npos) << r.err;
+}
+
+TEST(ChatPiped, SaveAndLoadKeepTheConversation) {
+  const fs::path file = fs::temp_directory_path() / ("hetmoe_chat_save_" + std::to_string(::getpid()) + ".json");
+  const Piped r =
+      chat_piped("--chat-template deepseek3 --temp 0 -n 4 --system 'be brief'",
+                 "first question\n/save " + file.string() + "\n/clear\n/load " + file.string() + "\nagain\n");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string saved = read_file(file);
+  fs::remove(file);
+  EXPECT_NE(saved.find("\"first question\""), std::string::npos) << saved;
+  EXPECT_NE(saved.find("\"be brief\""), std::string::npos) << saved;
+  EXPECT_NE(r.err.find("(loaded 3 messages"), std::string::npos) << r.err;
+  // After /load the whole conversation is prefilled again, so the last turn costs more than a fresh turn would.
+  const std::vector<int> prompts = prompt_counts(r.err);
+  ASSERT_EQ(prompts.size(), 2u) << r.err;
+  EXPECT_GT(prompts[1], prompts[0]) << r.err;
+}
+
+TEST(ChatPiped, ContextOverflowDropsOldTurnsAndKeepsRunning) {
+  const Piped r = chat_piped("--chat-template deepseek3 --temp 0 -n 8 -c 400",
+                             kLong + "\n" + kLong + "\n" + kLong + "\n" + std::string(2000, 'x') + "\nshort\n");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("dropped the oldest turns"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("does not fit the context"), std::string::npos) << r.err;
+  EXPECT_EQ(prompt_counts(r.err).size(), 4u) << "four of the five messages were answered:\n" << r.err;
+}
+
+TEST(ChatPiped, InvalidUtf8IsRefusedNotFatal) {
+  const Piped r = chat_piped("--chat-template deepseek3 --temp 0 -n 4", "bad \xff\xfe bytes\nfine\n");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("not valid UTF-8"), std::string::npos) << r.err;
+  EXPECT_EQ(prompt_counts(r.err).size(), 1u) << r.err;
+}
+
+TEST(ChatPiped, UnknownTemplateAndMissingTemplate) {
+  const Piped bad = chat_piped("--chat-template nope", "hi\n");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("unknown chat template 'nope'"), std::string::npos) << bad.err;
+  const Piped fallback = chat_piped("--temp 0 -n 2", "hi\n");  // the tiny file has no chat template
+  EXPECT_EQ(fallback.status, 0) << fallback.err;
+  EXPECT_NE(fallback.err.find("warning"), std::string::npos) << fallback.err;
+}
+
+// A child on a pseudo-terminal, read with timeouts.
+class Pty {
+ public:
+  explicit Pty(const std::vector<std::string>& args) {
+    winsize ws{24, 120, 0, 0};
+    pid_ = forkpty(&fd_, nullptr, nullptr, &ws);
+    if (pid_ == 0) {
+      std::vector<char*> argv;
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~Pty() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (fd_ >= 0) close(fd_);
+  }
+  void send(const std::string& s) { ASSERT_EQ(write(fd_, s.data(), s.size()), static_cast<ssize_t>(s.size())); }
+  // Reads until `pattern` appears in the output after `from`, or the timeout; returns whether it appeared.
+  bool expect(const std::string& pattern, double seconds = 20) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (out_.find(pattern, from_) == std::string::npos) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 100) > 0) {
+        char buf[4096];
+        const ssize_t n = read(fd_, buf, sizeof buf);
+        if (n <= 0) return out_.find(pattern, from_) != std::string::npos;
+        out_.append(buf, static_cast<size_t>(n));
+      }
+    }
+    from_ = out_.find(pattern, from_) + pattern.size();
+    return true;
+  }
+  int wait_exit(double seconds = 20) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < deadline) {
+      char buf[4096];
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 50) > 0 && read(fd_, buf, sizeof buf) > 0) continue;
+      int status;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+    }
+    return -1;
+  }
+  const std::string& output() const { return out_; }
+
+ private:
+  int fd_ = -1;
+  pid_t pid_ = -1;
+  std::string out_;
+  size_t from_ = 0;
+};
+
+TEST(ChatTerminal, TurnsCtrlCClearAndExit) {
+  // A long reply limit and context, so that the second reply is still streaming when Ctrl-C arrives.
+  Pty pty({HETMOE_BIN, "chat", "-m", kModel, "-t", "1", "--chat-template", "deepseek3", "--temp", "0.9", "--seed", "3",
+           "-c", "4096", "--repeat-penalty", "1.3"});
+  ASSERT_TRUE(pty.expect("> ")) << pty.output();
+  pty.send("hello there\r");
+  ASSERT_TRUE(pty.expect("[prompt ")) << pty.output();
+  ASSERT_TRUE(pty.expect("> ")) << pty.output();
+  // A long message takes seconds to prefill; Ctrl-C pressed meanwhile stops the turn before the reply starts.
+  std::string story;
+  for (int i = 0; i < 8; ++i) story += kLong + " ";
+  pty.send(story + "\r");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  pty.send("\x03");  // Ctrl-C: stops the reply, not the program
+  ASSERT_TRUE(pty.expect("(stopped)")) << pty.output();
+  ASSERT_TRUE(pty.expect("> ")) << pty.output();
+  pty.send("abc\x03");  // Ctrl-C at the prompt drops the line
+  ASSERT_TRUE(pty.expect("^C")) << pty.output();
+  pty.send("/clear\r");
+  ASSERT_TRUE(pty.expect("(conversation cleared)")) << pty.output();
+  pty.send("/exit\r");
+  EXPECT_EQ(pty.wait_exit(), 0) << pty.output();
+}
+
+}  // namespace
+}  // namespace hetmoe

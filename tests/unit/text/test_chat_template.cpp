@@ -1,0 +1,511 @@
+// Chat templates: every expected string below was derived by hand from the official Jinja template named in the
+// test (tokenizer_config.json of the model), not produced by the code under test.
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/error.h"
+#include "runtime/gguf/reader.h"
+#include "runtime/text/chat_template.h"
+#include "runtime/text/tokenizer.h"
+
+namespace hetmoe::text {
+namespace {
+
+// Only the BOS/EOS texts matter to a chat template; a vocabulary of just those stands in for a real one.
+class VocabOnly : public Tokenizer {
+ public:
+  VocabOnly(std::vector<std::string> tokens, std::optional<int32_t> bos, std::optional<int32_t> eos) {
+    model_ = "gpt2";
+    tokens_ = std::move(tokens);
+    types_.assign(tokens_.size(), TokenType::kControl);
+    bos_ = bos;
+    eos_ = eos;
+  }
+  std::vector<int32_t> encode(std::string_view, bool, bool) const override {
+    ADD_FAILURE() << "chat templates must not tokenize";
+    return {};
+  }
+  std::string token_to_piece(int32_t id, bool) const override { return token_text(id); }
+
+ protected:
+  void encode_text(std::string_view, bool, std::vector<int32_t>&) const override {
+    ADD_FAILURE() << "chat templates must not tokenize";
+  }
+};
+
+const VocabOnly& deepseek_vocab() {
+  static const VocabOnly v({"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"}, 0, 1);
+  return v;
+}
+const VocabOnly& mixtral_vocab() {
+  static const VocabOnly v({"<unk>", "<s>", "</s>"}, 1, 2);
+  return v;
+}
+const VocabOnly& llama3_vocab() {
+  static const VocabOnly v({"<|begin_of_text|>", "<|end_of_text|>"}, 0, 1);
+  return v;
+}
+const VocabOnly& qwen_vocab() {
+  static const VocabOnly v({"<|endoftext|>", "<|im_end|>"}, 0, 1);
+  return v;
+}
+
+ChatTemplate named(std::string_view name, const Tokenizer& vocab) {
+  std::optional<ChatTemplate> t = ChatTemplate::by_name(name, vocab);
+  if (!t) throw std::runtime_error("unknown template " + std::string(name));
+  return *t;
+}
+
+std::string render(const ChatTemplate& t, const std::vector<ChatMessage>& messages, bool generation_prompt = true,
+                   bool enable_thinking = true) {
+  return t.render(messages,
+                  RenderOptions{.add_generation_prompt = generation_prompt, .enable_thinking = enable_thinking});
+}
+
+// System, user, assistant reply, user: the conversation most tests render.
+const std::vector<ChatMessage> kTwoTurns = {
+    {"system", "You are terse."}, {"user", "Hi"}, {"assistant", "Hello!"}, {"user", "2+2?"}};
+
+// A GGUF with nothing but (optionally) tokenizer.chat_template, parsed from memory.
+struct TemplateFile {
+  std::vector<uint8_t> bytes;
+  std::optional<gguf::GgufFile> file;
+
+  explicit TemplateFile(std::optional<std::string_view> chat_template) {
+    auto u32 = [this](uint32_t v) {
+      for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<uint8_t>(v >> (8 * i)));
+    };
+    auto u64 = [this](uint64_t v) {
+      for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<uint8_t>(v >> (8 * i)));
+    };
+    auto str = [&](std::string_view s) {
+      u64(s.size());
+      bytes.insert(bytes.end(), s.begin(), s.end());
+    };
+    u32(gguf::kMagic);
+    u32(3);                      // version
+    u64(0);                      // tensors
+    u64(chat_template ? 1 : 0);  // metadata entries
+    if (chat_template) {
+      str("tokenizer.chat_template");
+      u32(static_cast<uint32_t>(gguf::ValueType::kString));
+      str(*chat_template);
+    }
+    bytes.resize((bytes.size() + 31) / 32 * 32, 0);
+    file.emplace(gguf::GgufFile::parse(bytes, "memory.gguf"));
+  }
+};
+
+ChatTemplate detected(std::string_view chat_template, const Tokenizer& vocab, std::string* warning = nullptr) {
+  TemplateFile f(chat_template);
+  return ChatTemplate::detect(*f.file, vocab, warning);
+}
+
+// Condensed official templates: the parts that hold the markers detection reads, written as the originals
+// write them.
+constexpr std::string_view kDeepseekV3Template =
+    "{% set ns = namespace(is_first=false, is_tool=false, is_output_first=true, system_prompt='', "
+    "is_first_sp=true) %}{{bos_token}}{{ns.system_prompt}}{%- for message in messages %}"
+    "{{'<｜User｜>' + message['content']}}{{'<｜Assistant｜>' + message['content'] + '<｜end▁of▁sentence｜>'}}"
+    "{%- endfor -%}{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜>'}}{% endif %}";
+constexpr std::string_view kDeepseekR1Template =
+    "{% set ns = namespace(is_first=false, is_tool=false, is_output_first=true, system_prompt='') %}"
+    "{%- for message in messages %}{%- if message['role'] == 'system' %}{% set ns.system_prompt = "
+    "message['content'] %}{%- endif %}{%- endfor %}{{bos_token}}{{ns.system_prompt}}"
+    "{{'<｜User｜>' + message['content']}}{% set content = message['content'] %}{% if '</think>' in content %}"
+    "{% set content = content.split('</think>')[-1] %}{% endif %}"
+    "{{'<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>'}}"
+    "{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜><think>\\n'}}{% endif %}";
+constexpr std::string_view kDeepseekV3_0324Template =
+    "{% set ns = namespace(is_first=false, is_tool=false, is_output_first=true, system_prompt='', "
+    "is_first_sp=true, is_last_user=false) %}{{ bos_token }}{{ ns.system_prompt }}"
+    "{{'<｜User｜>' + message['content'] + '<｜Assistant｜>'}}{{content + '<｜end▁of▁sentence｜>'}}"
+    "{% if add_generation_prompt and not ns.is_last_user and not ns.is_tool %}{{'<｜Assistant｜>'}}{% endif %}";
+constexpr std::string_view kDeepseekV2Template =
+    "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}"
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{{ 'User: ' + message['content'] + '\\n\\n' }}{% elif message['role'] == 'assistant' %}"
+    "{{ 'Assistant: ' + message['content'] + eos_token }}{% elif message['role'] == 'system' %}"
+    "{{ message['content'] + '\\n\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}"
+    "{{ 'Assistant:' }}{% endif %}";
+constexpr std::string_view kQwen3Template =
+    "{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + "
+    "'<|im_end|>\\n' }}{%- endif %}{{- '<|im_start|>' + message.role + '\\n' + message.content + "
+    "'<|im_end|>' + '\\n' }}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}{%- endif %}";
+// Qwen2's template as ggml-vocab-qwen2.gguf stores it (real newlines inside the Jinja strings).
+constexpr std::string_view kQwen2Template =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+constexpr std::string_view kMixtralTemplate =
+    "{{- bos_token }}{%- for message in loop_messages %}{%- if message['role'] == 'user' %}"
+    "{%- if loop.first and system_message is defined %}"
+    "{{- ' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}{%- else %}"
+    "{{- ' [INST] ' + message['content'] + ' [/INST]' }}{%- endif %}{%- elif message['role'] == 'assistant' %}"
+    "{{- ' ' + message['content'] + eos_token}}{%- endif %}{%- endfor %}";
+constexpr std::string_view kMixtralFirstTemplate =
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ message['content'] + eos_token}}{% endif %}{% endfor %}";
+constexpr std::string_view kLlama3Template =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + "
+    "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{% endif %}";
+constexpr std::string_view kKimiK2Template =
+    "{%- if loop.first and messages[0]['role'] != 'system' -%}"
+    "{{ '<|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|>' }}{%- endif -%}"
+    "{{ '<|im_user|>user<|im_middle|>' }}{{ '<|im_assistant|>assistant<|im_middle|>' }}";
+
+// ---------------------------------------------------------------------------------------------------------------
+// DeepSeek-V3 / R1
+
+TEST(ChatTemplateDeepseek3, V3TwoTurns) {
+  const ChatTemplate t = named("deepseek3", deepseek_vocab());
+  EXPECT_EQ(render(t, kTwoTurns),
+            "<｜begin▁of▁sentence｜>You are terse.<｜User｜>Hi<｜Assistant｜>Hello!<｜end▁of▁sentence｜>"
+            "<｜User｜>2+2?<｜Assistant｜>");
+  EXPECT_EQ(render(t, kTwoTurns, /*generation_prompt=*/false),
+            "<｜begin▁of▁sentence｜>You are terse.<｜User｜>Hi<｜Assistant｜>Hello!<｜end▁of▁sentence｜>"
+            "<｜User｜>2+2?");
+}
+
+TEST(ChatTemplateDeepseek3, V3JoinsSystemMessagesWhereverTheyStand) {
+  const ChatTemplate t = named("deepseek3", deepseek_vocab());
+  EXPECT_EQ(render(t, {{"system", "A"}, {"user", "u"}, {"system", "B"}}),
+            "<｜begin▁of▁sentence｜>A\n\nB<｜User｜>u<｜Assistant｜>");
+  // No system message: the BOS is followed directly by the first turn.
+  EXPECT_EQ(render(t, {{"user", "u"}}), "<｜begin▁of▁sentence｜><｜User｜>u<｜Assistant｜>");
+}
+
+TEST(ChatTemplateDeepseek3, V3KeepsThinkingInPastReplies) {
+  const ChatTemplate t = named("deepseek3", deepseek_vocab());
+  EXPECT_EQ(render(t, {{"user", "u"}, {"assistant", "<think>x</think>y"}}, false),
+            "<｜begin▁of▁sentence｜><｜User｜>u<｜Assistant｜><think>x</think>y<｜end▁of▁sentence｜>");
+}
+
+TEST(ChatTemplateDeepseek3, R1StripsPastReasoningAndOpensThinking) {
+  const ChatTemplate t = named("deepseek-r1", deepseek_vocab());
+  const std::vector<ChatMessage> messages = {{"system", "You are terse."},
+                                             {"user", "Hi"},
+                                             {"assistant", "<think>\nGreet back.\n</think>\n\nHello!"},
+                                             {"user", "2+2?"}};
+  // split('</think>')[-1] keeps the "\n\n" that followed the block.
+  EXPECT_EQ(render(t, messages),
+            "<｜begin▁of▁sentence｜>You are terse.<｜User｜>Hi<｜Assistant｜>\n\nHello!<｜end▁of▁sentence｜>"
+            "<｜User｜>2+2?<｜Assistant｜><think>\n");
+  EXPECT_EQ(render(t, messages, false),
+            "<｜begin▁of▁sentence｜>You are terse.<｜User｜>Hi<｜Assistant｜>\n\nHello!<｜end▁of▁sentence｜>"
+            "<｜User｜>2+2?");
+  // Only what follows the last </think> stays; a reply without one is kept whole.
+  EXPECT_EQ(render(t, {{"user", "u"}, {"assistant", "a</think>b</think>c"}, {"user", "v"}, {"assistant", "w"}}, false),
+            "<｜begin▁of▁sentence｜><｜User｜>u<｜Assistant｜>c<｜end▁of▁sentence｜><｜User｜>v<｜Assistant｜>w"
+            "<｜end▁of▁sentence｜>");
+}
+
+TEST(ChatTemplateDeepseek3, R1UsesTheLastSystemMessage) {
+  const ChatTemplate t = named("deepseek-r1", deepseek_vocab());
+  EXPECT_EQ(render(t, {{"system", "A"}, {"user", "u"}, {"system", "B"}}),
+            "<｜begin▁of▁sentence｜>B<｜User｜>u<｜Assistant｜><think>\n");
+}
+
+TEST(ChatTemplateDeepseek3, V3_0324OpensTheReplyAfterEveryUserTurn) {
+  const ChatTemplate t = detected(kDeepseekV3_0324Template, deepseek_vocab());
+  EXPECT_EQ(t.name(), "deepseek3");
+  // The same as V3 for a conversation that ends with a user turn and asks for the reply...
+  EXPECT_EQ(render(t, kTwoTurns), render(named("deepseek3", deepseek_vocab()), kTwoTurns));
+  // ...but the reply opening is part of the user turn, with or without a generation prompt.
+  EXPECT_EQ(render(t, kTwoTurns, false),
+            "<｜begin▁of▁sentence｜>You are terse.<｜User｜>Hi<｜Assistant｜>Hello!<｜end▁of▁sentence｜>"
+            "<｜User｜>2+2?<｜Assistant｜>");
+  EXPECT_EQ(render(t, {{"user", "a"}, {"user", "b"}}),
+            "<｜begin▁of▁sentence｜><｜User｜>a<｜Assistant｜><｜User｜>b<｜Assistant｜>");
+  // After a reply, the generation prompt opens the next one.
+  EXPECT_EQ(render(t, {{"user", "a"}, {"assistant", "b"}}),
+            "<｜begin▁of▁sentence｜><｜User｜>a<｜Assistant｜>b<｜end▁of▁sentence｜><｜Assistant｜>");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// DeepSeek-V2
+
+TEST(ChatTemplateDeepseek2, V2LiteChatTwoTurns) {
+  const ChatTemplate t = named("deepseek2", deepseek_vocab());
+  EXPECT_EQ(render(t, kTwoTurns),
+            "<｜begin▁of▁sentence｜>You are terse.\n\nUser: Hi\n\nAssistant: Hello!<｜end▁of▁sentence｜>"
+            "User: 2+2?\n\nAssistant:");
+  EXPECT_EQ(render(t, kTwoTurns, false),
+            "<｜begin▁of▁sentence｜>You are terse.\n\nUser: Hi\n\nAssistant: Hello!<｜end▁of▁sentence｜>"
+            "User: 2+2?\n\n");
+  // A later system message is written where it stands.
+  EXPECT_EQ(render(t, {{"user", "a"}, {"system", "s"}}), "<｜begin▁of▁sentence｜>User: a\n\ns\n\nAssistant:");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// ChatML / Qwen3
+
+TEST(ChatTemplateChatml, Qwen3TwoTurns) {
+  const ChatTemplate t = named("qwen3", qwen_vocab());
+  EXPECT_EQ(t.kind(), TemplateKind::kChatml);
+  EXPECT_EQ(render(t, kTwoTurns),
+            "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(render(t, kTwoTurns, false),
+            "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n");
+}
+
+TEST(ChatTemplateChatml, Qwen3EnableThinkingFalseWritesAnEmptyThinkBlock) {
+  const ChatTemplate t = named("chatml", qwen_vocab());
+  EXPECT_EQ(render(t, {{"user", "Hi"}}, true, /*enable_thinking=*/false),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  // Without a generation prompt there is nothing to add it to.
+  EXPECT_EQ(render(t, {{"user", "Hi"}}, false, false), "<|im_start|>user\nHi<|im_end|>\n");
+}
+
+TEST(ChatTemplateChatml, Qwen3StripsThinkingFromPastReplies) {
+  const ChatTemplate t = named("qwen3", qwen_vocab());
+  EXPECT_EQ(render(t, {{"user", "Hi"}, {"assistant", "<think>\nGreet back.\n</think>\n\nHello!"}, {"user", "Bye"}}),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+            "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplateChatml, Qwen3KeepsReasoningOfAReplyAfterTheLastQuery) {
+  const ChatTemplate t = named("qwen3", qwen_vocab());
+  // The last message, after the last user query: its think block is rewritten in the template's own layout.
+  EXPECT_EQ(render(t, {{"user", "Hi"}, {"assistant", "<think>\n\nStep 1.\n\n</think>\nHello!"}}, false),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\nStep 1.\n</think>\n\nHello!"
+            "<|im_end|>\n");
+  // Even with no reasoning at all, the last reply gets an empty block.
+  EXPECT_EQ(render(t, {{"user", "Hi"}, {"assistant", "Hello!"}}, false),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nHello!<|im_end|>\n");
+}
+
+TEST(ChatTemplateChatml, LaterSystemMessagesStayInPlace) {
+  const ChatTemplate t = named("chatml", qwen_vocab());
+  EXPECT_EQ(render(t, {{"user", "a"}, {"system", "s"}}, false),
+            "<|im_start|>user\na<|im_end|>\n<|im_start|>system\ns<|im_end|>\n");
+}
+
+TEST(ChatTemplateChatml, Qwen2DefaultSystemPromptComesFromTheTemplate) {
+  const ChatTemplate t = detected(kQwen2Template, qwen_vocab());
+  EXPECT_EQ(t.kind(), TemplateKind::kChatml);
+  EXPECT_EQ(render(t, {{"user", "Hi"}}),
+            "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_EQ(render(t, {{"system", "S"}, {"user", "Hi"}}, false),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+  // Qwen3's template writes the caller's system message only: no default.
+  EXPECT_EQ(render(detected(kQwen3Template, qwen_vocab()), {{"user", "Hi"}}, false),
+            "<|im_start|>user\nHi<|im_end|>\n");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Mistral / Mixtral
+
+TEST(ChatTemplateMistral, MixtralTwoTurns) {
+  const ChatTemplate t = named("mistral", mixtral_vocab());
+  const std::string expected = "<s> [INST] You are terse.\n\nHi [/INST] Hello!</s> [INST] 2+2? [/INST]";
+  EXPECT_EQ(render(t, kTwoTurns), expected);
+  // [/INST] already opens the reply: the generation prompt adds nothing.
+  EXPECT_EQ(render(t, kTwoTurns, false), expected);
+  EXPECT_EQ(render(t, {{"user", "Hi"}}), "<s> [INST] Hi [/INST]");
+}
+
+TEST(ChatTemplateMistral, FirstMixtralTemplateHasNoSpaces) {
+  const ChatTemplate t = detected(kMixtralFirstTemplate, mixtral_vocab());
+  EXPECT_EQ(t.kind(), TemplateKind::kMistral);
+  EXPECT_EQ(render(t, kTwoTurns), "<s>[INST] You are terse.\n\nHi [/INST]Hello!</s>[INST] 2+2? [/INST]");
+}
+
+TEST(ChatTemplateMistral, RejectsWhatTheFormatCannotExpress) {
+  const ChatTemplate t = named("mistral", mixtral_vocab());
+  EXPECT_THROW(render(t, {{"user", "a"}, {"system", "s"}}), Error);
+  EXPECT_THROW(render(t, {{"user", "a"}, {"user", "b"}}), Error);
+  EXPECT_THROW(render(t, {{"assistant", "a"}}), Error);
+  EXPECT_THROW(render(t, {{"system", "s"}, {"assistant", "a"}}), Error);
+  EXPECT_THROW(render(t, {{"system", "s"}}), Error);
+  EXPECT_NO_THROW(render(t, {{"system", "s"}, {"user", "u"}, {"assistant", "a"}}));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Llama-3
+
+TEST(ChatTemplateLlama3, TwoTurnsWithTrimmedContent) {
+  const ChatTemplate t = named("llama3", llama3_vocab());
+  const std::vector<ChatMessage> messages = {
+      {"system", "You are terse."}, {"user", "  Hi\n"}, {"assistant", "Hello!"}, {"user", "2+2?"}};
+  EXPECT_EQ(render(t, messages),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(render(t, {{"user", "Hi"}}, false),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Kimi-K2
+
+TEST(ChatTemplateKimiK2, TwoTurns) {
+  const ChatTemplate t = named("kimi-k2", deepseek_vocab());
+  EXPECT_EQ(render(t, kTwoTurns),
+            "<|im_system|>system<|im_middle|>You are terse.<|im_end|><|im_user|>user<|im_middle|>Hi<|im_end|>"
+            "<|im_assistant|>assistant<|im_middle|>Hello!<|im_end|><|im_user|>user<|im_middle|>2+2?<|im_end|>"
+            "<|im_assistant|>assistant<|im_middle|>");
+}
+
+TEST(ChatTemplateKimiK2, DefaultSystemPromptWhenTheFirstMessageIsNoSystem) {
+  const ChatTemplate t = detected(kKimiK2Template, deepseek_vocab());
+  EXPECT_EQ(t.kind(), TemplateKind::kKimiK2);
+  EXPECT_EQ(render(t, {{"user", "Hi"}}),
+            "<|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|>"
+            "<|im_user|>user<|im_middle|>Hi<|im_end|><|im_assistant|>assistant<|im_middle|>");
+  EXPECT_EQ(render(t, {{"user", "Hi"}, {"system", "S"}}, false),
+            "<|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|>"
+            "<|im_user|>user<|im_middle|>Hi<|im_end|><|im_system|>system<|im_middle|>S<|im_end|>");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Generic
+
+TEST(ChatTemplateGeneric, PlainHeadersAndEosAfterReplies) {
+  const ChatTemplate t = named("generic", deepseek_vocab());
+  EXPECT_EQ(render(t, kTwoTurns),
+            "### System:\nYou are terse.\n\n### User:\nHi\n\n### Assistant:\nHello!<｜end▁of▁sentence｜>\n\n"
+            "### User:\n2+2?\n\n### Assistant:\n");
+  const VocabOnly no_specials({"a"}, std::nullopt, std::nullopt);
+  EXPECT_EQ(render(named("generic", no_specials), {{"user", "u"}, {"assistant", "a"}}, false),
+            "### User:\nu\n\n### Assistant:\na\n\n");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Every format
+
+TEST(ChatTemplate, UnknownRolesFailInEveryFormat) {
+  for (const std::string& name : ChatTemplate::names()) {
+    const ChatTemplate t = named(name, deepseek_vocab());
+    EXPECT_THROW(render(t, {{"user", "u"}, {"tool", "42"}}), Error) << name;
+    try {
+      render(t, {{"ipython", "x"}});
+      ADD_FAILURE() << name << " accepted role ipython";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("ipython"), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+  }
+}
+
+TEST(ChatTemplate, NamesRoundTripThroughByName) {
+  const std::vector<std::string> names = ChatTemplate::names();
+  EXPECT_EQ(names, (std::vector<std::string>{"deepseek3", "deepseek-r1", "deepseek2", "chatml", "mistral", "llama3",
+                                             "kimi-k2", "generic"}));
+  for (const std::string& name : names) EXPECT_EQ(named(name, deepseek_vocab()).name(), name);
+  EXPECT_EQ(named("deepseek-r1", deepseek_vocab()).kind(), TemplateKind::kDeepseek3);
+  EXPECT_EQ(named("qwen3", qwen_vocab()).name(), "chatml");
+  EXPECT_FALSE(ChatTemplate::by_name("", deepseek_vocab()));
+  EXPECT_FALSE(ChatTemplate::by_name("DeepSeek3", deepseek_vocab()));
+  EXPECT_FALSE(ChatTemplate::by_name("llama2", deepseek_vocab()));
+}
+
+TEST(ChatTemplate, EmptyConversation) {
+  EXPECT_EQ(render(named("deepseek3", deepseek_vocab()), {}), "<｜begin▁of▁sentence｜><｜Assistant｜>");
+  EXPECT_EQ(render(named("chatml", qwen_vocab()), {}), "<|im_start|>assistant\n");
+  EXPECT_EQ(render(named("llama3", llama3_vocab()), {}), "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(render(named("mistral", mixtral_vocab()), {}), "<s>");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Detection
+
+TEST(ChatTemplateDetect, OfficialTemplatesMapToTheirFormats) {
+  struct Case {
+    std::string_view tmpl;
+    TemplateKind kind;
+    std::string_view name;
+  };
+  const Case cases[] = {
+      {kDeepseekV3Template, TemplateKind::kDeepseek3, "deepseek3"},
+      {kDeepseekR1Template, TemplateKind::kDeepseek3, "deepseek-r1"},
+      {kDeepseekV3_0324Template, TemplateKind::kDeepseek3, "deepseek3"},
+      {kDeepseekV2Template, TemplateKind::kDeepseek2, "deepseek2"},
+      {kQwen3Template, TemplateKind::kChatml, "chatml"},
+      {kQwen2Template, TemplateKind::kChatml, "chatml"},
+      {kMixtralTemplate, TemplateKind::kMistral, "mistral"},
+      {kMixtralFirstTemplate, TemplateKind::kMistral, "mistral"},
+      {kLlama3Template, TemplateKind::kLlama3, "llama3"},
+      {kKimiK2Template, TemplateKind::kKimiK2, "kimi-k2"},
+  };
+  for (const Case& c : cases) {
+    std::string warning = "unchanged";
+    const ChatTemplate t = detected(c.tmpl, deepseek_vocab(), &warning);
+    EXPECT_EQ(t.kind(), c.kind) << c.tmpl;
+    EXPECT_EQ(t.name(), c.name) << c.tmpl;
+    EXPECT_EQ(warning, "unchanged") << c.tmpl;
+  }
+}
+
+TEST(ChatTemplateDetect, DetectedTemplatesRenderLikeTheNamedOnes) {
+  EXPECT_EQ(render(detected(kDeepseekV3Template, deepseek_vocab()), kTwoTurns),
+            render(named("deepseek3", deepseek_vocab()), kTwoTurns));
+  const std::vector<ChatMessage> reasoning = {{"user", "u"}, {"assistant", "<think>t</think>a"}, {"user", "v"}};
+  EXPECT_EQ(
+      render(detected(kDeepseekR1Template, deepseek_vocab()), reasoning),
+      "<｜begin▁of▁sentence｜><｜User｜>u<｜Assistant｜>a<｜end▁of▁sentence｜><｜User｜>v<｜Assistant｜><think>\n");
+  EXPECT_EQ(render(detected(kMixtralTemplate, mixtral_vocab()), kTwoTurns),
+            render(named("mistral", mixtral_vocab()), kTwoTurns));
+  EXPECT_EQ(render(detected(kLlama3Template, llama3_vocab()), kTwoTurns),
+            render(named("llama3", llama3_vocab()), kTwoTurns));
+  EXPECT_EQ(render(detected(kDeepseekV2Template, deepseek_vocab()), kTwoTurns),
+            render(named("deepseek2", deepseek_vocab()), kTwoTurns));
+}
+
+TEST(ChatTemplateDetect, MissingOrUnknownTemplateFallsBackWithAWarning) {
+  std::string warning;
+  TemplateFile none(std::nullopt);
+  EXPECT_EQ(ChatTemplate::detect(*none.file, deepseek_vocab(), &warning).kind(), TemplateKind::kGeneric);
+  EXPECT_NE(warning.find("no tokenizer.chat_template"), std::string::npos) << warning;
+  EXPECT_EQ(warning.find('\n'), std::string::npos) << warning;
+
+  warning.clear();
+  EXPECT_EQ(detected("", deepseek_vocab(), &warning).kind(), TemplateKind::kGeneric);
+  EXPECT_FALSE(warning.empty());
+
+  warning.clear();
+  EXPECT_EQ(detected("{{ messages | tojson }}", deepseek_vocab(), &warning).kind(), TemplateKind::kGeneric);
+  EXPECT_NE(warning.find("not a format hetmoe knows"), std::string::npos) << warning;
+
+  // A null warning pointer is allowed.
+  EXPECT_EQ(detected("{{ x }}", deepseek_vocab()).kind(), TemplateKind::kGeneric);
+}
+
+TEST(ChatTemplateDetect, TinyReferenceModelsHaveNoTemplate) {
+  const gguf::GgufFile file =
+      gguf::GgufFile::open(std::string(HETMOE_TEST_DATA_DIR) + "/models/tiny-deepseek3-Q4_K_M.gguf");
+  std::string warning;
+  const ChatTemplate t = ChatTemplate::detect(file, deepseek_vocab(), &warning);
+  EXPECT_EQ(t.kind(), TemplateKind::kGeneric);
+  EXPECT_NE(warning.find("tiny-deepseek3-Q4_K_M.gguf"), std::string::npos) << warning;
+}
+
+TEST(ChatTemplate, MissingBosAndEosRenderAsNothing) {
+  const VocabOnly no_specials({"a"}, std::nullopt, std::nullopt);
+  EXPECT_EQ(render(named("deepseek2", no_specials), {{"user", "u"}, {"assistant", "a"}}),
+            "User: u\n\nAssistant: aAssistant:");
+  const VocabOnly out_of_range({"a"}, 7, -1);
+  EXPECT_EQ(render(named("mistral", out_of_range), {{"user", "u"}, {"assistant", "a"}}), " [INST] u [/INST] a");
+}
+
+}  // namespace
+}  // namespace hetmoe::text

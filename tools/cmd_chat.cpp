@@ -1,0 +1,374 @@
+// hetmoe chat: an interactive conversation with line editing, streaming replies and KV reuse between turns; with
+// stdin not a terminal it reads one user message per line and prints only the replies.
+#include <fmt/format.h>
+#include <readline/history.h>
+#include <readline/readline.h>
+#include <sys/select.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "runtime/engine/conversation.h"
+#include "runtime/engine/generate.h"
+#include "runtime/engine/sampler.h"
+#include "runtime/engine/session.h"
+#include "runtime/error.h"
+#include "runtime/model/model.h"
+#include "runtime/text/chat_template.h"
+#include "runtime/text/tokenizer.h"
+#include "tools/commands.h"
+#include "tools/think_filter.h"
+
+namespace hetmoe::cli {
+namespace {
+
+std::atomic<bool> g_interrupt{false};
+
+void on_sigint(int) { g_interrupt = true; }
+
+// SIGINT only raises a flag: generation checks it before every token, the prompt clears its line.
+void install_sigint() {
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: select() returns, so the prompt notices at once
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+class LineReader;
+LineReader* g_reader = nullptr;  // the reader whose line readline's callback completes
+
+constexpr const char* kDim = "\033[2m";
+constexpr const char* kReset = "\033[0m";
+
+// Reads lines with readline's callback interface, so that Ctrl-C at the prompt can drop the current line
+// instead of ending the program. nullopt on end of input (Ctrl-D).
+class LineReader {
+ public:
+  explicit LineReader(bool tty) : tty_(tty) {
+    if (tty_) {
+      rl_catch_signals = 0;
+      rl_catch_sigwinch = 1;
+      using_history();
+    }
+  }
+
+  std::optional<std::string> read(const std::string& prompt) {
+    if (!tty_) {
+      std::string line;
+      if (!std::getline(std::cin, line)) return std::nullopt;
+      return line;
+    }
+    done_ = false;
+    line_.reset();
+    g_reader = this;
+    rl_callback_handler_install(prompt.c_str(), [](char* line) {
+      rl_callback_handler_remove();
+      if (line) {
+        g_reader->line_ = line;
+        std::free(line);
+      }
+      g_reader->done_ = true;
+    });
+    while (!done_) {
+      fd_set fds;
+      FD_ZERO(&fds);
+      FD_SET(STDIN_FILENO, &fds);
+      timeval tv{0, 200000};
+      const int ready = select(STDIN_FILENO + 1, &fds, nullptr, nullptr, &tv);
+      if (g_interrupt.exchange(false)) {
+        rl_replace_line("", 0);
+        fmt::print("^C\n");
+        rl_on_new_line();
+        rl_redisplay();
+        continue;
+      }
+      if (ready > 0) rl_callback_read_char();
+    }
+    if (line_ && !line_->empty()) add_history(line_->c_str());
+    return line_;
+  }
+
+ private:
+  bool tty_;
+  bool done_ = false;
+  std::optional<std::string> line_;
+};
+
+class Chat {
+ public:
+  Chat(const ChatOptions& opt)
+      : opt_(opt),
+        tty_(isatty(STDIN_FILENO) && isatty(STDOUT_FILENO)),
+        model_(model::Model::load(opt.model, resolve_threads(opt.threads))),
+        tokenizer_(text::Tokenizer::from_gguf(model_->file())),
+        template_(pick_template()),
+        session_(*model_, opt.ctx_size > 0 ? opt.ctx_size : std::min<int64_t>(4096, model_->config().n_ctx_train)),
+        conversation_(session_, *tokenizer_, template_, text::RenderOptions{.enable_thinking = opt.enable_thinking}),
+        sampler_(opt.sampling),
+        reader_(tty_) {
+    if (!opt.system.empty()) conversation_.set_system(opt.system);
+  }
+
+  int run() {
+    install_sigint();
+    if (tty_)
+      fmt::print(
+          "{}hetmoe chat: {} ({}), template {}, context {}. /help for commands, Ctrl-C stops a reply, "
+          "Ctrl-D or /exit leaves.{}\n",
+          kDim, model_->config().name.empty() ? model_->config().arch_name : model_->config().name,
+          model_->config().arch_name, template_.name(), session_.n_ctx(), kReset);
+    for (;;) {
+      std::optional<std::string> line = read_message();
+      if (!line) break;
+      if (line->empty()) continue;
+      if ((*line)[0] == '/') {
+        if (!command(*line)) break;
+        continue;
+      }
+      turn(*line);
+    }
+    if (tty_) fmt::print("\n");
+    return 0;
+  }
+
+ private:
+  text::ChatTemplate pick_template() {
+    if (!opt_.chat_template.empty()) {
+      auto t = text::ChatTemplate::by_name(opt_.chat_template, *tokenizer_);
+      if (!t)
+        fail("unknown chat template '{}' (known: {})", opt_.chat_template,
+             fmt::join(text::ChatTemplate::names(), ", "));
+      return *t;
+    }
+    std::string warning;
+    text::ChatTemplate t = text::ChatTemplate::detect(model_->file(), *tokenizer_, &warning);
+    if (!warning.empty()) fmt::print(stderr, "hetmoe: warning: {}\n", warning);
+    return t;
+  }
+
+  // One message: a line, or several joined when a line ends with a backslash.
+  std::optional<std::string> read_message() {
+    std::optional<std::string> line = reader_.read(tty_ ? "> " : "");
+    if (!line || !tty_) return line;
+    std::string text = *line;
+    while (!text.empty() && text.back() == '\\') {
+      text.back() = '\n';
+      std::optional<std::string> more = reader_.read(". ");
+      if (!more) break;
+      text += *more;
+    }
+    return text;
+  }
+
+  void note(const std::string& text) const {
+    if (tty_) {
+      fmt::print("{}{}{}\n", kDim, text, kReset);
+    } else {
+      fmt::print(stderr, "{}\n", text);
+    }
+  }
+
+  // Returns false to leave.
+  bool command(const std::string& line) {
+    const size_t space = line.find(' ');
+    const std::string name = line.substr(0, space);
+    const std::string arg = space == std::string::npos ? "" : line.substr(space + 1);
+    try {
+      if (name == "/exit" || name == "/quit") return false;
+      if (name == "/help") {
+        note(
+            "/clear          forget the conversation (the system message stays)\n"
+            "/system TEXT    set the system message (empty TEXT removes it)\n"
+            "/save FILE      write the conversation as JSON\n"
+            "/load FILE      read a conversation written by /save\n"
+            "/stats          context use and speeds\n"
+            "/exit           leave (also Ctrl-D)\n"
+            "A line ending in \\ continues on the next line. Ctrl-C stops a reply.");
+      } else if (name == "/clear") {
+        conversation_.clear();
+        note("(conversation cleared)");
+      } else if (name == "/system") {
+        conversation_.set_system(arg);
+        note(arg.empty() ? "(system message removed)" : "(system message set)");
+      } else if (name == "/save") {
+        save(arg);
+      } else if (name == "/load") {
+        load(arg);
+      } else if (name == "/stats") {
+        const engine::Session::Counters& c = total_;
+        note(
+            fmt::format("context {} of {} tokens, {} turns; prefill {} tokens ({:.1f} tok/s), decode {} tokens "
+                        "({:.1f} tok/s)",
+                        session_.n_past(), session_.n_ctx(), conversation_.n_turns(), c.prefill_tokens,
+                        c.prefill_tokens / std::max(c.prefill_seconds, 1e-9), c.decode_tokens,
+                        c.decode_tokens / std::max(c.decode_seconds, 1e-9)));
+      } else {
+        note(fmt::format("unknown command {}; /help lists them", name));
+      }
+    } catch (const std::exception& e) {
+      note(fmt::format("error: {}", e.what()));
+    }
+    return true;
+  }
+
+  void save(const std::string& path) {
+    if (path.empty()) fail("/save needs a file name");
+    nlohmann::json j = {{"format", "hetmoe-chat/1"}, {"messages", nlohmann::json::array()}};
+    for (const text::ChatMessage& m : conversation_.messages())
+      j["messages"].push_back({{"role", m.role}, {"content", m.content}});
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream f(tmp);
+      // A reply cut inside a character is not valid UTF-8; JSON gets U+FFFD there.
+      f << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+      if (!f) fail("cannot write {}", path);
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot write {}", path);
+    note(fmt::format("(saved {} messages to {})", conversation_.messages().size(), path));
+  }
+
+  void load(const std::string& path) {
+    if (path.empty()) fail("/load needs a file name");
+    std::ifstream f(path);
+    if (!f) fail("cannot open {}", path);
+    std::vector<text::ChatMessage> messages;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(f);
+      for (const nlohmann::json& m : j.at("messages")) {
+        const std::string role = m.at("role").get<std::string>();
+        if (role != "system" && role != "user" && role != "assistant") fail("{}: unknown role '{}'", path, role);
+        messages.push_back({role, m.at("content").get<std::string>()});
+      }
+    } catch (const nlohmann::json::exception& e) {
+      fail("{} is not a conversation saved by /save ({})", path, e.what());
+    }
+    conversation_.set_messages(std::move(messages));
+    note(fmt::format("(loaded {} messages from {})", conversation_.messages().size(), path));
+  }
+
+  // Makes room for `text`: asks on a terminal, drops the oldest turns otherwise. False: the message is skipped.
+  bool make_room(const std::string& text) {
+    int64_t margin = conversation_.fit_margin(text);
+    if (margin >= 0) return true;
+    if (tty_) {
+      note(fmt::format("the context is full ({} tokens): this message needs {} more positions.", session_.n_ctx(),
+                       -margin));
+      std::optional<std::string> answer = reader_.read(
+          fmt::format("[c]lear, keep the last [N] of {} turns, or [s]kip this message? ", conversation_.n_turns()));
+      if (!answer || answer->empty() || (*answer)[0] == 's') return false;
+      if ((*answer)[0] == 'c') {
+        conversation_.clear();
+      } else {
+        char* end = nullptr;
+        const long n = std::strtol(answer->c_str(), &end, 10);
+        if (end == answer->c_str() || n < 0) return false;
+        conversation_.keep_last_turns(n);
+      }
+    } else {
+      while (conversation_.fit_margin(text) < 0 && conversation_.n_turns() > 0)
+        conversation_.keep_last_turns(conversation_.n_turns() - 1);
+      note("(context full: dropped the oldest turns)");
+    }
+    margin = conversation_.fit_margin(text);
+    if (margin < 0) {
+      note(fmt::format("this message does not fit the context of {} tokens even alone; not sent", session_.n_ctx()));
+      return false;
+    }
+    return true;
+  }
+
+  void turn(const std::string& text) {
+    if (const auto bad = text::find_invalid_utf8(text)) {
+      note(fmt::format("the message is not valid UTF-8 (byte {}); not sent", *bad));
+      return;
+    }
+    g_interrupt = false;  // a Ctrl-C from here on stops this turn, even one pressed during the prefill
+    try {
+      if (!make_room(text)) return;
+      session_.reset_counters();
+      conversation_.add_user(text);
+    } catch (const std::exception& e) {
+      note(fmt::format("error: {}", e.what()));
+      return;
+    }
+    const bool think_open = rendered_ends_inside_think();
+    ThinkFilter filter(
+        opt_.hide_think ? ThinkFilter::Mode::kHide : (tty_ ? ThinkFilter::Mode::kDim : ThinkFilter::Mode::kPlain),
+        template_.think_open(), template_.think_close(), think_open);
+    // What is shown hides control tokens; what is recorded keeps them, so that the template renders the reply
+    // exactly as the cache holds it and the next turn reuses all of it.
+    text::StreamDecoder decoder(*tokenizer_);
+    text::StreamDecoder recorder(*tokenizer_, /*render_special=*/true);
+    std::string reply = think_open ? std::string(template_.think_open()) + "\n" : "";
+    const int64_t before = session_.n_past();
+    engine::GenerateOptions gen{.max_tokens = opt_.max_tokens, .interrupt = &g_interrupt};
+    engine::GenerateResult result;
+    try {
+      result = engine::generate(session_, last_logits(), sampler_, tokenizer_.get(), gen, [&](int32_t token) {
+        if (tokenizer_->is_end_of_generation(token)) return true;
+        reply += recorder.push(token);
+        fmt::print("{}", filter.push(decoder.push(token)));
+        std::fflush(stdout);
+        return true;
+      });
+    } catch (const std::exception& e) {
+      note(fmt::format("error: {}", e.what()));
+    }
+    reply += recorder.flush();
+    fmt::print("{}{}\n", filter.push(decoder.flush()), filter.flush());
+    std::fflush(stdout);
+    const int64_t evaluated = session_.n_past() - before;
+    for (int64_t i = 0; i < evaluated; ++i) conversation_.on_generated(result.tokens[static_cast<size_t>(i)]);
+    conversation_.add_assistant(reply);
+
+    if (result.stop == engine::StopReason::kInterrupted) note("(stopped)");
+    if (result.stop == engine::StopReason::kContextFull) note("(the context is full: the reply was cut)");
+    const engine::Session::Counters& c = session_.counters();
+    total_.prefill_tokens += c.prefill_tokens;
+    total_.prefill_seconds += c.prefill_seconds;
+    total_.decode_tokens += c.decode_tokens;
+    total_.decode_seconds += c.decode_seconds;
+    note(fmt::format("[prompt {} tokens, {:.1f} tok/s | reply {} tokens, {:.1f} tok/s | context {}/{}]",
+                     c.prefill_tokens, c.prefill_tokens / std::max(c.prefill_seconds, 1e-9), result.tokens.size(),
+                     c.decode_tokens / std::max(c.decode_seconds, 1e-9), session_.n_past(), session_.n_ctx()));
+  }
+
+  // The logits after the last prefill: re-evaluating is avoided by keeping them in the session's model call.
+  std::span<const float> last_logits() { return session_.last_logits(); }
+
+  bool rendered_ends_inside_think() const {
+    const std::string& text = conversation_.rendered();
+    const size_t open = text.rfind(template_.think_open());
+    return open != std::string::npos && text.find(template_.think_close(), open) == std::string::npos &&
+           text.find_first_not_of(" \n", open + template_.think_open().size()) == std::string::npos;
+  }
+
+  ChatOptions opt_;
+  bool tty_;
+  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<text::Tokenizer> tokenizer_;
+  text::ChatTemplate template_;
+  engine::Session session_;
+  engine::Conversation conversation_;
+  engine::Sampler sampler_;
+  LineReader reader_;
+  engine::Session::Counters total_;
+};
+
+}  // namespace
+
+int chat(const ChatOptions& opt) {
+  Chat chat(opt);
+  return chat.run();
+}
+
+}  // namespace hetmoe::cli

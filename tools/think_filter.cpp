@@ -1,0 +1,51 @@
+#include "tools/think_filter.h"
+
+#include <algorithm>
+
+namespace hetmoe::cli {
+
+std::string ThinkFilter::emit(std::string_view text) const {
+  if (text.empty() || !inside_) return std::string(text);
+  switch (mode_) {
+    case Mode::kHide:
+      return "";
+    case Mode::kPlain:
+      return std::string(text);
+    case Mode::kDim:
+      return "\033[2m" + std::string(text) + "\033[0m";
+  }
+  return std::string(text);
+}
+
+std::string ThinkFilter::push(std::string_view text) {
+  pending_ += text;
+  std::string out;
+  for (;;) {
+    const std::string& marker = inside_ ? close_ : open_;
+    const size_t pos = pending_.find(marker);
+    if (pos != std::string::npos) {
+      out += emit(std::string_view(pending_).substr(0, pos));
+      // The markers themselves are shown with the block (dimmed) unless it is hidden.
+      const bool was_inside = inside_;
+      inside_ = true;
+      if (mode_ != Mode::kHide) out += emit(marker);
+      inside_ = !was_inside;
+      pending_.erase(0, pos + marker.size());
+      continue;
+    }
+    // Hold back the longest tail that could still become the marker.
+    size_t hold = std::min(marker.size() - 1, pending_.size());
+    while (hold > 0 && marker.compare(0, hold, pending_, pending_.size() - hold, hold) != 0) --hold;
+    out += emit(std::string_view(pending_).substr(0, pending_.size() - hold));
+    pending_.erase(0, pending_.size() - hold);
+    return out;
+  }
+}
+
+std::string ThinkFilter::flush() {
+  std::string out = emit(pending_);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace hetmoe::cli
