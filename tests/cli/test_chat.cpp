@@ -215,5 +215,27 @@ TEST(ChatTerminal, TurnsCtrlCClearAndExit) {
   EXPECT_EQ(pty.wait_exit(), 0) << pty.output();
 }
 
+TEST(ChatTerminal, FullContextOffersClearOrKeep) {
+  Pty pty({HETMOE_BIN, "chat", "-m", kModel, "-t", "1", "--chat-template", "deepseek3", "--temp", "0", "-n", "4", "-c",
+           "300"});
+  ASSERT_TRUE(pty.expect("> ")) << pty.output();
+  for (int i = 0; i < 2; ++i) {
+    pty.send(kLong + "\r");
+    ASSERT_TRUE(pty.expect("[prompt ")) << pty.output();
+    ASSERT_TRUE(pty.expect("> ")) << pty.output();
+  }
+  pty.send(kLong + "\r");  // does not fit beside the first two turns
+  ASSERT_TRUE(pty.expect("keep the last [N] of 2 turns")) << pty.output();
+  pty.send("1\r");
+  ASSERT_TRUE(pty.expect("[prompt ")) << pty.output();
+  ASSERT_TRUE(pty.expect("> ")) << pty.output();
+  pty.send(std::string(3000, 'y') + "\r");  // too long even alone: refused, the chat goes on
+  ASSERT_TRUE(pty.expect("[c]lear")) << pty.output();
+  pty.send("c\r");
+  ASSERT_TRUE(pty.expect("does not fit the context")) << pty.output();
+  pty.send("/exit\r");
+  EXPECT_EQ(pty.wait_exit(), 0) << pty.output();
+}
+
 }  // namespace
 }  // namespace hetmoe

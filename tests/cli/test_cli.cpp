@@ -172,6 +172,38 @@ TEST_F(Cli, FailedCommandsLeaveExistingFilesAlone) {
             1);
 }
 
+TEST_F(Cli, TextPromptNeedsATokenizer) {
+  const fs::path p = rewrite(
+      "notok.gguf", [](std::string& key, gguf::Value&) { return key.rfind("tokenizer.", 0) != 0; },
+      [](const gguf::TensorInfo&, gguf::GgufWriter&) { return true; });
+  expect_error(hetmoe("run -m " + p.string() + " -p hello -n 2"), "tokenizer");
+  // Token ids need no tokenizer.
+  EXPECT_EQ(hetmoe("run -m " + p.string() + " --tokens 3,17 -n 2 --temp 0 --print-ids").status, 0);
+}
+
+TEST_F(Cli, PromptLongerThanTheContext) {
+  expect_error(hetmoe("run -m " + kModel.string() + " -p 'a rather long prompt for four positions' -c 4 -n 1"),
+               "context full");
+  expect_error(hetmoe("run -m " + kModel.string() + " -p \"$(printf 'bad \\377 byte')\" -n 1"), "not valid UTF-8");
+}
+
+TEST_F(Cli, TokenizePrintsTheIdsOfTheFileBytes) {
+  // tokenize-tiny.json: llama.cpp's ids for the tiny deepseek3 vocabulary, no BOS.
+  const fs::path text = dir_ / "text.txt";
+  std::ofstream(text, std::ios::binary) << "The quick brown fox jumps over the lazy dog.";
+  const Result r = hetmoe("tokenize -m " + kModel.string() + " -f " + text.string() + " --no-bos");
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::istringstream ids(r.out);
+  std::vector<int> got;
+  for (int id; ids >> id;) got.push_back(id);
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  const Result with_bos = hetmoe("tokenize -m " + kModel.string() + " -f " + text.string());
+  ASSERT_EQ(with_bos.status, 0);
+  EXPECT_EQ(with_bos.out, "0 " + r.out) << "the deepseek vocabulary asks for BOS 0";
+  EXPECT_EQ(got, (std::vector<int>{305, 360, 464, 279, 494, 357, 123, 35, 476, 280, 353, 265, 298, 412, 356, 481, 49}));
+  expect_error(hetmoe("tokenize -m " + kModel.string() + " -f " + (dir_ / "missing.txt").string()), "missing.txt");
+}
+
 TEST_F(Cli, LogitsWritesOneRowPerToken) {
   const fs::path out = dir_ / "logits.bin";
   const Result r = hetmoe("logits -m " + kModel.string() + " --tokens 3,17,42 --out " + out.string());
