@@ -121,6 +121,18 @@ TEST(ChatPiped, InvalidUtf8IsRefusedNotFatal) {
   EXPECT_EQ(prompt_counts(r.err).size(), 1u) << r.err;
 }
 
+TEST(ChatPiped, AConversationTheTemplateCannotRenderIsReportedAndTheChatGoesOn) {
+  // Mistral's format needs user and assistant turns to alternate; a loaded file with two user turns in a row
+  // cannot be rendered. The message says so, and /clear gets the chat going again.
+  const fs::path file = fs::temp_directory_path() / ("hetmoe_chat_bad_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(file) << R"({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]})";
+  const Piped r = chat_piped("--chat-template mistral --temp 0 -n 2", "/load " + file.string() + "\nhi\n/clear\nhi\n");
+  fs::remove(file);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("error: "), std::string::npos) << r.err;
+  EXPECT_EQ(prompt_counts(r.err).size(), 1u) << "only the message after /clear is answered:\n" << r.err;
+}
+
 TEST(ChatPiped, UnknownTemplateAndMissingTemplate) {
   const Piped bad = chat_piped("--chat-template nope", "hi\n");
   EXPECT_EQ(bad.status, 1);
