@@ -59,18 +59,12 @@ int inspect(const InspectOptions& opt) {
 
   // Per-token active bytes: a token reads one embedding row, every dense weight, and n_used of n_expert experts.
   fmt::print("\n{:<36} {:<7} {:<22} {:>12}\n", "tensor", "type", "shape", "bytes");
-  double total = 0, active = 0;
+  double total = 0;
   for (const gguf::TensorInfo& t : file.tensors()) {
     fmt::print("{:<36} {:<7} {:<22} {:>12}\n", t.name, quant::type_info(t.type).name, t.shape_string(), t.nbytes);
     total += static_cast<double>(t.nbytes);
-    if (t.name == "token_embd.weight" && file.find_tensor("output.weight")) {
-      active += static_cast<double>(t.row_bytes);
-    } else if (t.name.find("_exps.") != std::string::npos && c.n_expert > 0) {
-      active += static_cast<double>(t.nbytes) * static_cast<double>(c.n_expert_used) / static_cast<double>(c.n_expert);
-    } else {
-      active += static_cast<double>(t.nbytes);
-    }
   }
+  const double active = model::active_bytes_per_token(file, c);
   fmt::print("\ntotal weights     {} ({} bytes)\n", human_bytes(total), static_cast<uint64_t>(total));
   fmt::print("active per token  {} ({} bytes; experts counted at {} of {})\n", human_bytes(active),
              static_cast<uint64_t>(active), c.n_expert_used, c.n_expert);

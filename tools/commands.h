@@ -50,7 +50,17 @@ struct TokenizeOptions {
   bool no_bos = false;
 };
 
+struct BenchOptions {
+  std::string model;
+  std::vector<std::string> policies{"cpu"};
+  int prompt = 128;  // prefill tokens
+  int gen = 32;      // decoded tokens
+  std::string json;  // also write the results here
+  int threads = 0;
+};
+
 int inspect(const InspectOptions& opt);
+int bench(const BenchOptions& opt);
 int logits(const LogitsOptions& opt);
 int run(const RunOptions& opt);
 int chat(const ChatOptions& opt);

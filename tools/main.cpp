@@ -87,6 +87,15 @@ int main(int argc, char** argv) {
   int tokenize_threads = 0;
   add_threads(c_tokenize, &tokenize_threads);
 
+  cli::BenchOptions bench;
+  CLI::App* c_bench = app.add_subcommand("bench", "prefill and decode speed against the DRAM roofline");
+  c_bench->add_option("-m,--model", bench.model, "GGUF file")->required();
+  c_bench->add_option("--policies", bench.policies, "offload policies to compare (available: cpu)")->delimiter(',');
+  c_bench->add_option("--prompt", bench.prompt, "prefill tokens")->check(CLI::PositiveNumber);
+  c_bench->add_option("--gen", bench.gen, "decoded tokens")->check(CLI::PositiveNumber);
+  c_bench->add_option("--json", bench.json, "also write the results as JSON");
+  add_threads(c_bench, &bench.threads);
+
   MakeModelOptions make;
   CLI::App* c_make = app.add_subcommand("make-model", "write a random-weight GGUF model of a real layout");
   c_make->add_option("--preset", make.preset, "model layout")->required()->check(CLI::IsMember(preset_names()));
@@ -122,6 +131,7 @@ int main(int argc, char** argv) {
       return cli::run(run);
     }
     if (c_chat->parsed()) return cli::chat(chat);
+    if (c_bench->parsed()) return cli::bench(bench);
     if (c_tokenize->parsed()) return cli::tokenize(tokenize);
     if (c_make->parsed()) {
       make.threads = cli::resolve_threads(make_threads);

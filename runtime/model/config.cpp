@@ -168,4 +168,18 @@ ModelConfig read_config(const gguf::GgufFile& f) {
   return c;
 }
 
+double active_bytes_per_token(const gguf::GgufFile& file, const ModelConfig& c) {
+  double active = 0;
+  for (const gguf::TensorInfo& t : file.tensors()) {
+    if (t.name == "token_embd.weight" && file.find_tensor("output.weight")) {
+      active += static_cast<double>(t.row_bytes);
+    } else if (t.name.find("_exps.") != std::string::npos && c.n_expert > 0) {
+      active += static_cast<double>(t.nbytes) * static_cast<double>(c.n_expert_used) / static_cast<double>(c.n_expert);
+    } else {
+      active += static_cast<double>(t.nbytes);
+    }
+  }
+  return active;
+}
+
 }  // namespace hetmoe::model

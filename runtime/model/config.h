@@ -56,6 +56,10 @@ struct ModelConfig {
   bool is_moe_layer(int64_t layer) const { return n_expert > 0 && layer >= n_leading_dense; }
 };
 
+// Weight bytes one decoded token reads: every dense tensor, one row of the embedding (when the output matrix is
+// separate), and n_used of n_expert of each routed-expert tensor (the expected share under uniform routing).
+double active_bytes_per_token(const gguf::GgufFile& file, const ModelConfig& config);
+
 // Fails with a one-line error for an unknown architecture, a missing required key or inconsistent values.
 ModelConfig read_config(const gguf::GgufFile& file);
 

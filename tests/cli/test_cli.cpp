@@ -204,6 +204,20 @@ TEST_F(Cli, TokenizePrintsTheIdsOfTheFileBytes) {
   expect_error(hetmoe("tokenize -m " + kModel.string() + " -f " + (dir_ / "missing.txt").string()), "missing.txt");
 }
 
+TEST_F(Cli, BenchWritesTheAgreedJsonFields) {
+  const fs::path json = dir_ / "bench.json";
+  const Result r =
+      hetmoe("bench -m " + kModel.string() + " --policies cpu --prompt 8 --gen 4 -t 1 --json " + json.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string j = read_all(json);
+  // Later issues add fields; these names are fixed.
+  for (const char* field :
+       {"\"model\"", "\"results\"", "\"policy\": \"cpu\"", "\"device\"", "\"threads\": 1", "\"prefill_tok_s\"",
+        "\"decode_tok_s\"", "\"bytes_per_token\": 2602256", "\"roofline_fraction\""})
+    EXPECT_NE(j.find(field), std::string::npos) << field << " missing in " << j;
+  expect_error(hetmoe("bench -m " + kModel.string() + " --policies gpu"), "unknown policy 'gpu'");
+}
+
 TEST_F(Cli, LogitsWritesOneRowPerToken) {
   const fs::path out = dir_ / "logits.bin";
   const Result r = hetmoe("logits -m " + kModel.string() + " --tokens 3,17,42 --out " + out.string());

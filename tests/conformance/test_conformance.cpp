@@ -25,7 +25,7 @@ const std::vector<int32_t> kPrompt = {3,   17, 42, 100, 7,  255, 256, 300, 11,  
 
 // Where a reference file lies: the suite's own copy in tests/data, else ../shared/ref.
 std::optional<fs::path> find_ref(const std::string& sub, const std::string& name) {
-  for (const fs::path root : {fs::path(HETMOE_TEST_DATA_DIR), fs::path(HETMOE_SHARED_REF)}) {
+  for (const fs::path& root : {fs::path(HETMOE_TEST_DATA_DIR), fs::path(HETMOE_SHARED_REF)}) {
     fs::path p = root / sub / name;
     if (fs::exists(p)) return p;
   }
@@ -212,7 +212,9 @@ TEST_P(Conformance, AgreesWithLlamaCpp) {
     worst_rel = std::max(worst_rel, r);
     worst_abs = std::max(worst_abs, a);
     EXPECT_LE(r, tc.tol.logits_rel) << "logits rel at position " << p;
-    if (tc.tol.logits_abs >= 0) EXPECT_LE(a, tc.tol.logits_abs) << "logits abs at position " << p;
+    if (tc.tol.logits_abs >= 0) {
+      EXPECT_LE(a, tc.tol.logits_abs) << "logits abs at position " << p;
+    }
   }
   int top1_equal = 0, top1_checked = 0;
   for (int64_t p = 0; p < T; ++p) {
@@ -248,7 +250,9 @@ TEST_P(Conformance, AgreesWithLlamaCpp) {
       m->forward(one, T + s, cache, false, step);
     }
   }
-  if (tc.tol.top1_margin == 0) EXPECT_EQ(greedy_equal, 16);
+  if (tc.tol.top1_margin == 0) {
+    EXPECT_EQ(greedy_equal, 16);
+  }
 
   std::cout << fmt::format(
                    "[ summary  ] {} (isa {}): logits rel {:.2e} abs {:.2e}; worst l_out rel {:.2e}; router probs "

@@ -29,7 +29,7 @@ TEST_P(Memory, LoadDoesNotCopyWeights) {
   GTEST_SKIP() << "skipped under AddressSanitizer: its shadow memory and quarantine make RssAnon meaningless";
 #endif
   fs::path path;
-  for (const fs::path root : {fs::path(HETMOE_TEST_DATA_DIR), fs::path(HETMOE_SHARED_REF)})
+  for (const fs::path& root : {fs::path(HETMOE_TEST_DATA_DIR), fs::path(HETMOE_SHARED_REF)})
     if (fs::exists(root / "models" / GetParam())) {
       path = root / "models" / GetParam();
       break;

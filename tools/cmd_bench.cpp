@@ -1,0 +1,110 @@
+// hetmoe bench: prefill and decode speed of a model under an offload policy, against the roofline that the DRAM
+// bandwidth measured in the same run allows (decode reads every active weight once per token).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+
+#include "cpu_kernels/bandwidth.h"
+#include "cpu_kernels/kernel_table.h"
+#include "runtime/engine/session.h"
+#include "runtime/error.h"
+#include "runtime/model/config.h"
+#include "runtime/model/model.h"
+#include "tools/commands.h"
+
+namespace hetmoe::cli {
+namespace {
+
+std::string cpu_model_name() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+struct PolicyResult {
+  std::string policy, device;
+  int threads = 0;
+  double prefill_tok_s = 0, decode_tok_s = 0, bytes_per_token = 0, roofline_fraction = 0, bandwidth = 0;
+};
+
+PolicyResult bench_cpu(model::Model& m, const BenchOptions& opt, int threads) {
+  PolicyResult r;
+  r.policy = "cpu";
+  r.threads = threads;
+  r.device = fmt::format("{} ({} kernels)", cpu_model_name(), cpu::isa_name(cpu::kernels().isa));
+  const model::ModelConfig& c = m.config();
+
+  // Random prompt ids (fixed seed): speed does not depend on the text, only on the routing it causes.
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(c.n_vocab - 1));
+  std::vector<int32_t> prompt(static_cast<size_t>(opt.prompt));
+  for (int32_t& t : prompt) t = id(rng);
+
+  engine::Session session(m, opt.prompt + opt.gen + 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::span<const float> logits = session.eval(prompt);
+  const auto t1 = std::chrono::steady_clock::now();
+  for (int i = 0; i < opt.gen; ++i) {
+    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const int32_t one[1] = {next};
+    logits = session.eval(one);
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+  r.prefill_tok_s = opt.prompt / std::chrono::duration<double>(t1 - t0).count();
+  r.decode_tok_s = opt.gen / std::chrono::duration<double>(t2 - t1).count();
+  r.bytes_per_token = model::active_bytes_per_token(m.file(), c);
+  // Measured after the run, with the same threads: the roofline of this run's memory system.
+  r.bandwidth = cpu::measure_read_bandwidth(m.pool());
+  r.roofline_fraction = r.decode_tok_s * r.bytes_per_token / r.bandwidth;
+  return r;
+}
+
+}  // namespace
+
+int bench(const BenchOptions& opt) {
+  if (opt.prompt < 1 || opt.gen < 1) fail("--prompt and --gen must be at least 1");
+  for (const std::string& p : opt.policies)
+    if (p != "cpu") fail("unknown policy '{}' (available: cpu)", p);
+  const int threads = resolve_threads(opt.threads);
+  auto m = model::Model::load(opt.model, threads);
+
+  std::vector<PolicyResult> results;
+  for (const std::string& p : opt.policies) results.push_back(bench_cpu(*m, opt, threads));
+
+  fmt::print("model {}  ({:.2f} GB file, {:.3f} GB read per decoded token)\n", opt.model,
+             static_cast<double>(m->file().file_size()) / 1e9, results.front().bytes_per_token / 1e9);
+  fmt::print("{:<8} {:>7} {:>14} {:>13} {:>14} {:>10}  {}\n", "policy", "threads", "prefill tok/s", "decode tok/s",
+             "DRAM GB/s", "roofline", "device");
+  for (const PolicyResult& r : results)
+    fmt::print("{:<8} {:>7} {:>14.1f} {:>13.2f} {:>14.1f} {:>9.0f}%  {}\n", r.policy, r.threads, r.prefill_tok_s,
+               r.decode_tok_s, r.bandwidth / 1e9, 100 * r.roofline_fraction, r.device);
+
+  if (!opt.json.empty()) {
+    nlohmann::json j = {{"model", opt.model},
+                        {"prompt_tokens", opt.prompt},
+                        {"gen_tokens", opt.gen},
+                        {"results", nlohmann::json::array()}};
+    for (const PolicyResult& r : results)
+      j["results"].push_back({{"policy", r.policy},
+                              {"device", r.device},
+                              {"threads", r.threads},
+                              {"prefill_tok_s", r.prefill_tok_s},
+                              {"decode_tok_s", r.decode_tok_s},
+                              {"bytes_per_token", r.bytes_per_token},
+                              {"dram_read_bytes_per_s", r.bandwidth},
+                              {"roofline_fraction", r.roofline_fraction}});
+    std::ofstream f(opt.json);
+    f << j.dump(2) << "\n";
+    if (!f) fail("cannot write {}", opt.json);
+  }
+  return 0;
+}
+
+}  // namespace hetmoe::cli
