@@ -2,6 +2,8 @@
 // the scalar reference in quant/; only the float summation order differs (8 lanes, then a horizontal sum).
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "cpu_kernels/avx2/kernels_avx2.h"
 #include "quant/blocks.h"
 #include "quant/half.h"
@@ -66,6 +68,36 @@ float dot_q8_0(int64_t n, const void* w, const void* a) {
     const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
     acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(qx, qy)), acc);
+  }
+  return hsum(acc);
+}
+
+// Q5_0: 32 values of 4 low bits (elements j and j+16 share a byte) plus a fifth bit each in a 32-bit mask,
+// minus 16. The fifth bits are spread to one byte each: every byte of the mask is copied to 8 lanes, and each
+// lane tests its own bit.
+inline __m256i q5_0_values(const quant::BlockQ5_0& b) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  const __m256i nibbles = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4));
+  uint32_t qh;
+  std::memcpy(&qh, b.qh, sizeof qh);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(qh)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  const __m256i values = _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+  return _mm256_sub_epi8(values, _mm256_set1_epi8(16));
+}
+
+float dot_q5_0(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const quant::BlockQ5_0*>(w);
+  const auto* y = static_cast<const quant::BlockQ8_0*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / quant::kQK5_0; ++i) {
+    const __m256 d = _mm256_set1_ps(fp16_to_fp32(x[i].d) * fp16_to_fp32(y[i].d));
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
+    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(q5_0_values(x[i]), qy)), acc);
   }
   return hsum(acc);
 }
@@ -153,7 +185,8 @@ float dot_q6_k(int64_t n, const void* w, const void* a) {
 
 bool has_dot(quant::GgmlType t) {
   using quant::GgmlType;
-  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K;
+  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::Q8_0 || t == GgmlType::Q5_0 ||
+         t == GgmlType::Q4_K || t == GgmlType::Q6_K;
 }
 
 void install(KernelTable& table) {
@@ -162,6 +195,7 @@ void install(KernelTable& table) {
   set(GgmlType::F32, &dot_f32);
   set(GgmlType::F16, &dot_f16);
   set(GgmlType::Q8_0, &dot_q8_0);
+  set(GgmlType::Q5_0, &dot_q5_0);
   set(GgmlType::Q4_K, &dot_q4_k);
   set(GgmlType::Q6_K, &dot_q6_k);
 }
