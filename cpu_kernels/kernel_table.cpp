@@ -1,6 +1,7 @@
 #include "cpu_kernels/kernel_table.h"
 
 #include "cpu_kernels/avx2/kernels_avx2.h"
+#include "cpu_kernels/avx512/kernels_avx512.h"
 #include "quant/ref.h"
 
 namespace hetmoe::cpu {
@@ -72,9 +73,10 @@ KernelTable make_ref_table() {
 
 KernelTable make_kernel_table(Isa isa) {
   KernelTable t = make_ref_table();
-  // AVX-512 and AMX kernels arrive with the CPU engine; until then those tiers run the AVX2 kernels, which
-  // every AVX-512 CPU also executes.
+  // Each tier starts from the one below: formats without a kernel of their own keep the lower tier's. The AMX
+  // tier has no tile kernels yet and runs the AVX-512 ones.
   if (isa >= Isa::kAvx2) avx2::install(t);
+  if (isa >= Isa::kAvx512) avx512::install(t);
   t.isa = isa;
   return t;
 }
@@ -86,7 +88,7 @@ const KernelTable& kernels() {
 
 bool has_fast_dot(Isa isa, quant::GgmlType t) {
   if (isa < Isa::kAvx2) return false;
-  return avx2::has_dot(t);
+  return avx2::has_dot(t) || (isa >= Isa::kAvx512 && avx512::has_dot(t));
 }
 
 }  // namespace hetmoe::cpu
