@@ -102,14 +102,22 @@ float dot_q5_0(int64_t n, const void* w, const void* a) {
   return hsum(acc);
 }
 
-// Q4_K: 8 groups of 32 with 6-bit scales and mins packed in 12 bytes.
-inline void q4k_scales(const uint8_t* s, uint8_t sc[8], uint8_t mn[8]) {
-  for (int j = 0; j < 4; ++j) {
-    sc[j] = s[j] & 63;
-    mn[j] = s[j + 4] & 63;
-    sc[j + 4] = (s[j + 8] & 0xF) | ((s[j] >> 6) << 4);
-    mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
-  }
+// Q4_K: 8 groups of 32 with 6-bit scales and mins packed in 12 bytes. The 12 bytes are unpacked with 32-bit word
+// operations into 8 scale bytes followed by 8 min bytes, then widened once per super-block: the mins meet the
+// activation's group sums in one madd, and each group's scale is broadcast by a byte shuffle instead of a move
+// from a general register.
+inline __m256i q4k_scales_and_mins(const uint8_t* packed) {
+  constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+  uint32_t u[4];
+  std::memcpy(u, packed, 12);
+  u[3] = ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4);
+  const uint32_t mins_low = u[1] & kLow6;
+  u[1] = (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4);
+  u[2] = mins_low;
+  u[0] &= kLow6;
+  // u[0..1]: scales of groups 0-7; u[2..3]: mins of groups 0-7. Widened: lanes 0-7 scales, 8-15 mins.
+  return _mm256_cvtepu8_epi16(
+      _mm_set_epi32(static_cast<int>(u[3]), static_cast<int>(u[2]), static_cast<int>(u[1]), static_cast<int>(u[0])));
 }
 
 float dot_q4_k(int64_t n, const void* w, const void* a) {
@@ -117,29 +125,37 @@ float dot_q4_k(int64_t n, const void* w, const void* a) {
   const auto* y = static_cast<const quant::BlockQ8_K*>(a);
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 acc = _mm256_setzero_ps();
-  float acc_min = 0;
+  __m128 acc_min = _mm_setzero_ps();
   for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
-    uint8_t sc[8], mn[8];
-    q4k_scales(x[i].scales, sc, mn);
-    int32_t summ = 0;
-    for (int j = 0; j < 8; ++j) summ += mn[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+    const __m256i scales_mins = q4k_scales_and_mins(x[i].scales);
+    // Pairs of the 16 activation group sums give the 8 groups of 32; times the mins, summed in 4 int32 lanes.
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
+    const __m128i group_sums = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+    const __m128i mins_products = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), group_sums);
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
     __m256i sumi = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
+      // Broadcast the int16 scales of groups 2c and 2c+1 (bytes 4c..4c+3 of each lane).
+      const __m256i sc_lo =
+          _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>((4 * c + 1) << 8 | 4 * c)));
+      const __m256i sc_hi =
+          _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>((4 * c + 3) << 8 | (4 * c + 2))));
       const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * c));
       const __m256i lo = _mm256_and_si256(q4, low4);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
       const __m256i a_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * c));
       const __m256i a_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * c + 32));
-      const __m256i p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a_lo), _mm256_set1_epi16(sc[2 * c]));
-      const __m256i p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a_hi), _mm256_set1_epi16(sc[2 * c + 1]));
-      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a_lo), sc_lo));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a_hi), sc_hi));
     }
     const float d = y[i].d * fp16_to_fp32(x[i].d);
     const float dmin = y[i].d * fp16_to_fp32(x[i].dmin);
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    acc_min += dmin * static_cast<float>(summ);
+    acc_min = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_products), acc_min);
   }
-  return hsum(acc) - acc_min;
+  __m128 m = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return hsum(acc) - _mm_cvtss_f32(m);
 }
 
 // Q6_K: 16 groups of 16 with signed 8-bit scales; values are 6-bit unsigned minus 32. The products use the
@@ -152,9 +168,10 @@ float dot_q6_k(int64_t n, const void* w, const void* a) {
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
     const quant::BlockQ6_K& b = x[i];
-    int32_t corr = 0;
-    for (int g = 0; g < 16; ++g) corr += b.scales[g] * y[i].bsums[g];
-    __m256i sumi = _mm256_setzero_si256();
+    // The 16 scales widened once; the -32 offset folds in as 32 * sum(scale * group sum), kept in vector lanes.
+    const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
+    __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(scales16, bsums), 5));
     for (int half = 0; half < 2; ++half) {
       const uint8_t* ql = b.ql + 64 * half;
       const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
@@ -167,15 +184,18 @@ float dot_q6_k(int64_t n, const void* w, const void* a) {
           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45)),
       };
+      // This half's 8 scales in both 128-bit lanes; row k uses scale 2k in its low lane and 2k+1 in its high one.
+      const __m256i half_scales =
+          half == 0 ? _mm256_permute4x64_epi64(scales16, 0x44) : _mm256_permute4x64_epi64(scales16, 0xEE);
       for (int k = 0; k < 4; ++k) {
-        const int g = 8 * half + 2 * k;
+        const __m256i pick = _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>((4 * k + 3) << 8 | (4 * k + 2))),
+                                              _mm_set1_epi16(static_cast<int16_t>((4 * k + 1) << 8 | 4 * k)));
+        const __m256i scales = _mm256_shuffle_epi8(half_scales, pick);
         const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 128 * half + 32 * k));
-        const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(b.scales[g + 1]), _mm_set1_epi16(b.scales[g]));
         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(rows[k], av), scales));
       }
     }
     const float d = y[i].d * fp16_to_fp32(b.d);
-    sumi = _mm256_sub_epi32(sumi, _mm256_set_epi32(0, 0, 0, 0, 0, 0, 0, 32 * corr));
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
   }
   return hsum(acc);
