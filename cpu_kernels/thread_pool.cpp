@@ -1,13 +1,40 @@
 #include "cpu_kernels/thread_pool.h"
 
 #include <algorithm>
-#include <stdexcept>
+#include <chrono>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace hetmoe::cpu {
 namespace {
 
+// Spinning lasts about 100 microseconds before a thread sleeps: longer than the gap between two loops of one
+// decode step, far shorter than a step.
+constexpr auto kSpinTime = std::chrono::microseconds(100);
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Spins until done() or the spin time is over; returns done().
+template <typename Done>
+bool spin_until(Done done) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpinTime;
+  for (int i = 0;; ++i) {
+    if (done()) return true;
+    cpu_relax();
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() > deadline) return done();
+  }
+}
+
 void chunk_range(int64_t n, int chunks, int index, int64_t* begin, int64_t* end) {
-  int64_t base = n / chunks, extra = n % chunks;
+  const int64_t base = n / chunks, extra = n % chunks;
   *begin = index * base + std::min<int64_t>(index, extra);
   *end = *begin + base + (index < extra ? 1 : 0);
 }
@@ -21,74 +48,84 @@ ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard lock(mutex_);
-    stop_ = true;
+    stop_.store(true, std::memory_order_release);
   }
   start_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
 
+void ThreadPool::run_chunk(int index) {
+  if (index >= job_chunks_) return;
+  int64_t begin, end;
+  chunk_range(job_n_, job_chunks_, index, &begin, &end);
+  try {
+    (*job_)(begin, end);
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    if (!error_) error_ = std::current_exception();
+  }
+}
+
 void ThreadPool::worker(int index) {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t)>* job;
-    int64_t n;
-    int chunks;
-    {
+    // Spin first, then sleep until a new loop is published or the pool stops.
+    spin_until(
+        [&] { return generation_.load(std::memory_order_acquire) != seen || stop_.load(std::memory_order_relaxed); });
+    uint64_t now = generation_.load(std::memory_order_acquire);
+    if (now == seen) {
       std::unique_lock lock(mutex_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-      n = job_n_;
-      chunks = job_chunks_;
+      ++sleeping_workers_;
+      start_cv_.wait(lock, [&] {
+        return stop_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_acquire) != seen;
+      });
+      --sleeping_workers_;
+      now = generation_.load(std::memory_order_acquire);
     }
-    if (index < chunks) {
-      int64_t begin, end;
-      chunk_range(n, chunks, index, &begin, &end);
-      try {
-        (*job)(begin, end);
-      } catch (...) {
-        std::lock_guard lock(mutex_);
-        if (!error_) error_ = std::current_exception();
-      }
-    }
-    {
+    if (stop_.load(std::memory_order_acquire) && now == seen) return;
+    seen = now;
+    run_chunk(index);
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard lock(mutex_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      if (caller_sleeping_) done_cv_.notify_one();
     }
   }
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
-  int64_t max_chunks = std::max<int64_t>(1, n / std::max<int64_t>(1, grain));
-  int chunks = static_cast<int>(std::min<int64_t>(n_threads_, max_chunks));
+  const int64_t max_chunks = std::max<int64_t>(1, n / std::max<int64_t>(1, grain));
+  const int chunks = static_cast<int>(std::min<int64_t>(n_threads_, max_chunks));
   if (chunks == 1) {
     fn(0, n);
     return;
   }
+  job_ = &fn;
+  job_n_ = n;
+  job_chunks_ = chunks;
+  error_ = nullptr;
+  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
   {
     std::lock_guard lock(mutex_);
-    job_ = &fn;
-    job_n_ = n;
-    job_chunks_ = chunks;
-    pending_ = n_threads_ - 1;
-    error_ = nullptr;
-    ++generation_;
+    if (sleeping_workers_ > 0) start_cv_.notify_all();
   }
-  start_cv_.notify_all();
-  int64_t begin, end;
-  chunk_range(n, chunks, 0, &begin, &end);
+
   std::exception_ptr own_error;
   try {
-    fn(begin, end);
+    run_chunk(0);
   } catch (...) {
     own_error = std::current_exception();
   }
-  std::unique_lock lock(mutex_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  if (!spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
+    std::unique_lock lock(mutex_);
+    caller_sleeping_ = true;
+    done_cv_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+    caller_sleeping_ = false;
+  }
   job_ = nullptr;
   if (own_error) std::rethrow_exception(own_error);
+  std::lock_guard lock(mutex_);
   if (error_) std::rethrow_exception(error_);
 }
 
