@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "cpu_kernels/numa/topology.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -41,8 +43,11 @@ void chunk_range(int64_t n, int chunks, int index, int64_t* begin, int64_t* end)
 
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
+ThreadPool::ThreadPool(int n_threads, std::vector<int> pus) : n_threads_(std::max(1, n_threads)) {
+  for (int i = 1; i < n_threads_; ++i) {
+    const int pu = static_cast<size_t>(i) < pus.size() ? pus[static_cast<size_t>(i)] : -1;
+    workers_.emplace_back([this, i, pu] { worker(i, pu); });
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -66,7 +71,8 @@ void ThreadPool::run_chunk(int index) {
   }
 }
 
-void ThreadPool::worker(int index) {
+void ThreadPool::worker(int index, int pu) {
+  if (pu >= 0) pin_current_thread(pu);  // refused pinning leaves the thread free, which still works
   uint64_t seen = 0;
   for (;;) {
     // Spin first, then sleep until a new loop is published or the pool stops.

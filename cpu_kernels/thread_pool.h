@@ -20,7 +20,8 @@ namespace hetmoe::cpu {
 // microsecond, and an idle pool still sleeps.
 class ThreadPool {
  public:
-  explicit ThreadPool(int n_threads);
+  // With `pus`, worker i (i >= 1) pins itself to pus[i]; the caller's thread (0) is left where it is.
+  explicit ThreadPool(int n_threads, std::vector<int> pus = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -32,7 +33,7 @@ class ThreadPool {
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
-  void worker(int index);
+  void worker(int index, int pu);
   void run_chunk(int index);
 
   int n_threads_;

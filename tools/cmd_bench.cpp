@@ -76,7 +76,8 @@ int bench(const BenchOptions& opt) {
   auto m = model::Model::load(opt.model, threads);
 
   std::vector<PolicyResult> results;
-  for (const std::string& p : opt.policies) results.push_back(bench_cpu(*m, opt, threads));
+  for (const std::string& policy : opt.policies)
+    if (policy == "cpu") results.push_back(bench_cpu(*m, opt, threads));
 
   fmt::print("model {}  ({:.2f} GB file, {:.3f} GB read per decoded token)\n", opt.model,
              static_cast<double>(m->file().file_size()) / 1e9, results.front().bytes_per_token / 1e9);

@@ -1,7 +1,9 @@
 #include "runtime/model/model.h"
 
 #include <algorithm>
+#include <cstdlib>
 
+#include "cpu_kernels/numa/topology.h"
 #include "cpu_kernels/ops.h"
 #include "quant/ref.h"
 #include "runtime/error.h"
@@ -14,6 +16,21 @@ std::string shape_of(std::initializer_list<int64_t> ne) {
   std::string s = "{";
   for (int64_t v : ne) s += (s.size() > 1 ? ", " : "") + std::to_string(v);
   return s + "}";
+}
+
+}  // namespace
+
+namespace {
+
+// Threads pinned one per physical core, spread over the NUMA nodes in proportion to their cores, unless
+// HETMOE_PIN=0 or there are more threads than hardware threads.
+std::unique_ptr<cpu::ThreadPool> make_pool(int n_threads) {
+  const char* pin = std::getenv("HETMOE_PIN");
+  const cpu::Topology topology = cpu::Topology::detect();
+  int n_pus = 0;
+  for (const cpu::NumaNode& node : topology.nodes()) n_pus += static_cast<int>(node.pus.size());
+  if ((pin && std::string(pin) == "0") || n_threads > n_pus) return std::make_unique<cpu::ThreadPool>(n_threads);
+  return std::make_unique<cpu::ThreadPool>(n_threads, cpu::place_threads(topology, n_threads).pus);
 }
 
 }  // namespace
@@ -33,10 +50,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, int n_threads) {
 }
 
 Model::Model(std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads)
-    : file_(std::move(file)),
-      config_(std::move(config)),
-      pool_(std::make_unique<cpu::ThreadPool>(n_threads)),
-      kernels_(cpu::kernels()) {}
+    : file_(std::move(file)), config_(std::move(config)), pool_(make_pool(n_threads)), kernels_(cpu::kernels()) {}
 
 const gguf::TensorInfo* Model::optional_tensor(const std::string& name, std::initializer_list<int64_t> ne) const {
   const gguf::TensorInfo* t = file_->find_tensor(name);
