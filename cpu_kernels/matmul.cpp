@@ -1,11 +1,63 @@
 #include "cpu_kernels/matmul.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "quant/ref.h"
 
 namespace hetmoe::cpu {
+
+namespace {
+
+// The activation rows converted to the vec_dot_type of `w`: a view of x itself for F32 weights, else `storage`.
+const uint8_t* convert_activation(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x,
+                                  int64_t n_tokens, std::vector<uint8_t>& storage, size_t* row_bytes) {
+  const quant::GgmlType act_type = quant::type_info(w.type).vec_dot_type;
+  if (act_type == quant::GgmlType::F32) {
+    *row_bytes = static_cast<size_t>(w.n_cols) * sizeof(float);
+    return reinterpret_cast<const uint8_t*>(x);
+  }
+  *row_bytes = quant::activation_row_bytes(w.type, w.n_cols);
+  storage.resize(*row_bytes * static_cast<size_t>(n_tokens));
+  const QuantizeActivationFn convert = k.activation_for(act_type);
+  const size_t rb = *row_bytes;
+  pool.parallel_for(n_tokens, 4, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) convert(x + t * w.n_cols, storage.data() + t * rb, w.n_cols);
+  });
+  return storage.data();
+}
+
+}  // namespace
+
+void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& gate, const WeightMatrix& up,
+                   const float* x, int64_t n_tokens, float* out) {
+  if (n_tokens <= 0 || gate.n_rows <= 0) return;
+  std::vector<uint8_t> gate_storage, up_storage;
+  size_t gate_row = 0, up_row = 0;
+  const uint8_t* gate_act = convert_activation(k, pool, gate, x, n_tokens, gate_storage, &gate_row);
+  const bool same = quant::type_info(gate.type).vec_dot_type == quant::type_info(up.type).vec_dot_type;
+  const uint8_t* up_act = same ? gate_act : convert_activation(k, pool, up, x, n_tokens, up_storage, &up_row);
+  if (same) up_row = gate_row;
+  const VecDotFn gate_dot = k.dot_for(gate.type), up_dot = k.dot_for(up.type);
+  const int64_t n_rows = gate.n_rows;
+  pool.parallel_for(n_rows, 8, [&](int64_t r0, int64_t r1) {
+    constexpr int64_t kRowTile = 8;
+    for (int64_t rt = r0; rt < r1; rt += kRowTile) {
+      const int64_t rt_end = std::min(r1, rt + kRowTile);
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        const uint8_t* ga = gate_act + t * gate_row;
+        const uint8_t* ua = up_act + t * up_row;
+        float* o = out + t * n_rows;
+        for (int64_t r = rt; r < rt_end; ++r) {
+          const float g = gate_dot(gate.n_cols, gate.row(r), ga);
+          const float u = up_dot(up.n_cols, up.row(r), ua);
+          o[r] = (g / (1.0f + std::exp(-g))) * u;
+        }
+      }
+    }
+  });
+}
 
 void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
             int64_t ldy) {

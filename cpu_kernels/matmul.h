@@ -29,4 +29,10 @@ struct WeightMatrix {
 void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
             int64_t ldy);
 
+// The first half of a SwiGLU FFN in one pass: out[t * n_rows + r] = silu(gate.row(r) . x_t) * (up.row(r) . x_t).
+// Each thread takes a range of rows of both matrices, so the SiLU product is formed while both results are in
+// registers and the activation is converted once for both (once per type when they differ).
+void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& gate, const WeightMatrix& up,
+                   const float* x, int64_t n_tokens, float* out);
+
 }  // namespace hetmoe::cpu

@@ -89,12 +89,9 @@ void route(const RoutingParams& p, float* logits, const float* bias, int64_t n, 
 
 void swiglu_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const cpu::WeightMatrix& gate,
                 const cpu::WeightMatrix& up, const cpu::WeightMatrix& down, const float* x, int64_t n, float* out) {
-  const int64_t ff = gate.n_rows;
-  std::vector<float> g(n * ff), u(n * ff);
-  cpu::matmul(k, pool, gate, x, n, g.data(), ff);
-  cpu::matmul(k, pool, up, x, n, u.data(), ff);
-  cpu::swiglu(g.data(), u.data(), g.data(), n * ff);
-  cpu::matmul(k, pool, down, g.data(), n, out, down.n_rows);
+  std::vector<float> hidden(static_cast<size_t>(n * gate.n_rows));
+  cpu::swiglu_matmul(k, pool, gate, up, x, n, hidden.data());
+  cpu::matmul(k, pool, down, hidden.data(), n, out, down.n_rows);
 }
 
 void moe_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const RoutingParams& p,

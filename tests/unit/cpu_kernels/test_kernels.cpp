@@ -124,6 +124,32 @@ TEST(Kernels, ThreadedMatmulEqualsRowByRowDots) {
   }
 }
 
+TEST(Kernels, FusedSwigluEqualsTwoMatmulsAndSilu) {
+  // Rows 1, 17, 97 with 17 tokens; gate and up of the same and of different activation types.
+  const int64_t n_cols = 256, n_tokens = 17;
+  const std::vector<float> x = random_floats(n_cols * n_tokens, 21);
+  for (int64_t n_rows : {1, 17, 97})
+    for (auto [gt, ut] : {std::pair{GgmlType::Q4_K, GgmlType::Q4_K}, std::pair{GgmlType::Q4_K, GgmlType::Q8_0},
+                          std::pair{GgmlType::F32, GgmlType::Q6_K}}) {
+      auto make = [&](GgmlType t, uint64_t seed, std::vector<uint8_t>& bytes) {
+        const std::vector<float> w = random_floats(n_cols * n_rows, seed, 0.05f);
+        const size_t rb = quant::row_bytes(t, n_cols);
+        bytes.resize(rb * n_rows);
+        for (int64_t r = 0; r < n_rows; ++r) quant::quantize_row(t, &w[r * n_cols], bytes.data() + r * rb, n_cols);
+        return WeightMatrix{t, n_cols, n_rows, rb, bytes.data()};
+      };
+      std::vector<uint8_t> gb, ub;
+      const WeightMatrix gate = make(gt, 22, gb), up = make(ut, 23, ub);
+      ThreadPool pool(2);
+      std::vector<float> g(n_tokens * n_rows), u(n_tokens * n_rows), want(n_tokens * n_rows), got(n_tokens * n_rows);
+      matmul(kernels(), pool, gate, x.data(), n_tokens, g.data(), n_rows);
+      matmul(kernels(), pool, up, x.data(), n_tokens, u.data(), n_rows);
+      swiglu(g.data(), u.data(), want.data(), n_tokens * n_rows);
+      swiglu_matmul(kernels(), pool, gate, up, x.data(), n_tokens, got.data());
+      EXPECT_EQ(got, want) << n_rows << " rows";
+    }
+}
+
 TEST(ThreadPool, CoversEveryIndexOnceAndRethrows) {
   for (int threads : {1, 2, 4}) {
     ThreadPool pool(threads);
