@@ -59,7 +59,16 @@ struct BenchOptions {
   int threads = 0;
 };
 
+struct CalibrateOptions {
+  std::string model;
+  std::string out = "hetmoe-profile.json";
+  int64_t max_rows = 1024;   // expert FFN timed at 1, 2, 4, ... rows up to this
+  double max_seconds = 2.0;  // a tier stops growing the row count once one call takes longer
+  int threads = 0;
+};
+
 int inspect(const InspectOptions& opt);
+int calibrate(const CalibrateOptions& opt);
 int bench(const BenchOptions& opt);
 int logits(const LogitsOptions& opt);
 int run(const RunOptions& opt);

@@ -96,6 +96,15 @@ int main(int argc, char** argv) {
   c_bench->add_option("--json", bench.json, "also write the results as JSON");
   add_threads(c_bench, &bench.threads);
 
+  cli::CalibrateOptions calibrate;
+  CLI::App* c_calibrate =
+      app.add_subcommand("calibrate", "measure DRAM bandwidth and expert FFN time per ISA; write a JSON profile");
+  c_calibrate->add_option("-m,--model", calibrate.model, "GGUF file whose first MoE layer's expert is timed")
+      ->required();
+  c_calibrate->add_option("-o,--out", calibrate.out, "profile file");
+  c_calibrate->add_option("--max-rows", calibrate.max_rows, "largest row count timed")->check(CLI::PositiveNumber);
+  add_threads(c_calibrate, &calibrate.threads);
+
   MakeModelOptions make;
   CLI::App* c_make = app.add_subcommand("make-model", "write a random-weight GGUF model of a real layout");
   c_make->add_option("--preset", make.preset, "model layout")->required()->check(CLI::IsMember(preset_names()));
@@ -132,6 +141,7 @@ int main(int argc, char** argv) {
     }
     if (c_chat->parsed()) return cli::chat(chat);
     if (c_bench->parsed()) return cli::bench(bench);
+    if (c_calibrate->parsed()) return cli::calibrate(calibrate);
     if (c_tokenize->parsed()) return cli::tokenize(tokenize);
     if (c_make->parsed()) {
       make.threads = cli::resolve_threads(make_threads);

@@ -41,6 +41,9 @@ class Model {
   const gguf::GgufFile& file() const { return *file_; }
   cpu::ThreadPool& pool() { return *pool_; }
 
+  // The FFN weights of one layer, for calibration and benchmarks that run an expert on their own.
+  const FfnWeights& ffn_weights(int64_t layer) const { return ffn_.at(static_cast<size_t>(layer)); }
+
   // A KV cache for n_ctx positions (at most the training context).
   KvCache make_cache(int64_t n_ctx) const;
 

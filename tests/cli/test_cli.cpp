@@ -218,6 +218,18 @@ TEST_F(Cli, BenchWritesTheAgreedJsonFields) {
   expect_error(hetmoe("bench -m " + kModel.string() + " --policies gpu"), "unknown policy 'gpu'");
 }
 
+TEST_F(Cli, CalibrateWritesBandwidthAndExpertCurves) {
+  const fs::path out = dir_ / "profile.json";
+  const Result r = hetmoe("calibrate -m " + kModel.string() + " -o " + out.string() + " --max-rows 8 -t 1");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string j = read_all(out);
+  for (const char* field : {"\"bandwidth\"", "\"bytes_per_s\"", "\"expert_ffn\"", "\"isa\": \"ref\"", "\"rows\"",
+                            "\"seconds\"", "\"bytes\": 110592.0"})
+    EXPECT_NE(j.find(field), std::string::npos) << field << " missing in " << j;
+  expect_error(hetmoe("calibrate -m " + (fs::path(HETMOE_TEST_DATA_DIR) / "models" / "nope.gguf").string()),
+               "nope.gguf");
+}
+
 TEST_F(Cli, LogitsWritesOneRowPerToken) {
   const fs::path out = dir_ / "logits.bin";
   const Result r = hetmoe("logits -m " + kModel.string() + " --tokens 3,17,42 --out " + out.string());
