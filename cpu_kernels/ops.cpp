@@ -6,6 +6,8 @@
 #include <numbers>
 #include <vector>
 
+#include "cpu_kernels/kernel_table.h"
+
 namespace hetmoe::cpu {
 
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
@@ -92,6 +94,9 @@ void rope_apply(const RopeParams& p, const float* cache, float* x) {
 void causal_attention(const AttentionShape& shape, const AttentionInput& in, int64_t n_tokens, int64_t pos0, float* out,
                       ThreadPool& pool) {
   const int group = shape.n_head / shape.n_head_kv;
+  // q.k is an F32 dot of the cache's row: the kernel table's (SIMD where the CPU has it) instead of a scalar loop
+  // that the compiler may not vectorise (a float reduction).
+  const VecDotFn dot = kernels().dot_for(quant::GgmlType::F32);
   const int64_t out_stride = static_cast<int64_t>(shape.n_head) * shape.head_dim_v;
   pool.parallel_for(n_tokens * shape.n_head, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores;
@@ -104,9 +109,7 @@ void causal_attention(const AttentionShape& shape, const AttentionInput& in, int
       scores.resize(n_keys);
       for (int64_t j = 0; j < n_keys; ++j) {
         const float* k = in.k + j * in.k_stride + static_cast<int64_t>(g) * shape.head_dim_k;
-        float dot = 0;
-        for (int d = 0; d < shape.head_dim_k; ++d) dot += q[d] * k[d];
-        scores[j] = dot * shape.scale;
+        scores[j] = dot(shape.head_dim_k, q, k) * shape.scale;
       }
       softmax(scores.data(), n_keys);
       float* o = out + t * out_stride + static_cast<int64_t>(h) * shape.head_dim_v;
