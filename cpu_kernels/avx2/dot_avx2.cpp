@@ -159,6 +159,48 @@ float dot_q4_k(int64_t n, const void* w, const void* a) {
   return hsum(acc) - _mm_cvtss_f32(m);
 }
 
+// Q5_K: Q4_K plus a fifth bit per value, bit 2c of qh[l] for value 64c + l and bit 2c+1 for value 64c + 32 + l.
+float dot_q5_k(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const quant::BlockQ5_K*>(w);
+  const auto* y = static_cast<const quant::BlockQ8_K*>(a);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i bit0 = _mm256_set1_epi8(0x01);
+  __m256 acc = _mm256_setzero_ps();
+  __m128 acc_min = _mm_setzero_ps();
+  for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
+    const __m256i scales_mins = q4k_scales_and_mins(x[i].scales);
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
+    const __m128i group_sums = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+    const __m128i mins_products = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), group_sums);
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh));
+    __m256i sumi = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i sc_lo =
+          _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>((4 * c + 1) << 8 | 4 * c)));
+      const __m256i sc_hi =
+          _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>((4 * c + 3) << 8 | (4 * c + 2))));
+      // The shift count must be an immediate or a vector: the vector form takes the bit index at run time.
+      const __m256i h_lo = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), bit0);
+      const __m256i h_hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)), bit0);
+      const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * c));
+      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q4, low4), _mm256_slli_epi16(h_lo, 4));
+      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), low4), _mm256_slli_epi16(h_hi, 4));
+      const __m256i a_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * c));
+      const __m256i a_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * c + 32));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a_lo), sc_lo));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a_hi), sc_hi));
+    }
+    const float d = y[i].d * fp16_to_fp32(x[i].d);
+    const float dmin = y[i].d * fp16_to_fp32(x[i].dmin);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    acc_min = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_products), acc_min);
+  }
+  __m128 m = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return hsum(acc) - _mm_cvtss_f32(m);
+}
+
 // Q6_K: 16 groups of 16 with signed 8-bit scales; values are 6-bit unsigned minus 32. The products use the
 // unsigned values and the -32 is folded in through the activation's group sums.
 float dot_q6_k(int64_t n, const void* w, const void* a) {
@@ -207,7 +249,7 @@ float dot_q6_k(int64_t n, const void* w, const void* a) {
 bool has_dot(quant::GgmlType t) {
   using quant::GgmlType;
   return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::Q8_0 || t == GgmlType::Q5_0 ||
-         t == GgmlType::Q4_K || t == GgmlType::Q6_K;
+         t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
 }
 
 void install(KernelTable& table) {
@@ -218,6 +260,7 @@ void install(KernelTable& table) {
   set(GgmlType::Q8_0, &dot_q8_0);
   set(GgmlType::Q5_0, &dot_q5_0);
   set(GgmlType::Q4_K, &dot_q4_k);
+  set(GgmlType::Q5_K, &dot_q5_k);
   set(GgmlType::Q6_K, &dot_q6_k);
 }
 
