@@ -159,6 +159,43 @@ float dot_q4_k(int64_t n, const void* w, const void* a) {
   return hsum(acc) - _mm_cvtss_f32(m);
 }
 
+// Q2_K: 2-bit values, 16 groups of 16 with a 4-bit scale (low nibble) and a 4-bit min (high nibble). Value
+// 128n + 32j + l is bits 2j..2j+1 of qs[32n + l]; its group is 8n + 2j + l / 16.
+float dot_q2_k(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const quant::BlockQ2_K*>(w);
+  const auto* y = static_cast<const quant::BlockQ8_K*>(a);
+  const __m256i two_bits = _mm256_set1_epi8(0x03);
+  __m256 acc = _mm256_setzero_ps();
+  __m256 acc_min = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales));
+    const __m256i scales16 = _mm256_cvtepu8_epi16(_mm_and_si128(packed, _mm_set1_epi8(0x0F)));
+    const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0F)));
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
+    const __m256i mins_products = _mm256_madd_epi16(mins16, bsums);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int half = 0; half < 2; ++half) {
+      const __m256i q2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * half));
+      // This half's 8 scales in both lanes; value row j uses scale 2j in its low lane and 2j+1 in its high one.
+      const __m256i half_scales =
+          half == 0 ? _mm256_permute4x64_epi64(scales16, 0x44) : _mm256_permute4x64_epi64(scales16, 0xEE);
+      for (int j = 0; j < 4; ++j) {
+        const __m256i v = _mm256_and_si256(_mm256_srl_epi16(q2, _mm_cvtsi32_si128(2 * j)), two_bits);
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 128 * half + 32 * j));
+        const __m256i pick = _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>((4 * j + 3) << 8 | (4 * j + 2))),
+                                              _mm_set1_epi16(static_cast<int16_t>((4 * j + 1) << 8 | 4 * j)));
+        sumi = _mm256_add_epi32(sumi,
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(v, av), _mm256_shuffle_epi8(half_scales, pick)));
+      }
+    }
+    const float d = y[i].d * fp16_to_fp32(x[i].d);
+    const float dmin = y[i].d * fp16_to_fp32(x[i].dmin);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    acc_min = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins_products), acc_min);
+  }
+  return hsum(acc) - hsum(acc_min);
+}
+
 // Q5_K: Q4_K plus a fifth bit per value, bit 2c of qh[l] for value 64c + l and bit 2c+1 for value 64c + 32 + l.
 float dot_q5_k(int64_t n, const void* w, const void* a) {
   const auto* x = static_cast<const quant::BlockQ5_K*>(w);
@@ -249,7 +286,7 @@ float dot_q6_k(int64_t n, const void* w, const void* a) {
 bool has_dot(quant::GgmlType t) {
   using quant::GgmlType;
   return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::Q8_0 || t == GgmlType::Q5_0 ||
-         t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+         t == GgmlType::Q2_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
 }
 
 void install(KernelTable& table) {
@@ -259,6 +296,7 @@ void install(KernelTable& table) {
   set(GgmlType::F16, &dot_f16);
   set(GgmlType::Q8_0, &dot_q8_0);
   set(GgmlType::Q5_0, &dot_q5_0);
+  set(GgmlType::Q2_K, &dot_q2_k);
   set(GgmlType::Q4_K, &dot_q4_k);
   set(GgmlType::Q5_K, &dot_q5_k);
   set(GgmlType::Q6_K, &dot_q6_k);
