@@ -73,6 +73,66 @@ float dot_q8_0(int64_t n, const void* w, const void* a) {
   return hsum(acc);
 }
 
+// 32 nibbles of a Q4_0/IQ4_NL-style block as bytes: element j in the low nibble of qs[j], j+16 in the high one.
+inline __m256i nibbles_32(const uint8_t* qs) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4));
+}
+
+float dot_q4_0(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const quant::BlockQ4_0*>(w);
+  const auto* y = static_cast<const quant::BlockQ8_0*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / quant::kQK4_0; ++i) {
+    const __m256i q = _mm256_sub_epi8(nibbles_32(x[i].qs), _mm256_set1_epi8(8));
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(x[i].d) * fp16_to_fp32(y[i].d)),
+                          _mm256_cvtepi32_ps(dot_i8(q, qy)), acc);
+  }
+  return hsum(acc);
+}
+
+// IQ4: each nibble indexes the 16 non-uniform levels; one byte shuffle maps all 32 at once.
+inline __m256i iq4_levels() {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIq4NlValues)));
+}
+
+float dot_iq4_nl(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const quant::BlockIQ4_NL*>(w);
+  const auto* y = static_cast<const quant::BlockQ8_0*>(a);
+  const __m256i levels = iq4_levels();
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / quant::kQK4_NL; ++i) {
+    const __m256i q = _mm256_shuffle_epi8(levels, nibbles_32(x[i].qs));
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(x[i].d) * fp16_to_fp32(y[i].d)),
+                          _mm256_cvtepi32_ps(dot_i8(q, qy)), acc);
+  }
+  return hsum(acc);
+}
+
+// IQ4_XS: 8 sub-blocks of 32 per super-block, each with a 6-bit scale (4 low bits in scales_l, 2 high bits in
+// scales_h) offset by 32; the values are IQ4 levels as in IQ4_NL.
+float dot_iq4_xs(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const quant::BlockIQ4_XS*>(w);
+  const auto* y = static_cast<const quant::BlockQ8_K*>(a);
+  const __m256i levels = iq4_levels();
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
+    const float d = fp16_to_fp32(x[i].d) * y[i].d;
+    __m256 block = _mm256_setzero_ps();
+    for (int ib = 0; ib < 8; ++ib) {
+      const int ls = ((x[i].scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((x[i].scales_h >> (2 * ib)) & 3) << 4);
+      const __m256i q = _mm256_shuffle_epi8(levels, nibbles_32(x[i].qs + 16 * ib));
+      const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 32 * ib));
+      block = _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(ls - 32)), _mm256_cvtepi32_ps(dot_i8(q, qy)), block);
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), block, acc);
+  }
+  return hsum(acc);
+}
+
 // Q5_0: 32 values of 4 low bits (elements j and j+16 share a byte) plus a fifth bit each in a 32-bit mask,
 // minus 16. The fifth bits are spread to one byte each: every byte of the mask is copied to 8 lanes, and each
 // lane tests its own bit.
@@ -286,7 +346,8 @@ float dot_q6_k(int64_t n, const void* w, const void* a) {
 bool has_dot(quant::GgmlType t) {
   using quant::GgmlType;
   return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::Q8_0 || t == GgmlType::Q5_0 ||
-         t == GgmlType::Q2_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+         t == GgmlType::Q4_0 || t == GgmlType::IQ4_NL || t == GgmlType::IQ4_XS || t == GgmlType::Q2_K ||
+         t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
 }
 
 void install(KernelTable& table) {
@@ -296,6 +357,9 @@ void install(KernelTable& table) {
   set(GgmlType::F16, &dot_f16);
   set(GgmlType::Q8_0, &dot_q8_0);
   set(GgmlType::Q5_0, &dot_q5_0);
+  set(GgmlType::Q4_0, &dot_q4_0);
+  set(GgmlType::IQ4_NL, &dot_iq4_nl);
+  set(GgmlType::IQ4_XS, &dot_iq4_xs);
   set(GgmlType::Q2_K, &dot_q2_k);
   set(GgmlType::Q4_K, &dot_q4_k);
   set(GgmlType::Q5_K, &dot_q5_k);
