@@ -256,6 +256,51 @@ float dot_q2_k(int64_t n, const void* w, const void* a) {
   return hsum(acc) - hsum(acc_min);
 }
 
+// Q3_K: 3-bit values -4..3 as 2 low bits in qs and a high bit in hmask that, when clear, subtracts 4; 16 groups
+// of 16 with 6-bit scales offset by 32. Value 128n + 32j + l: bits 2j of qs[32n + l], bit 4n + j of hmask[l].
+// The products use v = low | high << 2 (0..7), and the -4 folds in through the activation's group sums.
+float dot_q3_k(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const quant::BlockQ3_K*>(w);
+  const auto* y = static_cast<const quant::BlockQ8_K*>(a);
+  const __m256i two_bits = _mm256_set1_epi8(0x03);
+  const __m256i bit0 = _mm256_set1_epi8(0x01);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
+    constexpr uint32_t kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+    uint32_t u[4];
+    std::memcpy(u, x[i].scales, 12);
+    const uint32_t high = u[2];
+    u[2] = ((u[0] >> 4) & kLow4) | (((high >> 4) & kLow2) << 4);
+    u[3] = ((u[1] >> 4) & kLow4) | (((high >> 6) & kLow2) << 4);
+    u[0] = (u[0] & kLow4) | ((high & kLow2) << 4);
+    u[1] = (u[1] & kLow4) | (((high >> 2) & kLow2) << 4);
+    const __m128i scales8 = _mm_sub_epi8(
+        _mm_set_epi32(static_cast<int>(u[3]), static_cast<int>(u[2]), static_cast<int>(u[1]), static_cast<int>(u[0])),
+        _mm_set1_epi8(32));
+    const __m256i scales16 = _mm256_cvtepi8_epi16(scales8);
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
+    __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(scales16, bsums), 2));
+    const __m256i hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].hmask));
+    for (int half = 0; half < 2; ++half) {
+      const __m256i q2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * half));
+      const __m256i half_scales =
+          half == 0 ? _mm256_permute4x64_epi64(scales16, 0x44) : _mm256_permute4x64_epi64(scales16, 0xEE);
+      for (int j = 0; j < 4; ++j) {
+        const __m256i low = _mm256_and_si256(_mm256_srl_epi16(q2, _mm_cvtsi32_si128(2 * j)), two_bits);
+        const __m256i hbit = _mm256_and_si256(_mm256_srl_epi16(hmask, _mm_cvtsi32_si128(4 * half + j)), bit0);
+        const __m256i v = _mm256_or_si256(low, _mm256_slli_epi16(hbit, 2));
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 128 * half + 32 * j));
+        const __m256i pick = _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>((4 * j + 3) << 8 | (4 * j + 2))),
+                                              _mm_set1_epi16(static_cast<int16_t>((4 * j + 1) << 8 | 4 * j)));
+        sumi = _mm256_add_epi32(sumi,
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(v, av), _mm256_shuffle_epi8(half_scales, pick)));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * fp16_to_fp32(x[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum(acc);
+}
+
 // Q5_K: Q4_K plus a fifth bit per value, bit 2c of qh[l] for value 64c + l and bit 2c+1 for value 64c + 32 + l.
 float dot_q5_k(int64_t n, const void* w, const void* a) {
   const auto* x = static_cast<const quant::BlockQ5_K*>(w);
@@ -347,7 +392,7 @@ bool has_dot(quant::GgmlType t) {
   using quant::GgmlType;
   return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::Q8_0 || t == GgmlType::Q5_0 ||
          t == GgmlType::Q4_0 || t == GgmlType::IQ4_NL || t == GgmlType::IQ4_XS || t == GgmlType::Q2_K ||
-         t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+         t == GgmlType::Q3_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
 }
 
 void install(KernelTable& table) {
@@ -361,6 +406,7 @@ void install(KernelTable& table) {
   set(GgmlType::IQ4_NL, &dot_iq4_nl);
   set(GgmlType::IQ4_XS, &dot_iq4_xs);
   set(GgmlType::Q2_K, &dot_q2_k);
+  set(GgmlType::Q3_K, &dot_q3_k);
   set(GgmlType::Q4_K, &dot_q4_k);
   set(GgmlType::Q5_K, &dot_q5_k);
   set(GgmlType::Q6_K, &dot_q6_k);
