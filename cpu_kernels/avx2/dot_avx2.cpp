@@ -60,6 +60,21 @@ float dot_f16(int64_t n, const void* w, const void* a) {
       [](uint16_t v) { return fp16_to_fp32(v); });
 }
 
+float dot_bf16(int64_t n, const void* w, const void* a) {
+  // A bf16 is the top half of a float: widen to 32 bits and shift into place.
+  auto load = [](const uint16_t* p) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  };
+  auto scalar = [](uint16_t v) {
+    const uint32_t bits = static_cast<uint32_t>(v) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+  };
+  return dot_fma(n, static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(a), load, scalar);
+}
+
 float dot_q8_0(int64_t n, const void* w, const void* a) {
   const auto* x = static_cast<const quant::BlockQ8_0*>(w);
   const auto* y = static_cast<const quant::BlockQ8_0*>(a);
@@ -131,6 +146,49 @@ float dot_iq4_xs(int64_t n, const void* w, const void* a) {
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), block, acc);
   }
   return hsum(acc);
+}
+
+// Q4_1 and Q5_1 store unsigned values with a min; against Q8_1 the min meets the activation block's stored sum s:
+// d_w * d_a * sum(q_w * q_a) + m_w * s_a, as ggml computes it.
+inline __m256i unsigned_dot(__m256i q, __m256i qy) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(q, qy), _mm256_set1_epi16(1));
+}
+
+float dot_q4_1(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const quant::BlockQ4_1*>(w);
+  const auto* y = static_cast<const quant::BlockQ8_1*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  float mins = 0;
+  for (int64_t i = 0; i < n / quant::kQK4_1; ++i) {
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(x[i].d) * fp16_to_fp32(y[i].d)),
+                          _mm256_cvtepi32_ps(unsigned_dot(nibbles_32(x[i].qs), qy)), acc);
+    mins += fp16_to_fp32(x[i].m) * fp16_to_fp32(y[i].s);
+  }
+  return hsum(acc) + mins;
+}
+
+float dot_q5_1(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const quant::BlockQ5_1*>(w);
+  const auto* y = static_cast<const quant::BlockQ8_1*>(a);
+  __m256 acc = _mm256_setzero_ps();
+  float mins = 0;
+  for (int64_t i = 0; i < n / quant::kQK5_1; ++i) {
+    uint32_t qh;
+    std::memcpy(&qh, x[i].qh, sizeof qh);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                                                2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+    const __m256i high =
+        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+    const __m256i q = _mm256_or_si256(nibbles_32(x[i].qs), high);
+    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(x[i].d) * fp16_to_fp32(y[i].d)),
+                          _mm256_cvtepi32_ps(unsigned_dot(q, qy)), acc);
+    mins += fp16_to_fp32(x[i].m) * fp16_to_fp32(y[i].s);
+  }
+  return hsum(acc) + mins;
 }
 
 // Q5_0: 32 values of 4 low bits (elements j and j+16 share a byte) plus a fifth bit each in a 32-bit mask,
@@ -389,10 +447,9 @@ float dot_q6_k(int64_t n, const void* w, const void* a) {
 }  // namespace
 
 bool has_dot(quant::GgmlType t) {
-  using quant::GgmlType;
-  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::Q8_0 || t == GgmlType::Q5_0 ||
-         t == GgmlType::Q4_0 || t == GgmlType::IQ4_NL || t == GgmlType::IQ4_XS || t == GgmlType::Q2_K ||
-         t == GgmlType::Q3_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+  KernelTable probe;
+  install(probe);
+  return probe.vec_dot[static_cast<uint32_t>(t)] != nullptr;
 }
 
 void install(KernelTable& table) {
@@ -402,7 +459,10 @@ void install(KernelTable& table) {
   set(GgmlType::F16, &dot_f16);
   set(GgmlType::Q8_0, &dot_q8_0);
   set(GgmlType::Q5_0, &dot_q5_0);
+  set(GgmlType::BF16, &dot_bf16);
   set(GgmlType::Q4_0, &dot_q4_0);
+  set(GgmlType::Q4_1, &dot_q4_1);
+  set(GgmlType::Q5_1, &dot_q5_1);
   set(GgmlType::IQ4_NL, &dot_iq4_nl);
   set(GgmlType::IQ4_XS, &dot_iq4_xs);
   set(GgmlType::Q2_K, &dot_q2_k);
