@@ -95,6 +95,18 @@ inline __m256i nibbles_32(const uint8_t* qs) {
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4));
 }
 
+// The fifth bits of a Q5_0/Q5_1 block as 0x10 per byte: every byte of the 32-bit mask is copied to 8 lanes, and
+// each lane tests its own bit.
+inline __m256i fifth_bits(const uint8_t* qh_bytes) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, sizeof qh);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(qh)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
 float dot_q4_0(int64_t n, const void* w, const void* a) {
   const auto* x = static_cast<const quant::BlockQ4_0*>(w);
   const auto* y = static_cast<const quant::BlockQ8_0*>(a);
@@ -174,15 +186,7 @@ float dot_q5_1(int64_t n, const void* w, const void* a) {
   __m256 acc = _mm256_setzero_ps();
   float mins = 0;
   for (int64_t i = 0; i < n / quant::kQK5_1; ++i) {
-    uint32_t qh;
-    std::memcpy(&qh, x[i].qh, sizeof qh);
-    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
-                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
-                                                                2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
-    const __m256i high =
-        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
-    const __m256i q = _mm256_or_si256(nibbles_32(x[i].qs), high);
+    const __m256i q = _mm256_or_si256(nibbles_32(x[i].qs), fifth_bits(x[i].qh));
     const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
     acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(x[i].d) * fp16_to_fp32(y[i].d)),
                           _mm256_cvtepi32_ps(unsigned_dot(q, qy)), acc);
@@ -192,21 +196,9 @@ float dot_q5_1(int64_t n, const void* w, const void* a) {
 }
 
 // Q5_0: 32 values of 4 low bits (elements j and j+16 share a byte) plus a fifth bit each in a 32-bit mask,
-// minus 16. The fifth bits are spread to one byte each: every byte of the mask is copied to 8 lanes, and each
-// lane tests its own bit.
+// minus 16.
 inline __m256i q5_0_values(const quant::BlockQ5_0& b) {
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
-  const __m128i low4 = _mm_set1_epi8(0x0F);
-  const __m256i nibbles = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4));
-  uint32_t qh;
-  std::memcpy(&qh, b.qh, sizeof qh);
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int>(qh)),
-      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-  const __m256i values = _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-  return _mm256_sub_epi8(values, _mm256_set1_epi8(16));
+  return _mm256_sub_epi8(_mm256_or_si256(nibbles_32(b.qs), fifth_bits(b.qh)), _mm256_set1_epi8(16));
 }
 
 float dot_q5_0(int64_t n, const void* w, const void* a) {
@@ -239,8 +231,11 @@ inline __m256i q4k_scales_and_mins(const uint8_t* packed) {
       _mm_set_epi32(static_cast<int>(u[3]), static_cast<int>(u[2]), static_cast<int>(u[1]), static_cast<int>(u[0])));
 }
 
-float dot_q4_k(int64_t n, const void* w, const void* a) {
-  const auto* x = static_cast<const quant::BlockQ4_K*>(w);
+// Q4_K and Q5_K share everything but Q5_K's fifth bit: bit 2c of qh[l] for value 64c + l and bit 2c+1 for
+// value 64c + 32 + l.
+template <typename Block, bool kFifthBit>
+float dot_q4_q5_k(int64_t n, const void* w, const void* a) {
+  const auto* x = static_cast<const Block*>(w);
   const auto* y = static_cast<const quant::BlockQ8_K*>(a);
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 acc = _mm256_setzero_ps();
@@ -252,6 +247,8 @@ float dot_q4_k(int64_t n, const void* w, const void* a) {
     const __m128i group_sums = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
     const __m128i mins_products = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), group_sums);
     const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kFifthBit) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh));
     __m256i sumi = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
       // Broadcast the int16 scales of groups 2c and 2c+1 (bytes 4c..4c+3 of each lane).
@@ -260,8 +257,16 @@ float dot_q4_k(int64_t n, const void* w, const void* a) {
       const __m256i sc_hi =
           _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>((4 * c + 3) << 8 | (4 * c + 2))));
       const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * c));
-      const __m256i lo = _mm256_and_si256(q4, low4);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+      __m256i lo = _mm256_and_si256(q4, low4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+      if constexpr (kFifthBit) {
+        // The shift count comes in a vector register, since c is not a compile-time constant.
+        const __m256i bit0 = _mm256_set1_epi8(0x01);
+        const __m256i h_lo = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), bit0);
+        const __m256i h_hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)), bit0);
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(h_lo, 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(h_hi, 4));
+      }
       const __m256i a_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * c));
       const __m256i a_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * c + 32));
       sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a_lo), sc_lo));
@@ -359,48 +364,6 @@ float dot_q3_k(int64_t n, const void* w, const void* a) {
   return hsum(acc);
 }
 
-// Q5_K: Q4_K plus a fifth bit per value, bit 2c of qh[l] for value 64c + l and bit 2c+1 for value 64c + 32 + l.
-float dot_q5_k(int64_t n, const void* w, const void* a) {
-  const auto* x = static_cast<const quant::BlockQ5_K*>(w);
-  const auto* y = static_cast<const quant::BlockQ8_K*>(a);
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i bit0 = _mm256_set1_epi8(0x01);
-  __m256 acc = _mm256_setzero_ps();
-  __m128 acc_min = _mm_setzero_ps();
-  for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
-    const __m256i scales_mins = q4k_scales_and_mins(x[i].scales);
-    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
-    const __m128i group_sums = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-    const __m128i mins_products = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), group_sums);
-    const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh));
-    __m256i sumi = _mm256_setzero_si256();
-    for (int c = 0; c < 4; ++c) {
-      const __m256i sc_lo =
-          _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>((4 * c + 1) << 8 | 4 * c)));
-      const __m256i sc_hi =
-          _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>((4 * c + 3) << 8 | (4 * c + 2))));
-      // The shift count must be an immediate or a vector: the vector form takes the bit index at run time.
-      const __m256i h_lo = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), bit0);
-      const __m256i h_hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)), bit0);
-      const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * c));
-      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q4, low4), _mm256_slli_epi16(h_lo, 4));
-      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), low4), _mm256_slli_epi16(h_hi, 4));
-      const __m256i a_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * c));
-      const __m256i a_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * c + 32));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a_lo), sc_lo));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a_hi), sc_hi));
-    }
-    const float d = y[i].d * fp16_to_fp32(x[i].d);
-    const float dmin = y[i].d * fp16_to_fp32(x[i].dmin);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    acc_min = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_products), acc_min);
-  }
-  __m128 m = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
-  m = _mm_add_ss(m, _mm_movehdup_ps(m));
-  return hsum(acc) - _mm_cvtss_f32(m);
-}
-
 // Q6_K: 16 groups of 16 with signed 8-bit scales; values are 6-bit unsigned minus 32. The products use the
 // unsigned values and the -32 is folded in through the activation's group sums.
 float dot_q6_k(int64_t n, const void* w, const void* a) {
@@ -467,8 +430,8 @@ void install(KernelTable& table) {
   set(GgmlType::IQ4_XS, &dot_iq4_xs);
   set(GgmlType::Q2_K, &dot_q2_k);
   set(GgmlType::Q3_K, &dot_q3_k);
-  set(GgmlType::Q4_K, &dot_q4_k);
-  set(GgmlType::Q5_K, &dot_q5_k);
+  set(GgmlType::Q4_K, &dot_q4_q5_k<quant::BlockQ4_K, false>);
+  set(GgmlType::Q5_K, &dot_q4_q5_k<quant::BlockQ5_K, true>);
   set(GgmlType::Q6_K, &dot_q6_k);
 }
 
