@@ -14,6 +14,12 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// A computation stopped on request (Ctrl-C) before it finished; what it had started is discarded.
+class Cancelled : public Error {
+ public:
+  Cancelled() : Error("stopped") {}
+};
+
 template <typename... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {
   throw Error(fmt::format(format, std::forward<Args>(args)...));

@@ -116,6 +116,7 @@ class Chat {
         sampler_(opt.sampling),
         reader_(tty_) {
     if (!opt.system.empty()) conversation_.set_system(opt.system);
+    conversation_.set_cancel(&g_interrupt);
   }
 
   int run() {
@@ -296,6 +297,9 @@ class Chat {
       if (!make_room(text)) return;
       session_.reset_counters();
       conversation_.add_user(text);
+    } catch (const Cancelled&) {
+      note("(stopped)");
+      return;
     } catch (const std::exception& e) {
       note(fmt::format("error: {}", e.what()));
       return;

@@ -76,7 +76,7 @@ int64_t Conversation::apply(const Plan& p) {
   session_.truncate(p.keep);
   segments_.resize(p.keep_segments);
   cached_text_.resize(p.from);
-  if (!p.tokens.empty()) session_.eval(p.tokens);
+  if (!p.tokens.empty()) session_.eval(p.tokens, cancel_);
   cached_text_.append(p.text, p.from);
   segments_.push_back({static_cast<int64_t>(p.tokens.size()), cached_text_.size()});
   rendered_ = p.text;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -40,7 +41,8 @@ class Conversation {
   int64_t n_turns() const;
 
   // Adds the user message and evaluates the new part of the rendering; returns how many tokens it evaluated.
-  // Throws ContextFull (nothing changed) when they do not fit.
+  // Throws ContextFull (nothing changed) when they do not fit, and Cancelled when `cancel` (set_cancel) is raised
+  // during the prefill (the message is not added; cached turns after the common prefix are re-evaluated later).
   int64_t add_user(std::string text);
   // Free positions that would remain after add_user(text); negative when the turn does not fit.
   int64_t fit_margin(const std::string& text) const;
@@ -48,6 +50,7 @@ class Conversation {
   // Accounts for a generated token the caller evaluated on the session (keeps the text map in step). Call it
   // only for tokens that were evaluated: generate() leaves the end token and the last one unevaluated.
   void on_generated(int32_t token);
+  void set_cancel(const std::atomic<bool>* cancel) { cancel_ = cancel; }
   // Records the finished reply text as the assistant's message.
   void add_assistant(std::string reply);
 
@@ -66,6 +69,7 @@ class Conversation {
   const text::Tokenizer& tokenizer_;
   const text::ChatTemplate& template_;
   text::RenderOptions options_;
+  const std::atomic<bool>* cancel_ = nullptr;
   std::vector<text::ChatMessage> messages_;
   // What the session's tokens stand for, in pieces that can be cut at their ends: a prefilled chunk is one
   // segment (its tokens' text as it was rendered; a tokenizer's added prefix space or BOS need not match the

@@ -6,12 +6,12 @@ namespace hetmoe::engine {
 
 Session::Session(model::Model& model, int64_t n_ctx) : model_(model), cache_(model.make_cache(n_ctx)) {}
 
-std::span<const float> Session::eval(std::span<const int32_t> tokens) {
+std::span<const float> Session::eval(std::span<const int32_t> tokens, const std::atomic<bool>* cancel) {
   if (tokens.empty()) fail("nothing to evaluate");
   if (static_cast<int64_t>(tokens.size()) > n_free())
     fail("context full: {} tokens do not fit ({} of {} positions used)", tokens.size(), n_past(), n_ctx());
   const auto start = std::chrono::steady_clock::now();
-  model_.forward(tokens, n_past(), cache_, /*all_logits=*/false, logits_);
+  model_.forward(tokens, n_past(), cache_, /*all_logits=*/false, logits_, nullptr, cancel);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (tokens.size() > 1) {
     counters_.prefill_tokens += static_cast<int64_t>(tokens.size());

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <span>
@@ -25,7 +26,8 @@ class Session {
 
   // Evaluates `tokens` after what the cache holds and returns the logits of the last one (valid until the next
   // call). Fails before changing anything when they do not fit or an id is out of range.
-  std::span<const float> eval(std::span<const int32_t> tokens);
+  // With `cancel` set, a batch stops between layers by throwing Cancelled, leaving the session as it was.
+  std::span<const float> eval(std::span<const int32_t> tokens, const std::atomic<bool>* cancel = nullptr);
   // The logits eval() returned last.
   std::span<const float> last_logits() const { return logits_; }
   // Forgets everything after the first n tokens; their cache rows are overwritten by later evals.

@@ -160,7 +160,7 @@ void Model::ffn(int64_t layer, const float* x, int64_t n, float* out) {
 }
 
 void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,
-                    std::vector<float>& logits, Trace* trace) {
+                    std::vector<float>& logits, Trace* trace, const std::atomic<bool>* cancel) {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t E = c.n_embd;
@@ -176,6 +176,10 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cach
     quant::dequantize_row(token_embd_->type, token_embd_->row(tokens[t]), x.data() + t * E, E);
 
   for (int64_t l = 0; l < c.n_layer; ++l) {
+    if (cancel && cancel->load(std::memory_order_relaxed)) {
+      trace_ = nullptr;
+      throw Cancelled();
+    }
     for (int64_t t = 0; t < n; ++t) cpu::rms_norm(x.data() + t * E, attn_norm_[l], xn.data() + t * E, E, c.rms_eps);
     attention(l, xn.data(), n, pos0, cache, branch.data());
     for (int64_t i = 0; i < n * E; ++i) x[i] += branch[i];

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <initializer_list>
@@ -50,8 +51,10 @@ class Model {
   // Runs `tokens` at positions pos0, pos0+1, ... as one batch, appending their keys and values to `cache`.
   // logits receives [n_tokens][n_vocab] when all_logits, else [n_vocab] of the last token.
   // Fails (before touching the cache) on an out-of-range token id or when the batch does not fit the context.
+  // `cancel`, when set, is checked between layers: a long prefill stops within one layer by throwing Cancelled
+  // (the cache rows it wrote are past the caller's positions and get overwritten later).
   void forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,
-               std::vector<float>& logits, Trace* trace = nullptr);
+               std::vector<float>& logits, Trace* trace = nullptr, const std::atomic<bool>* cancel = nullptr);
 
  protected:
   Model(std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads);

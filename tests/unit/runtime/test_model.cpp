@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "quant/ref.h"
+#include "runtime/engine/session.h"
 #include "runtime/error.h"
 #include "runtime/gguf/reader.h"
 #include "runtime/gguf/writer.h"
@@ -158,6 +159,25 @@ TEST(Evaluation, ContextLimitAndBadTokensFailBeforeTouchingTheCache) {
   EXPECT_THROW(m->make_cache(1 << 30), Error) << "larger than the training context";
   const std::vector<int32_t> one = {4};
   m->forward(one, 3, cache, false, logits);  // the last position still works
+}
+
+TEST(Evaluation, CancelStopsAPrefillAndLeavesTheSessionAsItWas) {
+  auto m = model::Model::load(tiny_f32().string(), 1);
+  const std::vector<int32_t> first = {1, 2, 3}, second = {4, 5, 6, 7};
+  engine::Session session(*m, 32);
+  session.eval(first);
+  std::atomic<bool> cancel{true};
+  EXPECT_THROW(session.eval(second, &cancel), Cancelled);
+  EXPECT_EQ(session.n_past(), 3) << "a cancelled batch adds nothing";
+  cancel = false;
+  const std::span<const float> resumed = session.eval(second, &cancel);
+  const std::vector<float> got(resumed.begin(), resumed.end());
+  EXPECT_EQ(session.n_past(), 7);
+
+  engine::Session fresh(*m, 32);
+  fresh.eval(first);
+  const std::span<const float> want = fresh.eval(second);
+  EXPECT_EQ(got, std::vector<float>(want.begin(), want.end())) << "the cancelled attempt left no trace";
 }
 
 // --- the legacy fused attn_kv_b layout -------------------------------------------------------------------------
