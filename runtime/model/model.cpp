@@ -1,6 +1,7 @@
 #include "runtime/model/model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 
 #include "cpu_kernels/numa/topology.h"
@@ -50,7 +51,25 @@ std::unique_ptr<Model> Model::load(const std::string& path, int n_threads) {
 }
 
 Model::Model(std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads)
-    : file_(std::move(file)), config_(std::move(config)), pool_(make_pool(n_threads)), kernels_(cpu::kernels()) {}
+    : file_(std::move(file)), config_(std::move(config)), pool_(make_pool(n_threads)), kernels_(cpu::kernels()) {
+  const char* profile = std::getenv("HETMOE_PROFILE");
+  profile_.enabled = profile && std::string(profile) != "0";
+}
+
+Model::~Model() {
+  const Profile& p = profile_;
+  if (!p.enabled || p.calls == 0) return;
+  const double total = p.attention + p.dense_ffn + p.moe_ffn + p.output + p.rest;
+  auto part = [&](const char* name, double s) {
+    fmt::print(stderr, "  {:<10} {:9.1f} ms  {:5.1f}%\n", name, s * 1e3, 100 * s / std::max(total, 1e-12));
+  };
+  fmt::print(stderr, "hetmoe profile: {} forward calls, {} tokens, {:.1f} ms\n", p.calls, p.tokens, total * 1e3);
+  part("attention", p.attention);
+  part("dense ffn", p.dense_ffn);
+  part("moe ffn", p.moe_ffn);
+  part("output", p.output);
+  part("rest", p.rest);
+}
 
 const gguf::TensorInfo* Model::optional_tensor(const std::string& name, std::initializer_list<int64_t> ne) const {
   const gguf::TensorInfo* t = file_->find_tensor(name);
@@ -170,6 +189,8 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cach
   if (pos0 < 0 || pos0 + n > cache.n_ctx())
     fail("context full: {} more tokens do not fit after {} of {} positions", n, pos0, cache.n_ctx());
   trace_ = trace;
+  const auto t_start = std::chrono::steady_clock::now();
+  double t_attention = 0, t_dense = 0, t_moe = 0;
 
   std::vector<float> x(n * E), xn(n * E), branch(n * E);
   for (int64_t t = 0; t < n; ++t)
@@ -181,10 +202,17 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cach
       throw Cancelled();
     }
     for (int64_t t = 0; t < n; ++t) cpu::rms_norm(x.data() + t * E, attn_norm_[l], xn.data() + t * E, E, c.rms_eps);
+    const auto t_attn = std::chrono::steady_clock::now();
     attention(l, xn.data(), n, pos0, cache, branch.data());
+    const auto t_ffn = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < n * E; ++i) x[i] += branch[i];
     for (int64_t t = 0; t < n; ++t) cpu::rms_norm(x.data() + t * E, ffn_[l].norm, xn.data() + t * E, E, c.rms_eps);
     ffn(l, xn.data(), n, branch.data());
+    if (profile_.enabled) {
+      t_attention += std::chrono::duration<double>(t_ffn - t_attn).count();
+      (c.is_moe_layer(l) ? t_moe : t_dense) +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_ffn).count();
+    }
     for (int64_t i = 0; i < n * E; ++i) x[i] += branch[i];
     if (trace) trace->values(l, "l_out", x.data(), n, E);
   }
@@ -194,7 +222,20 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cach
   for (int64_t t = first; t < n; ++t)
     cpu::rms_norm(x.data() + t * E, output_norm_, xn.data() + (t - first) * E, E, c.rms_eps);
   logits.resize(n_out * c.n_vocab);
+  const auto t_out = std::chrono::steady_clock::now();
   matmul(output_, xn.data(), n_out, logits.data(), c.n_vocab);
+  if (profile_.enabled) {
+    const auto t_end = std::chrono::steady_clock::now();
+    const double t_output = std::chrono::duration<double>(t_end - t_out).count();
+    const double t_total = std::chrono::duration<double>(t_end - t_start).count();
+    profile_.attention += t_attention;
+    profile_.dense_ffn += t_dense;
+    profile_.moe_ffn += t_moe;
+    profile_.output += t_output;
+    profile_.rest += t_total - t_attention - t_dense - t_moe - t_output;  // embedding, norms, residual adds
+    profile_.calls += 1;
+    profile_.tokens += n;
+  }
   trace_ = nullptr;
 }
 

@@ -36,7 +36,7 @@ class Model {
   // Maps and validates the file. Errors: missing file, corrupt GGUF, unknown architecture, missing or misshapen
   // tensor; each a one-line hetmoe::Error.
   static std::unique_ptr<Model> load(const std::string& path, int n_threads);
-  virtual ~Model() = default;
+  virtual ~Model();
 
   const ModelConfig& config() const { return config_; }
   const gguf::GgufFile& file() const { return *file_; }
@@ -94,6 +94,14 @@ class Model {
  private:
   void ffn(int64_t layer, const float* x, int64_t n, float* out);
   std::deque<std::vector<float>> owned_vectors_;
+
+  // HETMOE_PROFILE=1: wall time per part of the forward pass, printed to stderr when the model is destroyed.
+  struct Profile {
+    bool enabled = false;
+    double attention = 0, dense_ffn = 0, moe_ffn = 0, output = 0, rest = 0;
+    int64_t calls = 0, tokens = 0;
+  };
+  Profile profile_;
 };
 
 }  // namespace hetmoe::model
