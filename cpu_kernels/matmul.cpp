@@ -30,6 +30,29 @@ const uint8_t* convert_activation(const KernelTable& k, ThreadPool& pool, const 
 
 }  // namespace
 
+void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const HeadsLayout& layout,
+                  const float* x, int64_t n_tokens, float* y) {
+  const int64_t heads = layout.n_heads, rows = w.n_rows / heads, cols = w.n_cols;
+  if (n_tokens <= 0 || rows <= 0) return;
+  // Gather each (token, head) input row, then convert them all at once; row t * heads + h.
+  std::vector<float> gathered(static_cast<size_t>(n_tokens * heads * cols));
+  for (int64_t t = 0; t < n_tokens; ++t)
+    for (int64_t h = 0; h < heads; ++h)
+      std::copy_n(x + t * layout.x_token_stride + h * layout.x_head_stride, cols, &gathered[(t * heads + h) * cols]);
+  std::vector<uint8_t> storage;
+  size_t act_row = 0;
+  const uint8_t* act = convert_activation(k, pool, w, gathered.data(), n_tokens * heads, storage, &act_row);
+  const VecDotFn dot = k.dot_for(w.type);
+  pool.parallel_for(w.n_rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t row = r0; row < r1; ++row) {
+      const int64_t h = row / rows, r = row % rows;
+      for (int64_t t = 0; t < n_tokens; ++t)
+        y[t * layout.y_token_stride + h * layout.y_head_stride + r] =
+            dot(cols, w.row(row), act + static_cast<size_t>(t * heads + h) * act_row);
+    }
+  });
+}
+
 void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& gate, const WeightMatrix& up,
                    const float* x, int64_t n_tokens, float* out) {
   if (n_tokens <= 0 || gate.n_rows <= 0) return;

@@ -29,6 +29,17 @@ struct WeightMatrix {
 void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
             int64_t ldy);
 
+// Per-head matrices in one pass (MLA's attn_k_b / attn_v_b): w holds n_heads blocks of rows; for head h and token t,
+// y[t * y_token_stride + h * y_head_stride + r] = w.row(h * rows + r) . x[t * x_token_stride + h * x_head_stride ...].
+// One activation conversion and one parallel loop for all heads, where a matmul per head would pay both per head.
+struct HeadsLayout {
+  int64_t n_heads = 0;
+  int64_t x_token_stride = 0, x_head_stride = 0;
+  int64_t y_token_stride = 0, y_head_stride = 0;
+};
+void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const HeadsLayout& layout,
+                  const float* x, int64_t n_tokens, float* y);
+
 // The first half of a SwiGLU FFN in one pass: out[t * n_rows + r] = silu(gate.row(r) . x_t) * (up.row(r) . x_t).
 // Each thread takes a range of rows of both matrices, so the SiLU product is formed while both results are in
 // registers and the activation is converted once for both (once per type when they differ).

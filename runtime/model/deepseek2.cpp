@@ -118,14 +118,17 @@ class Deepseek2 final : public Model {
     const int64_t qk = nope + rope, width = kvl + rope;
     for (int64_t t = 0; t < n; ++t) std::copy_n(&kv[t * width], width, cache.k(layer, pos0 + t));
 
-    std::vector<float> q_lat(n * H * width), gathered(n * std::max(nope, kvl));
-    for (int64_t h = 0; h < H; ++h) {
-      for (int64_t t = 0; t < n; ++t) {
-        std::copy_n(&q[(t * H + h) * qk], nope, &gathered[t * nope]);
-        std::copy_n(&q[(t * H + h) * qk + nope], rope, &q_lat[(t * H + h) * width + kvl]);
-      }
-      matmul(L.k_b.rows(h * kvl, kvl), gathered.data(), n, &q_lat[h * width], H * width);
-    }
+    std::vector<float> q_lat(n * H * width);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < H; ++h) std::copy_n(&q[(t * H + h) * qk + nope], rope, &q_lat[(t * H + h) * width + kvl]);
+    // q_nope of every head into latent space in one pass: head h's kv_lora rows of attn_k_b.
+    cpu::matmul_heads(kernels_, pool(), L.k_b,
+                      {.n_heads = H,
+                       .x_token_stride = H * qk,
+                       .x_head_stride = qk,
+                       .y_token_stride = H * width,
+                       .y_head_stride = width},
+                      q.data(), n, q_lat.data());
 
     std::vector<float> lat(n * H * kvl);
     cpu::AttentionShape shape{.n_head = static_cast<int>(H),
@@ -143,10 +146,10 @@ class Deepseek2 final : public Model {
     cpu::causal_attention(shape, in, n, pos0, lat.data(), pool());
 
     std::vector<float> heads(n * H * vh);
-    for (int64_t h = 0; h < H; ++h) {
-      for (int64_t t = 0; t < n; ++t) std::copy_n(&lat[(t * H + h) * kvl], kvl, &gathered[t * kvl]);
-      matmul(L.v_b.rows(h * vh, vh), gathered.data(), n, &heads[h * vh], H * vh);
-    }
+    cpu::matmul_heads(
+        kernels_, pool(), L.v_b,
+        {.n_heads = H, .x_token_stride = H * kvl, .x_head_stride = kvl, .y_token_stride = H * vh, .y_head_stride = vh},
+        lat.data(), n, heads.data());
     matmul(L.out, heads.data(), n, out, c.n_embd);
   }
 
