@@ -86,9 +86,4 @@ const KernelTable& kernels() {
   return table;
 }
 
-bool has_fast_dot(Isa isa, quant::GgmlType t) {
-  if (isa < Isa::kAvx2) return false;
-  return avx2::has_dot(t) || (isa >= Isa::kAvx512 && avx512::has_dot(t));
-}
-
 }  // namespace hetmoe::cpu

@@ -31,7 +31,4 @@ const KernelTable& kernels();
 // The table of a given tier; tests use it to compare every tier the host has with the reference.
 KernelTable make_kernel_table(Isa isa);
 
-// Which weight types have a tier-specific dot product (the rest run the reference).
-bool has_fast_dot(Isa isa, quant::GgmlType t);
-
 }  // namespace hetmoe::cpu

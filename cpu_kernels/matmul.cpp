@@ -85,22 +85,10 @@ void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& g
 void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
             int64_t ldy) {
   if (n_tokens <= 0 || w.n_rows <= 0) return;
-  const quant::GgmlType act_type = quant::type_info(w.type).vec_dot_type;
   const VecDotFn dot = k.dot_for(w.type);
-
-  // F32 weights take the activation as it is; every other type needs it converted once per token.
-  const uint8_t* act = reinterpret_cast<const uint8_t*>(x);
-  size_t act_row = w.n_cols * sizeof(float);
   std::vector<uint8_t> converted;
-  if (act_type != quant::GgmlType::F32) {
-    act_row = quant::activation_row_bytes(w.type, w.n_cols);
-    converted.resize(act_row * n_tokens);
-    QuantizeActivationFn convert = k.activation_for(act_type);
-    pool.parallel_for(n_tokens, 4, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) convert(x + t * w.n_cols, converted.data() + t * act_row, w.n_cols);
-    });
-    act = converted.data();
-  }
+  size_t act_row = 0;
+  const uint8_t* act = convert_activation(k, pool, w, x, n_tokens, converted, &act_row);
 
   // A chunk of 16 rows keeps each thread's slice of W streaming while all tokens reuse it from cache.
   pool.parallel_for(w.n_rows, 16, [&](int64_t r0, int64_t r1) {

@@ -6,6 +6,5 @@ namespace hetmoe::cpu::avx2 {
 
 // Puts the AVX2+FMA+F16C dot products into `table`. Compiled with those flags; call only when the CPU has them.
 void install(KernelTable& table);
-bool has_dot(quant::GgmlType t);
 
 }  // namespace hetmoe::cpu::avx2

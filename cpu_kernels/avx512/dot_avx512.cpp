@@ -73,11 +73,6 @@ float dot_q6_k(int64_t n, const void* w, const void* a) {
 
 }  // namespace
 
-bool has_dot(quant::GgmlType t) {
-  using quant::GgmlType;
-  return t == GgmlType::Q6_K;
-}
-
 void install(KernelTable& table) {
   using quant::GgmlType;
   auto set = [&](GgmlType t, VecDotFn fn) { table.vec_dot[static_cast<uint32_t>(t)] = fn; };

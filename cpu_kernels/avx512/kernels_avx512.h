@@ -7,6 +7,5 @@ namespace hetmoe::cpu::avx512 {
 // Puts the AVX-512 (F, BW, VL, VNNI) dot products into `table`, over the AVX2 ones. Compiled with those flags;
 // call only when the CPU and the OS support them (detect_isa() >= Isa::kAvx512).
 void install(KernelTable& table);
-bool has_dot(quant::GgmlType t);
 
 }  // namespace hetmoe::cpu::avx512
