@@ -18,11 +18,6 @@ using gguf::ValueType;
 // llama.cpp's BOS/EOS for a gpt2 vocabulary whose metadata names none (llama_vocab::impl::load).
 constexpr int32_t kDefaultBpeSpecial = 11;
 
-struct Symbol {
-  size_t start = 0, len = 0;
-  int prev = -1, next = -1;
-};
-
 struct Bigram {
   int32_t rank;
   int left, right;
@@ -122,21 +117,7 @@ class BpeTokenizer final : public Tokenizer {
     };
     for (int i = 1; i < static_cast<int>(symbols.size()); ++i) add_bigram(i - 1, i);
 
-    while (!queue.empty()) {
-      const Bigram b = queue.top();
-      queue.pop();
-      Symbol& left = symbols[static_cast<size_t>(b.left)];
-      Symbol& right = symbols[static_cast<size_t>(b.right)];
-      // A pair one of whose symbols has merged since it was queued is stale. Symbols only grow rightwards, so the
-      // total length tells.
-      if (left.len == 0 || right.len == 0 || left.len + right.len != b.size) continue;
-      left.len += right.len;
-      right.len = 0;
-      left.next = right.next;
-      if (right.next >= 0) symbols[static_cast<size_t>(right.next)].prev = b.left;
-      add_bigram(left.prev, b.left);
-      add_bigram(b.left, left.next);
-    }
+    merge_symbols(symbols, queue, add_bigram);
 
     for (int i = symbols.empty() ? -1 : 0; i != -1; i = symbols[static_cast<size_t>(i)].next) {
       const Symbol& s = symbols[static_cast<size_t>(i)];

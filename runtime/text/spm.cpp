@@ -17,11 +17,6 @@ using gguf::ValueType;
 
 constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's visible space
 
-struct Symbol {
-  size_t start = 0, len = 0;
-  int prev = -1, next = -1;
-};
-
 struct Bigram {
   float score;
   int left, right;
@@ -122,19 +117,7 @@ class SpmTokenizer final : public Tokenizer {
     };
     for (int i = 1; i < static_cast<int>(symbols.size()); ++i) add_bigram(i - 1, i);
 
-    while (!queue.empty()) {
-      const Bigram b = queue.top();
-      queue.pop();
-      Symbol& left = symbols[static_cast<size_t>(b.left)];
-      Symbol& right = symbols[static_cast<size_t>(b.right)];
-      if (left.len == 0 || right.len == 0 || left.len + right.len != b.size) continue;  // stale
-      left.len += right.len;
-      right.len = 0;
-      left.next = right.next;
-      if (right.next >= 0) symbols[static_cast<size_t>(right.next)].prev = b.left;
-      add_bigram(left.prev, b.left);
-      add_bigram(b.left, left.next);
-    }
+    merge_symbols(symbols, queue, add_bigram);
 
     // Every merged symbol is a token by construction; only single characters can be missing from the vocabulary
     // (llama.cpp's resegment() then reaches its byte fallback).

@@ -80,4 +80,30 @@ class PreTokenizer {
 std::unique_ptr<Tokenizer> make_bpe_tokenizer(const gguf::GgufFile& file);
 std::unique_ptr<Tokenizer> make_spm_tokenizer(const gguf::GgufFile& file);
 
+// A piece of a word during BPE or SentencePiece merging: a byte range of the word in a doubly linked list.
+struct Symbol {
+  size_t start = 0, len = 0;
+  int prev = -1, next = -1;
+};
+
+// Pops the best queued pair and merges it until the queue is empty, queueing the pairs the merge creates with
+// add_bigram(left, right). Queue entries carry left, right and size (the pair's byte length); a pair one of
+// whose symbols merged since it was queued is stale: symbols only grow rightwards, so the length tells.
+template <typename Queue, typename AddBigram>
+void merge_symbols(std::vector<Symbol>& symbols, Queue& queue, AddBigram add_bigram) {
+  while (!queue.empty()) {
+    const auto b = queue.top();
+    queue.pop();
+    Symbol& left = symbols[static_cast<size_t>(b.left)];
+    Symbol& right = symbols[static_cast<size_t>(b.right)];
+    if (left.len == 0 || right.len == 0 || left.len + right.len != b.size) continue;
+    left.len += right.len;
+    right.len = 0;
+    left.next = right.next;
+    if (right.next >= 0) symbols[static_cast<size_t>(right.next)].prev = b.left;
+    add_bigram(left.prev, b.left);
+    add_bigram(b.left, left.next);
+  }
+}
+
 }  // namespace hetmoe::text::detail
