@@ -33,7 +33,7 @@ void add_sampling(CLI::App* cmd, engine::SamplingParams* p) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"hetmoe: DeepSeek-class MoE models from GGUF files on a CPU (+ GPU) workstation"};
+  CLI::App app{"hetmoe: DeepSeek-class MoE models from GGUF files on a CPU workstation (GPU offload comes later)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "hetmoe 0.1");
 
