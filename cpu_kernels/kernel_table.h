@@ -10,6 +10,10 @@ namespace hetmoe::cpu {
 
 // Dot product of one weight row of n elements with an activation already in the weight type's vec_dot_type.
 using VecDotFn = float (*)(int64_t n, const void* weight_row, const void* activation);
+// One weight row against n_act activation rows (act + j * act_stride), into out[j]; out[j] equals, bit for bit,
+// the table's vec_dot of the same row and activation, so batched and token-by-token evaluation agree.
+using VecDotRowsFn = void (*)(int64_t n, const void* weight_row, const uint8_t* act, size_t act_stride, int64_t n_act,
+                              float* out);
 // n activation floats to a vec_dot_type.
 using QuantizeActivationFn = void (*)(const float* src, void* dst, int64_t n);
 
@@ -18,9 +22,18 @@ using QuantizeActivationFn = void (*)(const float* src, void* dst, int64_t n);
 struct KernelTable {
   Isa isa = Isa::kRef;
   std::array<VecDotFn, 32> vec_dot{};                          // by weight type id
+  std::array<VecDotRowsFn, 32> vec_dot_rows{};                 // by weight type id; null: vec_dot per row
   std::array<QuantizeActivationFn, 32> quantize_activation{};  // by vec_dot_type id
 
   VecDotFn dot_for(quant::GgmlType t) const { return vec_dot[static_cast<uint32_t>(t)]; }
+  // vec_dot_rows where the tier has it (the weight row is unpacked once for all activations), else vec_dot.
+  void dot_rows(quant::GgmlType t, int64_t n, const void* weight_row, const uint8_t* act, size_t act_stride,
+                int64_t n_act, float* out) const {
+    if (const VecDotRowsFn rows = vec_dot_rows[static_cast<uint32_t>(t)])
+      return rows(n, weight_row, act, act_stride, n_act, out);
+    const VecDotFn dot = dot_for(t);
+    for (int64_t j = 0; j < n_act; ++j) out[j] = dot(n, weight_row, act + static_cast<size_t>(j) * act_stride);
+  }
   QuantizeActivationFn activation_for(quant::GgmlType vec_dot_type) const {
     return quantize_activation[static_cast<uint32_t>(vec_dot_type)];
   }

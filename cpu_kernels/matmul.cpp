@@ -28,6 +28,9 @@ const uint8_t* convert_activation(const KernelTable& k, ThreadPool& pool, const 
   return storage.data();
 }
 
+// Tokens per dot_rows call: the activation rows of one chunk stay in L1/L2 while a tile of weight rows passes.
+constexpr int64_t kTokenChunk = 16;
+
 }  // namespace
 
 void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const HeadsLayout& layout,
@@ -42,13 +45,16 @@ void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w,
   std::vector<uint8_t> storage;
   size_t act_row = 0;
   const uint8_t* act = convert_activation(k, pool, w, gathered.data(), n_tokens * heads, storage, &act_row);
-  const VecDotFn dot = k.dot_for(w.type);
   pool.parallel_for(w.n_rows, 16, [&](int64_t r0, int64_t r1) {
+    float out[kTokenChunk];
     for (int64_t row = r0; row < r1; ++row) {
       const int64_t h = row / rows, r = row % rows;
-      for (int64_t t = 0; t < n_tokens; ++t)
-        y[t * layout.y_token_stride + h * layout.y_head_stride + r] =
-            dot(cols, w.row(row), act + static_cast<size_t>(t * heads + h) * act_row);
+      for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
+        const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
+        k.dot_rows(w.type, cols, w.row(row), act + static_cast<size_t>(t0 * heads + h) * act_row, heads * act_row, nt,
+                   out);
+        for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * layout.y_token_stride + h * layout.y_head_stride + r] = out[t];
+      }
     }
   });
 }
@@ -62,20 +68,18 @@ void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& g
   const bool same = quant::type_info(gate.type).vec_dot_type == quant::type_info(up.type).vec_dot_type;
   const uint8_t* up_act = same ? gate_act : convert_activation(k, pool, up, x, n_tokens, up_storage, &up_row);
   if (same) up_row = gate_row;
-  const VecDotFn gate_dot = k.dot_for(gate.type), up_dot = k.dot_for(up.type);
   const int64_t n_rows = gate.n_rows;
   pool.parallel_for(n_rows, 8, [&](int64_t r0, int64_t r1) {
     constexpr int64_t kRowTile = 8;
-    for (int64_t rt = r0; rt < r1; rt += kRowTile) {
-      const int64_t rt_end = std::min(r1, rt + kRowTile);
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        const uint8_t* ga = gate_act + t * gate_row;
-        const uint8_t* ua = up_act + t * up_row;
-        float* o = out + t * n_rows;
+    float g[kTokenChunk], u[kTokenChunk];
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
+      const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
+      for (int64_t rt = r0; rt < r1; rt += kRowTile) {
+        const int64_t rt_end = std::min(r1, rt + kRowTile);
         for (int64_t r = rt; r < rt_end; ++r) {
-          const float g = gate_dot(gate.n_cols, gate.row(r), ga);
-          const float u = up_dot(up.n_cols, up.row(r), ua);
-          o[r] = (g / (1.0f + std::exp(-g))) * u;
+          k.dot_rows(gate.type, gate.n_cols, gate.row(r), gate_act + t0 * gate_row, gate_row, nt, g);
+          k.dot_rows(up.type, up.n_cols, up.row(r), up_act + t0 * up_row, up_row, nt, u);
+          for (int64_t t = 0; t < nt; ++t) out[(t0 + t) * n_rows + r] = (g[t] / (1.0f + std::exp(-g[t]))) * u[t];
         }
       }
     }
@@ -85,20 +89,18 @@ void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& g
 void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
             int64_t ldy) {
   if (n_tokens <= 0 || w.n_rows <= 0) return;
-  const VecDotFn dot = k.dot_for(w.type);
   std::vector<uint8_t> converted;
   size_t act_row = 0;
   const uint8_t* act = convert_activation(k, pool, w, x, n_tokens, converted, &act_row);
 
-  // A chunk of 16 rows keeps each thread's slice of W streaming while all tokens reuse it from cache.
+  // Each weight row is unpacked once per chunk of tokens (dot_rows) and stays in L1 for all of them.
   pool.parallel_for(w.n_rows, 16, [&](int64_t r0, int64_t r1) {
-    constexpr int64_t kRowTile = 16;
-    for (int64_t rt = r0; rt < r1; rt += kRowTile) {
-      int64_t rt_end = std::min(r1, rt + kRowTile);
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        const uint8_t* a = act + t * act_row;
-        float* yt = y + t * ldy;
-        for (int64_t r = rt; r < rt_end; ++r) yt[r] = dot(w.n_cols, w.row(r), a);
+    float out[kTokenChunk];
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
+        const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
+        k.dot_rows(w.type, w.n_cols, w.row(r), act + t0 * act_row, act_row, nt, out);
+        for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * ldy + r] = out[t];
       }
     }
   });

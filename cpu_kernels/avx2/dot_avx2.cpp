@@ -75,18 +75,78 @@ float dot_bf16(int64_t n, const void* w, const void* a) {
   return dot_fma(n, static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(a), load, scalar);
 }
 
-float dot_q8_0(int64_t n, const void* w, const void* a) {
-  const auto* x = static_cast<const quant::BlockQ8_0*>(w);
-  const auto* y = static_cast<const quant::BlockQ8_0*>(a);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / quant::kQK8_0; ++i) {
-    const __m256 d = _mm256_set1_ps(fp16_to_fp32(x[i].d) * fp16_to_fp32(y[i].d));
-    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
-    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(qx, qy)), acc);
-  }
-  return hsum(acc);
+// The kernels below that matter most for MoE models come as `struct { template <int N> static void cols(...) }`:
+// one weight row against N activation rows at once (N = 1..4), so the row's blocks are unpacked once for all N.
+// Column j's arithmetic is the same instruction sequence for every N, so dot_rows and vec_dot agree bit for bit.
+template <typename Kernel>
+float dot_one(int64_t n, const void* w, const void* a) {
+  float out;
+  Kernel::template cols<1>(n, w, static_cast<const uint8_t*>(a), 0, &out);
+  return out;
 }
+
+template <typename Kernel>
+void dot_rows(int64_t n, const void* w, const uint8_t* act, size_t stride, int64_t n_act, float* out) {
+  int64_t j = 0;
+  for (; j + 4 <= n_act; j += 4) Kernel::template cols<4>(n, w, act + j * stride, stride, out + j);
+  switch (n_act - j) {
+    case 3:
+      Kernel::template cols<3>(n, w, act + j * stride, stride, out + j);
+      break;
+    case 2:
+      Kernel::template cols<2>(n, w, act + j * stride, stride, out + j);
+      break;
+    case 1:
+      Kernel::template cols<1>(n, w, act + j * stride, stride, out + j);
+      break;
+    default:
+      break;
+  }
+}
+
+// The N activation rows of a cols<N> call as block arrays.
+template <typename Block, int N>
+struct ActRows {
+  const Block* y[N];
+  ActRows(const uint8_t* act, size_t stride) {
+    for (int j = 0; j < N; ++j) y[j] = reinterpret_cast<const Block*>(act + j * stride);
+  }
+  const Block* operator[](int j) const { return y[j]; }
+};
+
+// Signed 8-bit weights x signed 8-bit activations of a 32-value block, with the weights' sign work done once.
+struct SignedWeights {
+  __m256i abs_w, w;
+  explicit SignedWeights(__m256i q) : abs_w(_mm256_sign_epi8(q, q)), w(q) {}
+  __m256i dot(__m256i qy) const {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(qy, w)), _mm256_set1_epi16(1));
+  }
+};
+
+// Q8_0 and Q5_0 against Q8_0 activations: one scale per 32-value block on both sides.
+template <typename Block, typename Values>
+struct Blocks32 {
+  template <int N>
+  static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
+    const auto* x = static_cast<const Block*>(w);
+    const ActRows<quant::BlockQ8_0, N> y(act, stride);
+    __m256 acc[N];
+    for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / 32; ++i) {
+      const SignedWeights q(Values::get(x[i]));
+      const float xd = fp16_to_fp32(x[i].d);
+      for (int j = 0; j < N; ++j) {
+        const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[j][i].qs));
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(xd * fp16_to_fp32(y[j][i].d)), _mm256_cvtepi32_ps(q.dot(qy)), acc[j]);
+      }
+    }
+    for (int j = 0; j < N; ++j) out[j] = hsum(acc[j]);
+  }
+};
+
+struct Q8_0Values {
+  static __m256i get(const quant::BlockQ8_0& b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs)); }
+};
 
 // 32 nibbles of a Q4_0/IQ4_NL-style block as bytes: element j in the low nibble of qs[j], j+16 in the high one.
 inline __m256i nibbles_32(const uint8_t* qs) {
@@ -201,17 +261,9 @@ inline __m256i q5_0_values(const quant::BlockQ5_0& b) {
   return _mm256_sub_epi8(_mm256_or_si256(nibbles_32(b.qs), fifth_bits(b.qh)), _mm256_set1_epi8(16));
 }
 
-float dot_q5_0(int64_t n, const void* w, const void* a) {
-  const auto* x = static_cast<const quant::BlockQ5_0*>(w);
-  const auto* y = static_cast<const quant::BlockQ8_0*>(a);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / quant::kQK5_0; ++i) {
-    const __m256 d = _mm256_set1_ps(fp16_to_fp32(x[i].d) * fp16_to_fp32(y[i].d));
-    const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
-    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(q5_0_values(x[i]), qy)), acc);
-  }
-  return hsum(acc);
-}
+struct Q5_0Values {
+  static __m256i get(const quant::BlockQ5_0& b) { return q5_0_values(b); }
+};
 
 // Q4_K: 8 groups of 32 with 6-bit scales and mins packed in 12 bytes. The 12 bytes are unpacked with 32-bit word
 // operations into 8 scale bytes followed by 8 min bytes, then widened once per super-block: the mins meet the
@@ -234,53 +286,69 @@ inline __m256i q4k_scales_and_mins(const uint8_t* packed) {
 // Q4_K and Q5_K share everything but Q5_K's fifth bit: bit 2c of qh[l] for value 64c + l and bit 2c+1 for
 // value 64c + 32 + l.
 template <typename Block, bool kFifthBit>
-float dot_q4_q5_k(int64_t n, const void* w, const void* a) {
-  const auto* x = static_cast<const Block*>(w);
-  const auto* y = static_cast<const quant::BlockQ8_K*>(a);
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  __m256 acc = _mm256_setzero_ps();
-  __m128 acc_min = _mm_setzero_ps();
-  for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
-    const __m256i scales_mins = q4k_scales_and_mins(x[i].scales);
-    // Pairs of the 16 activation group sums give the 8 groups of 32; times the mins, summed in 4 int32 lanes.
-    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
-    const __m128i group_sums = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-    const __m128i mins_products = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), group_sums);
-    const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
-    __m256i qh = _mm256_setzero_si256();
-    if constexpr (kFifthBit) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh));
-    __m256i sumi = _mm256_setzero_si256();
-    for (int c = 0; c < 4; ++c) {
-      // Broadcast the int16 scales of groups 2c and 2c+1 (bytes 4c..4c+3 of each lane).
-      const __m256i sc_lo =
-          _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>((4 * c + 1) << 8 | 4 * c)));
-      const __m256i sc_hi =
-          _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>((4 * c + 3) << 8 | (4 * c + 2))));
-      const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * c));
-      __m256i lo = _mm256_and_si256(q4, low4);
-      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
-      if constexpr (kFifthBit) {
-        // The shift count comes in a vector register, since c is not a compile-time constant.
-        const __m256i bit0 = _mm256_set1_epi8(0x01);
-        const __m256i h_lo = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), bit0);
-        const __m256i h_hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)), bit0);
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(h_lo, 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(h_hi, 4));
-      }
-      const __m256i a_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * c));
-      const __m256i a_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * c + 32));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a_lo), sc_lo));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a_hi), sc_hi));
+struct Q4Q5K {
+  template <int N>
+  static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
+    const auto* x = static_cast<const Block*>(w);
+    const ActRows<quant::BlockQ8_K, N> y(act, stride);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[N];
+    __m128 acc_min[N];
+    for (int j = 0; j < N; ++j) {
+      acc[j] = _mm256_setzero_ps();
+      acc_min[j] = _mm_setzero_ps();
     }
-    const float d = y[i].d * fp16_to_fp32(x[i].d);
-    const float dmin = y[i].d * fp16_to_fp32(x[i].dmin);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    acc_min = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_products), acc_min);
+    for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
+      const __m256i scales_mins = q4k_scales_and_mins(x[i].scales);
+      // Pairs of the 16 activation group sums give the 8 groups of 32; times the mins, summed in 4 int32 lanes.
+      __m128i mins_products[N];
+      for (int j = 0; j < N; ++j) {
+        const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[j][i].bsums));
+        const __m128i group_sums = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+        mins_products[j] = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), group_sums);
+      }
+      const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(scales_mins));
+      __m256i qh = _mm256_setzero_si256();
+      if constexpr (kFifthBit) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh));
+      __m256i sumi[N];
+      for (int j = 0; j < N; ++j) sumi[j] = _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        // Broadcast the int16 scales of groups 2c and 2c+1 (bytes 4c..4c+3 of each lane).
+        const __m256i sc_lo =
+            _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>((4 * c + 1) << 8 | 4 * c)));
+        const __m256i sc_hi =
+            _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>((4 * c + 3) << 8 | (4 * c + 2))));
+        const __m256i q4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * c));
+        __m256i lo = _mm256_and_si256(q4, low4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4);
+        if constexpr (kFifthBit) {
+          // The shift count comes in a vector register, since c is not a compile-time constant.
+          const __m256i bit0 = _mm256_set1_epi8(0x01);
+          const __m256i h_lo = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), bit0);
+          const __m256i h_hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)), bit0);
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(h_lo, 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(h_hi, 4));
+        }
+        for (int j = 0; j < N; ++j) {
+          const __m256i a_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[j][i].qs + 64 * c));
+          const __m256i a_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[j][i].qs + 64 * c + 32));
+          sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a_lo), sc_lo));
+          sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a_hi), sc_hi));
+        }
+      }
+      const float xd = fp16_to_fp32(x[i].d), xdmin = fp16_to_fp32(x[i].dmin);
+      for (int j = 0; j < N; ++j) {
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(y[j][i].d * xd), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+        acc_min[j] = _mm_fmadd_ps(_mm_set1_ps(y[j][i].d * xdmin), _mm_cvtepi32_ps(mins_products[j]), acc_min[j]);
+      }
+    }
+    for (int j = 0; j < N; ++j) {
+      __m128 m = _mm_add_ps(acc_min[j], _mm_movehl_ps(acc_min[j], acc_min[j]));
+      m = _mm_add_ss(m, _mm_movehdup_ps(m));
+      out[j] = hsum(acc[j]) - _mm_cvtss_f32(m);
+    }
   }
-  __m128 m = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
-  m = _mm_add_ss(m, _mm_movehdup_ps(m));
-  return hsum(acc) - _mm_cvtss_f32(m);
-}
+};
 
 // Q2_K: 2-bit values, 16 groups of 16 with a 4-bit scale (low nibble) and a 4-bit min (high nibble). Value
 // 128n + 32j + l is bits 2j..2j+1 of qs[32n + l]; its group is 8n + 2j + l / 16.
@@ -366,56 +434,74 @@ float dot_q3_k(int64_t n, const void* w, const void* a) {
 
 // Q6_K: 16 groups of 16 with signed 8-bit scales; values are 6-bit unsigned minus 32. The products use the
 // unsigned values and the -32 is folded in through the activation's group sums.
-float dot_q6_k(int64_t n, const void* w, const void* a) {
-  const auto* x = static_cast<const quant::BlockQ6_K*>(w);
-  const auto* y = static_cast<const quant::BlockQ8_K*>(a);
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i bits45 = _mm256_set1_epi8(0x30);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
-    const quant::BlockQ6_K& b = x[i];
-    // The 16 scales widened once; the -32 offset folds in as 32 * sum(scale * group sum), kept in vector lanes.
-    const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
-    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
-    __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(scales16, bsums), 5));
-    for (int half = 0; half < 2; ++half) {
-      const uint8_t* ql = b.ql + 64 * half;
-      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 32 * half));
-      const __m256i rows[4] = {
-          _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45)),
-          _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, bits45)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                          _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45)),
-      };
-      // This half's 8 scales in both 128-bit lanes; row k uses scale 2k in its low lane and 2k+1 in its high one.
-      const __m256i half_scales =
-          half == 0 ? _mm256_permute4x64_epi64(scales16, 0x44) : _mm256_permute4x64_epi64(scales16, 0xEE);
-      for (int k = 0; k < 4; ++k) {
-        const __m256i pick = _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>((4 * k + 3) << 8 | (4 * k + 2))),
-                                              _mm_set1_epi16(static_cast<int16_t>((4 * k + 1) << 8 | 4 * k)));
-        const __m256i scales = _mm256_shuffle_epi8(half_scales, pick);
-        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 128 * half + 32 * k));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(rows[k], av), scales));
+struct Q6K {
+  template <int N>
+  static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
+    const auto* x = static_cast<const quant::BlockQ6_K*>(w);
+    const ActRows<quant::BlockQ8_K, N> y(act, stride);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i bits45 = _mm256_set1_epi8(0x30);
+    __m256 acc[N];
+    for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
+      const quant::BlockQ6_K& b = x[i];
+      // The 16 scales widened once; the -32 offset folds in as 32 * sum(scale * group sum), kept in vector lanes.
+      const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
+      __m256i sumi[N];
+      for (int j = 0; j < N; ++j) {
+        const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[j][i].bsums));
+        sumi[j] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(scales16, bsums), 5));
       }
+      for (int half = 0; half < 2; ++half) {
+        const uint8_t* ql = b.ql + 64 * half;
+        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 32 * half));
+        const __m256i rows[4] = {
+            _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45)),
+            _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, bits45)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45)),
+        };
+        // This half's 8 scales in both 128-bit lanes; row k uses scale 2k in its low lane and 2k+1 in its high one.
+        const __m256i half_scales =
+            half == 0 ? _mm256_permute4x64_epi64(scales16, 0x44) : _mm256_permute4x64_epi64(scales16, 0xEE);
+        for (int k = 0; k < 4; ++k) {
+          const __m256i pick = _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>((4 * k + 3) << 8 | (4 * k + 2))),
+                                                _mm_set1_epi16(static_cast<int16_t>((4 * k + 1) << 8 | 4 * k)));
+          const __m256i scales = _mm256_shuffle_epi8(half_scales, pick);
+          for (int j = 0; j < N; ++j) {
+            const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[j][i].qs + 128 * half + 32 * k));
+            sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(_mm256_maddubs_epi16(rows[k], av), scales));
+          }
+        }
+      }
+      const float xd = fp16_to_fp32(b.d);
+      for (int j = 0; j < N; ++j)
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(y[j][i].d * xd), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
     }
-    const float d = y[i].d * fp16_to_fp32(b.d);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    for (int j = 0; j < N; ++j) out[j] = hsum(acc[j]);
   }
-  return hsum(acc);
-}
+};
 
 }  // namespace
 
 void install(KernelTable& table) {
   using quant::GgmlType;
-  auto set = [&](GgmlType t, VecDotFn fn) { table.vec_dot[static_cast<uint32_t>(t)] = fn; };
+  // A format with a kernel of its own here drops any multi-row kernel of the tier below (the pair must agree).
+  auto set = [&](GgmlType t, VecDotFn fn) {
+    table.vec_dot[static_cast<uint32_t>(t)] = fn;
+    table.vec_dot_rows[static_cast<uint32_t>(t)] = nullptr;
+  };
+  auto set_cols = [&]<typename Kernel>(GgmlType t, Kernel) {
+    table.vec_dot[static_cast<uint32_t>(t)] = &dot_one<Kernel>;
+    table.vec_dot_rows[static_cast<uint32_t>(t)] = &dot_rows<Kernel>;
+  };
   set(GgmlType::F32, &dot_f32);
   set(GgmlType::F16, &dot_f16);
-  set(GgmlType::Q8_0, &dot_q8_0);
-  set(GgmlType::Q5_0, &dot_q5_0);
+  set_cols(GgmlType::Q8_0, Blocks32<quant::BlockQ8_0, Q8_0Values>{});
+  set_cols(GgmlType::Q5_0, Blocks32<quant::BlockQ5_0, Q5_0Values>{});
   set(GgmlType::BF16, &dot_bf16);
   set(GgmlType::Q4_0, &dot_q4_0);
   set(GgmlType::Q4_1, &dot_q4_1);
@@ -424,9 +510,9 @@ void install(KernelTable& table) {
   set(GgmlType::IQ4_XS, &dot_iq4_xs);
   set(GgmlType::Q2_K, &dot_q2_k);
   set(GgmlType::Q3_K, &dot_q3_k);
-  set(GgmlType::Q4_K, &dot_q4_q5_k<quant::BlockQ4_K, false>);
-  set(GgmlType::Q5_K, &dot_q4_q5_k<quant::BlockQ5_K, true>);
-  set(GgmlType::Q6_K, &dot_q6_k);
+  set_cols(GgmlType::Q4_K, Q4Q5K<quant::BlockQ4_K, false>{});
+  set_cols(GgmlType::Q5_K, Q4Q5K<quant::BlockQ5_K, true>{});
+  set_cols(GgmlType::Q6_K, Q6K{});
 }
 
 }  // namespace hetmoe::cpu::avx2

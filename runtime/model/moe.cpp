@@ -4,14 +4,16 @@
 #include <limits>
 #include <numeric>
 
+#include "cpu_kernels/experts.h"
 #include "cpu_kernels/ops.h"
+#include "cpu_kernels/scratch.h"
 
 namespace hetmoe::model {
 namespace {
 
 // Indices of the k largest values, largest first; ties go to the lower index.
 void top_k(const float* v, int64_t n, int64_t k, int32_t* out) {
-  std::vector<int32_t> idx(n);
+  std::span<int32_t> idx = cpu::scratch<int32_t, struct TopKSite>(n);
   std::iota(idx.begin(), idx.end(), 0);
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
                     [&](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
@@ -22,7 +24,7 @@ void top_k(const float* v, int64_t n, int64_t k, int32_t* out) {
 // n_group_used groups stay eligible, the others are masked to -inf.
 void mask_groups(const RoutingParams& p, float* sel) {
   const int64_t per_group = p.n_expert / p.n_group;
-  std::vector<float> group_score(p.n_group);
+  std::span<float> group_score = cpu::scratch<float, struct GroupScoreSite>(p.n_group);
   for (int64_t g = 0; g < p.n_group; ++g) {
     const float* s = sel + g * per_group;
     int32_t best[2];
@@ -32,10 +34,11 @@ void mask_groups(const RoutingParams& p, float* sel) {
     if (take > 1) score += s[best[1]];
     group_score[g] = score;
   }
-  std::vector<int32_t> keep(p.n_group_used);
+  std::span<int32_t> keep = cpu::scratch<int32_t, struct GroupKeepSite>(p.n_group_used);
   top_k(group_score.data(), p.n_group, p.n_group_used, keep.data());
-  std::vector<bool> kept(p.n_group, false);
-  for (int32_t g : keep) kept[g] = true;
+  std::span<uint8_t> kept = cpu::scratch<uint8_t, struct GroupKeptSite>(p.n_group);
+  std::fill(kept.begin(), kept.end(), 0);
+  for (int32_t g : keep) kept[g] = 1;
   for (int64_t g = 0; g < p.n_group; ++g)
     if (!kept[g]) std::fill(sel + g * per_group, sel + (g + 1) * per_group, -std::numeric_limits<float>::infinity());
 }
@@ -47,7 +50,7 @@ void route(const RoutingParams& p, float* logits, const float* bias, int64_t n, 
   const int64_t ne = p.n_expert, nu = p.n_used;
   out.ids.resize(n * nu);
   out.weights.resize(n * nu);
-  std::vector<float> sel(ne);
+  std::span<float> sel = cpu::scratch<float, struct SelectionSite>(ne);
   const bool apply_scale = p.scale != 0.0f && p.scale != 1.0f;
   std::vector<float> w_raw, w_norm;
   if (trace) {
@@ -89,7 +92,7 @@ void route(const RoutingParams& p, float* logits, const float* bias, int64_t n, 
 
 void swiglu_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const cpu::WeightMatrix& gate,
                 const cpu::WeightMatrix& up, const cpu::WeightMatrix& down, const float* x, int64_t n, float* out) {
-  std::vector<float> hidden(static_cast<size_t>(n * gate.n_rows));
+  std::span<float> hidden = cpu::scratch<float, struct SwigluHiddenSite>(n * gate.n_rows);
   cpu::swiglu_matmul(k, pool, gate, up, x, n, hidden.data());
   cpu::matmul(k, pool, down, hidden.data(), n, out, down.n_rows);
 }
@@ -97,46 +100,30 @@ void swiglu_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const cpu::Wei
 void moe_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const RoutingParams& p,
              const float* x, int64_t n, int64_t n_embd, float* out, Trace* trace, int64_t layer) {
   const int64_t nu = p.n_used;
-  std::vector<float> logits(n * p.n_expert);
+  std::span<float> logits = cpu::scratch<float, struct RouterLogitsSite>(n * p.n_expert);
   cpu::matmul(k, pool, w.gate_inp, x, n, logits.data(), p.n_expert);
-  Routing r;
+  thread_local Routing r;
   route(p, logits.data(), w.probs_bias, n, r, trace, layer);
 
-  // Each selected (token, slot) gets its weighted expert output; summing the slots in selection order afterwards
-  // matches llama.cpp's chain of adds.
-  std::vector<float> slots(n * nu * n_embd);
-  std::vector<std::vector<int64_t>> routed(p.n_expert);  // token * nu + slot, per expert
-  for (int64_t i = 0; i < n * nu; ++i) routed[r.ids[i]].push_back(i);
-
-  std::vector<float> xs, ys;
+  // Every (token, slot) item grouped by expert; the shared experts come last in each token's sum, as llama.cpp adds
+  // them after the routed ones. The sum over a token's items runs in slot order, matching llama.cpp's chain of adds.
+  thread_local cpu::ExpertBatch batch;
+  batch.clear(n, nu + (w.has_shared ? 1 : 0));
+  std::span<int32_t> count = cpu::scratch<int32_t, struct ExpertCountSite>(p.n_expert + 1);
+  std::fill(count.begin(), count.end(), 0);
+  for (int64_t i = 0; i < n * nu; ++i) ++count[r.ids[i]];
   for (int64_t e = 0; e < p.n_expert; ++e) {
-    const std::vector<int64_t>& items = routed[e];
-    const int64_t m = static_cast<int64_t>(items.size());
-    if (m == 0) continue;
-    xs.resize(m * n_embd);
-    ys.resize(m * n_embd);
-    for (int64_t j = 0; j < m; ++j) std::copy_n(x + (items[j] / nu) * n_embd, n_embd, xs.data() + j * n_embd);
-    swiglu_ffn(k, pool, w.gate_exps.rows(e * w.n_ff_exp, w.n_ff_exp), w.up_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
-               w.down_exps.rows(e * n_embd, n_embd), xs.data(), m, ys.data());
-    for (int64_t j = 0; j < m; ++j) {
-      const float weight = r.weights[items[j]];
-      float* dst = slots.data() + items[j] * n_embd;
-      const float* src = ys.data() + j * n_embd;
-      for (int64_t i = 0; i < n_embd; ++i) dst[i] = src[i] * weight;
-    }
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    float* o = out + t * n_embd;
-    const float* s = slots.data() + t * nu * n_embd;
-    std::copy_n(s, n_embd, o);
-    for (int64_t slot = 1; slot < nu; ++slot)
-      for (int64_t i = 0; i < n_embd; ++i) o[i] += s[slot * n_embd + i];
+    if (count[e] == 0) continue;
+    batch.add_expert({w.gate_exps.rows(e * w.n_ff_exp, w.n_ff_exp), w.up_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
+                      w.down_exps.rows(e * n_embd, n_embd)});
+    for (int64_t i = 0; i < n * nu; ++i)
+      if (r.ids[i] == e) batch.add_item(static_cast<int32_t>(i / nu), static_cast<int32_t>(i % nu), r.weights[i]);
   }
   if (w.has_shared) {
-    std::vector<float> shared(n * n_embd);
-    swiglu_ffn(k, pool, w.gate_shexp, w.up_shexp, w.down_shexp, x, n, shared.data());
-    for (int64_t i = 0; i < n * n_embd; ++i) out[i] += shared[i];
+    batch.add_expert({w.gate_shexp, w.up_shexp, w.down_shexp});
+    for (int64_t t = 0; t < n; ++t) batch.add_item(static_cast<int32_t>(t), static_cast<int32_t>(nu), 1.0f);
   }
+  cpu::run_experts(k, pool, batch, x, n_embd, out);
 }
 
 }  // namespace hetmoe::model

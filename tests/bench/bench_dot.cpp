@@ -1,5 +1,6 @@
 // Dot-product throughput per ISA tier and weight format, on weights that stay in L2 (the compute ceiling, not
-// the DRAM one). Prints GB/s of weight bytes consumed per thread. Run: build/tests/bench/bench_dot
+// the DRAM one; "dot/..."), and matrix-vector products over 512 MB of weights streamed from DRAM through the
+// pool at 1 and 2 threads ("stream/..."). Prints GB/s of weight bytes consumed. Run: build/tests/bench/bench_dot
 #include <benchmark/benchmark.h>
 
 #include <random>
@@ -7,6 +8,8 @@
 
 #include "cpu_kernels/isa.h"
 #include "cpu_kernels/kernel_table.h"
+#include "cpu_kernels/matmul.h"
+#include "cpu_kernels/thread_pool.h"
 #include "quant/ref.h"
 
 namespace {
@@ -14,7 +17,9 @@ namespace {
 using hetmoe::cpu::Isa;
 using hetmoe::quant::GgmlType;
 
-void bm_dot(benchmark::State& state, Isa isa, GgmlType type) {
+// n_act activation rows per weight row through dot_rows (the prefill path); GB/s counts each weight byte once per
+// activation row, so it compares with bm_dot directly.
+void bm_dot(benchmark::State& state, Isa isa, GgmlType type, int64_t n_act) {
   if (isa > hetmoe::cpu::detect_isa()) {
     state.SkipWithError("tier not supported by this CPU");
     return;
@@ -27,26 +32,73 @@ void bm_dot(benchmark::State& state, Isa isa, GgmlType type) {
   for (float& v : w) v = dist(rng);
   for (float& v : x) v = dist(rng);
   const size_t rb = hetmoe::quant::row_bytes(type, kCols);
-  std::vector<uint8_t> wq(rb * kRows), act(hetmoe::quant::activation_row_bytes(type, kCols));
-  for (int64_t r = 0; r < kRows; ++r) hetmoe::quant::quantize_row(type, &w[r * kCols], wq.data() + r * rb, kCols);
-  hetmoe::quant::quantize_activation(hetmoe::quant::type_info(type).vec_dot_type, x.data(), act.data(), kCols);
-  const hetmoe::cpu::VecDotFn dot = table.dot_for(type);
+  const size_t ab = hetmoe::quant::activation_row_bytes(type, kCols);
+  // 64-byte aligned rows, as in a GGUF file whose row size is a multiple of the alignment.
+  std::vector<uint8_t> wq_storage(rb * kRows + 64), act_storage(ab * n_act + 64);
+  uint8_t* wq = wq_storage.data() + (64 - reinterpret_cast<uintptr_t>(wq_storage.data()) % 64) % 64;
+  uint8_t* act = act_storage.data() + (64 - reinterpret_cast<uintptr_t>(act_storage.data()) % 64) % 64;
+  for (int64_t r = 0; r < kRows; ++r) hetmoe::quant::quantize_row(type, &w[r * kCols], wq + r * rb, kCols);
+  for (int64_t j = 0; j < n_act; ++j)
+    hetmoe::quant::quantize_activation(hetmoe::quant::type_info(type).vec_dot_type, x.data(), act + j * ab, kCols);
+  std::vector<float> out(n_act);
   for (auto _ : state) {
-    float sum = 0;
-    for (int64_t r = 0; r < kRows; ++r) sum += dot(kCols, wq.data() + r * rb, act.data());
-    benchmark::DoNotOptimize(sum);
+    for (int64_t r = 0; r < kRows; ++r) table.dot_rows(type, kCols, wq + r * rb, act, ab, n_act, out.data());
+    benchmark::DoNotOptimize(out.data());
   }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(rb * kRows));
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(rb * kRows) * n_act);
+}
+
+// One matrix-vector product over a 512 MB matrix (far beyond the last-level cache), so every weight byte comes
+// from DRAM: the gap to bm_dot is what memory stalls cost the kernel.
+void bm_stream(benchmark::State& state, Isa isa, GgmlType type, int threads) {
+  if (isa > hetmoe::cpu::detect_isa()) {
+    state.SkipWithError("tier not supported by this CPU");
+    return;
+  }
+  const hetmoe::cpu::KernelTable table = hetmoe::cpu::make_kernel_table(isa);
+  constexpr int64_t kCols = 2048, kTileRows = 256;
+  const size_t rb = hetmoe::quant::row_bytes(type, kCols);
+  const int64_t rows = static_cast<int64_t>((size_t{512} << 20) / rb) / kTileRows * kTileRows;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> w(kCols * kTileRows), x(kCols), y(rows);
+  for (float& v : w) v = dist(rng);
+  for (float& v : x) v = dist(rng);
+  std::vector<uint8_t> tile(rb * kTileRows), wq(rb * rows);
+  for (int64_t r = 0; r < kTileRows; ++r) hetmoe::quant::quantize_row(type, &w[r * kCols], tile.data() + r * rb, kCols);
+  for (int64_t r = 0; r < rows; r += kTileRows) std::copy(tile.begin(), tile.end(), wq.begin() + r * rb);
+  hetmoe::cpu::ThreadPool pool(threads);
+  const hetmoe::cpu::WeightMatrix m{type, kCols, rows, rb, wq.data()};
+  for (auto _ : state) {
+    hetmoe::cpu::matmul(table, pool, m, x.data(), 1, y.data(), rows);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(rb * rows));
 }
 
 void register_all() {
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q6_K})
+      for (int threads : {1, 2})
+        benchmark::RegisterBenchmark((std::string("stream/") + std::string(hetmoe::cpu::isa_name(isa)) + "/" +
+                                      std::string(hetmoe::quant::type_info(t).name) + "/t" + std::to_string(threads))
+                                         .c_str(),
+                                     [isa, t, threads](benchmark::State& s) { bm_stream(s, isa, t, threads); })
+            ->UseRealTime();
   for (Isa isa : {Isa::kRef, Isa::kAvx2, Isa::kAvx512})
     for (GgmlType t : {GgmlType::BF16, GgmlType::Q4_1, GgmlType::Q5_1, GgmlType::Q4_0, GgmlType::IQ4_NL,
                        GgmlType::IQ4_XS, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
                        GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::F16})
-      benchmark::RegisterBenchmark(
-          (std::string(hetmoe::cpu::isa_name(isa)) + "/" + std::string(hetmoe::quant::type_info(t).name)).c_str(),
-          [isa, t](benchmark::State& s) { bm_dot(s, isa, t); });
+      benchmark::RegisterBenchmark((std::string("dot/") + std::string(hetmoe::cpu::isa_name(isa)) + "/" +
+                                    std::string(hetmoe::quant::type_info(t).name))
+                                       .c_str(),
+                                   [isa, t](benchmark::State& s) { bm_dot(s, isa, t, 1); });
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q6_K})
+      benchmark::RegisterBenchmark((std::string("rows16/") + std::string(hetmoe::cpu::isa_name(isa)) + "/" +
+                                    std::string(hetmoe::quant::type_info(t).name))
+                                       .c_str(),
+                                   [isa, t](benchmark::State& s) { bm_dot(s, isa, t, 16); });
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -71,6 +72,38 @@ TEST(Kernels, EveryTierMatchesTheReferenceDot) {
         const float got = table.dot_for(type)(n, p.weight.data(), p.act.data());
         EXPECT_NEAR(got, want, 1e-6 * p.abs_sum + 1e-30)
             << isa_name(isa) << " " << quant::type_info(type).name << " n=" << n;
+      }
+    }
+  }
+}
+
+// One weight row against many activation rows (the prefill and multi-token expert path) must give exactly what
+// the single dot gives for each of them, on every tier and for counts that are not multiples of the kernels' 4.
+TEST(Kernels, MultiRowDotEqualsSingleDotsBitForBit) {
+  for (Isa isa : tiers_present()) {
+    const KernelTable table = make_kernel_table(isa);
+    for (GgmlType type : kWeightTypes) {
+      const int64_t block = quant::type_info(type).block_size;
+      const int64_t n = block == 1 ? 97 : block * 3;
+      const std::vector<float> w = random_floats(n, 31, 0.05f);
+      std::vector<uint8_t> wq(quant::row_bytes(type, n));
+      quant::quantize_row(type, w.data(), wq.data(), n);
+      const GgmlType act_type = quant::type_info(type).vec_dot_type;
+      const size_t stride = quant::activation_row_bytes(type, n) + 16;  // rows need not be packed
+      for (int64_t n_act : {1, 2, 3, 4, 5, 7, 9, 17}) {
+        std::vector<uint8_t> act(stride * n_act);
+        for (int64_t j = 0; j < n_act; ++j) {
+          const std::vector<float> a = random_floats(n, 100 + j);
+          if (act_type == GgmlType::F32)
+            std::memcpy(act.data() + j * stride, a.data(), n * sizeof(float));
+          else
+            quant::quantize_activation(act_type, a.data(), act.data() + j * stride, n);
+        }
+        std::vector<float> got(n_act, -1.0f);
+        table.dot_rows(type, n, wq.data(), act.data(), stride, n_act, got.data());
+        for (int64_t j = 0; j < n_act; ++j)
+          ASSERT_EQ(got[j], table.dot_for(type)(n, wq.data(), act.data() + j * stride))
+              << isa_name(isa) << " " << quant::type_info(type).name << " n_act " << n_act << " j " << j;
       }
     }
   }

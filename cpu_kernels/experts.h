@@ -1,0 +1,44 @@
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cpu_kernels/kernel_table.h"
+#include "cpu_kernels/matmul.h"
+#include "cpu_kernels/thread_pool.h"
+
+namespace hetmoe::cpu {
+
+// One SwiGLU expert: down(silu(gate x) * up x). gate and up are [n_ff, n_embd], down is [n_embd, n_ff].
+struct ExpertFfn {
+  WeightMatrix gate, up, down;
+};
+
+// The expert work of one MoE layer for a batch of tokens: every token has exactly `per_token` items (its routed
+// experts, then any shared ones), and item (t, k) adds weight(t, k) * expert(x_t) to token t's output. Items are
+// grouped by expert so each expert's rows are read once for all the tokens routed to it.
+struct ExpertBatch {
+  int64_t n_tokens = 0;
+  int64_t per_token = 0;
+  std::vector<ExpertFfn> experts;
+  std::vector<int64_t> first;  // [experts + 1]: expert e's items are [first[e], first[e + 1])
+  std::vector<int32_t> token;  // [items] the token of each item
+  std::vector<int32_t> rank;   // [items] its position k among the token's items (the order of the sum)
+  std::vector<float> weight;   // [items] its mixing weight (1 for a shared expert)
+
+  void clear(int64_t tokens, int64_t items_per_token);
+  // Adds an expert and its items (token, rank, weight), in the order given.
+  void add_expert(const ExpertFfn& ffn);
+  void add_item(int32_t t, int32_t k, float w);
+};
+
+// out[t][r] = sum over k in increasing order of weight(t, k) * expert(t, k)(x_t)[r], for all tokens of the batch.
+// Two parallel passes: the first runs gate and up of every expert, row blocks taken dynamically by the threads,
+// with SiLU and the product fused; the second runs the down projections by blocks of output rows, and each block
+// forms its weighted sums right there (no separate pass over the outputs). The sum follows k order with one
+// rounding per add, as a chain of separate adds would. Temporary buffers come from scratch(): after the first
+// call of a size, no allocation.
+void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batch, const float* x, int64_t n_embd,
+                 float* out);
+
+}  // namespace hetmoe::cpu
