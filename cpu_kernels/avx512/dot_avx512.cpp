@@ -1,13 +1,14 @@
-// AVX-512 VNNI dot products of weight rows with converted activations: vpdpbusd multiplies 64 unsigned 8-bit
-// weight values by 64 signed 8-bit activations and adds groups of four into 16 int32 lanes in one instruction,
-// where AVX2 needs maddubs + madd on half the width. The integer results per block equal the reference's; only
-// the float summation order differs.
+// The AVX-512 tier: every 256-bit kernel of dots256.inc rebuilt with VNNI (vpdpbusd for maddubs + madd, vpdpwssd
+// for madd + add; AVX-512VL also gives the compiler 32 vector registers), plus a 512-bit Q6_K. Integer results
+// equal the AVX2 tier's, so both tiers give the same floats except for Q6_K's summation order.
 //
-// A format gets an AVX-512 kernel only where it measured faster than the AVX2 one (tests/bench/bench_dot, L2-resident
-// rows, one thread, AMD EPYC with AVX-512): Q6_K 21.3 GB/s against 14.9. Straight VNNI versions of Q4_K, Q5_0
-// and Q8_0 measured 6.6, 5.8 and 10.4 GB/s against AVX2's 8.6, 6.7 and 12.4 (Zen 4 splits 512-bit work in two,
-// and the per-group scale multiply costs more than it saves), so those formats keep the AVX2 kernels.
+// Measured with tests/bench/bench_dot (L2-resident rows of 2048, one thread, AMD EPYC Zen 4, GB/s of weights,
+// single dot AVX2 -> this tier): Q4_K 10.1 -> 15.5, Q5_0 9.1 -> 11.3, Q8_0 27.0 -> 27.5, Q6_K 9.5 -> 21.7 (the
+// 512-bit kernel; straight 512-bit versions of Q4_K, Q5_0 and Q8_0 measured slower than 256-bit ones, since Zen 4
+// splits 512-bit work in two and the per-group scale multiply costs more than it saves).
 #include <immintrin.h>
+
+#include <cstring>
 
 #include "cpu_kernels/avx512/kernels_avx512.h"
 #include "quant/blocks.h"
@@ -15,9 +16,15 @@
 namespace hetmoe::cpu::avx512 {
 namespace {
 
-// F16C converts a half in one instruction; the portable quant::fp16_to_fp32 branches on the exponent, which
-// costs more than the integer work of a 32-value block.
-inline float fp16_to_fp32(uint16_t h) { return _cvtsh_ss(h); }
+// The 256-bit kernels of dots256.inc with VNNI: one vpdpbusd for maddubs + madd, one vpdpwssd for madd + add.
+inline __m256i sum4_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+inline __m256i add_madd16(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_epi32(acc, a, b); }
+
+}  // namespace
+
+#include "cpu_kernels/x86/dots256.inc"
+
+namespace {
 
 inline __m512i load512(const void* p) { return _mm512_loadu_si512(p); }
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
@@ -26,7 +33,7 @@ inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<co
 // 8-bit scales. 64 values per VNNI step: four groups, each 4 lanes of the result.
 // One weight row against N activation rows (N = 1..4) with the row unpacked once; column j's arithmetic is the
 // same for every N, so the multi-row and single-row entries agree bit for bit.
-struct Q6K {
+struct Q6K512 {
   template <int N>
   static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
     const auto* x = static_cast<const quant::BlockQ6_K*>(w);
@@ -89,19 +96,20 @@ struct Q6K {
 
 float dot_q6_k(int64_t n, const void* w, const void* a) {
   float out;
-  Q6K::cols<1>(n, w, static_cast<const uint8_t*>(a), 0, &out);
+  Q6K512::cols<1>(n, w, static_cast<const uint8_t*>(a), 0, &out);
   return out;
 }
 
 void dot_rows_q6_k(int64_t n, const void* w, const uint8_t* act, size_t stride, int64_t n_act, float* out) {
   int64_t j = 0;
-  for (; j + 4 <= n_act; j += 4) Q6K::cols<4>(n, w, act + j * stride, stride, out + j);
-  for (; j < n_act; ++j) Q6K::cols<1>(n, w, act + j * stride, stride, out + j);
+  for (; j + 4 <= n_act; j += 4) Q6K512::cols<4>(n, w, act + j * stride, stride, out + j);
+  for (; j < n_act; ++j) Q6K512::cols<1>(n, w, act + j * stride, stride, out + j);
 }
 
 }  // namespace
 
 void install(KernelTable& table) {
+  install_256(table);
   using quant::GgmlType;
   table.vec_dot[static_cast<uint32_t>(GgmlType::Q6_K)] = &dot_q6_k;
   table.vec_dot_rows[static_cast<uint32_t>(GgmlType::Q6_K)] = &dot_rows_q6_k;
