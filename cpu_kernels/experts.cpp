@@ -1,10 +1,12 @@
 #include "cpu_kernels/experts.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
 
+#include "cpu_kernels/numa/memory.h"
 #include "cpu_kernels/scratch.h"
 #include "quant/ref.h"
 
@@ -18,24 +20,81 @@ constexpr int64_t kDownRows = 32;
 // Activation rows per dot_rows call (the weight row is unpacked once for them).
 constexpr int64_t kItemChunk = 16;
 
-// Runs fn(unit) for units [0, n), each thread one contiguous range of units of about equal cost (`cost_end[u]`:
-// the summed cost of units 0..u; null: every unit costs the same). Contiguous ranges keep each thread's reads
-// long sequential streams that the hardware prefetchers follow, which taking units one at a time from a shared
-// counter breaks up (measured slower in decode); the cost weighting keeps experts with many tokens and experts
-// with one balanced in prefill.
-template <typename Fn>
-void for_each_unit(ThreadPool& pool, int64_t n, const double* cost_end, Fn&& fn) {
-  const int64_t threads = pool.size();
-  pool.parallel_for(threads, 1, [&](int64_t i, int64_t) {
-    auto boundary = [&](int64_t j) -> int64_t {
-      if (j == threads) return n;
-      if (!cost_end) return n * j / threads;
-      const double target = cost_end[n - 1] * static_cast<double>(j) / static_cast<double>(threads);
-      return std::upper_bound(cost_end, cost_end + n, target) - cost_end;
-    };
-    for (int64_t u = boundary(i), end = boundary(i + 1); u < end; ++u) fn(u);
-  });
-}
+// A block of rows of one expert's matrix (pass 1) or of the output (pass 2), with its cost (rows x tokens).
+struct Unit {
+  int64_t expert = 0;
+  int64_t r0 = 0, r1 = 0;
+  double cost = 0;
+};
+
+// Work units grouped by NUMA node: node k's threads run node k's units, each thread one contiguous range of about
+// equal cost. Contiguous ranges keep each thread's reads long sequential streams that the hardware prefetchers
+// follow (units taken one at a time from a shared counter break them up); the cost weighting balances experts
+// with many tokens against experts with one in prefill. Without a placement, all threads form one node.
+class NodeUnits {
+ public:
+  NodeUnits(const ThreadPool& pool, std::span<Unit> storage) : pool_(pool), storage_(storage) {
+    const ThreadPlacement* p = pool.placement();
+    n_nodes_ = p ? static_cast<int64_t>(p->threads_of_node.size()) : 1;
+    if (n_nodes_ + 1 > static_cast<int64_t>(node_first_.size()))
+      throw std::invalid_argument("expert executor: more than 64 NUMA nodes");
+  }
+  int64_t n_nodes() const { return n_nodes_; }
+  // Rows of an n_rows matrix that node k owns (partition_rows; everything without a placement).
+  std::pair<int64_t, int64_t> node_rows(int64_t k, int64_t n_rows, size_t row_bytes) const {
+    const ThreadPlacement* p = pool_.placement();
+    if (!p) return {0, n_rows};
+    std::span<std::pair<int64_t, int64_t>> ranges =
+        scratch<std::pair<int64_t, int64_t>, struct NodeRowsSite>(p->threads_of_node.size());
+    partition_rows(*p, n_rows, page_aligned_rows(row_bytes), ranges.data());
+    return ranges[k];
+  }
+  // Units must be added node by node: all of node 0's, then node 1's, ...
+  void begin_node(int64_t k) { node_first_[k] = size_; }
+  void add(const Unit& u) { storage_[size_++] = u; }
+  void end_nodes() {
+    node_first_[n_nodes_] = size_;
+    double c = 0;
+    for (int64_t i = 0; i < size_; ++i) storage_[i].cost = c += storage_[i].cost;  // running totals
+  }
+
+  template <typename Fn>
+  void run(ThreadPool& pool, Fn&& fn) const {
+    const ThreadPlacement* p = pool.placement();
+    pool.parallel_for(pool.size(), 1, [&](int64_t thread, int64_t) {
+      int64_t node = 0, rank = thread, n_threads = pool.size();
+      if (p) {
+        for (node = 0; node < n_nodes_; ++node) {
+          const std::vector<int>& ts = p->threads_of_node[node];
+          const auto it = std::find(ts.begin(), ts.end(), static_cast<int>(thread));
+          if (it == ts.end()) continue;
+          rank = it - ts.begin();
+          n_threads = static_cast<int64_t>(ts.size());
+          break;
+        }
+        if (node == n_nodes_) return;
+      }
+      const int64_t first = node_first_[node], last = node_first_[node + 1];
+      if (first == last) return;
+      const double base = first > 0 ? storage_[first - 1].cost : 0.0, total = storage_[last - 1].cost - base;
+      auto boundary = [&](int64_t j) -> int64_t {
+        if (j == n_threads) return last;
+        const double target = base + total * static_cast<double>(j) / static_cast<double>(n_threads);
+        return std::upper_bound(storage_.begin() + first, storage_.begin() + last, target,
+                                [](double v, const Unit& u) { return v < u.cost; }) -
+               storage_.begin();
+      };
+      for (int64_t u = boundary(rank), end = boundary(rank + 1); u < end; ++u) fn(storage_[u]);
+    });
+  }
+
+ private:
+  const ThreadPool& pool_;
+  std::span<Unit> storage_;
+  int64_t n_nodes_ = 1;
+  int64_t size_ = 0;
+  std::array<int64_t, 65> node_first_{};
+};
 
 // Byte offsets of each expert's converted activation rows in one buffer, one row per item.
 struct ActLayout {
@@ -94,11 +153,10 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
   struct Plan {
     ActLayout gate, up, down;
     size_t hidden = 0;  // float offset of the expert's [items][n_ff] hidden rows
-    int64_t unit0 = 0;  // its first unit of the first pass
   };
   std::span<Plan> plan = scratch<Plan, struct ExpertPlanSite>(n_experts);
   size_t act_bytes = 0, down_bytes = 0, hidden_floats = 0;
-  int64_t units = 0;
+  int64_t max_units = 0;
   for (int64_t e = 0; e < n_experts; ++e) {
     const ExpertFfn& f = batch.experts[e];
     const int64_t m = batch.first[e + 1] - batch.first[e];
@@ -112,18 +170,23 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
     down_bytes += p.down.row_bytes * m;
     p.hidden = hidden_floats;
     hidden_floats += static_cast<size_t>(m * f.gate.n_rows);
-    p.unit0 = units;
-    if (m > 0) units += (f.gate.n_rows + kGateRows - 1) / kGateRows;
+    max_units += (f.gate.n_rows + kGateRows - 1) / kGateRows + 64;  // + one partial block per node
   }
-  // Pass 1's unit costs: rows times tokens, so a unit of an expert with 12 tokens weighs 12 single-token ones.
-  std::span<double> cost_end = scratch<double, struct ExpertCostSite>(units);
-  double cost = 0;
-  for (int64_t e = 0, u = 0; e < n_experts; ++e) {
-    const int64_t m = batch.first[e + 1] - batch.first[e];
-    const int64_t n_ff = batch.experts[e].gate.n_rows;
-    for (int64_t r = 0; m > 0 && r < n_ff; r += kGateRows, ++u)
-      cost_end[u] = cost += static_cast<double>(m * std::min(kGateRows, n_ff - r));
+  // Pass 1's units: blocks of each expert's gate/up rows, on the node that holds them, costing rows x tokens.
+  NodeUnits gate_units(pool, scratch<Unit, struct GateUnitSite>(max_units));
+  for (int64_t node = 0; node < gate_units.n_nodes(); ++node) {
+    gate_units.begin_node(node);
+    for (int64_t e = 0; e < n_experts; ++e) {
+      const int64_t m = batch.first[e + 1] - batch.first[e];
+      const WeightMatrix& gate = batch.experts[e].gate;
+      if (m == 0) continue;
+      const auto [begin, end] = gate_units.node_rows(node, gate.n_rows, gate.row_bytes);
+      for (int64_t r = begin; r < end; r += kGateRows)
+        gate_units.add(
+            {e, r, std::min(end, r + kGateRows), static_cast<double>(m * (std::min(end, r + kGateRows) - r))});
+    }
   }
+  gate_units.end_nodes();
   std::span<uint8_t> act = scratch<uint8_t, struct ExpertActSite>(act_bytes);
   std::span<float> hidden = scratch<float, struct ExpertHiddenSite>(hidden_floats);
   std::span<uint8_t> down_act = scratch<uint8_t, struct ExpertDownActSite>(down_bytes);
@@ -144,14 +207,12 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
   });
 
   // Pass 1: hidden = silu(gate x) * up x, by units of kGateRows rows of one expert.
-  for_each_unit(pool, units, cost_end.data(), [&](int64_t u) {
-    const int64_t e = std::upper_bound(plan.begin(), plan.begin() + n_experts, u,
-                                       [](int64_t v, const Plan& p) { return v < p.unit0; }) -
-                      plan.begin() - 1;
+  gate_units.run(pool, [&](const Unit& unit) {
+    const int64_t e = unit.expert;
     const ExpertFfn& f = batch.experts[e];
     const Plan& p = plan[e];
     const int64_t m = batch.first[e + 1] - batch.first[e], n_ff = f.gate.n_rows;
-    const int64_t r0 = (u - p.unit0) * kGateRows, r1 = std::min(n_ff, r0 + kGateRows);
+    const int64_t r0 = unit.r0, r1 = unit.r1;
     float g[kItemChunk], up[kItemChunk];
     for (int64_t c0 = 0; c0 < m; c0 += kItemChunk) {
       const int64_t nc = std::min(kItemChunk, m - c0);
@@ -179,9 +240,18 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
   });
 
   // Pass 2: by blocks of output rows, every expert's down rows, then each token's weighted sum in rank order.
+  // Output rows go to nodes as the first expert's down rows do (all experts of a layer share a layout).
   const int64_t per_token = batch.per_token;
-  for_each_unit(pool, (n_embd + kDownRows - 1) / kDownRows, nullptr, [&](int64_t u) {
-    const int64_t r0 = u * kDownRows, r1 = std::min(n_embd, r0 + kDownRows), nr = r1 - r0;
+  NodeUnits down_units(pool, scratch<Unit, struct DownUnitSite>(n_embd / kDownRows + 66));
+  for (int64_t node = 0; node < down_units.n_nodes(); ++node) {
+    down_units.begin_node(node);
+    const auto [begin, end] = down_units.node_rows(node, n_embd, n_experts > 0 ? batch.experts[0].down.row_bytes : 0);
+    for (int64_t r = begin; r < end; r += kDownRows)
+      down_units.add({0, r, std::min(end, r + kDownRows), static_cast<double>(std::min(end, r + kDownRows) - r)});
+  }
+  down_units.end_nodes();
+  down_units.run(pool, [&](const Unit& unit) {
+    const int64_t r0 = unit.r0, r1 = unit.r1, nr = r1 - r0;
     // partial[(t * per_token + k) * kDownRows + r - r0]: item (t, k)'s weighted output rows of this block.
     std::span<float> partial = scratch<float, struct ExpertPartialSite>(n_items * kDownRows);
     float y[kItemChunk];

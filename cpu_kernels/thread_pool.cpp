@@ -50,6 +50,10 @@ ThreadPool::ThreadPool(int n_threads, std::vector<int> pus) : n_threads_(std::ma
   }
 }
 
+ThreadPool::ThreadPool(ThreadPlacement placement) : ThreadPool(static_cast<int>(placement.pus.size()), placement.pus) {
+  placement_ = std::move(placement);
+}
+
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard lock(mutex_);

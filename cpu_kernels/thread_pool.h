@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "cpu_kernels/numa/topology.h"
+
 namespace hetmoe::cpu {
 
 // A fixed set of worker threads that run one parallel loop at a time. The caller's thread takes part, so a
@@ -22,11 +24,15 @@ class ThreadPool {
  public:
   // With `pus`, worker i (i >= 1) pins itself to pus[i]; the caller's thread (0) is left where it is.
   explicit ThreadPool(int n_threads, std::vector<int> pus = {});
+  // One thread per entry of the placement, pinned there; node-aware code reads the placement back.
+  explicit ThreadPool(ThreadPlacement placement);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return n_threads_; }
+  // Where the threads run by NUMA node; null for a pool built without a placement (then: one node, all threads).
+  const ThreadPlacement* placement() const { return placement_.pus.empty() ? nullptr : &placement_; }
 
   // Runs fn(begin, end) over [0, n) split into contiguous chunks of at least `grain` items, one chunk per
   // thread at most. Returns when all chunks are done; the first exception thrown by a chunk is rethrown here.
@@ -37,6 +43,7 @@ class ThreadPool {
   void run_chunk(int index);
 
   int n_threads_;
+  ThreadPlacement placement_;
   std::vector<std::thread> workers_;
 
   // The current loop, published by a release store of generation_.

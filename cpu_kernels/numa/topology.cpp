@@ -117,10 +117,17 @@ ThreadPlacement place_threads(const Topology& topology, int n_threads) {
 
 std::vector<std::pair<int64_t, int64_t>> partition_rows(const ThreadPlacement& placement, int64_t n_rows,
                                                         int64_t align_rows) {
+  std::vector<std::pair<int64_t, int64_t>> ranges(placement.threads_of_node.size());
+  partition_rows(placement, n_rows, align_rows, ranges.data());
+  return ranges;
+}
+
+void partition_rows(const ThreadPlacement& placement, int64_t n_rows, int64_t align_rows,
+                    std::pair<int64_t, int64_t>* ranges) {
   const size_t n_nodes = placement.threads_of_node.size();
-  std::vector<std::pair<int64_t, int64_t>> ranges(n_nodes, {0, 0});
+  std::fill(ranges, ranges + n_nodes, std::pair<int64_t, int64_t>{0, 0});
   const int64_t total_threads = static_cast<int64_t>(placement.nodes.size());
-  if (total_threads == 0 || n_rows <= 0) return ranges;
+  if (total_threads == 0 || n_rows <= 0) return;
   align_rows = std::max<int64_t>(1, align_rows);
   int64_t begin = 0, threads_before = 0;
   for (size_t i = 0; i < n_nodes; ++i) {
@@ -133,7 +140,6 @@ std::vector<std::pair<int64_t, int64_t>> partition_rows(const ThreadPlacement& p
     ranges[i] = threads == 0 ? std::pair<int64_t, int64_t>{begin, begin} : std::pair<int64_t, int64_t>{begin, end};
     begin = ranges[i].second;
   }
-  return ranges;
 }
 
 bool pin_current_thread(int pu) {

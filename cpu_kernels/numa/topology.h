@@ -51,6 +51,9 @@ ThreadPlacement place_threads(const Topology& topology, int n_threads);
 // threads are empty. Result: per node {begin, end}.
 std::vector<std::pair<int64_t, int64_t>> partition_rows(const ThreadPlacement& placement, int64_t n_rows,
                                                         int64_t align_rows);
+// The same into out[0 .. nodes), without allocating (the decode loop calls it per expert).
+void partition_rows(const ThreadPlacement& placement, int64_t n_rows, int64_t align_rows,
+                    std::pair<int64_t, int64_t>* out);
 
 // Pins the calling thread to one PU; false when the OS refuses (the thread then keeps running unpinned).
 bool pin_current_thread(int pu);

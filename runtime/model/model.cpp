@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "cpu_kernels/numa/memory.h"
 #include "cpu_kernels/numa/topology.h"
 #include "cpu_kernels/ops.h"
 #include "quant/ref.h"
@@ -24,14 +25,18 @@ std::string shape_of(std::initializer_list<int64_t> ne) {
 namespace {
 
 // Threads pinned one per physical core, spread over the NUMA nodes in proportion to their cores, unless
-// HETMOE_PIN=0 or there are more threads than hardware threads.
+// HETMOE_PIN=0 or there are more threads than hardware threads. HETMOE_TOPOLOGY (an hwloc synthetic description,
+// e.g. "package:2 numa:1 core:1 pu:1") replaces the machine's topology, so multi-node placement runs end to end
+// on a one-node machine in tests.
 std::unique_ptr<cpu::ThreadPool> make_pool(int n_threads) {
   const char* pin = std::getenv("HETMOE_PIN");
-  const cpu::Topology topology = cpu::Topology::detect();
+  const char* synthetic = std::getenv("HETMOE_TOPOLOGY");
+  const cpu::Topology topology =
+      synthetic && *synthetic ? cpu::Topology::synthetic(synthetic) : cpu::Topology::detect();
   int n_pus = 0;
   for (const cpu::NumaNode& node : topology.nodes()) n_pus += static_cast<int>(node.pus.size());
   if ((pin && std::string(pin) == "0") || n_threads > n_pus) return std::make_unique<cpu::ThreadPool>(n_threads);
-  return std::make_unique<cpu::ThreadPool>(n_threads, cpu::place_threads(topology, n_threads).pus);
+  return std::make_unique<cpu::ThreadPool>(cpu::place_threads(topology, n_threads));
 }
 
 }  // namespace
@@ -39,15 +44,45 @@ std::unique_ptr<cpu::ThreadPool> make_pool(int n_threads) {
 std::unique_ptr<Model> Model::load(const std::string& path, int n_threads) {
   auto file = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(path));
   ModelConfig config = read_config(*file);
+  std::unique_ptr<Model> model;
   switch (config.arch) {
     case Arch::kDeepseek2:
-      return make_deepseek2(std::move(file), std::move(config), n_threads);
+      model = make_deepseek2(std::move(file), std::move(config), n_threads);
+      break;
     case Arch::kQwen3Moe:
-      return make_qwen3moe(std::move(file), std::move(config), n_threads);
+      model = make_qwen3moe(std::move(file), std::move(config), n_threads);
+      break;
     case Arch::kLlama:
-      return make_llama(std::move(file), std::move(config), n_threads);
+      model = make_llama(std::move(file), std::move(config), n_threads);
+      break;
   }
-  fail("{}: unsupported architecture", path);
+  if (!model) fail("{}: unsupported architecture", path);
+  model->place_on_nodes();
+  return model;
+}
+
+void Model::place_on_nodes() {
+  const cpu::ThreadPlacement* p = pool_->placement();
+  const char* env = std::getenv("HETMOE_NUMA");
+  if (!p || (env && std::string(env) == "0")) return;
+  int nodes_with_threads = 0;
+  for (const std::vector<int>& threads : p->threads_of_node) nodes_with_threads += threads.empty() ? 0 : 1;
+  if (nodes_with_threads < 2) return;
+  // The os index of each placement node, in placement order.
+  std::vector<int> node_os(p->threads_of_node.size(), -1);
+  for (size_t k = 0; k < node_os.size(); ++k)
+    if (!p->threads_of_node[k].empty()) node_os[k] = p->nodes[static_cast<size_t>(p->threads_of_node[k].front())];
+  // Every matrix's rows go to the node whose threads compute them: an expert tensor per expert (the executor splits
+  // each expert's rows by partition_rows), any other matrix as a whole (matmul splits rows evenly over the threads,
+  // which are numbered node by node). The embedding table is looked up by token, not streamed: left alone.
+  for (const gguf::TensorInfo& t : file_->tensors()) {
+    if (t.n_dims < 2 || &t == token_embd_) continue;
+    const bool experts = t.n_dims == 3 && t.name.find("_exps") != std::string::npos;
+    const int64_t blocks = experts ? t.ne[2] : 1, rows = experts ? t.ne[1] : t.n_rows;
+    for (int64_t b = 0; b < blocks; ++b)
+      numa_bound_bytes_ +=
+          cpu::bind_rows_by_node(*p, node_os, t.data + static_cast<size_t>(b * rows) * t.row_bytes, rows, t.row_bytes);
+  }
 }
 
 Model::Model(std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads)

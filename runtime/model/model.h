@@ -41,6 +41,8 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const gguf::GgufFile& file() const { return *file_; }
   cpu::ThreadPool& pool() { return *pool_; }
+  // Weight bytes bound to NUMA nodes at load (0 on one node or with HETMOE_NUMA=0).
+  size_t numa_bound_bytes() const { return numa_bound_bytes_; }
 
   // The FFN weights of one layer, for calibration and benchmarks that run an expert on their own.
   const FfnWeights& ffn_weights(int64_t layer) const { return ffn_.at(static_cast<size_t>(layer)); }
@@ -73,6 +75,9 @@ class Model {
   const float* optional_vector(const std::string& name, int64_t n);
   static cpu::WeightMatrix as_matrix(const gguf::TensorInfo& t);
   void bind_common();
+  // On a machine with threads on two or more NUMA nodes, binds each weight matrix's pages to the nodes whose
+  // threads compute its rows (never a copy per node). HETMOE_NUMA=0 leaves pages where the kernel puts them.
+  void place_on_nodes();
 
   void matmul(const cpu::WeightMatrix& w, const float* x, int64_t n, float* y, int64_t ldy);
   static std::string blk(int64_t layer, std::string_view name) {
@@ -90,6 +95,7 @@ class Model {
   std::vector<const float*> attn_norm_;           // per layer [n_embd]
   std::vector<FfnWeights> ffn_;                   // per layer
   Trace* trace_ = nullptr;                        // set during forward
+  size_t numa_bound_bytes_ = 0;
 
  private:
   void ffn(int64_t layer, const float* x, int64_t n, float* out);

@@ -2,6 +2,7 @@
 // matmul, scaled by the item's weight, summed per token in rank order. Bit for bit, on awkward sizes.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -41,6 +42,9 @@ TEST(Experts, BatchedExecutorEqualsPerItemMatmulsAndOrderedSums) {
   const Shape shapes[] = {
       {256, 37, 64, GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q5_0},
       {97, 37, 50, GgmlType::F16, GgmlType::F16, GgmlType::F32, GgmlType::F32, GgmlType::F16, GgmlType::F16},
+      // Rows of whole pages (gate/up) and of 16 rows per page (down): here the NUMA pools below really split
+      // every matrix between nodes (page-aligned node boundaries of the shapes above put all rows on one node).
+      {1024, 64, 128, GgmlType::F32, GgmlType::F32, GgmlType::F32, GgmlType::F32, GgmlType::F32, GgmlType::F32},
   };
   const int64_t n_tokens = 17, n_routed = 2;
   for (const Shape& s : shapes) {
@@ -101,8 +105,17 @@ TEST(Experts, BatchedExecutorEqualsPerItemMatmulsAndOrderedSums) {
       run_one(4, &x[t * s.n_embd], y.data());
       for (int64_t r = 0; r < s.n_embd; ++r) o[r] += y[r];
     }
-    for (int threads : {1, 2, 3}) {
-      ThreadPool pool(threads);
+    // Plain pools, and pools placed on synthetic NUMA machines (2 nodes of 3 and 1 cores, 4 nodes of 2 cores),
+    // where each node's threads take the rows partition_rows gives that node: the result must not change.
+    std::vector<std::unique_ptr<ThreadPool>> pools;
+    for (int threads : {1, 2, 3}) pools.push_back(std::make_unique<ThreadPool>(threads));
+    const Topology uneven = Topology::from_nodes({{0, {0, 1, 2}, {0, 1, 2}, 0}, {1, {3}, {3}, 0}});
+    pools.push_back(std::make_unique<ThreadPool>(place_threads(uneven, 4)));
+    pools.push_back(
+        std::make_unique<ThreadPool>(place_threads(Topology::synthetic("package:4 numa:1 core:2 pu:1"), 8)));
+    for (const auto& pool_ptr : pools) {
+      ThreadPool& pool = *pool_ptr;
+      const int threads = pool.size();
       std::vector<float> got(n_tokens * s.n_embd, -1.0f);
       run_experts(kernels(), pool, batch, x.data(), s.n_embd, got.data());
       EXPECT_EQ(got, want) << "n_embd " << s.n_embd << " threads " << threads;

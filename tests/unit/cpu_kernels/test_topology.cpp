@@ -1,9 +1,14 @@
 // Thread placement and row partitioning on machines this one is not: hwloc synthetic topologies and hand-made
 // uneven nodes.
 #include <gtest/gtest.h>
+#include <numa.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <cstring>
 #include <set>
 
+#include "cpu_kernels/numa/memory.h"
 #include "cpu_kernels/numa/topology.h"
 
 namespace hetmoe::cpu {
@@ -88,6 +93,35 @@ TEST(Topology, ThisMachineHasAtLeastOneNodeWithCores) {
   ASSERT_FALSE(t.nodes().empty());
   EXPECT_GE(t.n_cores(), 1);
   EXPECT_TRUE(pin_current_thread(t.nodes()[0].cores[0]));
+}
+
+}  // namespace
+}  // namespace hetmoe::cpu
+
+namespace hetmoe::cpu {
+namespace {
+
+// mbind on this machine's own node: the pages are bound and read back as living there; a node that does not exist
+// is refused without harm.
+TEST(NumaMemory, BindsPagesToANodeAndRefusesMissingNodes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE)), bytes = 64 * page;
+  void* raw = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(raw, MAP_FAILED);
+  auto* data = static_cast<uint8_t*>(raw);
+  const int node = Topology::detect().nodes().front().os_index;
+  if (numa_available() < 0) GTEST_SKIP() << "no NUMA support in this kernel";
+  // An unaligned start: the bound range shrinks to the whole pages inside.
+  EXPECT_EQ(bind_to_node(data + 1, bytes - 1, node), bytes - page);
+  EXPECT_EQ(bind_to_node(data, bytes, node), bytes);
+  std::memset(data, 1, bytes);
+  EXPECT_EQ(node_of_page(data + 5 * page), node);
+  EXPECT_EQ(bind_to_node(data, bytes, 1000), 0u);
+  // Rows by node with a one-node placement: every whole page of the matrix goes to that node.
+  const ThreadPlacement one = place_threads(Topology::detect(), 1);
+  EXPECT_EQ(bind_rows_by_node(one, {node}, data, 64, page), bytes);
+  EXPECT_EQ(page_aligned_rows(page), 1);
+  EXPECT_EQ(page_aligned_rows(1152), static_cast<int64_t>(page / 128));  // Q4_K rows of 2048: 32 rows per 9 pages
+  munmap(raw, bytes);
 }
 
 }  // namespace

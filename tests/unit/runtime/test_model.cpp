@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <numeric>
 
@@ -146,6 +147,22 @@ TEST(Evaluation, BatchAndTokenByTokenAgreeBitForBit) {
     EXPECT_EQ(logits_of(*one, tokens, {5, 1, 7}), batch) << file << ": chunked prefill differs";
     EXPECT_EQ(logits_of(*three, tokens, std::vector<int>(13, 1)), batch) << file << ": decode differs";
   }
+}
+
+TEST(Evaluation, TwoNodePlacementBindsWeightsAndKeepsTheResult) {
+  // A synthetic two-node machine: threads split between the nodes, each weight matrix's rows bound to the node that
+  // computes them (node 1 does not exist here, so only node 0's part binds), and the logits stay bit-identical.
+  const fs::path file = fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-qwen3moe-Q4_K_M.gguf";
+  const std::vector<int32_t> tokens = {3, 17, 42, 100, 7};
+  auto plain = model::Model::load(file.string(), 2);
+  EXPECT_EQ(plain->numa_bound_bytes(), 0u) << "one node: nothing to bind";
+  ASSERT_EQ(setenv("HETMOE_TOPOLOGY", "package:2 numa:1 core:1 pu:1", 1), 0);
+  auto placed = model::Model::load(file.string(), 2);
+  unsetenv("HETMOE_TOPOLOGY");
+  ASSERT_NE(placed->pool().placement(), nullptr);
+  EXPECT_EQ(placed->pool().placement()->threads_of_node.size(), 2u);
+  EXPECT_GT(placed->numa_bound_bytes(), 0u);
+  EXPECT_EQ(logits_of(*placed, tokens, {5}), logits_of(*plain, tokens, {5}));
 }
 
 TEST(Evaluation, ContextLimitAndBadTokensFailBeforeTouchingTheCache) {
