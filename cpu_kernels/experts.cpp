@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <stdexcept>
 
 #include "cpu_kernels/numa/memory.h"
@@ -46,7 +47,9 @@ class NodeUnits {
     if (!p) return {0, n_rows};
     std::span<std::pair<int64_t, int64_t>> ranges =
         scratch<std::pair<int64_t, int64_t>, struct NodeRowsSite>(p->threads_of_node.size());
-    partition_rows(*p, n_rows, page_aligned_rows(row_bytes), ranges.data());
+    // Node boundaries on whole pages and on whole tiles (so a tile never straddles two nodes, and the rows that take
+    // the tile path do not depend on the placement).
+    partition_rows(*p, n_rows, std::lcm(page_aligned_rows(row_bytes), kTileRows), ranges.data());
     return ranges[k];
   }
   // Units must be added node by node: all of node 0's, then node 1's, ...
@@ -213,13 +216,44 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
     const Plan& p = plan[e];
     const int64_t m = batch.first[e + 1] - batch.first[e], n_ff = f.gate.n_rows;
     const int64_t r0 = unit.r0, r1 = unit.r1;
+    int64_t first_rest = r0;
+    const GemmTileFn gate_tile = m >= kTileMinActs ? k.tile_for(f.gate.type) : nullptr;
+    const GemmTileFn up_tile = m >= kTileMinActs ? k.tile_for(f.up.type) : nullptr;
+    if (gate_tile || up_tile) {
+      // Full blocks of 8 rows for all the expert's tokens at once (prefill), [token][8] per thread; a matrix
+      // without a tile kernel fills its block row by row (as swiglu_matmul does).
+      std::span<float> g = scratch<float, struct ExpertTileGateSite>(m * kTileRows);
+      std::span<float> u = scratch<float, struct ExpertTileUpSite>(m * kTileRows);
+      auto block = [&](GemmTileFn tile, const WeightMatrix& w, const ActLayout& a, int64_t r, float* dst) {
+        const uint8_t* rows = act.data() + a.offset;
+        if (tile) return tile(w.n_cols, w.row(r), w.row_bytes, rows, a.row_bytes, m, dst, kTileRows);
+        float col[kItemChunk];
+        for (int64_t i = 0; i < kTileRows; ++i)
+          for (int64_t c0 = 0; c0 < m; c0 += kItemChunk) {
+            const int64_t nc = std::min(kItemChunk, m - c0);
+            k.dot_rows(w.type, w.n_cols, w.row(r + i), rows + c0 * a.row_bytes, a.row_bytes, nc, col);
+            for (int64_t j = 0; j < nc; ++j) dst[(c0 + j) * kTileRows + i] = col[j];
+          }
+      };
+      float* h = hidden.data() + p.hidden;
+      for (; first_rest + kTileRows <= r1; first_rest += kTileRows) {
+        const int64_t r = first_rest;
+        block(gate_tile, f.gate, p.gate, r, g.data());
+        block(up_tile, f.up, p.up, r, u.data());
+        for (int64_t j = 0; j < m; ++j)
+          for (int64_t i = 0; i < kTileRows; ++i) {
+            const float gv = g[j * kTileRows + i];
+            h[j * n_ff + r + i] = (gv / (1.0f + std::exp(-gv))) * u[j * kTileRows + i];
+          }
+      }
+    }
     float g[kItemChunk], up[kItemChunk];
     for (int64_t c0 = 0; c0 < m; c0 += kItemChunk) {
       const int64_t nc = std::min(kItemChunk, m - c0);
       const uint8_t* ga = act.data() + p.gate.offset + c0 * p.gate.row_bytes;
       const uint8_t* ua = act.data() + p.up.offset + c0 * p.up.row_bytes;
       float* h = hidden.data() + p.hidden + c0 * n_ff;
-      for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t r = first_rest; r < r1; ++r) {
         k.dot_rows(f.gate.type, f.gate.n_cols, f.gate.row(r), ga, p.gate.row_bytes, nc, g);
         k.dot_rows(f.up.type, f.up.n_cols, f.up.row(r), ua, p.up.row_bytes, nc, up);
         for (int64_t j = 0; j < nc; ++j) h[j * n_ff + r] = (g[j] / (1.0f + std::exp(-g[j]))) * up[j];
@@ -259,10 +293,25 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
       const ExpertFfn& f = batch.experts[e];
       const Plan& p = plan[e];
       const int64_t i0 = batch.first[e], m = batch.first[e + 1] - i0;
+      int64_t first_rest = r0;
+      const GemmTileFn down_tile = m >= kTileMinActs ? k.tile_for(f.down.type) : nullptr;
+      if (down_tile) {
+        std::span<float> y8 = scratch<float, struct ExpertTileDownSite>(m * kTileRows);
+        const uint8_t* a = down_act.data() + p.down.offset;
+        for (; first_rest + kTileRows <= r1; first_rest += kTileRows) {
+          down_tile(f.down.n_cols, f.down.row(first_rest), f.down.row_bytes, a, p.down.row_bytes, m, y8.data(),
+                    kTileRows);
+          for (int64_t j = 0; j < m; ++j) {
+            const int64_t i = i0 + j;
+            float* dst = &partial[(batch.token[i] * per_token + batch.rank[i]) * kDownRows + (first_rest - r0)];
+            for (int64_t q = 0; q < kTileRows; ++q) dst[q] = y8[j * kTileRows + q] * batch.weight[i];
+          }
+        }
+      }
       for (int64_t c0 = 0; c0 < m; c0 += kItemChunk) {
         const int64_t nc = std::min(kItemChunk, m - c0);
         const uint8_t* a = down_act.data() + p.down.offset + c0 * p.down.row_bytes;
-        for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t r = first_rest; r < r1; ++r) {
           k.dot_rows(f.down.type, f.down.n_cols, f.down.row(r), a, p.down.row_bytes, nc, y);
           for (int64_t j = 0; j < nc; ++j) {
             const int64_t i = i0 + c0 + j;

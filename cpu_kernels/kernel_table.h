@@ -14,6 +14,13 @@ using VecDotFn = float (*)(int64_t n, const void* weight_row, const void* activa
 // the table's vec_dot of the same row and activation, so batched and token-by-token evaluation agree.
 using VecDotRowsFn = void (*)(int64_t n, const void* weight_row, const uint8_t* act, size_t act_stride, int64_t n_act,
                               float* out);
+// A tile of kTileRows weight rows (weight + r * row_bytes) against n_act activation rows: out[j * ldo + r]. Agrees
+// with vec_dot to float rounding, not bit for bit (the sums run in another order), so callers use it only for
+// batches of at least kTileMinActs activation rows: decode and small batches stay on vec_dot / vec_dot_rows.
+using GemmTileFn = void (*)(int64_t n, const uint8_t* weight, size_t row_bytes, const uint8_t* act, size_t act_stride,
+                            int64_t n_act, float* out, size_t ldo);
+inline constexpr int64_t kTileRows = 8;
+inline constexpr int64_t kTileMinActs = 8;
 // n activation floats to a vec_dot_type.
 using QuantizeActivationFn = void (*)(const float* src, void* dst, int64_t n);
 
@@ -23,6 +30,7 @@ struct KernelTable {
   Isa isa = Isa::kRef;
   std::array<VecDotFn, 32> vec_dot{};                          // by weight type id
   std::array<VecDotRowsFn, 32> vec_dot_rows{};                 // by weight type id; null: vec_dot per row
+  std::array<GemmTileFn, 32> gemm_tile{};                      // by weight type id; null: none
   std::array<QuantizeActivationFn, 32> quantize_activation{};  // by vec_dot_type id
 
   VecDotFn dot_for(quant::GgmlType t) const { return vec_dot[static_cast<uint32_t>(t)]; }
@@ -34,6 +42,7 @@ struct KernelTable {
     const VecDotFn dot = dot_for(t);
     for (int64_t j = 0; j < n_act; ++j) out[j] = dot(n, weight_row, act + static_cast<size_t>(j) * act_stride);
   }
+  GemmTileFn tile_for(quant::GgmlType t) const { return gemm_tile[static_cast<uint32_t>(t)]; }
   QuantizeActivationFn activation_for(quant::GgmlType vec_dot_type) const {
     return quantize_activation[static_cast<uint32_t>(vec_dot_type)];
   }

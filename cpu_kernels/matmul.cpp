@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu_kernels/scratch.h"
 #include "quant/ref.h"
 
 namespace hetmoe::cpu {
@@ -30,6 +31,24 @@ const uint8_t* convert_activation(const KernelTable& k, ThreadPool& pool, const 
 
 // Tokens per dot_rows call: the activation rows of one chunk stay in L1/L2 while a tile of weight rows passes.
 constexpr int64_t kTokenChunk = 16;
+
+// Runs rows [0, n_rows) over the pool in blocks of kTileRows: a full block goes to tile_fn(first row) when `tiles`,
+// any other row to row_fn(row). Block boundaries are fixed multiples of kTileRows, so which rows take the tile path
+// depends on the matrix alone, never on how the threads split it: results do not change with the thread count.
+template <typename TileFn, typename RowFn>
+void for_row_blocks(ThreadPool& pool, int64_t n_rows, bool tiles, TileFn&& tile_fn, RowFn&& row_fn) {
+  const int64_t blocks = (n_rows + kTileRows - 1) / kTileRows;
+  pool.parallel_for(blocks, 2, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t r0 = b * kTileRows, r1 = std::min(n_rows, r0 + kTileRows);
+      if (tiles && r1 - r0 == kTileRows) {
+        tile_fn(r0);
+      } else {
+        for (int64_t r = r0; r < r1; ++r) row_fn(r);
+      }
+    }
+  });
+}
 
 }  // namespace
 
@@ -69,21 +88,44 @@ void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& g
   const uint8_t* up_act = same ? gate_act : convert_activation(k, pool, up, x, n_tokens, up_storage, &up_row);
   if (same) up_row = gate_row;
   const int64_t n_rows = gate.n_rows;
-  pool.parallel_for(n_rows, 8, [&](int64_t r0, int64_t r1) {
-    constexpr int64_t kRowTile = 8;
-    float g[kTokenChunk], u[kTokenChunk];
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
-      const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
-      for (int64_t rt = r0; rt < r1; rt += kRowTile) {
-        const int64_t rt_end = std::min(r1, rt + kRowTile);
-        for (int64_t r = rt; r < rt_end; ++r) {
+  const GemmTileFn gate_tile = n_tokens >= kTileMinActs ? k.tile_for(gate.type) : nullptr;
+  const GemmTileFn up_tile = n_tokens >= kTileMinActs ? k.tile_for(up.type) : nullptr;
+  // A matrix with a tile kernel takes it for every full block (whatever the other one does), so each of gate and up
+  // follows the same path as matmul would give it alone.
+  auto rows_of_block = [&](GemmTileFn tile, const WeightMatrix& w, const uint8_t* act, size_t act_row, int64_t r,
+                           float* dst) {
+    if (tile) return tile(w.n_cols, w.row(r), w.row_bytes, act, act_row, n_tokens, dst, kTileRows);
+    float col[kTokenChunk];
+    for (int64_t i = 0; i < kTileRows; ++i)
+      for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
+        const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
+        k.dot_rows(w.type, w.n_cols, w.row(r + i), act + t0 * act_row, act_row, nt, col);
+        for (int64_t t = 0; t < nt; ++t) dst[(t0 + t) * kTileRows + i] = col[t];
+      }
+  };
+  for_row_blocks(
+      pool, n_rows, gate_tile || up_tile,
+      [&](int64_t r) {
+        // Gate and up for all tokens into per-thread buffers [token][8], then the SiLU product.
+        std::span<float> g = scratch<float, struct SwigluTileGateSite>(n_tokens * kTileRows);
+        std::span<float> u = scratch<float, struct SwigluTileUpSite>(n_tokens * kTileRows);
+        rows_of_block(gate_tile, gate, gate_act, gate_row, r, g.data());
+        rows_of_block(up_tile, up, up_act, up_row, r, u.data());
+        for (int64_t t = 0; t < n_tokens; ++t)
+          for (int64_t i = 0; i < kTileRows; ++i) {
+            const float gv = g[t * kTileRows + i];
+            out[t * n_rows + r + i] = (gv / (1.0f + std::exp(-gv))) * u[t * kTileRows + i];
+          }
+      },
+      [&](int64_t r) {
+        float g[kTokenChunk], u[kTokenChunk];
+        for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
+          const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
           k.dot_rows(gate.type, gate.n_cols, gate.row(r), gate_act + t0 * gate_row, gate_row, nt, g);
           k.dot_rows(up.type, up.n_cols, up.row(r), up_act + t0 * up_row, up_row, nt, u);
           for (int64_t t = 0; t < nt; ++t) out[(t0 + t) * n_rows + r] = (g[t] / (1.0f + std::exp(-g[t]))) * u[t];
         }
-      }
-    }
-  });
+      });
 }
 
 void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
@@ -93,17 +135,20 @@ void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const
   size_t act_row = 0;
   const uint8_t* act = convert_activation(k, pool, w, x, n_tokens, converted, &act_row);
 
-  // Each weight row is unpacked once per chunk of tokens (dot_rows) and stays in L1 for all of them.
-  pool.parallel_for(w.n_rows, 16, [&](int64_t r0, int64_t r1) {
-    float out[kTokenChunk];
-    for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
-        const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
-        k.dot_rows(w.type, w.n_cols, w.row(r), act + t0 * act_row, act_row, nt, out);
-        for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * ldy + r] = out[t];
-      }
-    }
-  });
+  // Batches of kTileMinActs tokens or more go through the tier's tile kernel where it has one (8 rows unpacked once
+  // for all tokens); otherwise each weight row is unpacked once per chunk of tokens (dot_rows) and stays in L1.
+  const GemmTileFn tile = n_tokens >= kTileMinActs ? k.tile_for(w.type) : nullptr;
+  for_row_blocks(
+      pool, w.n_rows, tile != nullptr,
+      [&](int64_t r) { tile(w.n_cols, w.row(r), w.row_bytes, act, act_row, n_tokens, y + r, ldy); },
+      [&](int64_t r) {
+        float out[kTokenChunk];
+        for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
+          const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
+          k.dot_rows(w.type, w.n_cols, w.row(r), act + t0 * act_row, act_row, nt, out);
+          for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * ldy + r] = out[t];
+        }
+      });
 }
 
 }  // namespace hetmoe::cpu

@@ -8,6 +8,7 @@
 // splits 512-bit work in two and the per-group scale multiply costs more than it saves).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "cpu_kernels/avx512/kernels_avx512.h"
@@ -94,6 +95,153 @@ struct Q6K512 {
   }
 };
 
+// Q4_K tiles for prefill: 8 weight rows against many activation rows, the rows interleaved so that one vpdpbusd
+// multiplies 4 values of each of the 8 rows by the same 4 activation values (broadcast), one row per int32 lane.
+// Per super-block the 8 rows are unpacked once into that layout (2 KB, in L1) and then serve every activation row:
+// 8 vpdpbusd and one vpmulld (the group's 8 scales) per 32 values x 8 rows, where the row-at-a-time kernels need
+// maddubs + vpdpwssd per 32 values per row. Integer sums per group are the same; the float sums run per
+// super-block and row instead of per lane, so the results agree with vec_dot to rounding, not bit for bit.
+// Four activation bytes as one int32, in every lane.
+inline __m256i broadcast4(const int8_t* p) {
+  int32_t four;
+  std::memcpy(&four, p, 4);
+  return _mm256_set1_epi32(four);
+}
+
+struct Q4KTile {
+  static constexpr int64_t kCols = 32;  // activation rows per pass over the tile's super-blocks
+
+  static void run(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act, size_t act_stride, int64_t n_act,
+                  float* out, size_t ldo) {
+    for (int64_t j0 = 0; j0 < n_act; j0 += kCols)
+      chunk(n, w, row_bytes, act + j0 * act_stride, act_stride, std::min(kCols, n_act - j0), out + j0 * ldo, ldo);
+  }
+
+  static void chunk(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act, size_t act_stride, int64_t n_act,
+                    float* out, size_t ldo) {
+    alignas(64) uint8_t rows[8][quant::kQK_K];     // unpacked values, row by row
+    alignas(64) uint8_t packed[64][32];            // [4-value step k][row r][4 values]
+    alignas(64) int32_t scales[8][8], mins[4][8];  // [group][row]; mins as int16 pairs of groups 2h, 2h+1
+    alignas(64) int32_t sumi[kCols][8];
+    __m256 acc[kCols], acc_min[kCols];
+    for (int64_t j = 0; j < n_act; ++j) acc[j] = acc_min[j] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
+      alignas(32) float d[8], dmin[8];
+      for (int r = 0; r < 8; ++r) {
+        const auto& b = reinterpret_cast<const quant::BlockQ4_K*>(w + r * row_bytes)[i];
+        d[r] = fp16_to_fp32(b.d);
+        dmin[r] = fp16_to_fp32(b.dmin);
+        alignas(32) int16_t sm[16];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(sm), q4k_scales_and_mins(b.scales));
+        for (int g = 0; g < 8; ++g) scales[g][r] = sm[g];
+        for (int h = 0; h < 4; ++h)
+          mins[h][r] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(sm[8 + 2 * h])) |
+                                            static_cast<uint32_t>(static_cast<uint16_t>(sm[9 + 2 * h])) << 16);
+        for (int c = 0; c < 4; ++c) {
+          const __m256i q4 = load256(b.qs + 32 * c);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(rows[r] + 64 * c), _mm256_and_si256(q4, low4));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(rows[r] + 64 * c + 32),
+                             _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4));
+        }
+      }
+      // 8 x 8 transposes of 4-byte steps: packed[k] holds step k of rows 0..7.
+      for (int kb = 0; kb < 8; ++kb) {
+        __m256i t[8], u[8];
+        for (int r = 0; r < 8; ++r) t[r] = load256(rows[r] + 32 * kb);
+        for (int p = 0; p < 4; ++p) {
+          u[2 * p] = _mm256_unpacklo_epi32(t[2 * p], t[2 * p + 1]);
+          u[2 * p + 1] = _mm256_unpackhi_epi32(t[2 * p], t[2 * p + 1]);
+        }
+        for (int p = 0; p < 2; ++p) {
+          t[4 * p] = _mm256_unpacklo_epi64(u[4 * p], u[4 * p + 2]);
+          t[4 * p + 1] = _mm256_unpackhi_epi64(u[4 * p], u[4 * p + 2]);
+          t[4 * p + 2] = _mm256_unpacklo_epi64(u[4 * p + 1], u[4 * p + 3]);
+          t[4 * p + 3] = _mm256_unpackhi_epi64(u[4 * p + 1], u[4 * p + 3]);
+        }
+        for (int q = 0; q < 4; ++q) {
+          _mm256_store_si256(reinterpret_cast<__m256i*>(packed[8 * kb + q]),
+                             _mm256_permute2x128_si256(t[q], t[4 + q], 0x20));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(packed[8 * kb + 4 + q]),
+                             _mm256_permute2x128_si256(t[q], t[4 + q], 0x31));
+        }
+      }
+      for (int64_t j = 0; j < n_act; ++j)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(sumi[j]), _mm256_setzero_si256());
+      for (int g = 0; g < 8; ++g) {
+        __m256i wv[8];
+#pragma GCC unroll 8
+        for (int kk = 0; kk < 8; ++kk) wv[kk] = _mm256_load_si256(reinterpret_cast<const __m256i*>(packed[8 * g + kk]));
+        const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(scales[g]));
+        // Four activation rows at a time, two partial sums each: eight independent vpdpbusd chains, so the
+        // instruction's latency (about 5 cycles) hides behind its throughput.
+        int64_t j = 0;
+        for (; j + 4 <= n_act; j += 4) {
+          const int8_t* a[4];
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c)
+            a[c] = reinterpret_cast<const quant::BlockQ8_K*>(act + (j + c) * act_stride)[i].qs + 32 * g;
+          __m256i pa0 = _mm256_setzero_si256(), pa1 = pa0, pa2 = pa0, pa3 = pa0;
+          __m256i pb0 = pa0, pb1 = pa0, pb2 = pa0, pb3 = pa0;
+#pragma GCC unroll 4
+          for (int kk = 0; kk < 8; kk += 2) {
+            pa0 = _mm256_dpbusd_epi32(pa0, wv[kk], broadcast4(a[0] + 4 * kk));
+            pa1 = _mm256_dpbusd_epi32(pa1, wv[kk], broadcast4(a[1] + 4 * kk));
+            pa2 = _mm256_dpbusd_epi32(pa2, wv[kk], broadcast4(a[2] + 4 * kk));
+            pa3 = _mm256_dpbusd_epi32(pa3, wv[kk], broadcast4(a[3] + 4 * kk));
+            pb0 = _mm256_dpbusd_epi32(pb0, wv[kk + 1], broadcast4(a[0] + 4 * kk + 4));
+            pb1 = _mm256_dpbusd_epi32(pb1, wv[kk + 1], broadcast4(a[1] + 4 * kk + 4));
+            pb2 = _mm256_dpbusd_epi32(pb2, wv[kk + 1], broadcast4(a[2] + 4 * kk + 4));
+            pb3 = _mm256_dpbusd_epi32(pb3, wv[kk + 1], broadcast4(a[3] + 4 * kk + 4));
+          }
+          const __m256i p[4] = {_mm256_add_epi32(pa0, pb0), _mm256_add_epi32(pa1, pb1), _mm256_add_epi32(pa2, pb2),
+                                _mm256_add_epi32(pa3, pb3)};
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c) {
+            __m256i* sp = reinterpret_cast<__m256i*>(sumi[j + c]);
+            _mm256_store_si256(sp, _mm256_add_epi32(_mm256_load_si256(sp), _mm256_mullo_epi32(p[c], sc)));
+          }
+        }
+        for (; j < n_act; ++j) {
+          const int8_t* a = reinterpret_cast<const quant::BlockQ8_K*>(act + j * act_stride)[i].qs + 32 * g;
+          __m256i pa = _mm256_setzero_si256(), pb = _mm256_setzero_si256();
+#pragma GCC unroll 4
+          for (int kk = 0; kk < 8; kk += 2) {
+            pa = _mm256_dpbusd_epi32(pa, wv[kk], broadcast4(a + 4 * kk));
+            pb = _mm256_dpbusd_epi32(pb, wv[kk + 1], broadcast4(a + 4 * kk + 4));
+          }
+          __m256i* sp = reinterpret_cast<__m256i*>(sumi[j]);
+          _mm256_store_si256(sp,
+                             _mm256_add_epi32(_mm256_load_si256(sp), _mm256_mullo_epi32(_mm256_add_epi32(pa, pb), sc)));
+        }
+      }
+      const __m256 dv = _mm256_load_ps(d), dminv = _mm256_load_ps(dmin);
+      for (int64_t j = 0; j < n_act; ++j) {
+        const auto& y = reinterpret_cast<const quant::BlockQ8_K*>(act + j * act_stride)[i];
+        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums)),
+                                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums + 8)));
+        alignas(16) int32_t group_pairs[4];  // activation sums of groups 2h and 2h+1 as int16 pairs
+        _mm_store_si128(reinterpret_cast<__m128i*>(group_pairs), bs);
+        __m256i msum = _mm256_setzero_si256();
+        for (int h = 0; h < 4; ++h)
+          msum = _mm256_add_epi32(msum, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(mins[h])),
+                                                          _mm256_set1_epi32(group_pairs[h])));
+        const __m256 yd = _mm256_set1_ps(y.d);
+        acc[j] =
+            _mm256_fmadd_ps(_mm256_mul_ps(dv, yd),
+                            _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sumi[j]))), acc[j]);
+        acc_min[j] = _mm256_fmadd_ps(_mm256_mul_ps(dminv, yd), _mm256_cvtepi32_ps(msum), acc_min[j]);
+      }
+    }
+    for (int64_t j = 0; j < n_act; ++j) _mm256_storeu_ps(out + j * ldo, _mm256_sub_ps(acc[j], acc_min[j]));
+  }
+};
+
+void gemm_tile_q4_k(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act, size_t act_stride, int64_t n_act,
+                    float* out, size_t ldo) {
+  Q4KTile::run(n, w, row_bytes, act, act_stride, n_act, out, ldo);
+}
+
 float dot_q6_k(int64_t n, const void* w, const void* a) {
   float out;
   Q6K512::cols<1>(n, w, static_cast<const uint8_t*>(a), 0, &out);
@@ -112,6 +260,7 @@ void install(KernelTable& table) {
   install_256(table);
   using quant::GgmlType;
   table.vec_dot[static_cast<uint32_t>(GgmlType::Q6_K)] = &dot_q6_k;
+  table.gemm_tile[static_cast<uint32_t>(GgmlType::Q4_K)] = &gemm_tile_q4_k;
   table.vec_dot_rows[static_cast<uint32_t>(GgmlType::Q6_K)] = &dot_rows_q6_k;
 }
 

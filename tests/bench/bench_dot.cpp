@@ -17,9 +17,9 @@ namespace {
 using hetmoe::cpu::Isa;
 using hetmoe::quant::GgmlType;
 
-// n_act activation rows per weight row through dot_rows (the prefill path); GB/s counts each weight byte once per
-// activation row, so it compares with bm_dot directly.
-void bm_dot(benchmark::State& state, Isa isa, GgmlType type, int64_t n_act) {
+// n_act activation rows per weight row through dot_rows, or per 8-row tile through gemm_tile (the prefill paths);
+// GB/s counts each weight byte once per activation row, so it compares with bm_dot directly.
+void bm_dot(benchmark::State& state, Isa isa, GgmlType type, int64_t n_act, bool use_tiles = false) {
   if (isa > hetmoe::cpu::detect_isa()) {
     state.SkipWithError("tier not supported by this CPU");
     return;
@@ -40,9 +40,19 @@ void bm_dot(benchmark::State& state, Isa isa, GgmlType type, int64_t n_act) {
   for (int64_t r = 0; r < kRows; ++r) hetmoe::quant::quantize_row(type, &w[r * kCols], wq + r * rb, kCols);
   for (int64_t j = 0; j < n_act; ++j)
     hetmoe::quant::quantize_activation(hetmoe::quant::type_info(type).vec_dot_type, x.data(), act + j * ab, kCols);
-  std::vector<float> out(n_act);
+  std::vector<float> out(n_act * hetmoe::cpu::kTileRows);
+  const hetmoe::cpu::GemmTileFn tile = use_tiles ? table.tile_for(type) : nullptr;
+  if (use_tiles && !tile) {
+    state.SkipWithError("no tile kernel for this format in this tier");
+    return;
+  }
   for (auto _ : state) {
-    for (int64_t r = 0; r < kRows; ++r) table.dot_rows(type, kCols, wq + r * rb, act, ab, n_act, out.data());
+    if (tile) {
+      for (int64_t r = 0; r < kRows; r += hetmoe::cpu::kTileRows)
+        tile(kCols, wq + r * rb, rb, act, ab, n_act, out.data(), hetmoe::cpu::kTileRows);
+    } else {
+      for (int64_t r = 0; r < kRows; ++r) table.dot_rows(type, kCols, wq + r * rb, act, ab, n_act, out.data());
+    }
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(rb * kRows) * n_act);
@@ -99,6 +109,10 @@ void register_all() {
                                     std::string(hetmoe::quant::type_info(t).name))
                                        .c_str(),
                                    [isa, t](benchmark::State& s) { bm_dot(s, isa, t, 16); });
+  benchmark::RegisterBenchmark("tile16/avx512/Q4_K",
+                               [](benchmark::State& s) { bm_dot(s, Isa::kAvx512, GgmlType::Q4_K, 16, true); });
+  benchmark::RegisterBenchmark("tile64/avx512/Q4_K",
+                               [](benchmark::State& s) { bm_dot(s, Isa::kAvx512, GgmlType::Q4_K, 64, true); });
 }
 
 }  // namespace

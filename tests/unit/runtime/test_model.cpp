@@ -134,18 +134,27 @@ std::vector<float> logits_of(model::Model& m, const std::vector<int32_t>& tokens
   return all;
 }
 
-TEST(Evaluation, BatchAndTokenByTokenAgreeBitForBit) {
-  // Every dot product is evaluated by one thread with the same inputs whatever the batching, so batched prefill,
-  // chunked prefill and one-token decode through the KV cache give identical logits, for any thread count.
+TEST(Evaluation, BatchAndTokenByTokenAgree) {
+  // Batches below kTileMinActs tokens run every dot product as decode does, so chunked prefill and one-token decode
+  // through the KV cache give identical logits, for any thread count. Larger batches may use the tier's tile
+  // kernels (the same integer sums, floats added per super-block): identical for any thread count, and equal to
+  // decode within float rounding.
   const std::vector<int32_t> tokens = {3, 17, 42, 100, 7, 255, 256, 300, 11, 64, 128, 5, 400};
   for (const fs::path& file : {tiny_f32(), fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-qwen3moe-Q4_K_M.gguf",
                                fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-mixtral-Q4_K_M.gguf"}) {
     auto one = model::Model::load(file.string(), 1);
     auto three = model::Model::load(file.string(), 3);
+    const std::vector<float> decode = logits_of(*one, tokens, std::vector<int>(13, 1));
+    EXPECT_EQ(logits_of(*three, tokens, std::vector<int>(13, 1)), decode) << file << ": thread count changed decode";
+    EXPECT_EQ(logits_of(*one, tokens, {5, 1, 7}), decode) << file << ": chunked prefill differs";
     const std::vector<float> batch = logits_of(*one, tokens, {13});
-    EXPECT_EQ(logits_of(*three, tokens, {13}), batch) << file << ": thread count changed the result";
-    EXPECT_EQ(logits_of(*one, tokens, {5, 1, 7}), batch) << file << ": chunked prefill differs";
-    EXPECT_EQ(logits_of(*three, tokens, std::vector<int>(13, 1)), batch) << file << ": decode differs";
+    EXPECT_EQ(logits_of(*three, tokens, {13}), batch) << file << ": thread count changed the batch";
+    float scale = 0, max_diff = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      scale = std::max(scale, std::abs(decode[i]));
+      max_diff = std::max(max_diff, std::abs(batch[i] - decode[i]));
+    }
+    EXPECT_LE(max_diff, 1e-4f * scale) << file << ": batch and decode differ beyond rounding";
   }
 }
 
