@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "cpu_kernels/avx512/kernels_avx512.h"
+#include "cpu_kernels/scratch.h"
 #include "quant/blocks.h"
 
 namespace hetmoe::cpu::avx512 {
@@ -101,6 +102,35 @@ struct Q6K512 {
 // 8 vpdpbusd and one vpmulld (the group's 8 scales) per 32 values x 8 rows, where the row-at-a-time kernels need
 // maddubs + vpdpwssd per 32 values per row. Integer sums per group are the same; the float sums run per
 // super-block and row instead of per lane, so the results agree with vec_dot to rounding, not bit for bit.
+// The exact total of 8 int32 lanes.
+inline int32_t hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// Transposes an 8 x 8 matrix of 4-byte elements held in 8 registers (row r in t[r]): afterwards t[k] holds element
+// k of rows 0..7, i.e. step k of the 8 rows side by side.
+inline void transpose_8x8_epi32(__m256i t[8]) {
+  __m256i u[8];
+  for (int p = 0; p < 4; ++p) {
+    u[2 * p] = _mm256_unpacklo_epi32(t[2 * p], t[2 * p + 1]);
+    u[2 * p + 1] = _mm256_unpackhi_epi32(t[2 * p], t[2 * p + 1]);
+  }
+  for (int p = 0; p < 2; ++p) {
+    t[4 * p] = _mm256_unpacklo_epi64(u[4 * p], u[4 * p + 2]);
+    t[4 * p + 1] = _mm256_unpackhi_epi64(u[4 * p], u[4 * p + 2]);
+    t[4 * p + 2] = _mm256_unpacklo_epi64(u[4 * p + 1], u[4 * p + 3]);
+    t[4 * p + 3] = _mm256_unpackhi_epi64(u[4 * p + 1], u[4 * p + 3]);
+  }
+  for (int q = 0; q < 4; ++q) {
+    u[q] = _mm256_permute2x128_si256(t[q], t[4 + q], 0x20);
+    u[4 + q] = _mm256_permute2x128_si256(t[q], t[4 + q], 0x31);
+  }
+  for (int k = 0; k < 8; ++k) t[k] = u[k];
+}
+
 // Four activation bytes as one int32, in every lane.
 inline __m256i broadcast4(const int8_t* p) {
   int32_t four;
@@ -110,12 +140,6 @@ inline __m256i broadcast4(const int8_t* p) {
 
 struct Q4KTile {
   static constexpr int64_t kCols = 32;  // activation rows per pass over the tile's super-blocks
-
-  static void run(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act, size_t act_stride, int64_t n_act,
-                  float* out, size_t ldo) {
-    for (int64_t j0 = 0; j0 < n_act; j0 += kCols)
-      chunk(n, w, row_bytes, act + j0 * act_stride, act_stride, std::min(kCols, n_act - j0), out + j0 * ldo, ldo);
-  }
 
   static void chunk(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act, size_t act_stride, int64_t n_act,
                     float* out, size_t ldo) {
@@ -147,24 +171,10 @@ struct Q4KTile {
       }
       // 8 x 8 transposes of 4-byte steps: packed[k] holds step k of rows 0..7.
       for (int kb = 0; kb < 8; ++kb) {
-        __m256i t[8], u[8];
+        __m256i t[8];
         for (int r = 0; r < 8; ++r) t[r] = load256(rows[r] + 32 * kb);
-        for (int p = 0; p < 4; ++p) {
-          u[2 * p] = _mm256_unpacklo_epi32(t[2 * p], t[2 * p + 1]);
-          u[2 * p + 1] = _mm256_unpackhi_epi32(t[2 * p], t[2 * p + 1]);
-        }
-        for (int p = 0; p < 2; ++p) {
-          t[4 * p] = _mm256_unpacklo_epi64(u[4 * p], u[4 * p + 2]);
-          t[4 * p + 1] = _mm256_unpackhi_epi64(u[4 * p], u[4 * p + 2]);
-          t[4 * p + 2] = _mm256_unpacklo_epi64(u[4 * p + 1], u[4 * p + 3]);
-          t[4 * p + 3] = _mm256_unpackhi_epi64(u[4 * p + 1], u[4 * p + 3]);
-        }
-        for (int q = 0; q < 4; ++q) {
-          _mm256_store_si256(reinterpret_cast<__m256i*>(packed[8 * kb + q]),
-                             _mm256_permute2x128_si256(t[q], t[4 + q], 0x20));
-          _mm256_store_si256(reinterpret_cast<__m256i*>(packed[8 * kb + 4 + q]),
-                             _mm256_permute2x128_si256(t[q], t[4 + q], 0x31));
-        }
+        transpose_8x8_epi32(t);
+        for (int k = 0; k < 8; ++k) _mm256_store_si256(reinterpret_cast<__m256i*>(packed[8 * kb + k]), t[k]);
       }
       for (int64_t j = 0; j < n_act; ++j)
         _mm256_store_si256(reinterpret_cast<__m256i*>(sumi[j]), _mm256_setzero_si256());
@@ -237,9 +247,90 @@ struct Q4KTile {
   }
 };
 
-void gemm_tile_q4_k(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act, size_t act_stride, int64_t n_act,
+// Q8_0 and Q5_0 tiles for prefill, laid out as the Q4_K tile: 8 rows interleaved per 32-value block, one vpdpbusd
+// per 4 values of 8 rows. vpdpbusd wants unsigned weights, so the values are taken with a bias (Q8_0: + 128,
+// Q5_0: the stored 0..31, i.e. + 16) and bias x (the activation block's sum) is taken off again, exactly, in
+// integers. One float multiply-add per block and row, as the single dot does per lane: equal to rounding.
+template <typename Block, typename Biased>
+struct Blocks32Tile {
+  static constexpr int64_t kCols = 32;
+
+  static void chunk(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act, size_t act_stride, int64_t n_act,
                     float* out, size_t ldo) {
-  Q4KTile::run(n, w, row_bytes, act, act_stride, n_act, out, ldo);
+    const int64_t n_blocks = n / 32;
+    // Biased sums of each activation block: bias * sum(a), per block and activation row.
+    std::span<int32_t> corr = scratch<int32_t, struct Blocks32TileSite>(n_blocks * kCols);
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int64_t j = 0; j < n_act; ++j) {
+      const auto* y = reinterpret_cast<const quant::BlockQ8_0*>(act + j * act_stride);
+      for (int64_t b = 0; b < n_blocks; ++b)
+        corr[b * kCols + j] = Biased::kBias * hsum_epi32(sum4_u8s8(ones, load256(y[b].qs)));
+    }
+    __m256 acc[kCols];
+    for (int64_t j = 0; j < n_act; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      alignas(32) float d[8];
+      __m256i t[8];
+      for (int r = 0; r < 8; ++r) {
+        const Block& blk = reinterpret_cast<const Block*>(w + r * row_bytes)[b];
+        d[r] = fp16_to_fp32(blk.d);
+        t[r] = Biased::get(blk);
+      }
+      // wv[k] holds values 4k..4k+3 of rows 0..7.
+      transpose_8x8_epi32(t);
+      const __m256i* wv = t;
+      const __m256 dv = _mm256_load_ps(d);
+      int64_t j = 0;
+      for (; j + 2 <= n_act; j += 2) {
+        const auto& y0 = reinterpret_cast<const quant::BlockQ8_0*>(act + j * act_stride)[b];
+        const auto& y1 = reinterpret_cast<const quant::BlockQ8_0*>(act + (j + 1) * act_stride)[b];
+        __m256i pa0 = _mm256_setzero_si256(), pa1 = pa0, pb0 = pa0, pb1 = pa0;
+#pragma GCC unroll 4
+        for (int kk = 0; kk < 8; kk += 2) {
+          pa0 = _mm256_dpbusd_epi32(pa0, wv[kk], broadcast4(y0.qs + 4 * kk));
+          pa1 = _mm256_dpbusd_epi32(pa1, wv[kk], broadcast4(y1.qs + 4 * kk));
+          pb0 = _mm256_dpbusd_epi32(pb0, wv[kk + 1], broadcast4(y0.qs + 4 * kk + 4));
+          pb1 = _mm256_dpbusd_epi32(pb1, wv[kk + 1], broadcast4(y1.qs + 4 * kk + 4));
+        }
+        const __m256i s0 = _mm256_sub_epi32(_mm256_add_epi32(pa0, pb0), _mm256_set1_epi32(corr[b * kCols + j]));
+        const __m256i s1 = _mm256_sub_epi32(_mm256_add_epi32(pa1, pb1), _mm256_set1_epi32(corr[b * kCols + j + 1]));
+        acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(fp16_to_fp32(y0.d))), _mm256_cvtepi32_ps(s0), acc[j]);
+        acc[j + 1] =
+            _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(fp16_to_fp32(y1.d))), _mm256_cvtepi32_ps(s1), acc[j + 1]);
+      }
+      for (; j < n_act; ++j) {
+        const auto& y0 = reinterpret_cast<const quant::BlockQ8_0*>(act + j * act_stride)[b];
+        __m256i pa = _mm256_setzero_si256(), pb = pa;
+#pragma GCC unroll 4
+        for (int kk = 0; kk < 8; kk += 2) {
+          pa = _mm256_dpbusd_epi32(pa, wv[kk], broadcast4(y0.qs + 4 * kk));
+          pb = _mm256_dpbusd_epi32(pb, wv[kk + 1], broadcast4(y0.qs + 4 * kk + 4));
+        }
+        const __m256i s0 = _mm256_sub_epi32(_mm256_add_epi32(pa, pb), _mm256_set1_epi32(corr[b * kCols + j]));
+        acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(fp16_to_fp32(y0.d))), _mm256_cvtepi32_ps(s0), acc[j]);
+      }
+    }
+    for (int64_t j = 0; j < n_act; ++j) _mm256_storeu_ps(out + j * ldo, acc[j]);
+  }
+};
+
+struct Q8Biased {
+  static constexpr int32_t kBias = 128;
+  static __m256i get(const quant::BlockQ8_0& b) { return _mm256_xor_si256(load256(b.qs), _mm256_set1_epi8(-128)); }
+};
+
+struct Q5Biased {
+  static constexpr int32_t kBias = 16;
+  static __m256i get(const quant::BlockQ5_0& b) { return _mm256_or_si256(nibbles_32(b.qs), fifth_bits(b.qh)); }
+};
+
+// A tile kernel over any number of activation rows, kCols at a time (the tile's accumulators live on the stack).
+template <typename Tile>
+void gemm_tile(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act, size_t act_stride, int64_t n_act,
+               float* out, size_t ldo) {
+  for (int64_t j0 = 0; j0 < n_act; j0 += Tile::kCols)
+    Tile::chunk(n, w, row_bytes, act + j0 * act_stride, act_stride, std::min(Tile::kCols, n_act - j0), out + j0 * ldo,
+                ldo);
 }
 
 float dot_q6_k(int64_t n, const void* w, const void* a) {
@@ -260,7 +351,9 @@ void install(KernelTable& table) {
   install_256(table);
   using quant::GgmlType;
   table.vec_dot[static_cast<uint32_t>(GgmlType::Q6_K)] = &dot_q6_k;
-  table.gemm_tile[static_cast<uint32_t>(GgmlType::Q4_K)] = &gemm_tile_q4_k;
+  table.gemm_tile[static_cast<uint32_t>(GgmlType::Q4_K)] = &gemm_tile<Q4KTile>;
+  table.gemm_tile[static_cast<uint32_t>(GgmlType::Q8_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ8_0, Q8Biased>>;
+  table.gemm_tile[static_cast<uint32_t>(GgmlType::Q5_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ5_0, Q5Biased>>;
   table.vec_dot_rows[static_cast<uint32_t>(GgmlType::Q6_K)] = &dot_rows_q6_k;
 }
 

@@ -109,10 +109,11 @@ void register_all() {
                                     std::string(hetmoe::quant::type_info(t).name))
                                        .c_str(),
                                    [isa, t](benchmark::State& s) { bm_dot(s, isa, t, 16); });
-  benchmark::RegisterBenchmark("tile16/avx512/Q4_K",
-                               [](benchmark::State& s) { bm_dot(s, Isa::kAvx512, GgmlType::Q4_K, 16, true); });
-  benchmark::RegisterBenchmark("tile64/avx512/Q4_K",
-                               [](benchmark::State& s) { bm_dot(s, Isa::kAvx512, GgmlType::Q4_K, 64, true); });
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0})
+    for (int64_t n_act : {8, 16, 64})
+      benchmark::RegisterBenchmark(
+          ("tile" + std::to_string(n_act) + "/avx512/" + std::string(hetmoe::quant::type_info(t).name)).c_str(),
+          [t, n_act](benchmark::State& s) { bm_dot(s, Isa::kAvx512, t, n_act, true); });
 }
 
 }  // namespace

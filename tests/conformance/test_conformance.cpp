@@ -139,8 +139,10 @@ TEST_P(Conformance, AgreesWithLlamaCpp) {
   std::vector<float> logits;
   m->forward(kPrompt, 0, cache, true, logits, &rec);
 
-  // Layer by layer. A token whose expert set legitimately differs (reference margin below the tolerance) is
-  // left out of the later checks, as the reference README prescribes.
+  // Layer by layer. A token whose expert set legitimately differs (reference margin below the tolerance) is left
+  // out of the checks from that layer on, and so is every later token, since they attend to it (reference README
+  // 8.1-8.2: the large differences all belong to such tokens). This is what a discrete 8-bit rounding event (README
+  // 7.4) looks like when a kernel sums in another order than llama.cpp, e.g. the batch tile kernels.
   std::vector<bool> alive(T, true);
   double worst_l_out = 0, worst_probs = 0;
   int sets_equal = 0, sets_total = 0;
@@ -157,38 +159,38 @@ TEST_P(Conformance, AgreesWithLlamaCpp) {
       for (int64_t t = 0; t < T; ++t) {
         if (!alive[t]) continue;
         const json& rp = layer["ffn_moe_probs"][t];
+        std::set<int32_t> mine(topk->begin() + t * c.n_expert_used, topk->begin() + (t + 1) * c.n_expert_used);
+        std::set<int32_t> theirs;
+        for (const json& id : layer["ffn_moe_topk"][t]) theirs.insert(id.get<int32_t>());
+        ++sets_total;
+        if (mine != theirs) {
+          const double margin = selection_margin(c, rp, bias);
+          EXPECT_LT(margin, tc.tol.topk_margin)
+              << "layer " << l << " token " << t << ": expert set differs although the reference margin is " << margin;
+          std::fill(alive.begin() + t, alive.end(), false);
+          break;
+        }
+        ++sets_equal;
         for (int64_t e = 0; e < c.n_expert; ++e) {
           const double d = std::abs((*probs)[t * c.n_expert + e] - rp[e].get<double>());
           worst_probs = std::max(worst_probs, d);
           EXPECT_LE(d, tc.tol.probs) << "layer " << l << " token " << t << " expert " << e;
         }
-        std::set<int32_t> mine(topk->begin() + t * c.n_expert_used, topk->begin() + (t + 1) * c.n_expert_used);
-        std::set<int32_t> theirs;
-        for (const json& id : layer["ffn_moe_topk"][t]) theirs.insert(id.get<int32_t>());
-        ++sets_total;
-        if (mine == theirs) {
-          ++sets_equal;
-          // Compare the final mixing weights by expert id.
-          const char* last = layer.contains("ffn_moe_weights_scaled") ? "ffn_moe_weights_scaled"
-                             : layer.contains("ffn_moe_weights_norm") ? "ffn_moe_weights_norm"
-                                                                      : "ffn_moe_weights";
-          const auto* w = rec.values(l, last);
-          ASSERT_NE(w, nullptr) << last;
-          for (int64_t i = 0; i < c.n_expert_used; ++i) {
-            const int32_t id = layer["ffn_moe_topk"][t][i].get<int32_t>();
-            const int64_t j =
-                std::find(topk->begin() + t * c.n_expert_used, topk->begin() + (t + 1) * c.n_expert_used, id) -
-                (topk->begin() + t * c.n_expert_used);
-            const double scale = std::string(last) == "ffn_moe_weights_scaled" ? c.expert_weights_scale : 1.0;
-            EXPECT_LE(std::abs((*w)[t * c.n_expert_used + j] - layer[last][t][i].get<double>()), tc.tol.probs * scale)
-                << last << " layer " << l << " token " << t;
-          }
-          continue;
+        // Compare the final mixing weights by expert id.
+        const char* last = layer.contains("ffn_moe_weights_scaled") ? "ffn_moe_weights_scaled"
+                           : layer.contains("ffn_moe_weights_norm") ? "ffn_moe_weights_norm"
+                                                                    : "ffn_moe_weights";
+        const auto* w = rec.values(l, last);
+        ASSERT_NE(w, nullptr) << last;
+        for (int64_t i = 0; i < c.n_expert_used; ++i) {
+          const int32_t id = layer["ffn_moe_topk"][t][i].get<int32_t>();
+          const int64_t j =
+              std::find(topk->begin() + t * c.n_expert_used, topk->begin() + (t + 1) * c.n_expert_used, id) -
+              (topk->begin() + t * c.n_expert_used);
+          const double scale = std::string(last) == "ffn_moe_weights_scaled" ? c.expert_weights_scale : 1.0;
+          EXPECT_LE(std::abs((*w)[t * c.n_expert_used + j] - layer[last][t][i].get<double>()), tc.tol.probs * scale)
+              << last << " layer " << l << " token " << t;
         }
-        const double margin = selection_margin(c, rp, bias);
-        EXPECT_LT(margin, tc.tol.topk_margin)
-            << "layer " << l << " token " << t << ": expert set differs although the reference margin is " << margin;
-        alive[t] = false;
       }
     }
     const auto* l_out = rec.values(l, "l_out");
