@@ -11,16 +11,18 @@ namespace hetmoe::cpu {
 
 namespace {
 
-// The activation rows converted to the vec_dot_type of `w`: a view of x itself for F32 weights, else `storage`.
+// The activation rows converted to the vec_dot_type of `w`: a view of x itself for F32 weights, else a per-thread
+// scratch buffer of the call site `Site` (kept between calls, so decode does not allocate).
+template <typename Site>
 const uint8_t* convert_activation(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x,
-                                  int64_t n_tokens, std::vector<uint8_t>& storage, size_t* row_bytes) {
+                                  int64_t n_tokens, size_t* row_bytes) {
   const quant::GgmlType act_type = quant::type_info(w.type).vec_dot_type;
   if (act_type == quant::GgmlType::F32) {
     *row_bytes = static_cast<size_t>(w.n_cols) * sizeof(float);
     return reinterpret_cast<const uint8_t*>(x);
   }
   *row_bytes = quant::activation_row_bytes(w.type, w.n_cols);
-  storage.resize(*row_bytes * static_cast<size_t>(n_tokens));
+  std::span<uint8_t> storage = scratch<uint8_t, Site>(*row_bytes * static_cast<size_t>(n_tokens));
   const QuantizeActivationFn convert = k.activation_for(act_type);
   const size_t rb = *row_bytes;
   pool.parallel_for(n_tokens, 4, [&](int64_t t0, int64_t t1) {
@@ -57,35 +59,41 @@ void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w,
   const int64_t heads = layout.n_heads, rows = w.n_rows / heads, cols = w.n_cols;
   if (n_tokens <= 0 || rows <= 0) return;
   // Gather each (token, head) input row, then convert them all at once; row t * heads + h.
-  std::vector<float> gathered(static_cast<size_t>(n_tokens * heads * cols));
+  std::span<float> gathered = scratch<float, struct HeadsGatherSite>(static_cast<size_t>(n_tokens * heads * cols));
   for (int64_t t = 0; t < n_tokens; ++t)
     for (int64_t h = 0; h < heads; ++h)
       std::copy_n(x + t * layout.x_token_stride + h * layout.x_head_stride, cols, &gathered[(t * heads + h) * cols]);
-  std::vector<uint8_t> storage;
   size_t act_row = 0;
-  const uint8_t* act = convert_activation(k, pool, w, gathered.data(), n_tokens * heads, storage, &act_row);
-  pool.parallel_for(w.n_rows, 16, [&](int64_t r0, int64_t r1) {
-    float out[kTokenChunk];
-    for (int64_t row = r0; row < r1; ++row) {
-      const int64_t h = row / rows, r = row % rows;
-      for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
-        const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
-        k.dot_rows(w.type, cols, w.row(row), act + static_cast<size_t>(t0 * heads + h) * act_row, heads * act_row, nt,
-                   out);
-        for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * layout.y_token_stride + h * layout.y_head_stride + r] = out[t];
-      }
-    }
-  });
+  const uint8_t* act = convert_activation<struct HeadsActSite>(k, pool, w, gathered.data(), n_tokens * heads, &act_row);
+  // Tiles need every 8-row block inside one head.
+  const GemmTileFn tile = n_tokens >= kTileMinActs && rows % kTileRows == 0 ? k.tile_for(w.type) : nullptr;
+  for_row_blocks(
+      pool, w.n_rows, tile != nullptr,
+      [&](int64_t row) {
+        const int64_t h = row / rows, r = row % rows;
+        tile(cols, w.row(row), w.row_bytes, act + static_cast<size_t>(h) * act_row, heads * act_row, n_tokens,
+             y + h * layout.y_head_stride + r, layout.y_token_stride);
+      },
+      [&](int64_t row) {
+        const int64_t h = row / rows, r = row % rows;
+        float out[kTokenChunk];
+        for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
+          const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
+          k.dot_rows(w.type, cols, w.row(row), act + static_cast<size_t>(t0 * heads + h) * act_row, heads * act_row, nt,
+                     out);
+          for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * layout.y_token_stride + h * layout.y_head_stride + r] = out[t];
+        }
+      });
 }
 
 void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& gate, const WeightMatrix& up,
                    const float* x, int64_t n_tokens, float* out) {
   if (n_tokens <= 0 || gate.n_rows <= 0) return;
-  std::vector<uint8_t> gate_storage, up_storage;
   size_t gate_row = 0, up_row = 0;
-  const uint8_t* gate_act = convert_activation(k, pool, gate, x, n_tokens, gate_storage, &gate_row);
+  const uint8_t* gate_act = convert_activation<struct SwigluGateActSite>(k, pool, gate, x, n_tokens, &gate_row);
   const bool same = quant::type_info(gate.type).vec_dot_type == quant::type_info(up.type).vec_dot_type;
-  const uint8_t* up_act = same ? gate_act : convert_activation(k, pool, up, x, n_tokens, up_storage, &up_row);
+  const uint8_t* up_act =
+      same ? gate_act : convert_activation<struct SwigluUpActSite>(k, pool, up, x, n_tokens, &up_row);
   if (same) up_row = gate_row;
   const int64_t n_rows = gate.n_rows;
   const GemmTileFn gate_tile = n_tokens >= kTileMinActs ? k.tile_for(gate.type) : nullptr;
@@ -131,9 +139,8 @@ void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& g
 void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
             int64_t ldy) {
   if (n_tokens <= 0 || w.n_rows <= 0) return;
-  std::vector<uint8_t> converted;
   size_t act_row = 0;
-  const uint8_t* act = convert_activation(k, pool, w, x, n_tokens, converted, &act_row);
+  const uint8_t* act = convert_activation<struct MatmulActSite>(k, pool, w, x, n_tokens, &act_row);
 
   // Batches of kTileMinActs tokens or more go through the tier's tile kernel where it has one (8 rows unpacked once
   // for all tokens); otherwise each weight row is unpacked once per chunk of tokens (dot_rows) and stays in L1.

@@ -25,7 +25,7 @@ struct WeightMatrix {
 // y[t * ldy + r] = W.row(r) . x[t * n_cols ...] for every token t < n_tokens and row r.
 // Each activation row is first converted to the weight's vec_dot_type, as ggml does, so quantized models agree
 // with llama.cpp; the rows of W are split across the pool's threads and each row is read once for all tokens.
-// Allocates one activation buffer per call (n_tokens rows of the converted type).
+// The converted activations live in a per-thread scratch buffer that keeps its capacity (no allocation once warm).
 void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
             int64_t ldy);
 

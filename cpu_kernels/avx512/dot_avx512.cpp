@@ -112,7 +112,7 @@ inline int32_t hsum_epi32(__m256i v) {
 
 // Transposes an 8 x 8 matrix of 4-byte elements held in 8 registers (row r in t[r]): afterwards t[k] holds element
 // k of rows 0..7, i.e. step k of the 8 rows side by side.
-inline void transpose_8x8_epi32(__m256i t[8]) {
+__attribute__((always_inline)) inline void transpose_8x8_epi32(__m256i t[8]) {
   __m256i u[8];
   for (int p = 0; p < 4; ++p) {
     u[2 * p] = _mm256_unpacklo_epi32(t[2 * p], t[2 * p + 1]);
