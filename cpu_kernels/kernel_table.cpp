@@ -24,9 +24,14 @@ void set_ref(KernelTable& table) {
   table.vec_dot[static_cast<uint32_t>(T)] = &ref_dot<T>;
 }
 
+void ref_axpy(int64_t n, float a, const float* x, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
 KernelTable make_ref_table() {
   KernelTable t;
   t.isa = Isa::kRef;
+  t.axpy = &ref_axpy;
   set_ref<GgmlType::F32>(t);
   set_ref<GgmlType::F16>(t);
   set_ref<GgmlType::BF16>(t);

@@ -21,6 +21,8 @@ using GemmTileFn = void (*)(int64_t n, const uint8_t* weight, size_t row_bytes, 
                             int64_t n_act, float* out, size_t ldo);
 inline constexpr int64_t kTileRows = 8;
 inline constexpr int64_t kTileMinActs = 8;
+// y[i] += a * x[i] for i < n (attention's weighted sum of values).
+using AxpyFn = void (*)(int64_t n, float a, const float* x, float* y);
 // n activation floats to a vec_dot_type.
 using QuantizeActivationFn = void (*)(const float* src, void* dst, int64_t n);
 
@@ -32,6 +34,7 @@ struct KernelTable {
   std::array<VecDotRowsFn, 32> vec_dot_rows{};                 // by weight type id; null: vec_dot per row
   std::array<GemmTileFn, 32> gemm_tile{};                      // by weight type id; null: none
   std::array<QuantizeActivationFn, 32> quantize_activation{};  // by vec_dot_type id
+  AxpyFn axpy = nullptr;
 
   VecDotFn dot_for(quant::GgmlType t) const { return vec_dot[static_cast<uint32_t>(t)]; }
   // vec_dot_rows where the tier has it (the weight row is unpacked once for all activations), else vec_dot.

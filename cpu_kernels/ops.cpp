@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpu_kernels/kernel_table.h"
+#include "cpu_kernels/scratch.h"
 
 namespace hetmoe::cpu {
 
@@ -94,30 +95,41 @@ void rope_apply(const RopeParams& p, const float* cache, float* x) {
 void causal_attention(const AttentionShape& shape, const AttentionInput& in, int64_t n_tokens, int64_t pos0, float* out,
                       ThreadPool& pool) {
   const int group = shape.n_head / shape.n_head_kv;
-  // q.k is an F32 dot of the cache's row: the kernel table's (SIMD where the CPU has it) instead of a scalar loop
-  // that the compiler may not vectorise (a float reduction).
-  const VecDotFn dot = kernels().dot_for(quant::GgmlType::F32);
+  // q.k is an F32 dot of the cache's row and the value sum an axpy, both from the kernel table (SIMD where the CPU
+  // has it). The heads that share a key/value head run together, key by key, so each cached row is read once per
+  // group instead of once per head (MLA: one latent row for all 16 heads).
+  const KernelTable& k = kernels();
+  const VecDotFn dot = k.dot_for(quant::GgmlType::F32);
   const int64_t out_stride = static_cast<int64_t>(shape.n_head) * shape.head_dim_v;
-  pool.parallel_for(n_tokens * shape.n_head, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores;
+  // Units of (token, key head, slice of its heads): whole groups when there are enough of them to keep the threads
+  // busy (prefill), slices of a group when not (decode: one token, MLA: one key head).
+  const int64_t groups = n_tokens * shape.n_head_kv;
+  const int64_t slices = groups >= 2 * pool.size() ? 1 : std::min<int64_t>(group, pool.size());
+  const int64_t slice_heads = (group + slices - 1) / slices;
+  pool.parallel_for(groups * slices, 1, [&](int64_t i0, int64_t i1) {
+    const int64_t max_keys = pos0 + n_tokens;
+    std::span<float> scores = scratch<float, struct AttentionScoresSite>(static_cast<size_t>(slice_heads * max_keys));
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = i / shape.n_head;
-      const int h = static_cast<int>(i % shape.n_head);
-      const int g = h / group;
+      const int64_t t = i / (shape.n_head_kv * slices);
+      const int g = static_cast<int>(i / slices % shape.n_head_kv);
+      const int h0 = static_cast<int>(i % slices * slice_heads);
+      const int nh = static_cast<int>(std::min<int64_t>(slice_heads, group - h0));
+      if (nh <= 0) continue;
       const int64_t n_keys = pos0 + t + 1;
-      const float* q = in.q + t * in.q_token_stride + h * in.q_head_stride;
-      scores.resize(n_keys);
       for (int64_t j = 0; j < n_keys; ++j) {
-        const float* k = in.k + j * in.k_stride + static_cast<int64_t>(g) * shape.head_dim_k;
-        scores[j] = dot(shape.head_dim_k, q, k) * shape.scale;
+        const float* key = in.k + j * in.k_stride + static_cast<int64_t>(g) * shape.head_dim_k;
+        for (int hh = 0; hh < nh; ++hh) {
+          const float* q = in.q + t * in.q_token_stride + (g * group + h0 + hh) * in.q_head_stride;
+          scores[hh * max_keys + j] = dot(shape.head_dim_k, q, key) * shape.scale;
+        }
       }
-      softmax(scores.data(), n_keys);
-      float* o = out + t * out_stride + static_cast<int64_t>(h) * shape.head_dim_v;
-      std::fill(o, o + shape.head_dim_v, 0.0f);
+      for (int hh = 0; hh < nh; ++hh) softmax(scores.data() + hh * max_keys, n_keys);
+      float* o = out + t * out_stride + static_cast<int64_t>(g * group + h0) * shape.head_dim_v;
+      std::fill(o, o + static_cast<int64_t>(nh) * shape.head_dim_v, 0.0f);
       for (int64_t j = 0; j < n_keys; ++j) {
         const float* v = in.v + j * in.v_stride + static_cast<int64_t>(g) * shape.head_dim_v;
-        const float pj = scores[j];
-        for (int d = 0; d < shape.head_dim_v; ++d) o[d] += pj * v[d];
+        for (int hh = 0; hh < nh; ++hh)
+          k.axpy(shape.head_dim_v, scores[hh * max_keys + j], v, o + static_cast<int64_t>(hh) * shape.head_dim_v);
       }
     }
   });
