@@ -143,7 +143,6 @@ struct Q4KTile {
 
   static void chunk(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act, size_t act_stride, int64_t n_act,
                     float* out, size_t ldo) {
-    alignas(64) uint8_t rows[8][quant::kQK_K];     // unpacked values, row by row
     alignas(64) uint8_t packed[64][32];            // [4-value step k][row r][4 values]
     alignas(64) int32_t scales[8][8], mins[4][8];  // [group][row]; mins as int16 pairs of groups 2h, 2h+1
     alignas(64) int32_t sumi[kCols][8];
@@ -162,19 +161,19 @@ struct Q4KTile {
         for (int h = 0; h < 4; ++h)
           mins[h][r] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(sm[8 + 2 * h])) |
                                             static_cast<uint32_t>(static_cast<uint16_t>(sm[9 + 2 * h])) << 16);
-        for (int c = 0; c < 4; ++c) {
-          const __m256i q4 = load256(b.qs + 32 * c);
-          _mm256_store_si256(reinterpret_cast<__m256i*>(rows[r] + 64 * c), _mm256_and_si256(q4, low4));
-          _mm256_store_si256(reinterpret_cast<__m256i*>(rows[r] + 64 * c + 32),
-                             _mm256_and_si256(_mm256_srli_epi16(q4, 4), low4));
-        }
       }
-      // 8 x 8 transposes of 4-byte steps: packed[k] holds step k of rows 0..7.
-      for (int kb = 0; kb < 8; ++kb) {
+      // Chunk c of 32 packed bytes holds groups 2c (low nibbles) and 2c+1 (high nibbles): transpose the packed bytes
+      // of the 8 rows in 4-byte steps, then split the nibbles. packed[8g + k] holds step k of group g, rows 0..7.
+      for (int c = 0; c < 4; ++c) {
         __m256i t[8];
-        for (int r = 0; r < 8; ++r) t[r] = load256(rows[r] + 32 * kb);
+        for (int r = 0; r < 8; ++r)
+          t[r] = load256(reinterpret_cast<const quant::BlockQ4_K*>(w + r * row_bytes)[i].qs + 32 * c);
         transpose_8x8_epi32(t);
-        for (int k = 0; k < 8; ++k) _mm256_store_si256(reinterpret_cast<__m256i*>(packed[8 * kb + k]), t[k]);
+        for (int k = 0; k < 8; ++k) {
+          _mm256_store_si256(reinterpret_cast<__m256i*>(packed[16 * c + k]), _mm256_and_si256(t[k], low4));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(packed[16 * c + 8 + k]),
+                             _mm256_and_si256(_mm256_srli_epi16(t[k], 4), low4));
+        }
       }
       for (int64_t j = 0; j < n_act; ++j)
         _mm256_store_si256(reinterpret_cast<__m256i*>(sumi[j]), _mm256_setzero_si256());

@@ -110,7 +110,10 @@ void register_all() {
                                        .c_str(),
                                    [isa, t](benchmark::State& s) { bm_dot(s, isa, t, 16); });
   for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0})
-    for (int64_t n_act : {8, 16, 64})
+    benchmark::RegisterBenchmark(("rows4/avx512/" + std::string(hetmoe::quant::type_info(t).name)).c_str(),
+                                 [t](benchmark::State& s) { bm_dot(s, Isa::kAvx512, t, 4); });
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0})
+    for (int64_t n_act : {4, 8, 16, 64})
       benchmark::RegisterBenchmark(
           ("tile" + std::to_string(n_act) + "/avx512/" + std::string(hetmoe::quant::type_info(t).name)).c_str(),
           [t, n_act](benchmark::State& s) { bm_dot(s, Isa::kAvx512, t, n_act, true); });

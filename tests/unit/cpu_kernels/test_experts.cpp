@@ -87,8 +87,8 @@ TEST(Experts, BatchedExecutorEqualsPerItemMatmulsAndOrderedSums) {
     batch.add_expert(ffn(4));
     for (int64_t t = 0; t < n_tokens; ++t) batch.add_item(static_cast<int32_t>(t), n_routed, 1.0f);
 
-    // The plain way: each expert over its tokens as one batch (swiglu_matmul, then matmul for down; batches of 8 or
-    // more take the same tile paths as the executor), then each token's weighted sum in slot order.
+    // The plain way: each expert over its tokens as one batch (swiglu_matmul, then matmul for down; batches of
+    // kTileMinActs or more take the same tile paths as the executor), then each token's weighted sum in slot order.
     ThreadPool one(1);
     std::vector<std::vector<float>> expert_out(5);  // [expert][token][n_embd], rows of tokens it does not serve unused
     for (int e = 0; e < 5; ++e) {
