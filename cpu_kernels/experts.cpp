@@ -18,6 +18,8 @@ namespace {
 constexpr int64_t kGateRows = 32;
 // Output rows per unit of the second pass; the unit's partial sums for all items stay in L1/L2.
 constexpr int64_t kDownRows = 32;
+// Partial sums one span of the second pass may hold (floats): 64 kB.
+constexpr int64_t kPartialFloats = 16384;
 // Activation rows per dot_rows call (the weight row is unpacked once for them).
 constexpr int64_t kItemChunk = 16;
 
@@ -61,8 +63,17 @@ class NodeUnits {
     for (int64_t i = 0; i < size_; ++i) storage_[i].cost = c += storage_[i].cost;  // running totals
   }
 
+  // fn(unit) for each unit, in order, on the thread that owns it.
   template <typename Fn>
   void run(ThreadPool& pool, Fn&& fn) const {
+    run_ranges(pool, [&](const Unit* begin, const Unit* end) {
+      for (const Unit* u = begin; u < end; ++u) fn(*u);
+    });
+  }
+
+  // fn(begin, end) once per thread with the thread's whole contiguous range of units.
+  template <typename Fn>
+  void run_ranges(ThreadPool& pool, Fn&& fn) const {
     const ThreadPlacement* p = pool.placement();
     pool.parallel_for(pool.size(), 1, [&](int64_t thread, int64_t) {
       int64_t node = 0, rank = thread, n_threads = pool.size();
@@ -87,7 +98,8 @@ class NodeUnits {
                                 [](double v, const Unit& u) { return v < u.cost; }) -
                storage_.begin();
       };
-      for (int64_t u = boundary(rank), end = boundary(rank + 1); u < end; ++u) fn(storage_[u]);
+      const int64_t begin = boundary(rank), end = boundary(rank + 1);
+      if (begin < end) fn(storage_.data() + begin, storage_.data() + end);
     });
   }
 
@@ -284,10 +296,10 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
       down_units.add({0, r, std::min(end, r + kDownRows), static_cast<double>(std::min(end, r + kDownRows) - r)});
   }
   down_units.end_nodes();
-  down_units.run(pool, [&](const Unit& unit) {
-    const int64_t r0 = unit.r0, r1 = unit.r1, nr = r1 - r0;
-    // partial[(t * per_token + k) * kDownRows + r - r0]: item (t, k)'s weighted output rows of this block.
-    std::span<float> partial = scratch<float, struct ExpertPartialSite>(n_items * kDownRows);
+  auto down_span = [&](int64_t r0, int64_t r1, int64_t nr) {
+    const int64_t span_rows = nr;
+    // partial[(t * per_token + k) * span_rows + r - r0]: item (t, k)'s weighted output rows of this block.
+    std::span<float> partial = scratch<float, struct ExpertPartialSite>(n_items * span_rows);
     float y[kItemChunk];
     for (int64_t e = 0; e < n_experts; ++e) {
       const ExpertFfn& f = batch.experts[e];
@@ -303,7 +315,7 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
                     kTileRows);
           for (int64_t j = 0; j < m; ++j) {
             const int64_t i = i0 + j;
-            float* dst = &partial[(batch.token[i] * per_token + batch.rank[i]) * kDownRows + (first_rest - r0)];
+            float* dst = &partial[(batch.token[i] * per_token + batch.rank[i]) * span_rows + (first_rest - r0)];
             for (int64_t q = 0; q < kTileRows; ++q) dst[q] = y8[j * kTileRows + q] * batch.weight[i];
           }
         }
@@ -315,19 +327,31 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
           k.dot_rows(f.down.type, f.down.n_cols, f.down.row(r), a, p.down.row_bytes, nc, y);
           for (int64_t j = 0; j < nc; ++j) {
             const int64_t i = i0 + c0 + j;
-            partial[(batch.token[i] * per_token + batch.rank[i]) * kDownRows + (r - r0)] = y[j] * batch.weight[i];
+            partial[(batch.token[i] * per_token + batch.rank[i]) * span_rows + (r - r0)] = y[j] * batch.weight[i];
           }
         }
       }
     }
     for (int64_t t = 0; t < batch.n_tokens; ++t) {
-      const float* s = partial.data() + t * per_token * kDownRows;
+      const float* s = partial.data() + t * per_token * span_rows;
       float* o = out + t * n_embd + r0;
       for (int64_t r = 0; r < nr; ++r) {
         float v = s[r];
-        for (int64_t kk = 1; kk < per_token; ++kk) v += s[kk * kDownRows + r];
+        for (int64_t kk = 1; kk < per_token; ++kk) v += s[kk * span_rows + r];
         o[r] = v;
       }
+    }
+  };
+  // Each thread takes its contiguous range of output rows in spans of up to `span` rows: one span covers the whole
+  // range when the items are few (decode: every expert's down rows stream through once, one expert after the
+  // other), down to one unit when they are many (prefill: the span's partial sums stay in cache).
+  const int64_t span =
+      std::max<int64_t>(kDownRows, (kPartialFloats / std::max<int64_t>(1, n_items)) / kDownRows * kDownRows);
+  down_units.run_ranges(pool, [&](const Unit* first_unit, const Unit* end_unit) {
+    const int64_t range_end = (end_unit - 1)->r1;
+    for (int64_t r0 = first_unit->r0; r0 < range_end; r0 += span) {
+      const int64_t r1 = std::min(range_end, r0 + span), nr = r1 - r0;
+      down_span(r0, r1, nr);
     }
   });
 }

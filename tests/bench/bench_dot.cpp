@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "cpu_kernels/experts.h"
 #include "cpu_kernels/isa.h"
 #include "cpu_kernels/kernel_table.h"
 #include "cpu_kernels/matmul.h"
@@ -86,7 +87,54 @@ void bm_stream(benchmark::State& state, Isa isa, GgmlType type, int threads) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(rb * rows));
 }
 
+// One MoE layer's experts for one token (decode) through run_experts: V2-Lite shapes (gate/up Q4_K [1408, 2048],
+// down Q5_0 [2048, 1408]), 6 of 64 experts per call, a different 6 each time so the weights come from DRAM (64
+// experts, 333 MB). GB/s of expert weights read; compare with stream/... for the same formats.
+void bm_experts(benchmark::State& state, int threads) {
+  const hetmoe::cpu::KernelTable& table = hetmoe::cpu::kernels();
+  constexpr int64_t kEmbd = 2048, kFf = 1408, kExperts = 64, kUsed = 6;
+  const size_t gate_rb = hetmoe::quant::row_bytes(GgmlType::Q4_K, kEmbd);
+  const size_t down_rb = hetmoe::quant::row_bytes(GgmlType::Q5_0, kFf);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  // One expert's matrices quantized once and copied to every expert (the values do not matter for the speed).
+  std::vector<float> w(kFf * kEmbd);
+  for (float& v : w) v = dist(rng);
+  std::vector<uint8_t> gate1(gate_rb * kFf), down1(down_rb * kEmbd);
+  for (int64_t r = 0; r < kFf; ++r)
+    hetmoe::quant::quantize_row(GgmlType::Q4_K, &w[r * kEmbd], gate1.data() + r * gate_rb, kEmbd);
+  for (int64_t r = 0; r < kEmbd; ++r)
+    hetmoe::quant::quantize_row(GgmlType::Q5_0, &w[r * kFf], down1.data() + r * down_rb, kFf);
+  std::vector<uint8_t> gate(gate1.size() * kExperts), up(gate.size()), down(down1.size() * kExperts);
+  for (int64_t e = 0; e < kExperts; ++e) {
+    std::copy(gate1.begin(), gate1.end(), gate.begin() + e * gate1.size());
+    std::copy(gate1.begin(), gate1.end(), up.begin() + e * gate1.size());
+    std::copy(down1.begin(), down1.end(), down.begin() + e * down1.size());
+  }
+  std::vector<float> x(kEmbd), y(kEmbd);
+  for (float& v : x) v = dist(rng) * 20;
+  hetmoe::cpu::ThreadPool pool(threads);
+  hetmoe::cpu::ExpertBatch batch;
+  int64_t next = 0;
+  for (auto _ : state) {
+    batch.clear(1, kUsed);
+    for (int64_t k = 0; k < kUsed; ++k, next = (next + 7) % kExperts) {
+      batch.add_expert({{GgmlType::Q4_K, kEmbd, kFf, gate_rb, gate.data() + next * gate1.size()},
+                        {GgmlType::Q4_K, kEmbd, kFf, gate_rb, up.data() + next * gate1.size()},
+                        {GgmlType::Q5_0, kFf, kEmbd, down_rb, down.data() + next * down1.size()}});
+      batch.add_item(0, static_cast<int32_t>(k), 0.1f);
+    }
+    hetmoe::cpu::run_experts(table, pool, batch, x.data(), kEmbd, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(state.iterations() * kUsed * static_cast<int64_t>(2 * gate1.size() + down1.size()));
+}
+
 void register_all() {
+  for (int threads : {1, 2})
+    benchmark::RegisterBenchmark(("experts/t" + std::to_string(threads)).c_str(), [threads](benchmark::State& s) {
+      bm_experts(s, threads);
+    })->UseRealTime();
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
     for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q6_K})
       for (int threads : {1, 2})
