@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu_kernels/onednn.h"
 #include "cpu_kernels/scratch.h"
 #include "quant/ref.h"
 
@@ -29,6 +30,11 @@ const uint8_t* convert_activation(const KernelTable& k, ThreadPool& pool, const 
     for (int64_t t = t0; t < t1; ++t) convert(x + t * w.n_cols, storage.data() + t * rb, w.n_cols);
   });
   return storage.data();
+}
+
+// F32 weights in batches of kTileMinActs or more go to oneDNN where the build has it (the ref tier stays scalar).
+bool uses_onednn(const KernelTable& k, const WeightMatrix& w, int64_t n_tokens) {
+  return w.type == quant::GgmlType::F32 && n_tokens >= kTileMinActs && k.isa != Isa::kRef && onednn_available();
 }
 
 // Tokens per dot_rows call: the activation rows of one chunk stay in L1/L2 while a tile of weight rows passes.
@@ -96,6 +102,15 @@ void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& g
       same ? gate_act : convert_activation<struct SwigluUpActSite>(k, pool, up, x, n_tokens, &up_row);
   if (same) up_row = gate_row;
   const int64_t n_rows = gate.n_rows;
+  if (uses_onednn(k, gate, n_tokens) || uses_onednn(k, up, n_tokens)) {
+    // F32 gate or up in a batch: each matrix goes the way matmul takes it (oneDNN), then the SiLU product.
+    std::span<float> g = scratch<float, struct SwigluOnednnGateSite>(n_tokens * n_rows);
+    std::span<float> u = scratch<float, struct SwigluOnednnUpSite>(n_tokens * n_rows);
+    matmul(k, pool, gate, x, n_tokens, g.data(), n_rows);
+    matmul(k, pool, up, x, n_tokens, u.data(), n_rows);
+    for (int64_t i = 0; i < n_tokens * n_rows; ++i) out[i] = (g[i] / (1.0f + std::exp(-g[i]))) * u[i];
+    return;
+  }
   const GemmTileFn gate_tile = n_tokens >= kTileMinActs ? k.tile_for(gate.type) : nullptr;
   const GemmTileFn up_tile = n_tokens >= kTileMinActs ? k.tile_for(up.type) : nullptr;
   // A matrix with a tile kernel takes it for every full block (whatever the other one does), so each of gate and up
@@ -142,6 +157,21 @@ void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const
   size_t act_row = 0;
   const uint8_t* act = convert_activation<struct MatmulActSite>(k, pool, w, x, n_tokens, &act_row);
 
+  // F32 weights in batches: oneDNN's f32 matmul on the rows in place, by fixed blocks of rows (the blocks, not the
+  // thread count, decide each call's shape, so results do not change with the threads).
+  if (uses_onednn(k, w, n_tokens)) {
+    constexpr int64_t kBlockRows = 64;
+    const int64_t blocks = (w.n_rows + kBlockRows - 1) / kBlockRows;
+    const auto* wf = reinterpret_cast<const float*>(w.data);
+    const int64_t stride = static_cast<int64_t>(w.row_bytes / sizeof(float));
+    pool.parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t r0 = b * kBlockRows, nr = std::min(kBlockRows, w.n_rows - r0);
+        onednn_matmul_f32(wf + r0 * stride, nr, w.n_cols, stride, x, n_tokens, y + r0, ldy);
+      }
+    });
+    return;
+  }
   // Batches of kTileMinActs tokens or more go through the tier's tile kernel where it has one (8 rows unpacked once
   // for all tokens); otherwise each weight row is unpacked once per chunk of tokens (dot_rows) and stays in L1.
   const GemmTileFn tile = n_tokens >= kTileMinActs ? k.tile_for(w.type) : nullptr;

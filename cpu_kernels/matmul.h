@@ -26,6 +26,8 @@ struct WeightMatrix {
 // Each activation row is first converted to the weight's vec_dot_type, as ggml does, so quantized models agree
 // with llama.cpp; the rows of W are split across the pool's threads and each row is read once for all tokens.
 // The converted activations live in a per-thread scratch buffer that keeps its capacity (no allocation once warm).
+// Batches of kTileMinActs tokens or more take the tier's tile kernel where it has one for the type, and F32 weights
+// take oneDNN where the build has it: equal to the token-by-token result to rounding, not bit for bit.
 void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
             int64_t ldy);
 
@@ -43,6 +45,7 @@ void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w,
 // The first half of a SwiGLU FFN in one pass: out[t * n_rows + r] = silu(gate.row(r) . x_t) * (up.row(r) . x_t).
 // Each thread takes a range of rows of both matrices, so the SiLU product is formed while both results are in
 // registers and the activation is converted once for both (once per type when they differ).
+// A matrix that matmul would send to oneDNN (F32 in a batch) goes there here too, unfused.
 void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& gate, const WeightMatrix& up,
                    const float* x, int64_t n_tokens, float* out);
 

@@ -42,10 +42,10 @@ TEST(Experts, BatchedExecutorEqualsPerItemMatmulsAndOrderedSums) {
   // Hidden sizes of 37 and 50 rows and a 97-row output are not multiples of the executor's 32-row units.
   const Shape shapes[] = {
       {256, 37, 64, GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q5_0},
-      {97, 37, 50, GgmlType::F16, GgmlType::F16, GgmlType::F32, GgmlType::F32, GgmlType::F16, GgmlType::F16},
-      // Rows of whole pages (gate/up) and of 16 rows per page (down): here the NUMA pools below really split
-      // every matrix between nodes (page-aligned node boundaries of the shapes above put all rows on one node).
-      {1024, 64, 128, GgmlType::F32, GgmlType::F32, GgmlType::F32, GgmlType::F32, GgmlType::F32, GgmlType::F32},
+      {97, 37, 50, GgmlType::F16, GgmlType::F16, GgmlType::BF16, GgmlType::BF16, GgmlType::F16, GgmlType::F16},
+      // Rows of 2 per page (gate/up) and of 32 rows per page (down): here the NUMA pools below really split every
+      // matrix between nodes (page-aligned node boundaries of the shapes above put all rows on one node).
+      {1024, 64, 128, GgmlType::F16, GgmlType::F16, GgmlType::F16, GgmlType::F16, GgmlType::F16, GgmlType::F16},
   };
   const int64_t n_tokens = 17, n_routed = 2;
   for (const Shape& s : shapes) {

@@ -13,6 +13,7 @@
 #include "cpu_kernels/isa.h"
 #include "cpu_kernels/kernel_table.h"
 #include "cpu_kernels/matmul.h"
+#include "cpu_kernels/onednn.h"
 #include "cpu_kernels/ops.h"
 #include "quant/ref.h"
 
@@ -195,9 +196,11 @@ TEST(Kernels, ThreadedMatmulEqualsRowByRowDots) {
         }
         for (int64_t r = 0; r < n_rows; ++r) {
           const float want = k.dot_for(type)(n_cols, m.row(r), a);
-          // Rows in full blocks of 8 take the tier's tile kernel when it has one (17 tokens is a batch that uses
-          // tiles): equal to rounding there, bit for bit everywhere else.
-          if (k.tile_for(type) && r < n_rows / kTileRows * kTileRows) {
+          // Rows in full blocks of 8 take the tier's tile kernel when it has one, F32 takes oneDNN (17 tokens is a
+          // batch): equal to rounding there, bit for bit everywhere else.
+          const bool batch_kernel = (k.tile_for(type) && r < n_rows / kTileRows * kTileRows) ||
+                                    (type == GgmlType::F32 && k.isa != Isa::kRef && onednn_available());
+          if (batch_kernel) {
             double abs_sum = 0;
             for (int64_t i = 0; i < n_cols; ++i) abs_sum += std::abs(w[r * n_cols + i] * x[t * n_cols + i]);
             ASSERT_NEAR(y[t * ldy + r], want, 1e-6 * abs_sum) << quant::type_info(type).name << " r " << r;
