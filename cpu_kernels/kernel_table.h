@@ -19,7 +19,7 @@ using VecDotRowsFn = void (*)(int64_t n, const void* weight_row, const uint8_t* 
 // batches of at least kTileMinActs activation rows: decode and small batches stay on vec_dot / vec_dot_rows.
 using GemmTileFn = void (*)(int64_t n, const uint8_t* weight, size_t row_bytes, const uint8_t* act, size_t act_stride,
                             int64_t n_act, float* out, size_t ldo);
-inline constexpr int64_t kTileRows = 8;
+inline constexpr int64_t kTileRows = 16;
 inline constexpr int64_t kTileMinActs = 4;  // tile4 measured faster than dot_rows for 4 rows (bench_dot)
 // y[i] += a * x[i] for i < n (attention's weighted sum of values).
 using AxpyFn = void (*)(int64_t n, float a, const float* x, float* y);

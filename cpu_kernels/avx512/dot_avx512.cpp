@@ -96,12 +96,6 @@ struct Q6K512 {
   }
 };
 
-// Q4_K tiles for prefill: 8 weight rows against many activation rows, the rows interleaved so that one vpdpbusd
-// multiplies 4 values of each of the 8 rows by the same 4 activation values (broadcast), one row per int32 lane.
-// Per super-block the 8 rows are unpacked once into that layout (2 KB, in L1) and then serve every activation row:
-// 8 vpdpbusd and one vpmulld (the group's 8 scales) per 32 values x 8 rows, where the row-at-a-time kernels need
-// maddubs + vpdpwssd per 32 values per row. Integer sums per group are the same; the float sums run per
-// super-block and row instead of per lane, so the results agree with vec_dot to rounding, not bit for bit.
 // The exact total of 8 int32 lanes.
 inline int32_t hsum_epi32(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -131,28 +125,37 @@ __attribute__((always_inline)) inline void transpose_8x8_epi32(__m256i t[8]) {
   for (int k = 0; k < 8; ++k) t[k] = u[k];
 }
 
-// Four activation bytes as one int32, in every lane.
-inline __m256i broadcast4(const int8_t* p) {
+// Four activation bytes as one int32, in all 16 lanes.
+inline __m512i broadcast4x16(const int8_t* p) {
   int32_t four;
   std::memcpy(&four, p, 4);
-  return _mm256_set1_epi32(four);
+  return _mm512_set1_epi32(four);
 }
 
+// Q4_K tiles for prefill: 16 weight rows against many activation rows, the rows interleaved so that one 512-bit
+// vpdpbusd multiplies 4 values of each of the 16 rows by the same 4 activation values (broadcast), one row per
+// int32 lane. Per super-block the 16 rows are unpacked once into that layout (4 KB, in L1) and then serve every
+// activation row: 8 vpdpbusd and one vpmulld (the group's 16 scales) per 32 values x 16 rows, where the
+// row-at-a-time kernels need maddubs + vpdpwssd per 32 values per row. Integer sums per group are the same; the
+// float sums run per super-block and row instead of per lane, so the results agree with vec_dot to rounding.
 struct Q4KTile {
   static constexpr int64_t kCols = 32;  // activation rows per pass over the tile's super-blocks
 
   static void chunk(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act, size_t act_stride, int64_t n_act,
                     float* out, size_t ldo) {
-    alignas(64) uint8_t packed[64][32];            // [4-value step k][row r][4 values]
-    alignas(64) int32_t scales[8][8], mins[4][8];  // [group][row]; mins as int16 pairs of groups 2h, 2h+1
-    alignas(64) int32_t sumi[kCols][8];
-    __m256 acc[kCols], acc_min[kCols];
-    for (int64_t j = 0; j < n_act; ++j) acc[j] = acc_min[j] = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    alignas(64) uint8_t packed[64][64];              // [4-value step k][row r][4 values], 16 rows
+    alignas(64) int32_t scales[8][16], mins[4][16];  // [group][row]; mins as int16 pairs of groups 2h, 2h+1
+    alignas(64) int32_t sumi[kCols][16];
+    __m512 acc[kCols], acc_min[kCols];
+    for (int64_t j = 0; j < n_act; ++j) acc[j] = acc_min[j] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    auto block = [&](int r, int64_t i) -> const quant::BlockQ4_K& {
+      return reinterpret_cast<const quant::BlockQ4_K*>(w + r * row_bytes)[i];
+    };
     for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
-      alignas(32) float d[8], dmin[8];
-      for (int r = 0; r < 8; ++r) {
-        const auto& b = reinterpret_cast<const quant::BlockQ4_K*>(w + r * row_bytes)[i];
+      alignas(64) float d[16], dmin[16];
+      for (int r = 0; r < 16; ++r) {
+        const quant::BlockQ4_K& b = block(r, i);
         d[r] = fp16_to_fp32(b.d);
         dmin[r] = fp16_to_fp32(b.dmin);
         alignas(32) int16_t sm[16];
@@ -163,92 +166,91 @@ struct Q4KTile {
                                             static_cast<uint32_t>(static_cast<uint16_t>(sm[9 + 2 * h])) << 16);
       }
       // Chunk c of 32 packed bytes holds groups 2c (low nibbles) and 2c+1 (high nibbles): transpose the packed bytes
-      // of the 8 rows in 4-byte steps, then split the nibbles. packed[8g + k] holds step k of group g, rows 0..7.
+      // of rows 0-7 and 8-15 in 4-byte steps, join the halves, then split the nibbles. packed[8g + k] holds step k
+      // of group g for the 16 rows.
       for (int c = 0; c < 4; ++c) {
-        __m256i t[8];
-        for (int r = 0; r < 8; ++r)
-          t[r] = load256(reinterpret_cast<const quant::BlockQ4_K*>(w + r * row_bytes)[i].qs + 32 * c);
-        transpose_8x8_epi32(t);
+        __m256i t0[8], t1[8];
+        for (int r = 0; r < 8; ++r) {
+          t0[r] = load256(block(r, i).qs + 32 * c);
+          t1[r] = load256(block(8 + r, i).qs + 32 * c);
+        }
+        transpose_8x8_epi32(t0);
+        transpose_8x8_epi32(t1);
         for (int k = 0; k < 8; ++k) {
-          _mm256_store_si256(reinterpret_cast<__m256i*>(packed[16 * c + k]), _mm256_and_si256(t[k], low4));
-          _mm256_store_si256(reinterpret_cast<__m256i*>(packed[16 * c + 8 + k]),
-                             _mm256_and_si256(_mm256_srli_epi16(t[k], 4), low4));
+          const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(t0[k]), t1[k], 1);
+          _mm512_store_si512(packed[16 * c + k], _mm512_and_si512(both, low4));
+          _mm512_store_si512(packed[16 * c + 8 + k], _mm512_and_si512(_mm512_srli_epi16(both, 4), low4));
         }
       }
-      for (int64_t j = 0; j < n_act; ++j)
-        _mm256_store_si256(reinterpret_cast<__m256i*>(sumi[j]), _mm256_setzero_si256());
+      for (int64_t j = 0; j < n_act; ++j) _mm512_store_si512(sumi[j], _mm512_setzero_si512());
       for (int g = 0; g < 8; ++g) {
-        __m256i wv[8];
+        __m512i wv[8];
 #pragma GCC unroll 8
-        for (int kk = 0; kk < 8; ++kk) wv[kk] = _mm256_load_si256(reinterpret_cast<const __m256i*>(packed[8 * g + kk]));
-        const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(scales[g]));
+        for (int kk = 0; kk < 8; ++kk) wv[kk] = _mm512_load_si512(packed[8 * g + kk]);
+        const __m512i sc = _mm512_load_si512(scales[g]);
         // Four activation rows at a time, two partial sums each: eight independent vpdpbusd chains, so the
-        // instruction's latency (about 5 cycles) hides behind its throughput.
+        // instruction's latency hides behind its throughput.
         int64_t j = 0;
         for (; j + 4 <= n_act; j += 4) {
           const int8_t* a[4];
 #pragma GCC unroll 4
           for (int c = 0; c < 4; ++c)
             a[c] = reinterpret_cast<const quant::BlockQ8_K*>(act + (j + c) * act_stride)[i].qs + 32 * g;
-          __m256i pa0 = _mm256_setzero_si256(), pa1 = pa0, pa2 = pa0, pa3 = pa0;
-          __m256i pb0 = pa0, pb1 = pa0, pb2 = pa0, pb3 = pa0;
+          __m512i pa0 = _mm512_setzero_si512(), pa1 = pa0, pa2 = pa0, pa3 = pa0;
+          __m512i pb0 = pa0, pb1 = pa0, pb2 = pa0, pb3 = pa0;
 #pragma GCC unroll 4
           for (int kk = 0; kk < 8; kk += 2) {
-            pa0 = _mm256_dpbusd_epi32(pa0, wv[kk], broadcast4(a[0] + 4 * kk));
-            pa1 = _mm256_dpbusd_epi32(pa1, wv[kk], broadcast4(a[1] + 4 * kk));
-            pa2 = _mm256_dpbusd_epi32(pa2, wv[kk], broadcast4(a[2] + 4 * kk));
-            pa3 = _mm256_dpbusd_epi32(pa3, wv[kk], broadcast4(a[3] + 4 * kk));
-            pb0 = _mm256_dpbusd_epi32(pb0, wv[kk + 1], broadcast4(a[0] + 4 * kk + 4));
-            pb1 = _mm256_dpbusd_epi32(pb1, wv[kk + 1], broadcast4(a[1] + 4 * kk + 4));
-            pb2 = _mm256_dpbusd_epi32(pb2, wv[kk + 1], broadcast4(a[2] + 4 * kk + 4));
-            pb3 = _mm256_dpbusd_epi32(pb3, wv[kk + 1], broadcast4(a[3] + 4 * kk + 4));
+            pa0 = _mm512_dpbusd_epi32(pa0, wv[kk], broadcast4x16(a[0] + 4 * kk));
+            pa1 = _mm512_dpbusd_epi32(pa1, wv[kk], broadcast4x16(a[1] + 4 * kk));
+            pa2 = _mm512_dpbusd_epi32(pa2, wv[kk], broadcast4x16(a[2] + 4 * kk));
+            pa3 = _mm512_dpbusd_epi32(pa3, wv[kk], broadcast4x16(a[3] + 4 * kk));
+            pb0 = _mm512_dpbusd_epi32(pb0, wv[kk + 1], broadcast4x16(a[0] + 4 * kk + 4));
+            pb1 = _mm512_dpbusd_epi32(pb1, wv[kk + 1], broadcast4x16(a[1] + 4 * kk + 4));
+            pb2 = _mm512_dpbusd_epi32(pb2, wv[kk + 1], broadcast4x16(a[2] + 4 * kk + 4));
+            pb3 = _mm512_dpbusd_epi32(pb3, wv[kk + 1], broadcast4x16(a[3] + 4 * kk + 4));
           }
-          const __m256i p[4] = {_mm256_add_epi32(pa0, pb0), _mm256_add_epi32(pa1, pb1), _mm256_add_epi32(pa2, pb2),
-                                _mm256_add_epi32(pa3, pb3)};
+          const __m512i p[4] = {_mm512_add_epi32(pa0, pb0), _mm512_add_epi32(pa1, pb1), _mm512_add_epi32(pa2, pb2),
+                                _mm512_add_epi32(pa3, pb3)};
 #pragma GCC unroll 4
-          for (int c = 0; c < 4; ++c) {
-            __m256i* sp = reinterpret_cast<__m256i*>(sumi[j + c]);
-            _mm256_store_si256(sp, _mm256_add_epi32(_mm256_load_si256(sp), _mm256_mullo_epi32(p[c], sc)));
-          }
+          for (int c = 0; c < 4; ++c)
+            _mm512_store_si512(sumi[j + c],
+                               _mm512_add_epi32(_mm512_load_si512(sumi[j + c]), _mm512_mullo_epi32(p[c], sc)));
         }
         for (; j < n_act; ++j) {
           const int8_t* a = reinterpret_cast<const quant::BlockQ8_K*>(act + j * act_stride)[i].qs + 32 * g;
-          __m256i pa = _mm256_setzero_si256(), pb = _mm256_setzero_si256();
+          __m512i pa = _mm512_setzero_si512(), pb = _mm512_setzero_si512();
 #pragma GCC unroll 4
           for (int kk = 0; kk < 8; kk += 2) {
-            pa = _mm256_dpbusd_epi32(pa, wv[kk], broadcast4(a + 4 * kk));
-            pb = _mm256_dpbusd_epi32(pb, wv[kk + 1], broadcast4(a + 4 * kk + 4));
+            pa = _mm512_dpbusd_epi32(pa, wv[kk], broadcast4x16(a + 4 * kk));
+            pb = _mm512_dpbusd_epi32(pb, wv[kk + 1], broadcast4x16(a + 4 * kk + 4));
           }
-          __m256i* sp = reinterpret_cast<__m256i*>(sumi[j]);
-          _mm256_store_si256(sp,
-                             _mm256_add_epi32(_mm256_load_si256(sp), _mm256_mullo_epi32(_mm256_add_epi32(pa, pb), sc)));
+          _mm512_store_si512(
+              sumi[j], _mm512_add_epi32(_mm512_load_si512(sumi[j]), _mm512_mullo_epi32(_mm512_add_epi32(pa, pb), sc)));
         }
       }
-      const __m256 dv = _mm256_load_ps(d), dminv = _mm256_load_ps(dmin);
+      const __m512 dv = _mm512_load_ps(d), dminv = _mm512_load_ps(dmin);
       for (int64_t j = 0; j < n_act; ++j) {
         const auto& y = reinterpret_cast<const quant::BlockQ8_K*>(act + j * act_stride)[i];
         const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums)),
                                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums + 8)));
         alignas(16) int32_t group_pairs[4];  // activation sums of groups 2h and 2h+1 as int16 pairs
         _mm_store_si128(reinterpret_cast<__m128i*>(group_pairs), bs);
-        __m256i msum = _mm256_setzero_si256();
+        __m512i msum = _mm512_setzero_si512();
         for (int h = 0; h < 4; ++h)
-          msum = _mm256_add_epi32(msum, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(mins[h])),
-                                                          _mm256_set1_epi32(group_pairs[h])));
-        const __m256 yd = _mm256_set1_ps(y.d);
-        acc[j] =
-            _mm256_fmadd_ps(_mm256_mul_ps(dv, yd),
-                            _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sumi[j]))), acc[j]);
-        acc_min[j] = _mm256_fmadd_ps(_mm256_mul_ps(dminv, yd), _mm256_cvtepi32_ps(msum), acc_min[j]);
+          msum =
+              _mm512_add_epi32(msum, _mm512_madd_epi16(_mm512_load_si512(mins[h]), _mm512_set1_epi32(group_pairs[h])));
+        const __m512 yd = _mm512_set1_ps(y.d);
+        acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(dv, yd), _mm512_cvtepi32_ps(_mm512_load_si512(sumi[j])), acc[j]);
+        acc_min[j] = _mm512_fmadd_ps(_mm512_mul_ps(dminv, yd), _mm512_cvtepi32_ps(msum), acc_min[j]);
       }
     }
-    for (int64_t j = 0; j < n_act; ++j) _mm256_storeu_ps(out + j * ldo, _mm256_sub_ps(acc[j], acc_min[j]));
+    for (int64_t j = 0; j < n_act; ++j) _mm512_storeu_ps(out + j * ldo, _mm512_sub_ps(acc[j], acc_min[j]));
   }
 };
 
-// Q8_0 and Q5_0 tiles for prefill, laid out as the Q4_K tile: 8 rows interleaved per 32-value block, one vpdpbusd
-// per 4 values of 8 rows. vpdpbusd wants unsigned weights, so the values are taken with a bias (Q8_0: + 128,
-// Q5_0: the stored 0..31, i.e. + 16) and bias x (the activation block's sum) is taken off again, exactly, in
+// Q8_0 and Q5_0 tiles for prefill, laid out as the Q4_K tile: 16 rows interleaved per 32-value block, one
+// vpdpbusd per 4 values of 16 rows. vpdpbusd wants unsigned weights, so the values are taken with a bias (Q8_0:
+// + 128, Q5_0: the stored 0..31, i.e. + 16) and bias x (the activation block's sum) is taken off again, exactly, in
 // integers. One float multiply-add per block and row, as the single dot does per lane: equal to rounding.
 template <typename Block, typename Biased>
 struct Blocks32Tile {
@@ -265,51 +267,56 @@ struct Blocks32Tile {
       for (int64_t b = 0; b < n_blocks; ++b)
         corr[b * kCols + j] = Biased::kBias * hsum_epi32(sum4_u8s8(ones, load256(y[b].qs)));
     }
-    __m256 acc[kCols];
-    for (int64_t j = 0; j < n_act; ++j) acc[j] = _mm256_setzero_ps();
+    __m512 acc[kCols];
+    for (int64_t j = 0; j < n_act; ++j) acc[j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < n_blocks; ++b) {
-      alignas(32) float d[8];
-      __m256i t[8];
+      alignas(64) float d[16];
+      __m256i t0[8], t1[8];
       for (int r = 0; r < 8; ++r) {
-        const Block& blk = reinterpret_cast<const Block*>(w + r * row_bytes)[b];
-        d[r] = fp16_to_fp32(blk.d);
-        t[r] = Biased::get(blk);
+        const Block& lo = reinterpret_cast<const Block*>(w + r * row_bytes)[b];
+        const Block& hi = reinterpret_cast<const Block*>(w + (8 + r) * row_bytes)[b];
+        d[r] = fp16_to_fp32(lo.d);
+        d[8 + r] = fp16_to_fp32(hi.d);
+        t0[r] = Biased::get(lo);
+        t1[r] = Biased::get(hi);
       }
-      // wv[k] holds values 4k..4k+3 of rows 0..7.
-      transpose_8x8_epi32(t);
-      const __m256i* wv = t;
-      const __m256 dv = _mm256_load_ps(d);
+      // wv[k] holds values 4k..4k+3 of rows 0..15.
+      transpose_8x8_epi32(t0);
+      transpose_8x8_epi32(t1);
+      __m512i wv[8];
+      for (int k = 0; k < 8; ++k) wv[k] = _mm512_inserti64x4(_mm512_castsi256_si512(t0[k]), t1[k], 1);
+      const __m512 dv = _mm512_load_ps(d);
       int64_t j = 0;
       for (; j + 2 <= n_act; j += 2) {
         const auto& y0 = reinterpret_cast<const quant::BlockQ8_0*>(act + j * act_stride)[b];
         const auto& y1 = reinterpret_cast<const quant::BlockQ8_0*>(act + (j + 1) * act_stride)[b];
-        __m256i pa0 = _mm256_setzero_si256(), pa1 = pa0, pb0 = pa0, pb1 = pa0;
+        __m512i pa0 = _mm512_setzero_si512(), pa1 = pa0, pb0 = pa0, pb1 = pa0;
 #pragma GCC unroll 4
         for (int kk = 0; kk < 8; kk += 2) {
-          pa0 = _mm256_dpbusd_epi32(pa0, wv[kk], broadcast4(y0.qs + 4 * kk));
-          pa1 = _mm256_dpbusd_epi32(pa1, wv[kk], broadcast4(y1.qs + 4 * kk));
-          pb0 = _mm256_dpbusd_epi32(pb0, wv[kk + 1], broadcast4(y0.qs + 4 * kk + 4));
-          pb1 = _mm256_dpbusd_epi32(pb1, wv[kk + 1], broadcast4(y1.qs + 4 * kk + 4));
+          pa0 = _mm512_dpbusd_epi32(pa0, wv[kk], broadcast4x16(y0.qs + 4 * kk));
+          pa1 = _mm512_dpbusd_epi32(pa1, wv[kk], broadcast4x16(y1.qs + 4 * kk));
+          pb0 = _mm512_dpbusd_epi32(pb0, wv[kk + 1], broadcast4x16(y0.qs + 4 * kk + 4));
+          pb1 = _mm512_dpbusd_epi32(pb1, wv[kk + 1], broadcast4x16(y1.qs + 4 * kk + 4));
         }
-        const __m256i s0 = _mm256_sub_epi32(_mm256_add_epi32(pa0, pb0), _mm256_set1_epi32(corr[b * kCols + j]));
-        const __m256i s1 = _mm256_sub_epi32(_mm256_add_epi32(pa1, pb1), _mm256_set1_epi32(corr[b * kCols + j + 1]));
-        acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(fp16_to_fp32(y0.d))), _mm256_cvtepi32_ps(s0), acc[j]);
+        const __m512i s0 = _mm512_sub_epi32(_mm512_add_epi32(pa0, pb0), _mm512_set1_epi32(corr[b * kCols + j]));
+        const __m512i s1 = _mm512_sub_epi32(_mm512_add_epi32(pa1, pb1), _mm512_set1_epi32(corr[b * kCols + j + 1]));
+        acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(fp16_to_fp32(y0.d))), _mm512_cvtepi32_ps(s0), acc[j]);
         acc[j + 1] =
-            _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(fp16_to_fp32(y1.d))), _mm256_cvtepi32_ps(s1), acc[j + 1]);
+            _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(fp16_to_fp32(y1.d))), _mm512_cvtepi32_ps(s1), acc[j + 1]);
       }
       for (; j < n_act; ++j) {
         const auto& y0 = reinterpret_cast<const quant::BlockQ8_0*>(act + j * act_stride)[b];
-        __m256i pa = _mm256_setzero_si256(), pb = pa;
+        __m512i pa = _mm512_setzero_si512(), pb = pa;
 #pragma GCC unroll 4
         for (int kk = 0; kk < 8; kk += 2) {
-          pa = _mm256_dpbusd_epi32(pa, wv[kk], broadcast4(y0.qs + 4 * kk));
-          pb = _mm256_dpbusd_epi32(pb, wv[kk + 1], broadcast4(y0.qs + 4 * kk + 4));
+          pa = _mm512_dpbusd_epi32(pa, wv[kk], broadcast4x16(y0.qs + 4 * kk));
+          pb = _mm512_dpbusd_epi32(pb, wv[kk + 1], broadcast4x16(y0.qs + 4 * kk + 4));
         }
-        const __m256i s0 = _mm256_sub_epi32(_mm256_add_epi32(pa, pb), _mm256_set1_epi32(corr[b * kCols + j]));
-        acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(fp16_to_fp32(y0.d))), _mm256_cvtepi32_ps(s0), acc[j]);
+        const __m512i s0 = _mm512_sub_epi32(_mm512_add_epi32(pa, pb), _mm512_set1_epi32(corr[b * kCols + j]));
+        acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(fp16_to_fp32(y0.d))), _mm512_cvtepi32_ps(s0), acc[j]);
       }
     }
-    for (int64_t j = 0; j < n_act; ++j) _mm256_storeu_ps(out + j * ldo, acc[j]);
+    for (int64_t j = 0; j < n_act; ++j) _mm512_storeu_ps(out + j * ldo, acc[j]);
   }
 };
 
