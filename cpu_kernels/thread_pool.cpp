@@ -102,7 +102,7 @@ void ThreadPool::worker(int index, int pu) {
   }
 }
 
-void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+void ThreadPool::parallel_for(int64_t n, int64_t grain, RangeFn fn) {
   if (n <= 0) return;
   const int64_t max_chunks = std::max<int64_t>(1, n / std::max<int64_t>(1, grain));
   const int chunks = static_cast<int>(std::min<int64_t>(n_threads_, max_chunks));

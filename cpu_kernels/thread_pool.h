@@ -7,11 +7,28 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_kernels/numa/topology.h"
 
 namespace hetmoe::cpu {
+
+// A non-owning reference to a callable taking a row range: parallel_for's argument. Unlike std::function it never
+// allocates (a lambda capturing more than two references would), so a decode step's hundreds of parallel loops
+// allocate nothing. The callable must outlive the call, which a parallel_for argument always does.
+class RangeFn {
+ public:
+  template <typename F, typename = std::enable_if_t<!std::is_same_v<std::decay_t<F>, RangeFn>>>
+  RangeFn(F&& f)  // NOLINT(google-explicit-constructor): lambdas convert implicitly, as to std::function
+      : object_(const_cast<void*>(static_cast<const void*>(&f))),
+        call_([](void* o, int64_t b, int64_t e) { (*static_cast<std::remove_reference_t<F>*>(o))(b, e); }) {}
+  void operator()(int64_t begin, int64_t end) const { call_(object_, begin, end); }
+
+ private:
+  void* object_;
+  void (*call_)(void*, int64_t, int64_t);
+};
 
 // A fixed set of worker threads that run one parallel loop at a time. The caller's thread takes part, so a
 // pool of n threads starts n-1 workers and a pool of 1 runs everything inline (deterministic and cheap).
@@ -36,7 +53,7 @@ class ThreadPool {
 
   // Runs fn(begin, end) over [0, n) split into contiguous chunks of at least `grain` items, one chunk per
   // thread at most. Returns when all chunks are done; the first exception thrown by a chunk is rethrown here.
-  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+  void parallel_for(int64_t n, int64_t grain, RangeFn fn);
 
  private:
   void worker(int index, int pu);
@@ -47,7 +64,7 @@ class ThreadPool {
   std::vector<std::thread> workers_;
 
   // The current loop, published by a release store of generation_.
-  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  const RangeFn* job_ = nullptr;
   int64_t job_n_ = 0;
   int job_chunks_ = 0;
   std::atomic<uint64_t> generation_{0};

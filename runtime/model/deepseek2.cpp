@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cpu_kernels/ops.h"
+#include "cpu_kernels/scratch.h"
 #include "runtime/error.h"
 #include "runtime/model/archs.h"
 
@@ -79,10 +80,10 @@ class Deepseek2 final : public Model {
     const int64_t qk = nope + rope;
 
     // Queries: [n][H][nope | rope].
-    std::vector<float> q(n * H * qk);
+    std::span<float> q = cpu::scratch<float, struct MlaQSite>(n * H * qk);
     if (L.q_lora) {
       const int64_t rank = L.q_a.n_rows;
-      std::vector<float> qa(n * rank);
+      std::span<float> qa = cpu::scratch<float, struct MlaQaSite>(n * rank);
       matmul(L.q_a, x, n, qa.data(), rank);
       for (int64_t t = 0; t < n; ++t) cpu::rms_norm(&qa[t * rank], L.q_a_norm, &qa[t * rank], rank, c.rms_eps);
       matmul(L.q_b, qa.data(), n, q.data(), H * qk);
@@ -91,9 +92,9 @@ class Deepseek2 final : public Model {
     }
 
     // Compressed key/value: [n][kv_lora | rope]; only the latent part is normalised, k_pe is shared by all heads.
-    std::vector<float> kv(n * (kvl + rope));
+    std::span<float> kv = cpu::scratch<float, struct MlaKvSite>(n * (kvl + rope));
     matmul(L.kv_a, x, n, kv.data(), kvl + rope);
-    std::vector<float> rope_cos_sin(n * rope);
+    std::span<float> rope_cos_sin = cpu::scratch<float, struct MlaRopeSite>(n * rope);
     for (int64_t t = 0; t < n; ++t) {
       cpu::rope_cache(c.rope, pos0 + t, &rope_cos_sin[t * rope]);
       float* row = &kv[t * (kvl + rope)];
@@ -111,14 +112,14 @@ class Deepseek2 final : public Model {
  private:
   // The latent cache holds [kv_lora | k_pe] per position. Each head's q_nope is mapped into latent space by
   // attn_k_b, so keys never need decompressing; the attention output is mapped back per head by attn_v_b.
-  void absorbed_attention(int64_t layer, const MlaLayer& L, const std::vector<float>& q, const std::vector<float>& kv,
+  void absorbed_attention(int64_t layer, const MlaLayer& L, std::span<const float> q, std::span<const float> kv,
                           int64_t n, int64_t pos0, KvCache& cache, float* out) {
     const ModelConfig& c = config_;
     const int64_t H = c.n_head, nope = c.qk_nope, rope = c.qk_rope, kvl = c.kv_lora_rank, vh = c.v_head;
     const int64_t qk = nope + rope, width = kvl + rope;
     for (int64_t t = 0; t < n; ++t) std::copy_n(&kv[t * width], width, cache.k(layer, pos0 + t));
 
-    std::vector<float> q_lat(n * H * width);
+    std::span<float> q_lat = cpu::scratch<float, struct MlaQLatentSite>(n * H * width);
     for (int64_t t = 0; t < n; ++t)
       for (int64_t h = 0; h < H; ++h) std::copy_n(&q[(t * H + h) * qk + nope], rope, &q_lat[(t * H + h) * width + kvl]);
     // q_nope of every head into latent space in one pass: head h's kv_lora rows of attn_k_b.
@@ -130,7 +131,7 @@ class Deepseek2 final : public Model {
                        .y_head_stride = width},
                       q.data(), n, q_lat.data());
 
-    std::vector<float> lat(n * H * kvl);
+    std::span<float> lat = cpu::scratch<float, struct MlaLatentOutSite>(n * H * kvl);
     cpu::AttentionShape shape{.n_head = static_cast<int>(H),
                               .n_head_kv = 1,
                               .head_dim_k = static_cast<int>(width),
@@ -145,7 +146,7 @@ class Deepseek2 final : public Model {
                            .v_stride = width};
     cpu::causal_attention(shape, in, n, pos0, lat.data(), pool());
 
-    std::vector<float> heads(n * H * vh);
+    std::span<float> heads = cpu::scratch<float, struct MlaHeadsSite>(n * H * vh);
     cpu::matmul_heads(
         kernels_, pool(), L.v_b,
         {.n_heads = H, .x_token_stride = H * kvl, .x_head_stride = kvl, .y_token_stride = H * vh, .y_head_stride = vh},
@@ -154,12 +155,13 @@ class Deepseek2 final : public Model {
   }
 
   // Old files with a fused attn_kv_b: decompress keys and values per head and cache them like plain MHA.
-  void legacy_attention(int64_t layer, const MlaLayer& L, const std::vector<float>& q, const std::vector<float>& kv,
+  void legacy_attention(int64_t layer, const MlaLayer& L, std::span<const float> q, std::span<const float> kv,
                         int64_t n, int64_t pos0, KvCache& cache, float* out) {
     const ModelConfig& c = config_;
     const int64_t H = c.n_head, nope = c.qk_nope, rope = c.qk_rope, kvl = c.kv_lora_rank, vh = c.v_head;
     const int64_t qk = nope + rope;
-    std::vector<float> latent(n * kvl), kvb(n * H * (nope + vh));
+    std::span<float> latent = cpu::scratch<float, struct MlaLegacyLatentSite>(n * kvl);
+    std::span<float> kvb = cpu::scratch<float, struct MlaLegacyKvbSite>(n * H * (nope + vh));
     for (int64_t t = 0; t < n; ++t) std::copy_n(&kv[t * (kvl + rope)], kvl, &latent[t * kvl]);
     matmul(L.kv_b, latent.data(), n, kvb.data(), H * (nope + vh));
     for (int64_t t = 0; t < n; ++t) {
@@ -172,7 +174,7 @@ class Deepseek2 final : public Model {
         std::copy_n(src + nope, vh, v + h * vh);
       }
     }
-    std::vector<float> heads(n * H * vh);
+    std::span<float> heads = cpu::scratch<float, struct MlaHeadsSite>(n * H * vh);
     cpu::AttentionShape shape{.n_head = static_cast<int>(H),
                               .n_head_kv = static_cast<int>(H),
                               .head_dim_k = static_cast<int>(qk),

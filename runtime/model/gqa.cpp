@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cpu_kernels/ops.h"
+#include "cpu_kernels/scratch.h"
 
 namespace hetmoe::model {
 namespace {
@@ -44,11 +45,13 @@ class GqaModel final : public Model {
     const ModelConfig& c = config_;
     const GqaLayer& L = layers_[layer];
     const int64_t H = c.n_head, KV = c.n_head_kv, D = c.head_dim_k, Dv = c.head_dim_v;
-    std::vector<float> q(n * H * D), k(n * KV * D), v(n * KV * Dv);
+    std::span<float> q = cpu::scratch<float, struct GqaQSite>(n * H * D);
+    std::span<float> k = cpu::scratch<float, struct GqaKSite>(n * KV * D);
+    std::span<float> v = cpu::scratch<float, struct GqaVSite>(n * KV * Dv);
     matmul(L.q, x, n, q.data(), H * D);
     matmul(L.k, x, n, k.data(), KV * D);
     matmul(L.v, x, n, v.data(), KV * Dv);
-    std::vector<float> cos_sin(c.rope.n_dims);
+    std::span<float> cos_sin = cpu::scratch<float, struct GqaRopeSite>(c.rope.n_dims);
     for (int64_t t = 0; t < n; ++t) {
       cpu::rope_cache(c.rope, pos0 + t, cos_sin.data());
       for (int64_t h = 0; h < H; ++h) {
@@ -64,7 +67,7 @@ class GqaModel final : public Model {
       std::copy_n(&k[t * KV * D], KV * D, cache.k(layer, pos0 + t));
       std::copy_n(&v[t * KV * Dv], KV * Dv, cache.v(layer, pos0 + t));
     }
-    std::vector<float> heads(n * H * Dv);
+    std::span<float> heads = cpu::scratch<float, struct GqaHeadsSite>(n * H * Dv);
     cpu::AttentionShape shape{.n_head = static_cast<int>(H),
                               .n_head_kv = static_cast<int>(KV),
                               .head_dim_k = static_cast<int>(D),

@@ -7,6 +7,7 @@
 #include "cpu_kernels/numa/memory.h"
 #include "cpu_kernels/numa/topology.h"
 #include "cpu_kernels/ops.h"
+#include "cpu_kernels/scratch.h"
 #include "quant/ref.h"
 #include "runtime/error.h"
 #include "runtime/model/archs.h"
@@ -227,7 +228,10 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cach
   const auto t_start = std::chrono::steady_clock::now();
   double t_attention = 0, t_dense = 0, t_moe = 0;
 
-  std::vector<float> x(n * E), xn(n * E), branch(n * E);
+  // The residual stream and its normalised copy: scratch that keeps its capacity, so decode does not allocate.
+  std::span<float> x = cpu::scratch<float, struct ResidualSite>(n * E);
+  std::span<float> xn = cpu::scratch<float, struct NormedSite>(n * E);
+  std::span<float> branch = cpu::scratch<float, struct BranchSite>(n * E);
   for (int64_t t = 0; t < n; ++t)
     quant::dequantize_row(token_embd_->type, token_embd_->row(tokens[t]), x.data() + t * E, E);
 
