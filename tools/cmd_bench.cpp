@@ -28,17 +28,27 @@ std::string cpu_model_name() {
   return "unknown CPU";
 }
 
+// One measured run: prefill of the prompt, then greedy decoding, then the DRAM bandwidth with the same threads.
+struct Run {
+  double prefill_tok_s = 0, decode_tok_s = 0, bandwidth = 0, roofline_fraction = 0;
+};
+
 struct PolicyResult {
   std::string policy, device;
   int threads = 0;
-  double prefill_tok_s = 0, decode_tok_s = 0, bytes_per_token = 0, roofline_fraction = 0, bandwidth = 0;
+  double bytes_per_token = 0;
+  std::vector<Run> runs;
+  Run median;  // of each field separately
 };
 
-PolicyResult bench_cpu(model::Model& m, const BenchOptions& opt, int threads) {
-  PolicyResult r;
-  r.policy = "cpu";
-  r.threads = threads;
-  r.device = fmt::format("{} ({} kernels)", cpu_model_name(), cpu::isa_name(cpu::kernels().isa));
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token) {
+  Run r;
   const model::ModelConfig& c = m.config();
 
   // Random prompt ids (fixed seed): speed does not depend on the text, only on the routing it causes.
@@ -59,17 +69,52 @@ PolicyResult bench_cpu(model::Model& m, const BenchOptions& opt, int threads) {
   const auto t2 = std::chrono::steady_clock::now();
   r.prefill_tok_s = opt.prompt / std::chrono::duration<double>(t1 - t0).count();
   r.decode_tok_s = opt.gen / std::chrono::duration<double>(t2 - t1).count();
-  r.bytes_per_token = model::active_bytes_per_token(m.file(), c);
   // Measured after the run, with the same threads: the roofline of this run's memory system.
   r.bandwidth = cpu::measure_read_bandwidth(m.pool());
-  r.roofline_fraction = r.decode_tok_s * r.bytes_per_token / r.bandwidth;
+  r.roofline_fraction = r.decode_tok_s * bytes_per_token / r.bandwidth;
   return r;
+}
+
+// A warm-up run (the mapped weights fault in, scratch buffers size themselves; not counted), then opt.repeat
+// measured runs. Shared machines vary from run to run, so the result is the median with the spread kept.
+PolicyResult bench_cpu(model::Model& m, const BenchOptions& opt, int threads) {
+  PolicyResult r;
+  r.policy = "cpu";
+  r.threads = threads;
+  r.device = fmt::format("{} ({} kernels)", cpu_model_name(), cpu::isa_name(cpu::kernels().isa));
+  r.bytes_per_token = model::active_bytes_per_token(m.file(), m.config());
+  run_cpu(m, opt, r.bytes_per_token);
+  for (int i = 0; i < opt.repeat; ++i) {
+    r.runs.push_back(run_cpu(m, opt, r.bytes_per_token));
+    fmt::print(stderr, "\r  {} run {}/{}", r.policy, i + 1, opt.repeat);
+  }
+  fmt::print(stderr, "\n");
+  auto field = [&](double Run::*f) {
+    std::vector<double> v;
+    for (const Run& run : r.runs) v.push_back(run.*f);
+    return median_of(v);
+  };
+  r.median = {field(&Run::prefill_tok_s), field(&Run::decode_tok_s), field(&Run::bandwidth),
+              field(&Run::roofline_fraction)};
+  return r;
+}
+
+// "median [min-max]" of one field over the runs.
+std::string spread(const PolicyResult& r, double Run::*f, double scale, int decimals) {
+  double lo = 1e300, hi = -1e300;
+  for (const Run& run : r.runs) {
+    lo = std::min(lo, run.*f);
+    hi = std::max(hi, run.*f);
+  }
+  return fmt::format("{:.{}f} [{:.{}f}-{:.{}f}]", r.median.*f * scale, decimals, lo * scale, decimals, hi * scale,
+                     decimals);
 }
 
 }  // namespace
 
 int bench(const BenchOptions& opt) {
   if (opt.prompt < 1 || opt.gen < 1) fail("--prompt and --gen must be at least 1");
+  if (opt.repeat < 1) fail("--repeat must be at least 1");
   for (const std::string& p : opt.policies)
     if (p != "cpu") fail("unknown policy '{}' (available: cpu)", p);
   const int threads = resolve_threads(opt.threads);
@@ -79,28 +124,38 @@ int bench(const BenchOptions& opt) {
   for (const std::string& policy : opt.policies)
     if (policy == "cpu") results.push_back(bench_cpu(*m, opt, threads));
 
-  fmt::print("model {}  ({:.2f} GB file, {:.3f} GB read per decoded token)\n", opt.model,
-             static_cast<double>(m->file().file_size()) / 1e9, results.front().bytes_per_token / 1e9);
-  fmt::print("{:<8} {:>7} {:>14} {:>13} {:>14} {:>10}  {}\n", "policy", "threads", "prefill tok/s", "decode tok/s",
-             "DRAM GB/s", "roofline", "device");
+  fmt::print("model {}  ({:.2f} GB file, {:.3f} GB read per decoded token), median [min-max] of {} runs\n", opt.model,
+             static_cast<double>(m->file().file_size()) / 1e9, results.front().bytes_per_token / 1e9, opt.repeat);
+  fmt::print("{:<8} {:>7}  {:<26} {:<24} {:<18} {:<12}  {}\n", "policy", "threads", "prefill tok/s", "decode tok/s",
+             "DRAM GB/s", "roofline %", "device");
   for (const PolicyResult& r : results)
-    fmt::print("{:<8} {:>7} {:>14.1f} {:>13.2f} {:>14.1f} {:>9.0f}%  {}\n", r.policy, r.threads, r.prefill_tok_s,
-               r.decode_tok_s, r.bandwidth / 1e9, 100 * r.roofline_fraction, r.device);
+    fmt::print("{:<8} {:>7}  {:<26} {:<24} {:<18} {:<12}  {}\n", r.policy, r.threads,
+               spread(r, &Run::prefill_tok_s, 1, 1), spread(r, &Run::decode_tok_s, 1, 2),
+               spread(r, &Run::bandwidth, 1e-9, 1), spread(r, &Run::roofline_fraction, 100, 0), r.device);
 
   if (!opt.json.empty()) {
     nlohmann::json j = {{"model", opt.model},
                         {"prompt_tokens", opt.prompt},
                         {"gen_tokens", opt.gen},
                         {"results", nlohmann::json::array()}};
-    for (const PolicyResult& r : results)
+    for (const PolicyResult& r : results) {
+      nlohmann::json runs = nlohmann::json::array();
+      for (const Run& run : r.runs)
+        runs.push_back({{"prefill_tok_s", run.prefill_tok_s},
+                        {"decode_tok_s", run.decode_tok_s},
+                        {"dram_read_bytes_per_s", run.bandwidth},
+                        {"roofline_fraction", run.roofline_fraction}});
+      // The agreed fields hold the medians; "runs" keeps every measurement.
       j["results"].push_back({{"policy", r.policy},
                               {"device", r.device},
                               {"threads", r.threads},
-                              {"prefill_tok_s", r.prefill_tok_s},
-                              {"decode_tok_s", r.decode_tok_s},
+                              {"prefill_tok_s", r.median.prefill_tok_s},
+                              {"decode_tok_s", r.median.decode_tok_s},
                               {"bytes_per_token", r.bytes_per_token},
-                              {"dram_read_bytes_per_s", r.bandwidth},
-                              {"roofline_fraction", r.roofline_fraction}});
+                              {"dram_read_bytes_per_s", r.median.bandwidth},
+                              {"roofline_fraction", r.median.roofline_fraction},
+                              {"runs", runs}});
+    }
     std::ofstream f(opt.json);
     f << j.dump(2) << "\n";
     if (!f) fail("cannot write {}", opt.json);

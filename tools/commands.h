@@ -57,6 +57,7 @@ struct BenchOptions {
   int gen = 32;      // decoded tokens
   std::string json;  // also write the results here
   int threads = 0;
+  int repeat = 3;  // measured runs per policy (after one warm-up run); medians are reported
 };
 
 struct CalibrateOptions {

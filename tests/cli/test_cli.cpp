@@ -206,16 +206,24 @@ TEST_F(Cli, TokenizePrintsTheIdsOfTheFileBytes) {
 
 TEST_F(Cli, BenchWritesTheAgreedJsonFields) {
   const fs::path json = dir_ / "bench.json";
-  const Result r =
-      hetmoe("bench -m " + kModel.string() + " --policies cpu --prompt 8 --gen 4 -t 1 --json " + json.string());
+  const Result r = hetmoe("bench -m " + kModel.string() + " --policies cpu --prompt 8 --gen 4 -t 1 --repeat 2 --json " +
+                          json.string());
   ASSERT_EQ(r.status, 0) << r.err;
   const std::string j = read_all(json);
+  // The medians in the agreed fields, and every run kept: two of them here.
+  size_t runs = 0;
+  for (size_t at = j.find("\"runs\""); at != std::string::npos;) {
+    at = j.find("\"decode_tok_s\"", at + 1);
+    if (at != std::string::npos) ++runs;
+  }
+  EXPECT_EQ(runs, 2u) << j;
   // Later issues add fields; these names are fixed.
   for (const char* field :
        {"\"model\"", "\"results\"", "\"policy\": \"cpu\"", "\"device\"", "\"threads\": 1", "\"prefill_tok_s\"",
         "\"decode_tok_s\"", "\"bytes_per_token\": 2602256", "\"roofline_fraction\""})
     EXPECT_NE(j.find(field), std::string::npos) << field << " missing in " << j;
   expect_error(hetmoe("bench -m " + kModel.string() + " --policies gpu"), "unknown policy 'gpu'");
+  expect_error(hetmoe("bench -m " + kModel.string() + " --repeat 0"), "repeat");
 }
 
 TEST_F(Cli, CalibrateWritesBandwidthAndExpertCurves) {
