@@ -2,6 +2,7 @@
 // the scalar reference in quant/; only the float summation order differs (8 lanes, then a horizontal sum).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "cpu_kernels/avx2/kernels_avx2.h"

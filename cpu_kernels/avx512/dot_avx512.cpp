@@ -104,27 +104,6 @@ inline int32_t hsum_epi32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-// Transposes an 8 x 8 matrix of 4-byte elements held in 8 registers (row r in t[r]): afterwards t[k] holds element
-// k of rows 0..7, i.e. step k of the 8 rows side by side.
-__attribute__((always_inline)) inline void transpose_8x8_epi32(__m256i t[8]) {
-  __m256i u[8];
-  for (int p = 0; p < 4; ++p) {
-    u[2 * p] = _mm256_unpacklo_epi32(t[2 * p], t[2 * p + 1]);
-    u[2 * p + 1] = _mm256_unpackhi_epi32(t[2 * p], t[2 * p + 1]);
-  }
-  for (int p = 0; p < 2; ++p) {
-    t[4 * p] = _mm256_unpacklo_epi64(u[4 * p], u[4 * p + 2]);
-    t[4 * p + 1] = _mm256_unpackhi_epi64(u[4 * p], u[4 * p + 2]);
-    t[4 * p + 2] = _mm256_unpacklo_epi64(u[4 * p + 1], u[4 * p + 3]);
-    t[4 * p + 3] = _mm256_unpackhi_epi64(u[4 * p + 1], u[4 * p + 3]);
-  }
-  for (int q = 0; q < 4; ++q) {
-    u[q] = _mm256_permute2x128_si256(t[q], t[4 + q], 0x20);
-    u[4 + q] = _mm256_permute2x128_si256(t[q], t[4 + q], 0x31);
-  }
-  for (int k = 0; k < 8; ++k) t[k] = u[k];
-}
-
 // Four activation bytes as one int32, in all 16 lanes.
 inline __m512i broadcast4x16(const int8_t* p) {
   int32_t four;
