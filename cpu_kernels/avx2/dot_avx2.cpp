@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "cpu_kernels/avx2/kernels_avx2.h"
+#include "cpu_kernels/scratch.h"
 #include "quant/blocks.h"
 
 namespace hetmoe::cpu::avx2 {
