@@ -206,18 +206,46 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
   std::span<float> hidden = scratch<float, struct ExpertHiddenSite>(hidden_floats);
   std::span<uint8_t> down_act = scratch<uint8_t, struct ExpertDownActSite>(down_bytes);
 
-  // Each item's input row, converted once per activation type its expert needs.
+  // Each token's input row converted once per activation type the experts need (most layers: one), then copied to
+  // the rows of each expert that token goes to: a decode step converts once, not once per expert.
+  size_t widest = 0;
+  for (int64_t e = 0; e < n_experts; ++e) widest = std::max({widest, plan[e].gate.row_bytes, plan[e].up.row_bytes});
+  std::span<uint8_t> converted =
+      scratch<uint8_t, struct ExpertTokenActSite>(2 * widest * static_cast<size_t>(batch.n_tokens));
+  // Two slots: the gate's activation type of the first expert, and the up's when it differs; experts whose types
+  // differ from both (a shared expert quantized otherwise) convert per item.
+  const quant::GgmlType slot_weight[2] = {n_experts > 0 ? batch.experts[0].gate.type : quant::GgmlType::F32,
+                                          n_experts > 0 ? batch.experts[0].up.type : quant::GgmlType::F32};
+  const size_t slot_row[2] = {n_experts > 0 ? plan[0].gate.row_bytes : 0, n_experts > 0 ? plan[0].up.row_bytes : 0};
+  const size_t slot_base[2] = {0, slot_row[0] * static_cast<size_t>(batch.n_tokens)};
+  auto same_act = [](quant::GgmlType a, quant::GgmlType b) {
+    return quant::type_info(a).vec_dot_type == quant::type_info(b).vec_dot_type;
+  };
+  const int n_slots = n_experts > 0 && !same_act(slot_weight[0], slot_weight[1]) ? 2 : 1;
+  pool.parallel_for(batch.n_tokens, 4, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int s = 0; s < n_slots; ++s)
+        convert(k, slot_weight[s], n_embd, x + t * n_embd, converted.data() + slot_base[s] + t * slot_row[s]);
+  });
   pool.parallel_for(n_experts, 1, [&](int64_t e0, int64_t e1) {
     for (int64_t e = e0; e < e1; ++e) {
       const ExpertFfn& f = batch.experts[e];
       const Plan& p = plan[e];
-      for (int64_t i = batch.first[e]; i < batch.first[e + 1]; ++i) {
-        const int64_t j = i - batch.first[e];
-        const float* src = x + static_cast<int64_t>(batch.token[i]) * n_embd;
-        convert(k, f.gate.type, n_embd, src, act.data() + p.gate.offset + j * p.gate.row_bytes);
-        if (p.up.offset != p.gate.offset)
-          convert(k, f.up.type, n_embd, src, act.data() + p.up.offset + j * p.up.row_bytes);
-      }
+      auto fill = [&](quant::GgmlType weight_type, const ActLayout& layout) {
+        int slot = -1;
+        for (int s = 0; s < n_slots; ++s)
+          if (same_act(weight_type, slot_weight[s])) slot = s;
+        for (int64_t i = batch.first[e]; i < batch.first[e + 1]; ++i) {
+          const int64_t j = i - batch.first[e], t = batch.token[i];
+          uint8_t* dst = act.data() + layout.offset + j * layout.row_bytes;
+          if (slot >= 0)
+            std::memcpy(dst, converted.data() + slot_base[slot] + t * slot_row[slot], layout.row_bytes);
+          else
+            convert(k, weight_type, n_embd, x + t * n_embd, dst);
+        }
+      };
+      fill(f.gate.type, p.gate);
+      if (p.up.offset != p.gate.offset) fill(f.up.type, p.up);
     }
   });
 
