@@ -155,6 +155,23 @@ TEST(Kernels, GemmTilesMatchTheReferenceDot) {
   if (tested == 0) GTEST_SKIP() << "no tier on this CPU has tile kernels";
 }
 
+// Q8_K's edge cases byte for byte on every tier: an all-zero block, a tie for the largest |x| (the first one sets
+// the scale's sign), values that land exactly on .5 after scaling (ties to even), and a NaN-free huge range.
+TEST(Kernels, Q8KConverterEdgeCasesMatchTheReference) {
+  std::vector<float> x(3 * 256, 0.0f);
+  for (int j = 0; j < 256; ++j) x[256 + j] = 0.01f * static_cast<float>(j % 17) - 0.05f;
+  x[256 + 5] = -3.0f;
+  x[256 + 9] = 3.0f;  // same |x|, later: the scale comes from -3
+  for (int j = 0; j < 256; ++j) x[512 + j] = (static_cast<float>(j) - 127.0f) / 2.0f;  // k + 0.5 after scaling
+  for (Isa isa : tiers_present()) {
+    const KernelTable table = make_kernel_table(isa);
+    std::vector<uint8_t> want(quant::activation_row_bytes(GgmlType::Q4_K, 768)), got(want.size());
+    quant::quantize_activation(GgmlType::Q8_K, x.data(), want.data(), 768);
+    table.activation_for(GgmlType::Q8_K)(x.data(), got.data(), 768);
+    EXPECT_EQ(got, want) << isa_name(isa);
+  }
+}
+
 TEST(Kernels, ActivationConverterOfEveryTierMatchesTheReference) {
   for (Isa isa : tiers_present()) {
     const KernelTable table = make_kernel_table(isa);
