@@ -163,11 +163,17 @@ TEST(Kernels, Q8KConverterEdgeCasesMatchTheReference) {
   x[256 + 5] = -3.0f;
   x[256 + 9] = 3.0f;  // same |x|, later: the scale comes from -3
   for (int j = 0; j < 256; ++j) x[512 + j] = (static_cast<float>(j) - 127.0f) / 2.0f;  // k + 0.5 after scaling
+  // Many blocks of whole numbers: products that fall exactly between two integers are frequent there, and they
+  // catch a multiply and add fused into one FMA (no rounding of the product), as an earlier version had.
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> dist(0.0f, 30.0f);
+  for (int i = 0; i < 2000 * 256; ++i) x.push_back(std::round(dist(rng)));
+  const int64_t n = static_cast<int64_t>(x.size());
   for (Isa isa : tiers_present()) {
     const KernelTable table = make_kernel_table(isa);
-    std::vector<uint8_t> want(quant::activation_row_bytes(GgmlType::Q4_K, 768)), got(want.size());
-    quant::quantize_activation(GgmlType::Q8_K, x.data(), want.data(), 768);
-    table.activation_for(GgmlType::Q8_K)(x.data(), got.data(), 768);
+    std::vector<uint8_t> want(quant::activation_row_bytes(GgmlType::Q4_K, n)), got(want.size());
+    quant::quantize_activation(GgmlType::Q8_K, x.data(), want.data(), n);
+    table.activation_for(GgmlType::Q8_K)(x.data(), got.data(), n);
     EXPECT_EQ(got, want) << isa_name(isa);
   }
 }
