@@ -117,21 +117,6 @@ struct ActLayout {
   size_t offset = 0;
 };
 
-void convert(const KernelTable& k, quant::GgmlType weight_type, int64_t n, const float* src, uint8_t* dst) {
-  const quant::GgmlType act = quant::type_info(weight_type).vec_dot_type;
-  if (act == quant::GgmlType::F32) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-    return;
-  }
-  k.activation_for(act)(src, dst, n);
-}
-
-size_t act_row_bytes(quant::GgmlType weight_type, int64_t n) {
-  return quant::type_info(weight_type).vec_dot_type == quant::GgmlType::F32
-             ? static_cast<size_t>(n) * sizeof(float)
-             : quant::activation_row_bytes(weight_type, n);
-}
-
 }  // namespace
 
 void ExpertBatch::clear(int64_t tokens, int64_t items_per_token) {
@@ -176,12 +161,12 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
     const ExpertFfn& f = batch.experts[e];
     const int64_t m = batch.first[e + 1] - batch.first[e];
     Plan& p = plan[e];
-    p.gate = {act_row_bytes(f.gate.type, f.gate.n_cols), act_bytes};
+    p.gate = {quant::activation_row_bytes(f.gate.type, f.gate.n_cols), act_bytes};
     act_bytes += p.gate.row_bytes * m;
-    const bool same = quant::type_info(f.gate.type).vec_dot_type == quant::type_info(f.up.type).vec_dot_type;
-    p.up = same ? p.gate : ActLayout{act_row_bytes(f.up.type, f.up.n_cols), act_bytes};
+    const bool same = quant::same_vec_dot_type(f.gate.type, f.up.type);
+    p.up = same ? p.gate : ActLayout{quant::activation_row_bytes(f.up.type, f.up.n_cols), act_bytes};
     if (!same) act_bytes += p.up.row_bytes * m;
-    p.down = {act_row_bytes(f.down.type, f.down.n_cols), down_bytes};
+    p.down = {quant::activation_row_bytes(f.down.type, f.down.n_cols), down_bytes};
     down_bytes += p.down.row_bytes * m;
     p.hidden = hidden_floats;
     hidden_floats += static_cast<size_t>(m * f.gate.n_rows);
@@ -218,14 +203,11 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
                                           n_experts > 0 ? batch.experts[0].up.type : quant::GgmlType::F32};
   const size_t slot_row[2] = {n_experts > 0 ? plan[0].gate.row_bytes : 0, n_experts > 0 ? plan[0].up.row_bytes : 0};
   const size_t slot_base[2] = {0, slot_row[0] * static_cast<size_t>(batch.n_tokens)};
-  auto same_act = [](quant::GgmlType a, quant::GgmlType b) {
-    return quant::type_info(a).vec_dot_type == quant::type_info(b).vec_dot_type;
-  };
-  const int n_slots = n_experts > 0 && !same_act(slot_weight[0], slot_weight[1]) ? 2 : 1;
+  const int n_slots = n_experts > 0 && !quant::same_vec_dot_type(slot_weight[0], slot_weight[1]) ? 2 : 1;
   pool.parallel_for(batch.n_tokens, 4, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
       for (int s = 0; s < n_slots; ++s)
-        convert(k, slot_weight[s], n_embd, x + t * n_embd, converted.data() + slot_base[s] + t * slot_row[s]);
+        k.to_activation(slot_weight[s], x + t * n_embd, converted.data() + slot_base[s] + t * slot_row[s], n_embd);
   });
   pool.parallel_for(n_experts, 1, [&](int64_t e0, int64_t e1) {
     for (int64_t e = e0; e < e1; ++e) {
@@ -234,14 +216,14 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
       auto fill = [&](quant::GgmlType weight_type, const ActLayout& layout) {
         int slot = -1;
         for (int s = 0; s < n_slots; ++s)
-          if (same_act(weight_type, slot_weight[s])) slot = s;
+          if (quant::same_vec_dot_type(weight_type, slot_weight[s])) slot = s;
         for (int64_t i = batch.first[e]; i < batch.first[e + 1]; ++i) {
           const int64_t j = i - batch.first[e], t = batch.token[i];
           uint8_t* dst = act.data() + layout.offset + j * layout.row_bytes;
           if (slot >= 0)
             std::memcpy(dst, converted.data() + slot_base[slot] + t * slot_row[slot], layout.row_bytes);
           else
-            convert(k, weight_type, n_embd, x + t * n_embd, dst);
+            k.to_activation(weight_type, x + t * n_embd, dst, n_embd);
         }
       };
       fill(f.gate.type, p.gate);
@@ -308,8 +290,8 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
       const Plan& p = plan[e];
       const int64_t m = batch.first[e + 1] - batch.first[e], n_ff = f.gate.n_rows;
       for (int64_t j = 0; j < m; ++j)
-        convert(k, f.down.type, n_ff, hidden.data() + p.hidden + j * n_ff,
-                down_act.data() + p.down.offset + j * p.down.row_bytes);
+        k.to_activation(f.down.type, hidden.data() + p.hidden + j * n_ff,
+                        down_act.data() + p.down.offset + j * p.down.row_bytes, n_ff);
     }
   });
 

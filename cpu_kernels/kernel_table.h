@@ -49,6 +49,11 @@ struct KernelTable {
   QuantizeActivationFn activation_for(quant::GgmlType vec_dot_type) const {
     return quantize_activation[static_cast<uint32_t>(vec_dot_type)];
   }
+  // n floats converted for a dot product with weights of `weight_type` (its vec_dot_type; F32 is a copy), into
+  // quant::activation_row_bytes(weight_type, n) bytes at dst.
+  void to_activation(quant::GgmlType weight_type, const float* src, void* dst, int64_t n) const {
+    activation_for(quant::type_info(weight_type).vec_dot_type)(src, dst, n);
+  }
 };
 
 // The table of the selected tier (selected_isa()), built on first use.

@@ -24,10 +24,9 @@ const uint8_t* convert_activation(const KernelTable& k, ThreadPool& pool, const 
   }
   *row_bytes = quant::activation_row_bytes(w.type, w.n_cols);
   std::span<uint8_t> storage = scratch<uint8_t, Site>(*row_bytes * static_cast<size_t>(n_tokens));
-  const QuantizeActivationFn convert = k.activation_for(act_type);
   const size_t rb = *row_bytes;
   pool.parallel_for(n_tokens, 4, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) convert(x + t * w.n_cols, storage.data() + t * rb, w.n_cols);
+    for (int64_t t = t0; t < t1; ++t) k.to_activation(w.type, x + t * w.n_cols, storage.data() + t * rb, w.n_cols);
   });
   return storage.data();
 }
@@ -97,7 +96,7 @@ void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& g
   if (n_tokens <= 0 || gate.n_rows <= 0) return;
   size_t gate_row = 0, up_row = 0;
   const uint8_t* gate_act = convert_activation<struct SwigluGateActSite>(k, pool, gate, x, n_tokens, &gate_row);
-  const bool same = quant::type_info(gate.type).vec_dot_type == quant::type_info(up.type).vec_dot_type;
+  const bool same = quant::same_vec_dot_type(gate.type, up.type);
   const uint8_t* up_act =
       same ? gate_act : convert_activation<struct SwigluUpActSite>(k, pool, up, x, n_tokens, &up_row);
   if (same) up_row = gate_row;

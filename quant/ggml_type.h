@@ -40,6 +40,8 @@ struct TypeInfo {
 const TypeInfo* type_info(uint32_t id);
 const TypeInfo& type_info(GgmlType type);
 std::optional<GgmlType> type_from_name(std::string_view name);  // case-insensitive, "q4_k" or "Q4_K"
+// Whether activations for weights of types a and b are converted to the same format (one conversion serves both).
+inline bool same_vec_dot_type(GgmlType a, GgmlType b) { return type_info(a).vec_dot_type == type_info(b).vec_dot_type; }
 
 // Bytes of a row of n elements; 0 when n is not a multiple of the block size.
 size_t row_bytes(GgmlType type, int64_t n);
