@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
 
 #include "cpu_kernels/numa/memory.h"
+#include "cpu_kernels/ops.h"
 #include "cpu_kernels/scratch.h"
 #include "quant/ref.h"
 
@@ -242,31 +242,18 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
     const GemmTileFn gate_tile = m >= kTileMinActs ? k.tile_for(f.gate.type) : nullptr;
     const GemmTileFn up_tile = m >= kTileMinActs ? k.tile_for(f.up.type) : nullptr;
     if (gate_tile || up_tile) {
-      // Full blocks of 8 rows for all the expert's tokens at once (prefill), [token][8] per thread; a matrix
-      // without a tile kernel fills its block row by row (as swiglu_matmul does).
+      // Full blocks of kTileRows rows for all the expert's tokens at once (prefill), [token][kTileRows] per thread;
+      // a matrix without a tile kernel fills its block row by row (as swiglu_matmul does).
       std::span<float> g = scratch<float, struct ExpertTileGateSite>(m * kTileRows);
       std::span<float> u = scratch<float, struct ExpertTileUpSite>(m * kTileRows);
-      auto block = [&](GemmTileFn tile, const WeightMatrix& w, const ActLayout& a, int64_t r, float* dst) {
-        const uint8_t* rows = act.data() + a.offset;
-        if (tile) return tile(w.n_cols, w.row(r), w.row_bytes, rows, a.row_bytes, m, dst, kTileRows);
-        float col[kItemChunk];
-        for (int64_t i = 0; i < kTileRows; ++i)
-          for (int64_t c0 = 0; c0 < m; c0 += kItemChunk) {
-            const int64_t nc = std::min(kItemChunk, m - c0);
-            k.dot_rows(w.type, w.n_cols, w.row(r + i), rows + c0 * a.row_bytes, a.row_bytes, nc, col);
-            for (int64_t j = 0; j < nc; ++j) dst[(c0 + j) * kTileRows + i] = col[j];
-          }
-      };
       float* h = hidden.data() + p.hidden;
       for (; first_rest + kTileRows <= r1; first_rest += kTileRows) {
         const int64_t r = first_rest;
-        block(gate_tile, f.gate, p.gate, r, g.data());
-        block(up_tile, f.up, p.up, r, u.data());
+        block_dots(k, gate_tile, f.gate, r, act.data() + p.gate.offset, p.gate.row_bytes, m, g.data());
+        block_dots(k, up_tile, f.up, r, act.data() + p.up.offset, p.up.row_bytes, m, u.data());
         for (int64_t j = 0; j < m; ++j)
-          for (int64_t i = 0; i < kTileRows; ++i) {
-            const float gv = g[j * kTileRows + i];
-            h[j * n_ff + r + i] = (gv / (1.0f + std::exp(-gv))) * u[j * kTileRows + i];
-          }
+          for (int64_t i = 0; i < kTileRows; ++i)
+            h[j * n_ff + r + i] = silu_times(g[j * kTileRows + i], u[j * kTileRows + i]);
       }
     }
     float g[kItemChunk], up[kItemChunk];
@@ -278,7 +265,7 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
       for (int64_t r = first_rest; r < r1; ++r) {
         k.dot_rows(f.gate.type, f.gate.n_cols, f.gate.row(r), ga, p.gate.row_bytes, nc, g);
         k.dot_rows(f.up.type, f.up.n_cols, f.up.row(r), ua, p.up.row_bytes, nc, up);
-        for (int64_t j = 0; j < nc; ++j) h[j * n_ff + r] = (g[j] / (1.0f + std::exp(-g[j]))) * up[j];
+        for (int64_t j = 0; j < nc; ++j) h[j * n_ff + r] = silu_times(g[j], up[j]);
       }
     }
   });

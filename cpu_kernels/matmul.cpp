@@ -1,10 +1,9 @@
 #include "cpu_kernels/matmul.h"
 
 #include <algorithm>
-#include <cmath>
-#include <vector>
 
 #include "cpu_kernels/onednn.h"
+#include "cpu_kernels/ops.h"
 #include "cpu_kernels/scratch.h"
 #include "quant/ref.h"
 
@@ -59,6 +58,18 @@ void for_row_blocks(ThreadPool& pool, int64_t n_rows, bool tiles, TileFn&& tile_
 
 }  // namespace
 
+void block_dots(const KernelTable& k, GemmTileFn tile, const WeightMatrix& w, int64_t r, const uint8_t* act,
+                size_t act_row, int64_t n_act, float* dst) {
+  if (tile) return tile(w.n_cols, w.row(r), w.row_bytes, act, act_row, n_act, dst, kTileRows);
+  float col[kTokenChunk];
+  for (int64_t i = 0; i < kTileRows; ++i)
+    for (int64_t t0 = 0; t0 < n_act; t0 += kTokenChunk) {
+      const int64_t nt = std::min(kTokenChunk, n_act - t0);
+      k.dot_rows(w.type, w.n_cols, w.row(r + i), act + t0 * act_row, act_row, nt, col);
+      for (int64_t t = 0; t < nt; ++t) dst[(t0 + t) * kTileRows + i] = col[t];
+    }
+}
+
 void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const HeadsLayout& layout,
                   const float* x, int64_t n_tokens, float* y) {
   const int64_t heads = layout.n_heads, rows = w.n_rows / heads, cols = w.n_cols;
@@ -70,7 +81,7 @@ void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w,
       std::copy_n(x + t * layout.x_token_stride + h * layout.x_head_stride, cols, &gathered[(t * heads + h) * cols]);
   size_t act_row = 0;
   const uint8_t* act = convert_activation<struct HeadsActSite>(k, pool, w, gathered.data(), n_tokens * heads, &act_row);
-  // Tiles need every 8-row block inside one head.
+  // Tiles need every kTileRows-row block inside one head.
   const GemmTileFn tile = n_tokens >= kTileMinActs && rows % kTileRows == 0 ? k.tile_for(w.type) : nullptr;
   for_row_blocks(
       pool, w.n_rows, tile != nullptr,
@@ -107,37 +118,24 @@ void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& g
     std::span<float> u = scratch<float, struct SwigluOnednnUpSite>(n_tokens * n_rows);
     matmul(k, pool, gate, x, n_tokens, g.data(), n_rows);
     matmul(k, pool, up, x, n_tokens, u.data(), n_rows);
-    for (int64_t i = 0; i < n_tokens * n_rows; ++i) out[i] = (g[i] / (1.0f + std::exp(-g[i]))) * u[i];
+    swiglu(g.data(), u.data(), out, n_tokens * n_rows);
     return;
   }
   const GemmTileFn gate_tile = n_tokens >= kTileMinActs ? k.tile_for(gate.type) : nullptr;
   const GemmTileFn up_tile = n_tokens >= kTileMinActs ? k.tile_for(up.type) : nullptr;
   // A matrix with a tile kernel takes it for every full block (whatever the other one does), so each of gate and up
   // follows the same path as matmul would give it alone.
-  auto rows_of_block = [&](GemmTileFn tile, const WeightMatrix& w, const uint8_t* act, size_t act_row, int64_t r,
-                           float* dst) {
-    if (tile) return tile(w.n_cols, w.row(r), w.row_bytes, act, act_row, n_tokens, dst, kTileRows);
-    float col[kTokenChunk];
-    for (int64_t i = 0; i < kTileRows; ++i)
-      for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
-        const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
-        k.dot_rows(w.type, w.n_cols, w.row(r + i), act + t0 * act_row, act_row, nt, col);
-        for (int64_t t = 0; t < nt; ++t) dst[(t0 + t) * kTileRows + i] = col[t];
-      }
-  };
   for_row_blocks(
       pool, n_rows, gate_tile || up_tile,
       [&](int64_t r) {
-        // Gate and up for all tokens into per-thread buffers [token][8], then the SiLU product.
+        // Gate and up for all tokens into per-thread buffers [token][kTileRows], then the SiLU product.
         std::span<float> g = scratch<float, struct SwigluTileGateSite>(n_tokens * kTileRows);
         std::span<float> u = scratch<float, struct SwigluTileUpSite>(n_tokens * kTileRows);
-        rows_of_block(gate_tile, gate, gate_act, gate_row, r, g.data());
-        rows_of_block(up_tile, up, up_act, up_row, r, u.data());
+        block_dots(k, gate_tile, gate, r, gate_act, gate_row, n_tokens, g.data());
+        block_dots(k, up_tile, up, r, up_act, up_row, n_tokens, u.data());
         for (int64_t t = 0; t < n_tokens; ++t)
-          for (int64_t i = 0; i < kTileRows; ++i) {
-            const float gv = g[t * kTileRows + i];
-            out[t * n_rows + r + i] = (gv / (1.0f + std::exp(-gv))) * u[t * kTileRows + i];
-          }
+          for (int64_t i = 0; i < kTileRows; ++i)
+            out[t * n_rows + r + i] = silu_times(g[t * kTileRows + i], u[t * kTileRows + i]);
       },
       [&](int64_t r) {
         float g[kTokenChunk], u[kTokenChunk];
@@ -145,7 +143,7 @@ void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& g
           const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
           k.dot_rows(gate.type, gate.n_cols, gate.row(r), gate_act + t0 * gate_row, gate_row, nt, g);
           k.dot_rows(up.type, up.n_cols, up.row(r), up_act + t0 * up_row, up_row, nt, u);
-          for (int64_t t = 0; t < nt; ++t) out[(t0 + t) * n_rows + r] = (g[t] / (1.0f + std::exp(-g[t]))) * u[t];
+          for (int64_t t = 0; t < nt; ++t) out[(t0 + t) * n_rows + r] = silu_times(g[t], u[t]);
         }
       });
 }
@@ -171,8 +169,8 @@ void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const
     });
     return;
   }
-  // Batches of kTileMinActs tokens or more go through the tier's tile kernel where it has one (8 rows unpacked once
-  // for all tokens); otherwise each weight row is unpacked once per chunk of tokens (dot_rows) and stays in L1.
+  // Batches of kTileMinActs tokens or more go through the tier's tile kernel where it has one (kTileRows rows unpacked
+  // once for all tokens); otherwise each weight row is unpacked once per chunk of tokens (dot_rows) and stays in L1.
   const GemmTileFn tile = n_tokens >= kTileMinActs ? k.tile_for(w.type) : nullptr;
   for_row_blocks(
       pool, w.n_rows, tile != nullptr,

@@ -31,6 +31,11 @@ struct WeightMatrix {
 void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
             int64_t ldy);
 
+// Rows r .. r + kTileRows of w against n_act activation rows (act + j * act_row) into dst[j * kTileRows + i]: through
+// `tile` when given, else row by row (dot_rows), i.e. the path matmul takes for those rows.
+void block_dots(const KernelTable& k, GemmTileFn tile, const WeightMatrix& w, int64_t r, const uint8_t* act,
+                size_t act_row, int64_t n_act, float* dst);
+
 // Per-head matrices in one pass (MLA's attn_k_b / attn_v_b): w holds n_heads blocks of rows; for head h and token t,
 // y[t * y_token_stride + h * y_head_stride + r] = w.row(h * rows + r) . x[t * x_token_stride + h * x_head_stride ...].
 // One activation conversion and one parallel loop for all heads, where a matmul per head would pay both per head.

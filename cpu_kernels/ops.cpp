@@ -40,10 +40,7 @@ void sigmoid(float* x, int64_t n) {
 }
 
 void swiglu(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    float g = gate[i];
-    out[i] = (g / (1.0f + std::exp(-g))) * up[i];
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = silu_times(gate[i], up[i]);
 }
 
 namespace {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -16,6 +17,8 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
 // In place over n values.
 void softmax(float* x, int64_t n);
 void sigmoid(float* x, int64_t n);
+// silu(g) * u, the one expression every SwiGLU path uses (so fused and unfused paths agree bit for bit).
+inline float silu_times(float g, float u) { return (g / (1.0f + std::exp(-g))) * u; }
 // out[i] = silu(gate[i]) * up[i]; out may alias gate.
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 
