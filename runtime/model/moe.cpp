@@ -109,15 +109,22 @@ void moe_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights&
   // them after the routed ones. The sum over a token's items runs in slot order, matching llama.cpp's chain of adds.
   thread_local cpu::ExpertBatch batch;
   batch.clear(n, nu + (w.has_shared ? 1 : 0));
-  std::span<int32_t> count = cpu::scratch<int32_t, struct ExpertCountSite>(p.n_expert + 1);
-  std::fill(count.begin(), count.end(), 0);
-  for (int64_t i = 0; i < n * nu; ++i) ++count[r.ids[i]];
-  for (int64_t e = 0; e < p.n_expert; ++e) {
-    if (count[e] == 0) continue;
+  // Items bucketed by expert with one counting sort (token order within each expert): next[e] starts as the
+  // beginning of expert e's bucket and ends as its end.
+  std::span<int64_t> next = cpu::scratch<int64_t, struct ExpertNextSite>(p.n_expert + 1);
+  std::span<int64_t> order = cpu::scratch<int64_t, struct ExpertOrderSite>(n * nu);
+  std::fill(next.begin(), next.end(), 0);
+  for (int64_t i = 0; i < n * nu; ++i) ++next[r.ids[i] + 1];
+  for (int64_t e = 0; e < p.n_expert; ++e) next[e + 1] += next[e];
+  for (int64_t i = 0; i < n * nu; ++i) order[next[r.ids[i]]++] = i;
+  for (int64_t e = 0, begin = 0; e < p.n_expert; begin = next[e++]) {
+    if (next[e] == begin) continue;
     batch.add_expert({w.gate_exps.rows(e * w.n_ff_exp, w.n_ff_exp), w.up_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
                       w.down_exps.rows(e * n_embd, n_embd)});
-    for (int64_t i = 0; i < n * nu; ++i)
-      if (r.ids[i] == e) batch.add_item(static_cast<int32_t>(i / nu), static_cast<int32_t>(i % nu), r.weights[i]);
+    for (int64_t o = begin; o < next[e]; ++o) {
+      const int64_t i = order[o];
+      batch.add_item(static_cast<int32_t>(i / nu), static_cast<int32_t>(i % nu), r.weights[i]);
+    }
   }
   if (w.has_shared) {
     batch.add_expert({w.gate_shexp, w.up_shexp, w.down_shexp});
