@@ -293,8 +293,8 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
       down_units.add({0, r, std::min(end, r + kDownRows), static_cast<double>(std::min(end, r + kDownRows) - r)});
   }
   down_units.end_nodes();
-  auto down_span = [&](int64_t r0, int64_t r1, int64_t nr) {
-    const int64_t span_rows = nr;
+  auto down_span = [&](int64_t r0, int64_t r1) {
+    const int64_t span_rows = r1 - r0;
     // partial[(t * per_token + k) * span_rows + r - r0]: item (t, k)'s weighted output rows of this block.
     std::span<float> partial = scratch<float, struct ExpertPartialSite>(n_items * span_rows);
     float y[kItemChunk];
@@ -332,7 +332,7 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
     for (int64_t t = 0; t < batch.n_tokens; ++t) {
       const float* s = partial.data() + t * per_token * span_rows;
       float* o = out + t * n_embd + r0;
-      for (int64_t r = 0; r < nr; ++r) {
+      for (int64_t r = 0; r < span_rows; ++r) {
         float v = s[r];
         for (int64_t kk = 1; kk < per_token; ++kk) v += s[kk * span_rows + r];
         o[r] = v;
@@ -346,10 +346,7 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
       std::max<int64_t>(kDownRows, (kPartialFloats / std::max<int64_t>(1, n_items)) / kDownRows * kDownRows);
   down_units.run_ranges(pool, [&](const Unit* first_unit, const Unit* end_unit) {
     const int64_t range_end = (end_unit - 1)->r1;
-    for (int64_t r0 = first_unit->r0; r0 < range_end; r0 += span) {
-      const int64_t r1 = std::min(range_end, r0 + span), nr = r1 - r0;
-      down_span(r0, r1, nr);
-    }
+    for (int64_t r0 = first_unit->r0; r0 < range_end; r0 += span) down_span(r0, std::min(range_end, r0 + span));
   });
 }
 
