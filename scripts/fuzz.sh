@@ -17,16 +17,10 @@ ref=${HETMOE_SHARED_REF:-$root/../shared/ref}
 # The reference headers are about 16 KiB; 64 KiB leaves the mutator room to grow them and their data.
 max_len=65536
 
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DHETMOE_FUZZ=ON >/dev/null
-ninja -C "$build" -j "${HETMOE_FUZZ_JOBS:-1}" fuzz_gguf gguf_fuzz_seeds
-
-corpus=$build/corpus
-seeds=$build/seeds
-crashes=$build/crashes
-mkdir -p "$corpus" "$crashes"
-rm -rf "$seeds"
-mkdir -p "$seeds"
+# shellcheck source=scripts/fuzz_common.sh
+source "$root/scripts/fuzz_common.sh"
+fuzz_build "$build" fuzz_gguf gguf_fuzz_seeds
+fuzz_dirs "$build" ""
 
 models=()
 # Without ../shared/ref the suite's own copies in tests/data serve as seeds.
@@ -42,11 +36,4 @@ fi
 "$build/tests/fuzz/gguf_fuzz_seeds" "$seeds" "${models[@]}"
 echo "fuzz.sh: $(ls "$seeds" | wc -l) seeds, $(ls "$corpus" | wc -l) inputs already in the corpus"
 
-log=$build/fuzz.log
-status=0
-"$build/tests/fuzz/fuzz_gguf" "$corpus" "$seeds" -max_len="$max_len" -max_total_time="$seconds" \
-  -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$crashes/" 2>&1 | tee "$log" ||
-  status=$?
-
-echo "fuzz.sh: corpus holds $(ls "$corpus" | wc -l) inputs; $(ls "$crashes" | wc -l) files in $crashes; log in $log"
-exit "$status"
+fuzz_run fuzz.sh "$build/tests/fuzz/fuzz_gguf" "$max_len" "$seconds" 2048 "$build/fuzz.log"

@@ -16,16 +16,10 @@ build=${HETMOE_FUZZ_BUILD:-$root/build-fuzz}
 ref=${HETMOE_SHARED_REF:-$root/../shared/ref}
 max_len=4096
 
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DHETMOE_FUZZ=ON >/dev/null
-ninja -C "$build" -j "${HETMOE_FUZZ_JOBS:-1}" fuzz_tokenizer
-
-corpus=$build/tokenizer-corpus
-seeds=$build/tokenizer-seeds
-crashes=$build/tokenizer-crashes
-mkdir -p "$corpus" "$crashes"
-rm -rf "$seeds"
-mkdir -p "$seeds"
+# shellcheck source=scripts/fuzz_common.sh
+source "$root/scripts/fuzz_common.sh"
+fuzz_build "$build" fuzz_tokenizer
+fuzz_dirs "$build" tokenizer-
 
 # Seeds: each of llama.cpp's test files behind the two selector bytes the target reads first (vocabulary, flags).
 n=0
@@ -38,11 +32,4 @@ for inp in "$root"/tests/data/vocab/*.inp "$ref"/vocab/*.inp; do
 done
 echo "fuzz_tokenizer.sh: $n seeds, $(ls "$corpus" | wc -l) inputs already in the corpus"
 
-log=$build/fuzz_tokenizer.log
-status=0
-"$build/tests/fuzz/fuzz_tokenizer" "$corpus" "$seeds" -max_len="$max_len" -max_total_time="$seconds" \
-  -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$crashes/" 2>&1 | tee "$log" ||
-  status=$?
-
-echo "fuzz_tokenizer.sh: corpus holds $(ls "$corpus" | wc -l) inputs; $(ls "$crashes" | wc -l) files in $crashes; log in $log"
-exit "$status"
+fuzz_run fuzz_tokenizer.sh "$build/tests/fuzz/fuzz_tokenizer" "$max_len" "$seconds" 4096 "$build/fuzz_tokenizer.log"
