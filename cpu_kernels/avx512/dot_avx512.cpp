@@ -133,17 +133,7 @@ struct Q4KTile {
     };
     for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
       alignas(64) float d[16], dmin[16];
-      for (int r = 0; r < 16; ++r) {
-        const quant::BlockQ4_K& b = block(r, i);
-        d[r] = fp16_to_fp32(b.d);
-        dmin[r] = fp16_to_fp32(b.dmin);
-        alignas(32) int16_t sm[16];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(sm), q4k_scales_and_mins(b.scales));
-        for (int g = 0; g < 8; ++g) scales[g][r] = sm[g];
-        for (int h = 0; h < 4; ++h)
-          mins[h][r] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(sm[8 + 2 * h])) |
-                                            static_cast<uint32_t>(static_cast<uint16_t>(sm[9 + 2 * h])) << 16);
-      }
+      for (int r = 0; r < 16; ++r) q4k_tile_row<16, false>(block(r, i), r, d, dmin, scales, mins);
       // Chunk c of 32 packed bytes holds groups 2c (low nibbles) and 2c+1 (high nibbles): transpose the packed bytes
       // of rows 0-7 and 8-15 in 4-byte steps, join the halves, then split the nibbles. packed[8g + k] holds step k
       // of group g for the 16 rows.
