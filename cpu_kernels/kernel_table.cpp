@@ -78,11 +78,18 @@ KernelTable make_ref_table() {
 
 KernelTable make_kernel_table(Isa isa) {
   KernelTable t = make_ref_table();
-  // Each tier starts from the one below: formats without a kernel of their own keep the lower tier's. The AMX
-  // tier has no tile kernels yet and runs the AVX-512 ones.
+  // Each tier starts from the one below: formats without a kernel of their own keep the lower tier's.
   if (isa >= Isa::kAvx2) avx2::install(t);
   if (isa >= Isa::kAvx512) avx512::install(t);
+  if (isa >= Isa::kAmx) avx512::install_amx(t);
   t.isa = isa;
+  return t;
+}
+
+KernelTable make_emulated_amx_table() {
+  KernelTable t = make_kernel_table(Isa::kAvx512);
+  avx512::install_amx_emulated(t);
+  t.isa = Isa::kAmx;
   return t;
 }
 

@@ -60,5 +60,8 @@ struct KernelTable {
 const KernelTable& kernels();
 // The table of a given tier; tests use it to compare every tier the host has with the reference.
 KernelTable make_kernel_table(Isa isa);
+// The AMX tier's table with its tile instructions emulated in scalar code, for tests on AVX-512 hosts without AMX
+// (detect_isa() >= Isa::kAvx512): the AMX kernels' packing and scaling are checked, the instructions are not.
+KernelTable make_emulated_amx_table();
 
 }  // namespace hetmoe::cpu

@@ -6,6 +6,9 @@
 // single dot AVX2 -> this tier): Q4_K 10.1 -> 15.5, Q5_0 9.1 -> 11.3, Q8_0 27.0 -> 27.5, Q6_K 9.5 -> 21.7 (the
 // 512-bit kernel; straight 512-bit versions of Q4_K, Q5_0 and Q8_0 measured slower than 256-bit ones, since Zen 4
 // splits 512-bit work in two and the per-group scale multiply costs more than it saves).
+//
+// The AMX tier's tile kernels live here too (AVX-512 does their packing and scaling); they have not run on AMX
+// hardware: tests check them with the tile instructions emulated (install_amx_emulated).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -111,6 +114,55 @@ inline __m512i broadcast4x16(const int8_t* p) {
   return _mm512_set1_epi32(four);
 }
 
+// The 16 rows of a Q4_K tile at one super-block, unpacked: packed[8g + k] holds values 4k..4k+3 of group g for
+// the 16 rows (row r in bytes 4r..4r+3), which is the operand layout of a vpdpbusd with the activation broadcast
+// and, at once, of an AMX B tile (group g: 8 rows of 64 bytes); with the rows' group scales, mins (int16 pairs of
+// groups 2h, 2h+1), d and dmin.
+struct Q4KRows16 {
+  alignas(64) uint8_t packed[64][64];
+  alignas(64) int32_t scales[8][16], mins[4][16];
+  alignas(64) float d[16], dmin[16];
+
+  void unpack(const uint8_t* w, size_t row_bytes, int64_t i) {
+    auto block = [&](int r) -> const quant::BlockQ4_K& {
+      return reinterpret_cast<const quant::BlockQ4_K*>(w + r * row_bytes)[i];
+    };
+    for (int r = 0; r < 16; ++r) q4k_tile_row<16, false>(block(r), r, d, dmin, scales, mins);
+    // Chunk c of 32 packed bytes holds groups 2c (low nibbles) and 2c+1 (high nibbles): transpose the packed bytes
+    // of rows 0-7 and 8-15 in 4-byte steps, join the halves, then split the nibbles.
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    for (int c = 0; c < 4; ++c) {
+      __m256i t0[8], t1[8];
+      for (int r = 0; r < 8; ++r) {
+        t0[r] = load256(block(r).qs + 32 * c);
+        t1[r] = load256(block(8 + r).qs + 32 * c);
+      }
+      transpose_8x8_epi32(t0);
+      transpose_8x8_epi32(t1);
+      for (int k = 0; k < 8; ++k) {
+        const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(t0[k]), t1[k], 1);
+        _mm512_store_si512(packed[16 * c + k], _mm512_and_si512(both, low4));
+        _mm512_store_si512(packed[16 * c + 8 + k], _mm512_and_si512(_mm512_srli_epi16(both, 4), low4));
+      }
+    }
+  }
+
+  // One activation row's super-block into the float sums of the 16 rows, from its scaled integer sums (sum over
+  // groups of scale x group product): acc += d yd sumi, acc_min += dmin yd (sum over groups of min x group sum).
+  void finish(const quant::BlockQ8_K& y, const int32_t* sumi, __m512& acc, __m512& acc_min) const {
+    const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums)),
+                                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums + 8)));
+    alignas(16) int32_t group_pairs[4];  // activation sums of groups 2h and 2h+1 as int16 pairs
+    _mm_store_si128(reinterpret_cast<__m128i*>(group_pairs), bs);
+    __m512i msum = _mm512_setzero_si512();
+    for (int h = 0; h < 4; ++h)
+      msum = _mm512_add_epi32(msum, _mm512_madd_epi16(_mm512_load_si512(mins[h]), _mm512_set1_epi32(group_pairs[h])));
+    const __m512 yd = _mm512_set1_ps(y.d);
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(d), yd), _mm512_cvtepi32_ps(_mm512_load_si512(sumi)), acc);
+    acc_min = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(dmin), yd), _mm512_cvtepi32_ps(msum), acc_min);
+  }
+};
+
 // Q4_K tiles for prefill: 16 weight rows against many activation rows, the rows interleaved so that one 512-bit
 // vpdpbusd multiplies 4 values of each of the 16 rows by the same 4 activation values (broadcast), one row per
 // int32 lane. Per super-block the 16 rows are unpacked once into that layout (4 KB, in L1) and then serve every
@@ -122,41 +174,18 @@ struct Q4KTile {
 
   static void chunk(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act, size_t act_stride, int64_t n_act,
                     float* out, size_t ldo) {
-    alignas(64) uint8_t packed[64][64];              // [4-value step k][row r][4 values], 16 rows
-    alignas(64) int32_t scales[8][16], mins[4][16];  // [group][row]; mins as int16 pairs of groups 2h, 2h+1
+    Q4KRows16 rows;
     alignas(64) int32_t sumi[kCols][16];
     __m512 acc[kCols], acc_min[kCols];
     for (int64_t j = 0; j < n_act; ++j) acc[j] = acc_min[j] = _mm512_setzero_ps();
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    auto block = [&](int r, int64_t i) -> const quant::BlockQ4_K& {
-      return reinterpret_cast<const quant::BlockQ4_K*>(w + r * row_bytes)[i];
-    };
     for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
-      alignas(64) float d[16], dmin[16];
-      for (int r = 0; r < 16; ++r) q4k_tile_row<16, false>(block(r, i), r, d, dmin, scales, mins);
-      // Chunk c of 32 packed bytes holds groups 2c (low nibbles) and 2c+1 (high nibbles): transpose the packed bytes
-      // of rows 0-7 and 8-15 in 4-byte steps, join the halves, then split the nibbles. packed[8g + k] holds step k
-      // of group g for the 16 rows.
-      for (int c = 0; c < 4; ++c) {
-        __m256i t0[8], t1[8];
-        for (int r = 0; r < 8; ++r) {
-          t0[r] = load256(block(r, i).qs + 32 * c);
-          t1[r] = load256(block(8 + r, i).qs + 32 * c);
-        }
-        transpose_8x8_epi32(t0);
-        transpose_8x8_epi32(t1);
-        for (int k = 0; k < 8; ++k) {
-          const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(t0[k]), t1[k], 1);
-          _mm512_store_si512(packed[16 * c + k], _mm512_and_si512(both, low4));
-          _mm512_store_si512(packed[16 * c + 8 + k], _mm512_and_si512(_mm512_srli_epi16(both, 4), low4));
-        }
-      }
+      rows.unpack(w, row_bytes, i);
       for (int64_t j = 0; j < n_act; ++j) _mm512_store_si512(sumi[j], _mm512_setzero_si512());
       for (int g = 0; g < 8; ++g) {
         __m512i wv[8];
 #pragma GCC unroll 8
-        for (int kk = 0; kk < 8; ++kk) wv[kk] = _mm512_load_si512(packed[8 * g + kk]);
-        const __m512i sc = _mm512_load_si512(scales[g]);
+        for (int kk = 0; kk < 8; ++kk) wv[kk] = _mm512_load_si512(rows.packed[8 * g + kk]);
+        const __m512i sc = _mm512_load_si512(rows.scales[g]);
         // Four activation rows at a time, two partial sums each: eight independent vpdpbusd chains, so the
         // instruction's latency hides behind its throughput.
         int64_t j = 0;
@@ -197,25 +226,30 @@ struct Q4KTile {
               sumi[j], _mm512_add_epi32(_mm512_load_si512(sumi[j]), _mm512_mullo_epi32(_mm512_add_epi32(pa, pb), sc)));
         }
       }
-      const __m512 dv = _mm512_load_ps(d), dminv = _mm512_load_ps(dmin);
-      for (int64_t j = 0; j < n_act; ++j) {
-        const auto& y = reinterpret_cast<const quant::BlockQ8_K*>(act + j * act_stride)[i];
-        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums)),
-                                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums + 8)));
-        alignas(16) int32_t group_pairs[4];  // activation sums of groups 2h and 2h+1 as int16 pairs
-        _mm_store_si128(reinterpret_cast<__m128i*>(group_pairs), bs);
-        __m512i msum = _mm512_setzero_si512();
-        for (int h = 0; h < 4; ++h)
-          msum =
-              _mm512_add_epi32(msum, _mm512_madd_epi16(_mm512_load_si512(mins[h]), _mm512_set1_epi32(group_pairs[h])));
-        const __m512 yd = _mm512_set1_ps(y.d);
-        acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(dv, yd), _mm512_cvtepi32_ps(_mm512_load_si512(sumi[j])), acc[j]);
-        acc_min[j] = _mm512_fmadd_ps(_mm512_mul_ps(dminv, yd), _mm512_cvtepi32_ps(msum), acc_min[j]);
-      }
+      for (int64_t j = 0; j < n_act; ++j)
+        rows.finish(reinterpret_cast<const quant::BlockQ8_K*>(act + j * act_stride)[i], sumi[j], acc[j], acc_min[j]);
     }
     for (int64_t j = 0; j < n_act; ++j) _mm512_storeu_ps(out + j * ldo, _mm512_sub_ps(acc[j], acc_min[j]));
   }
 };
+
+// Block b of 16 rows of a 32-value block format: wv[k] holds values 4k..4k+3 (as Values::get gives them) of rows
+// 0..15, row r in bytes 4r..4r+3, and d[r] the row's scale.
+template <typename Block, typename Values>
+inline void unpack_blocks32_16(const uint8_t* w, size_t row_bytes, int64_t b, __m512i (&wv)[8], float* d) {
+  __m256i t0[8], t1[8];
+  for (int r = 0; r < 8; ++r) {
+    const Block& lo = reinterpret_cast<const Block*>(w + r * row_bytes)[b];
+    const Block& hi = reinterpret_cast<const Block*>(w + (8 + r) * row_bytes)[b];
+    d[r] = fp16_to_fp32(lo.d);
+    d[8 + r] = fp16_to_fp32(hi.d);
+    t0[r] = Values::get(lo);
+    t1[r] = Values::get(hi);
+  }
+  transpose_8x8_epi32(t0);
+  transpose_8x8_epi32(t1);
+  for (int k = 0; k < 8; ++k) wv[k] = _mm512_inserti64x4(_mm512_castsi256_si512(t0[k]), t1[k], 1);
+}
 
 // Q8_0 and Q5_0 tiles for prefill, laid out as the Q4_K tile: 16 rows interleaved per 32-value block, one
 // vpdpbusd per 4 values of 16 rows. vpdpbusd wants unsigned weights, so the values are taken with a bias (Q8_0:
@@ -240,20 +274,8 @@ struct Blocks32Tile {
     for (int64_t j = 0; j < n_act; ++j) acc[j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < n_blocks; ++b) {
       alignas(64) float d[16];
-      __m256i t0[8], t1[8];
-      for (int r = 0; r < 8; ++r) {
-        const Block& lo = reinterpret_cast<const Block*>(w + r * row_bytes)[b];
-        const Block& hi = reinterpret_cast<const Block*>(w + (8 + r) * row_bytes)[b];
-        d[r] = fp16_to_fp32(lo.d);
-        d[8 + r] = fp16_to_fp32(hi.d);
-        t0[r] = Biased::get(lo);
-        t1[r] = Biased::get(hi);
-      }
-      // wv[k] holds values 4k..4k+3 of rows 0..15.
-      transpose_8x8_epi32(t0);
-      transpose_8x8_epi32(t1);
       __m512i wv[8];
-      for (int k = 0; k < 8; ++k) wv[k] = _mm512_inserti64x4(_mm512_castsi256_si512(t0[k]), t1[k], 1);
+      unpack_blocks32_16<Block, Biased>(w, row_bytes, b, wv, d);
       const __m512 dv = _mm512_load_ps(d);
       int64_t j = 0;
       for (; j + 2 <= n_act; j += 2) {
@@ -308,6 +330,146 @@ void gemm_tile(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act
                 ldo);
 }
 
+// AMX tiles. One tile product here: C (m x 16 int32) = A (m activation rows x 32 signed bytes, one group or block,
+// read in place with the activation stride) times B (8 rows of 64 bytes: the 16 weight rows' values in steps of 4,
+// the layout Q4KRows16 and unpack_blocks32_16 produce), with TDPBSUD (unsigned weights) or TDPBSSD (signed). The
+// scales stay with AVX-512, per stored C: the group formats rescale every 32 values, so the 64-byte depth of a tile
+// is not filled; the gain over the broadcast vpdpbusd is that one instruction does 16 x 16 x 32 products.
+// Tiles are a policy so that the kernels' packing and scaling can be checked on hosts without AMX against
+// EmulatedTiles, which computes the same products in scalar code.
+// The hardware: tile 0 holds C, tile 1 A, tile 2 B. Needs the OS permission detect_isa() requested.
+struct HwTiles {
+  static void configure(int rows) {
+    struct alignas(64) Config {
+      uint8_t palette, start_row, reserved[14];
+      uint16_t colsb[16];
+      uint8_t rows[16];
+    } cfg{};
+    cfg.palette = 1;
+    cfg.colsb[0] = 64, cfg.rows[0] = static_cast<uint8_t>(rows);
+    cfg.colsb[1] = 32, cfg.rows[1] = static_cast<uint8_t>(rows);
+    cfg.colsb[2] = 64, cfg.rows[2] = 8;
+    _tile_loadconfig(&cfg);
+  }
+  template <bool kSignedWeights>
+  static void product(const int8_t* a, size_t a_stride, const uint8_t* b, int32_t (*c)[16]) {
+    _tile_zero(0);
+    _tile_loadd(1, a, a_stride);
+    _tile_loadd(2, b, 64);
+    if constexpr (kSignedWeights)
+      _tile_dpbssd(0, 1, 2);
+    else
+      _tile_dpbsud(0, 1, 2);
+    _tile_stored(0, c, 64);
+  }
+  static void release() { _tile_release(); }
+};
+
+// The same products in scalar code, row count as configured (per thread, as the hardware's tile configuration).
+struct EmulatedTiles {
+  static inline thread_local int configured_rows = 0;
+  static void configure(int rows) { configured_rows = rows; }
+  template <bool kSignedWeights>
+  static void product(const int8_t* a, size_t a_stride, const uint8_t* b, int32_t (*c)[16]) {
+    for (int m = 0; m < configured_rows; ++m)
+      for (int col = 0; col < 16; ++col) {
+        int32_t sum = 0;
+        for (int k = 0; k < 8; ++k)
+          for (int e = 0; e < 4; ++e) {
+            const uint8_t wb = b[64 * k + 4 * col + e];
+            const int32_t wv = kSignedWeights ? static_cast<int8_t>(wb) : wb;
+            sum += a[m * a_stride + 4 * k + e] * wv;
+          }
+        c[m][col] = sum;
+      }
+  }
+  static void release() { configured_rows = 0; }
+};
+
+// Q4_K on tiles: per super-block and group, one tile product of up to 16 activation rows with the group's values
+// of 16 weight rows, then the group scales (vpmulld) and, per super-block, the float sums as in Q4KTile.
+template <typename Tiles>
+struct AmxQ4KTile {
+  static constexpr int64_t kCols = 16;  // a tile's activation rows
+
+  static void chunk(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act, size_t act_stride, int64_t n_act,
+                    float* out, size_t ldo) {
+    Q4KRows16 rows;
+    alignas(64) int32_t sumi[kCols][16], c[16][16];
+    __m512 acc[kCols], acc_min[kCols];
+    for (int64_t j = 0; j < n_act; ++j) acc[j] = acc_min[j] = _mm512_setzero_ps();
+    auto block = [&](int64_t j, int64_t i) -> const quant::BlockQ8_K& {
+      return reinterpret_cast<const quant::BlockQ8_K*>(act + j * act_stride)[i];
+    };
+    for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
+      rows.unpack(w, row_bytes, i);
+      for (int g = 0; g < 8; ++g) {
+        Tiles::template product<false>(block(0, i).qs + 32 * g, act_stride, rows.packed[8 * g], c);
+        const __m512i sc = _mm512_load_si512(rows.scales[g]);
+        for (int64_t j = 0; j < n_act; ++j) {
+          const __m512i scaled = _mm512_mullo_epi32(_mm512_load_si512(c[j]), sc);
+          _mm512_store_si512(sumi[j], g == 0 ? scaled : _mm512_add_epi32(_mm512_load_si512(sumi[j]), scaled));
+        }
+      }
+      for (int64_t j = 0; j < n_act; ++j) rows.finish(block(j, i), sumi[j], acc[j], acc_min[j]);
+    }
+    for (int64_t j = 0; j < n_act; ++j) _mm512_storeu_ps(out + j * ldo, _mm512_sub_ps(acc[j], acc_min[j]));
+  }
+};
+
+// Q8_0 and Q5_0 on tiles: signed values (Q5_0 less its 16) against the activation block, TDPBSSD, no correction.
+template <typename Block, typename Values, typename Tiles>
+struct AmxBlocks32Tile {
+  static constexpr int64_t kCols = 16;
+
+  static void chunk(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act, size_t act_stride, int64_t n_act,
+                    float* out, size_t ldo) {
+    alignas(64) uint8_t packed[8][64];
+    alignas(64) int32_t c[16][16];
+    __m512 acc[kCols];
+    for (int64_t j = 0; j < n_act; ++j) acc[j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / 32; ++b) {
+      alignas(64) float d[16];
+      __m512i wv[8];
+      unpack_blocks32_16<Block, Values>(w, row_bytes, b, wv, d);
+      for (int k = 0; k < 8; ++k) _mm512_store_si512(packed[k], wv[k]);
+      const auto* y0 = reinterpret_cast<const quant::BlockQ8_0*>(act) + b;
+      Tiles::template product<true>(y0->qs, act_stride, packed[0], c);
+      const __m512 dv = _mm512_load_ps(d);
+      for (int64_t j = 0; j < n_act; ++j) {
+        const auto& y = reinterpret_cast<const quant::BlockQ8_0*>(act + j * act_stride)[b];
+        acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(fp16_to_fp32(y.d))),
+                                 _mm512_cvtepi32_ps(_mm512_load_si512(c[j])), acc[j]);
+      }
+    }
+    for (int64_t j = 0; j < n_act; ++j) _mm512_storeu_ps(out + j * ldo, acc[j]);
+  }
+};
+
+// Tiles of 16 activation rows: the configuration is set for full tiles, then once more for the rest, and handed
+// back to the OS at the end (a thread that holds tile state makes every context switch save 8 KB more).
+template <typename Tile, typename Tiles>
+void gemm_amx(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act, size_t act_stride, int64_t n_act,
+              float* out, size_t ldo) {
+  int configured = 0;
+  for (int64_t j0 = 0; j0 < n_act; j0 += Tile::kCols) {
+    const int rows = static_cast<int>(std::min(Tile::kCols, n_act - j0));
+    if (rows != configured) Tiles::configure(configured = rows);
+    Tile::chunk(n, w, row_bytes, act + j0 * act_stride, act_stride, rows, out + j0 * ldo, ldo);
+  }
+  Tiles::release();
+}
+
+template <typename Tiles>
+void install_tiles(KernelTable& table) {
+  using quant::GgmlType;
+  table.gemm_tile[static_cast<uint32_t>(GgmlType::Q4_K)] = &gemm_amx<AmxQ4KTile<Tiles>, Tiles>;
+  table.gemm_tile[static_cast<uint32_t>(GgmlType::Q8_0)] =
+      &gemm_amx<AmxBlocks32Tile<quant::BlockQ8_0, Q8Values, Tiles>, Tiles>;
+  table.gemm_tile[static_cast<uint32_t>(GgmlType::Q5_0)] =
+      &gemm_amx<AmxBlocks32Tile<quant::BlockQ5_0, Q5Values, Tiles>, Tiles>;
+}
+
 float dot_q6_k(int64_t n, const void* w, const void* a) {
   float out;
   Q6K512::cols<1>(n, w, static_cast<const uint8_t*>(a), 0, &out);
@@ -331,5 +493,9 @@ void install(KernelTable& table) {
   table.gemm_tile[static_cast<uint32_t>(GgmlType::Q5_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ5_0, Q5Biased>>;
   table.vec_dot_rows[static_cast<uint32_t>(GgmlType::Q6_K)] = &dot_rows_q6_k;
 }
+
+void install_amx(KernelTable& table) { install_tiles<HwTiles>(table); }
+
+void install_amx_emulated(KernelTable& table) { install_tiles<EmulatedTiles>(table); }
 
 }  // namespace hetmoe::cpu::avx512

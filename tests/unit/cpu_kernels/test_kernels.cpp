@@ -8,6 +8,8 @@
 #include <numeric>
 #include <random>
 #include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu_kernels/isa.h"
@@ -114,8 +116,11 @@ TEST(Kernels, MultiRowDotEqualsSingleDotsBitForBit) {
 // for activation counts around the tile kernels' inner chunk of 32 and rows 3 super-blocks long.
 TEST(Kernels, GemmTilesMatchTheReferenceDot) {
   int tested = 0;
-  for (Isa isa : tiers_present()) {
-    const KernelTable table = make_kernel_table(isa);
+  std::vector<std::pair<KernelTable, std::string>> tables;
+  for (Isa isa : tiers_present()) tables.emplace_back(make_kernel_table(isa), isa_name(isa));
+  // The AMX kernels with their tile instructions emulated, wherever AVX-512 runs (AMX hardware runs the real ones).
+  if (detect_isa() >= Isa::kAvx512) tables.emplace_back(make_emulated_amx_table(), "amx (emulated tiles)");
+  for (const auto& [table, label] : tables) {
     for (GgmlType type : kWeightTypes) {
       const GemmTileFn tile = table.tile_for(type);
       if (!tile) continue;
@@ -144,8 +149,8 @@ TEST(Kernels, GemmTilesMatchTheReferenceDot) {
             double abs_sum = 0;
             for (int64_t i = 0; i < n; ++i) abs_sum += std::abs(static_cast<double>(wf[r][i]) * af[j][i]);
             const float want = quant::vec_dot(type, n, w.data() + r * rb, act.data() + j * stride);
-            ASSERT_NEAR(out[j * ldo + r], want, 1e-6 * abs_sum) << isa_name(isa) << " " << quant::type_info(type).name
-                                                                << " n_act " << n_act << " j " << j << " r " << r;
+            ASSERT_NEAR(out[j * ldo + r], want, 1e-6 * abs_sum)
+                << label << " " << quant::type_info(type).name << " n_act " << n_act << " j " << j << " r " << r;
             ASSERT_EQ(out[j * ldo + kTileRows], -9.0f) << "wrote past the tile's rows";
           }
         ++tested;
