@@ -2,9 +2,11 @@
 // token-by-token evaluation, thread-count independence, the legacy fused attn_kv_b layout, metadata defaults.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <numeric>
 
 #include "quant/ref.h"
@@ -15,6 +17,7 @@
 #include "runtime/model/config.h"
 #include "runtime/model/model.h"
 #include "runtime/model/moe.h"
+#include "runtime/model/trace.h"
 #include "tools/make_model.h"
 
 namespace hetmoe {
@@ -121,13 +124,46 @@ TEST(Routing, NormalisationClampsATinySum) {
 
 // --- evaluation order -----------------------------------------------------------------------------------------
 
-std::vector<float> logits_of(model::Model& m, const std::vector<int32_t>& tokens, const std::vector<int>& split) {
+// Each token's routing: per layer, the chosen experts (as a sorted list) and the selection margin (the gap between
+// the last chosen and the best unchosen probability), keyed by the token's position.
+struct RoutingRecord : model::Trace {
+  int64_t pos = 0;                                                      // position of the batch's first token
+  std::map<std::pair<int64_t, int64_t>, std::vector<int32_t>> experts;  // (position, layer)
+  std::map<std::pair<int64_t, int64_t>, float> margin;
+  std::map<int64_t, std::vector<float>> probs;  // layer -> the last batch's probabilities
+  void values(int64_t layer, std::string_view name, const float* data, int64_t rows, int64_t cols) override {
+    if (name == "ffn_moe_probs") probs[layer].assign(data, data + rows * cols);
+  }
+  void ids(int64_t layer, std::string_view name, const int32_t* data, int64_t rows, int64_t cols) override {
+    if (name != "ffn_moe_topk") return;
+    const std::vector<float>& p = probs.at(layer);
+    const int64_t n_expert = static_cast<int64_t>(p.size()) / rows;
+    for (int64_t t = 0; t < rows; ++t) {
+      std::vector<int32_t> chosen(data + t * cols, data + (t + 1) * cols);
+      float lowest_chosen = INFINITY, best_other = -INFINITY;
+      for (int64_t e = 0; e < n_expert; ++e) {
+        const float v = p[t * n_expert + e];
+        if (std::find(chosen.begin(), chosen.end(), e) != chosen.end())
+          lowest_chosen = std::min(lowest_chosen, v);
+        else
+          best_other = std::max(best_other, v);
+      }
+      std::sort(chosen.begin(), chosen.end());
+      experts[{pos + t, layer}] = chosen;
+      margin[{pos + t, layer}] = lowest_chosen - best_other;
+    }
+  }
+};
+
+std::vector<float> logits_of(model::Model& m, const std::vector<int32_t>& tokens, const std::vector<int>& split,
+                             RoutingRecord* routing = nullptr) {
   model::KvCache cache = m.make_cache(64);
   std::vector<float> all, part;
   int64_t pos = 0;
   for (int len : split) {
     std::vector<int32_t> chunk(tokens.begin() + pos, tokens.begin() + pos + len);
-    m.forward(chunk, pos, cache, true, part);
+    if (routing) routing->pos = pos;
+    m.forward(chunk, pos, cache, true, part, routing);
     all.insert(all.end(), part.begin(), part.end());
     pos += len;
   }
@@ -138,23 +174,45 @@ TEST(Evaluation, BatchAndTokenByTokenAgree) {
   // Batches below kTileMinActs tokens run every dot product as decode does, so chunked prefill and one-token decode
   // through the KV cache give identical logits, for any thread count. Larger batches may use the tier's tile
   // kernels (the same integer sums, floats added per super-block): identical for any thread count, and equal to
-  // decode within float rounding.
+  // decode within float rounding up to the first token whose expert set differs. Such a token must be a near tie
+  // (selection margin below 1e-4 in decode); it and every later token, which attend to it, are not compared.
   const std::vector<int32_t> tokens = {3, 17, 42, 100, 7, 255, 256, 300, 11, 64, 128, 5, 400};
+  const int64_t n_tokens = static_cast<int64_t>(tokens.size());
   for (const fs::path& file : {tiny_f32(), fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-qwen3moe-Q4_K_M.gguf",
                                fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-mixtral-Q4_K_M.gguf"}) {
     auto one = model::Model::load(file.string(), 1);
     auto three = model::Model::load(file.string(), 3);
-    const std::vector<float> decode = logits_of(*one, tokens, std::vector<int>(13, 1));
+    RoutingRecord decode_routing, batch_routing;
+    const std::vector<float> decode = logits_of(*one, tokens, std::vector<int>(13, 1), &decode_routing);
     EXPECT_EQ(logits_of(*three, tokens, std::vector<int>(13, 1)), decode) << file << ": thread count changed decode";
     EXPECT_EQ(logits_of(*one, tokens, {3, 1, 2, 3, 3, 1}), decode) << file << ": chunked prefill differs";
-    const std::vector<float> batch = logits_of(*one, tokens, {13});
+    const std::vector<float> batch = logits_of(*one, tokens, {13}, &batch_routing);
     EXPECT_EQ(logits_of(*three, tokens, {13}), batch) << file << ": thread count changed the batch";
-    float scale = 0, max_diff = 0;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      scale = std::max(scale, std::abs(decode[i]));
-      max_diff = std::max(max_diff, std::abs(batch[i] - decode[i]));
+    int64_t compared = n_tokens;
+    for (const auto& [key, chosen] : decode_routing.experts) {
+      if (key.first >= compared || batch_routing.experts.at(key) == chosen) continue;
+      EXPECT_LT(decode_routing.margin.at(key), 1e-4f)
+          << file << ": token " << key.first << " layer " << key.second << " chose other experts without a near tie";
+      compared = key.first;
     }
-    EXPECT_LE(max_diff, 1e-4f * scale) << file << ": batch and decode differ beyond rounding";
+    EXPECT_GE(compared, n_tokens / 2) << file << ": too few tokens left to compare";
+    // Per token, relative to the largest logit: rounding only, except that a quantized file may meet a discrete
+    // event (reference README 7.4: a last-bit change moves one activation across an 8-bit rounding boundary, about
+    // 1e-3 in the next layer, growing to a few percent), bounded as README 8 bounds logits (5e-2). At least half the
+    // tokens must agree to rounding.
+    const bool quantized = file != tiny_f32();
+    const size_t n_vocab = decode.size() / tokens.size();
+    float scale = 0;
+    for (float v : decode) scale = std::max(scale, std::abs(v));
+    int64_t at_rounding = 0;
+    for (int64_t t = 0; t < compared; ++t) {
+      float max_diff = 0;
+      for (size_t i = t * n_vocab; i < (t + 1) * n_vocab; ++i)
+        max_diff = std::max(max_diff, std::abs(batch[i] - decode[i]));
+      at_rounding += max_diff <= 1e-4f * scale;
+      EXPECT_LE(max_diff, (quantized ? 5e-2f : 1e-4f) * scale) << file << ": token " << t << " differs beyond bounds";
+    }
+    EXPECT_GE(at_rounding, n_tokens / 2) << file << ": batch and decode differ beyond rounding on most tokens";
   }
 }
 
