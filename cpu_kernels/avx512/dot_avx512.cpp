@@ -1,12 +1,11 @@
 // The AVX-512 tier: every 256-bit kernel of dots256.inc rebuilt with VNNI (vpdpbusd for maddubs + madd, vpdpwssd
-// for madd + add; AVX-512VL also gives the compiler 32 vector registers), plus 512-bit Q4_K and Q6_K. Integer results
-// equal the AVX2 tier's, so both tiers give the same floats except for Q4_K's and Q6_K's summation order.
+// for madd + add; AVX-512VL also gives the compiler 32 vector registers), plus 512-bit tile kernels for batches.
+// Integer results equal the AVX2 tier's, so both tiers give the same floats for one-row dots.
 //
-// Measured with tests/bench/bench_dot (L2-resident rows of 2048, one thread, AMD EPYC Zen 4, GB/s of weights,
-// single dot AVX2 -> this tier): Q4_K 16.1 -> 17.7 (the 256-bit kernel with VNNI: 15.5), Q5_0 9.1 -> 11.3, Q8_0
-// 27.0 -> 27.5, Q6_K 9.5 -> 21.7. Straight 512-bit versions of Q5_0 and Q8_0, and a Q4_K with a vpmulld per group,
-// measured slower than the 256-bit ones: Zen 4 splits 512-bit work in two, so only kernels that save instructions
-// gain.
+// Measured with tests/bench/bench_dot (L2-resident rows of 2048, one thread, AMD EPYC Zen 4, GB/s of weights, best
+// of 3 in a noisy VM): Q4_K 21, Q6_K 29. 512-bit single-row kernels were tried and dropped: a Q6_K with a vpmulld
+// per group (21.5 best), a Q4_K with vpsrlvw + vpermw in 64-value steps (17.2 best), straight 512-bit Q5_0 and
+// Q8_0: Zen 4 splits 512-bit work in two, so a wider kernel gains only where it saves instructions.
 //
 // The AMX tier's tile kernels live here too (AVX-512 does their packing and scaling); they have not run on AMX
 // hardware: tests check them with the tile instructions emulated (install_amx_emulated).
@@ -34,136 +33,6 @@ namespace {
 
 inline __m512i load512(const void* p) { return _mm512_loadu_si512(p); }
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-
-// Q6_K: 6-bit values 0..63 (minus 32 folded in through the activation group sums), 16 groups of 16 with signed
-// 8-bit scales. 64 values per VNNI step: four groups, each 4 lanes of the result.
-// One weight row against N activation rows (N = 1..4) with the row unpacked once; column j's arithmetic is the
-// same for every N, so the multi-row and single-row entries agree bit for bit.
-struct Q6K512 {
-  template <int N>
-  static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
-    const auto* x = static_cast<const quant::BlockQ6_K*>(w);
-    const quant::BlockQ8_K* y[N];
-    for (int j = 0; j < N; ++j) y[j] = reinterpret_cast<const quant::BlockQ8_K*>(act + j * stride);
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    const __m256i bits45 = _mm256_set1_epi8(0x30);
-    const __m512i idx01 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m512i idx23 = _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
-    __m512 acc[N];
-    for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
-      const quant::BlockQ6_K& b = x[i];
-      const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
-      const __m512i scales32 = _mm512_cvtepi8_epi32(s);
-      __m512i sumi[N];
-      int32_t corr[N];
-      for (int j = 0; j < N; ++j) {
-        corr[j] = _mm512_reduce_add_epi32(_mm512_mullo_epi32(scales32, _mm512_cvtepi16_epi32(load256(y[j][i].bsums))));
-        sumi[j] = _mm512_setzero_si512();
-      }
-      for (int half = 0; half < 2; ++half) {
-        const uint8_t* ql = b.ql + 64 * half;
-        const __m256i ql0 = load256(ql);
-        const __m256i ql1 = load256(ql + 32);
-        const __m256i qh = load256(b.qh + 32 * half);
-        const __m256i r0 =
-            _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45));
-        const __m256i r1 =
-            _mm256_or_si256(_mm256_and_si256(ql1, low4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45));
-        const __m256i r2 =
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(qh, bits45));
-        const __m256i r3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
-                                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45));
-        const __m512i q01 = _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1);
-        const __m512i q23 = _mm512_inserti64x4(_mm512_castsi256_si512(r2), r3, 1);
-        // Lane l of a product over q01 covers values 4l..4l+3 of these 64, i.e. group 8*half + l/4; likewise q23.
-        const __m512i base = _mm512_cvtepi8_epi32(half == 0 ? s : _mm_srli_si128(s, 8));
-        const __m512i sc01 = _mm512_permutexvar_epi32(idx01, base);
-        const __m512i sc23 = _mm512_permutexvar_epi32(idx23, base);
-        for (int j = 0; j < N; ++j) {
-          const int8_t* ay = y[j][i].qs + 128 * half;
-          const __m512i p01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q01, load512(ay));
-          const __m512i p23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q23, load512(ay + 64));
-          sumi[j] = _mm512_add_epi32(sumi[j], _mm512_mullo_epi32(p01, sc01));
-          sumi[j] = _mm512_add_epi32(sumi[j], _mm512_mullo_epi32(p23, sc23));
-        }
-      }
-      const float xd = fp16_to_fp32(b.d);
-      for (int j = 0; j < N; ++j)
-        acc[j] =
-            _mm512_fmadd_ps(_mm512_set1_ps(y[j][i].d * xd),
-                            _mm512_cvtepi32_ps(_mm512_sub_epi32(
-                                sumi[j], _mm512_setr_epi32(32 * corr[j], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0))),
-                            acc[j]);
-    }
-    for (int j = 0; j < N; ++j) out[j] = _mm512_reduce_add_ps(acc[j]);
-  }
-};
-
-// Q4_K for decode: 64 values per step in one 512-bit register, in the activation's own order. The 32 packed bytes
-// of chunk c are loaded into both halves and the upper half shifted by 4 (vpsrlvw), so after the mask the low half
-// holds group 2c and the upper half group 2c+1, matching 64 contiguous activation bytes; one maddubs and one
-// vpdpwssd with the two groups' scales (one vpermw per chunk) take the 64 products. Same integer sums as the
-// 256-bit kernel; the float sums run over 16 lanes.
-struct Q4K512 {
-  template <int N>
-  static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
-    const auto* x = static_cast<const quant::BlockQ4_K*>(w);
-    const quant::BlockQ8_K* y[N];
-    for (int j = 0; j < N; ++j) y[j] = reinterpret_cast<const quant::BlockQ8_K*>(act + j * stride);
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    const __m512i shift =
-        _mm512_setr_epi64(0, 0, 0, 0, 0x0004000400040004, 0x0004000400040004, 0x0004000400040004, 0x0004000400040004);
-    // Scale index of chunk c: int16 scale 2c in the lower 16 lanes, 2c+1 in the upper 16.
-    auto scale_index = [](int c) {
-      return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<int16_t>(2 * c))),
-                                _mm256_set1_epi16(static_cast<int16_t>(2 * c + 1)), 1);
-    };
-    const __m512i sidx[4] = {scale_index(0), scale_index(1), scale_index(2), scale_index(3)};
-    __m512 acc[N];
-    __m128 acc_min[N];
-    for (int j = 0; j < N; ++j) {
-      acc[j] = _mm512_setzero_ps();
-      acc_min[j] = _mm_setzero_ps();
-    }
-    for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
-      const __m256i scales_mins = q4k_scales_and_mins(x[i].scales);
-      const __m512i scales = _mm512_castsi256_si512(scales_mins);
-      __m128i mins_products[N];
-      for (int j = 0; j < N; ++j) {
-        const __m256i bsums = load256(y[j][i].bsums);
-        const __m128i group_sums = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-        mins_products[j] = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), group_sums);
-      }
-      __m512i sumi[N], sumi2[N];
-      for (int j = 0; j < N; ++j) sumi[j] = sumi2[j] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
-        const __m512i q = _mm512_broadcast_i64x4(load256(x[i].qs + 32 * c));
-        const __m512i v = _mm512_and_si512(_mm512_srlv_epi16(q, shift), low4);
-        const __m512i sc = _mm512_permutexvar_epi16(sidx[c], scales);
-        for (int j = 0; j < N; ++j) {
-          const __m512i p = _mm512_maddubs_epi16(v, load512(y[j][i].qs + 64 * c));
-          if (c % 2 == 0)
-            sumi[j] = _mm512_dpwssd_epi32(sumi[j], p, sc);
-          else
-            sumi2[j] = _mm512_dpwssd_epi32(sumi2[j], p, sc);
-        }
-      }
-      const float xd = fp16_to_fp32(x[i].d), xdmin = fp16_to_fp32(x[i].dmin);
-      for (int j = 0; j < N; ++j) {
-        acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(y[j][i].d * xd),
-                                 _mm512_cvtepi32_ps(_mm512_add_epi32(sumi[j], sumi2[j])), acc[j]);
-        acc_min[j] = _mm_fmadd_ps(_mm_set1_ps(y[j][i].d * xdmin), _mm_cvtepi32_ps(mins_products[j]), acc_min[j]);
-      }
-    }
-    for (int j = 0; j < N; ++j) {
-      __m128 m = _mm_add_ps(acc_min[j], _mm_movehl_ps(acc_min[j], acc_min[j]));
-      m = _mm_add_ss(m, _mm_movehdup_ps(m));
-      out[j] = _mm512_reduce_add_ps(acc[j]) - _mm_cvtss_f32(m);
-    }
-  }
-};
 
 // The exact total of 8 int32 lanes.
 inline int32_t hsum_epi32(__m256i v) {
@@ -536,30 +405,14 @@ void install_tiles(KernelTable& table) {
       &gemm_amx<AmxBlocks32Tile<quant::BlockQ5_0, Q5Values, Tiles>, Tiles>;
 }
 
-float dot_q6_k(int64_t n, const void* w, const void* a) {
-  float out;
-  Q6K512::cols<1>(n, w, static_cast<const uint8_t*>(a), 0, &out);
-  return out;
-}
-
-void dot_rows_q6_k(int64_t n, const void* w, const uint8_t* act, size_t stride, int64_t n_act, float* out) {
-  int64_t j = 0;
-  for (; j + 4 <= n_act; j += 4) Q6K512::cols<4>(n, w, act + j * stride, stride, out + j);
-  for (; j < n_act; ++j) Q6K512::cols<1>(n, w, act + j * stride, stride, out + j);
-}
-
 }  // namespace
 
 void install(KernelTable& table) {
   install_256(table);
   using quant::GgmlType;
-  table.vec_dot[static_cast<uint32_t>(GgmlType::Q6_K)] = &dot_q6_k;
-  table.vec_dot[static_cast<uint32_t>(GgmlType::Q4_K)] = &dot_one<Q4K512>;
-  table.vec_dot_rows[static_cast<uint32_t>(GgmlType::Q4_K)] = &dot_rows<Q4K512>;
   table.gemm_tile[static_cast<uint32_t>(GgmlType::Q4_K)] = &gemm_tile<Q4KTile>;
   table.gemm_tile[static_cast<uint32_t>(GgmlType::Q8_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ8_0, Q8Biased>>;
   table.gemm_tile[static_cast<uint32_t>(GgmlType::Q5_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ5_0, Q5Biased>>;
-  table.vec_dot_rows[static_cast<uint32_t>(GgmlType::Q6_K)] = &dot_rows_q6_k;
 }
 
 void install_amx(KernelTable& table) { install_tiles<HwTiles>(table); }
