@@ -21,7 +21,7 @@ void ref_activation(const float* src, void* dst, int64_t n) {
 
 template <GgmlType T>
 void set_ref(KernelTable& table) {
-  table.vec_dot[static_cast<uint32_t>(T)] = &ref_dot<T>;
+  table.vec_dot[kernel_slot(T)] = &ref_dot<T>;
 }
 
 void ref_axpy(int64_t n, float a, const float* x, float* y) {
@@ -47,6 +47,12 @@ KernelTable make_ref_table() {
   set_ref<GgmlType::Q6_K>(t);
   set_ref<GgmlType::IQ4_NL>(t);
   set_ref<GgmlType::IQ4_XS>(t);
+  set_ref<GgmlType::HQ2_G64>(t);
+  set_ref<GgmlType::HQ2_G128>(t);
+  set_ref<GgmlType::HQ3_G64>(t);
+  set_ref<GgmlType::HQ3_G128>(t);
+  set_ref<GgmlType::HQ4_G64>(t);
+  set_ref<GgmlType::HQ4_G128>(t);
   for (GgmlType a : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K}) {
     QuantizeActivationFn fn = nullptr;
     switch (a) {
@@ -69,7 +75,7 @@ KernelTable make_ref_table() {
         fn = &ref_activation<GgmlType::Q8_K>;
         break;
     }
-    t.quantize_activation[static_cast<uint32_t>(a)] = fn;
+    t.quantize_activation[kernel_slot(a)] = fn;
   }
   return t;
 }

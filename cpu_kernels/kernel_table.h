@@ -26,28 +26,34 @@ using AxpyFn = void (*)(int64_t n, float a, const float* x, float* y);
 // n activation floats to a vec_dot_type.
 using QuantizeActivationFn = void (*)(const float* src, void* dst, int64_t n);
 
+// A type's index in the tables below: ggml's ids as they are, hetmoe's HQ split types (ids 1020..1041) after them.
+inline constexpr size_t kKernelSlots = 46;
+constexpr size_t kernel_slot(quant::GgmlType t) {
+  const uint32_t id = static_cast<uint32_t>(t);
+  return id < 40 ? id : 40 + (id - 1020) / 10 * 2 + id % 10;
+}
+
 // The kernels for one ISA tier, filled once; everything else calls through it (no ISA checks in the hot path).
 // Entries the tier has no fast version of hold the scalar reference, so every slot is callable.
 struct KernelTable {
   Isa isa = Isa::kRef;
-  std::array<VecDotFn, 32> vec_dot{};                          // by weight type id
-  std::array<VecDotRowsFn, 32> vec_dot_rows{};                 // by weight type id; null: vec_dot per row
-  std::array<GemmTileFn, 32> gemm_tile{};                      // by weight type id; null: none
-  std::array<QuantizeActivationFn, 32> quantize_activation{};  // by vec_dot_type id
+  std::array<VecDotFn, kKernelSlots> vec_dot{};                          // by kernel_slot(weight type)
+  std::array<VecDotRowsFn, kKernelSlots> vec_dot_rows{};                 // by kernel_slot(type); null: vec_dot per row
+  std::array<GemmTileFn, kKernelSlots> gemm_tile{};                      // by kernel_slot(type); null: none
+  std::array<QuantizeActivationFn, kKernelSlots> quantize_activation{};  // by kernel_slot(vec_dot_type)
   AxpyFn axpy = nullptr;
 
-  VecDotFn dot_for(quant::GgmlType t) const { return vec_dot[static_cast<uint32_t>(t)]; }
+  VecDotFn dot_for(quant::GgmlType t) const { return vec_dot[kernel_slot(t)]; }
   // vec_dot_rows where the tier has it (the weight row is unpacked once for all activations), else vec_dot.
   void dot_rows(quant::GgmlType t, int64_t n, const void* weight_row, const uint8_t* act, size_t act_stride,
                 int64_t n_act, float* out) const {
-    if (const VecDotRowsFn rows = vec_dot_rows[static_cast<uint32_t>(t)])
-      return rows(n, weight_row, act, act_stride, n_act, out);
+    if (const VecDotRowsFn rows = vec_dot_rows[kernel_slot(t)]) return rows(n, weight_row, act, act_stride, n_act, out);
     const VecDotFn dot = dot_for(t);
     for (int64_t j = 0; j < n_act; ++j) out[j] = dot(n, weight_row, act + static_cast<size_t>(j) * act_stride);
   }
-  GemmTileFn tile_for(quant::GgmlType t) const { return gemm_tile[static_cast<uint32_t>(t)]; }
+  GemmTileFn tile_for(quant::GgmlType t) const { return gemm_tile[kernel_slot(t)]; }
   QuantizeActivationFn activation_for(quant::GgmlType vec_dot_type) const {
-    return quantize_activation[static_cast<uint32_t>(vec_dot_type)];
+    return quantize_activation[kernel_slot(vec_dot_type)];
   }
   // n floats converted for a dot product with weights of `weight_type` (its vec_dot_type; F32 is a copy), into
   // quant::activation_row_bytes(weight_type, n) bytes at dst.

@@ -7,7 +7,8 @@
 
 namespace hetmoe::quant {
 
-// The ggml weight formats hetmoe reads, with ggml's numeric ids (they are what GGUF files store).
+// The ggml weight formats hetmoe reads, with ggml's numeric ids (they are what GGUF files store), and hetmoe's own
+// low-bit split formats (quant/lowbit.h) with ids far outside ggml's range.
 enum class GgmlType : uint32_t {
   F32 = 0,
   F16 = 1,
@@ -26,13 +27,19 @@ enum class GgmlType : uint32_t {
   IQ4_NL = 20,
   IQ4_XS = 23,
   BF16 = 30,
+  HQ2_G64 = 1020,  // id = 1000 + 10 * bits + (group == 128)
+  HQ2_G128 = 1021,
+  HQ3_G64 = 1030,
+  HQ3_G128 = 1031,
+  HQ4_G64 = 1040,
+  HQ4_G128 = 1041,
 };
 
 struct TypeInfo {
   GgmlType type;
   std::string_view name;  // as this project writes it: "Q4_K", "F16"
   int64_t block_size;     // elements per block
-  size_t type_size;       // bytes per block
+  size_t type_size;       // bytes per block (HQ types: per group, codes plus scale and offset; rows are not blocks)
   GgmlType vec_dot_type;  // the format an activation is converted to before a dot product with this type
 };
 

@@ -91,4 +91,24 @@ void quantize_activation_q8_0(const float* src, void* dst, int64_t n);
 void quantize_activation_q8_1(const float* src, void* dst, int64_t n);
 void quantize_activation_q8_k(const float* src, void* dst, int64_t n);
 
+// ref_lowbit.cpp (hetmoe's HQ split formats; vec_dot against F32 activations)
+void dequantize_hq2_g64(const void* src, float* dst, int64_t n);
+void dequantize_hq2_g128(const void* src, float* dst, int64_t n);
+void dequantize_hq3_g64(const void* src, float* dst, int64_t n);
+void dequantize_hq3_g128(const void* src, float* dst, int64_t n);
+void dequantize_hq4_g64(const void* src, float* dst, int64_t n);
+void dequantize_hq4_g128(const void* src, float* dst, int64_t n);
+void quantize_hq2_g64(const float* src, void* dst, int64_t n);
+void quantize_hq2_g128(const float* src, void* dst, int64_t n);
+void quantize_hq3_g64(const float* src, void* dst, int64_t n);
+void quantize_hq3_g128(const float* src, void* dst, int64_t n);
+void quantize_hq4_g64(const float* src, void* dst, int64_t n);
+void quantize_hq4_g128(const float* src, void* dst, int64_t n);
+float vec_dot_hq2_g64(int64_t n, const void* weight, const void* activation);
+float vec_dot_hq2_g128(int64_t n, const void* weight, const void* activation);
+float vec_dot_hq3_g64(int64_t n, const void* weight, const void* activation);
+float vec_dot_hq3_g128(int64_t n, const void* weight, const void* activation);
+float vec_dot_hq4_g64(int64_t n, const void* weight, const void* activation);
+float vec_dot_hq4_g128(int64_t n, const void* weight, const void* activation);
+
 }  // namespace hetmoe::quant::ref_detail

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "runtime/engine/sampler.h"
+#include "tools/split_model.h"
 
 namespace hetmoe::cli {
 
@@ -69,6 +70,8 @@ struct CalibrateOptions {
 };
 
 int inspect(const InspectOptions& opt);
+// Writes the split file; with `report`, a table of each tensor's relative error.
+int split(const SplitOptions& opt, bool report);
 int calibrate(const CalibrateOptions& opt);
 int bench(const BenchOptions& opt);
 int logits(const LogitsOptions& opt);

@@ -44,6 +44,24 @@ int main(int argc, char** argv) {
   int inspect_threads = 0;
   add_threads(c_inspect, &inspect_threads);
 
+  SplitOptions split;
+  bool split_report = false;
+  CLI::App* c_split = app.add_subcommand(
+      "split", "write a model whose routed experts are a low-bit GPU part (W^Q) plus a CPU residual (W^R)");
+  c_split->add_option("-m,--model", split.model, "GGUF file to split")->required();
+  c_split->add_option("-o,--out", split.out, "split GGUF to write")->required();
+  c_split->add_option("--gpu-bits", split.gpu_bits, "bits per value of W^Q (2, 3 or 4)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({2, 3, 4}));
+  c_split->add_option("--group", split.group, "values per scale and offset of W^Q (64 or 128)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({64, 128}));
+  c_split->add_option("--residual-bits", split.residual_bits, "bits of W^R (2, 3, 4, 5, 6 or 8; K-quant or Q8_0)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({2, 3, 4, 5, 6, 8}));
+  c_split->add_flag("--report", split_report, "print each tensor's relative error of W^Q and of W^Q + W^R");
+  add_threads(c_split, &split.threads);
+
   cli::LogitsOptions logits;
   std::string logits_tokens;
   CLI::App* c_logits = app.add_subcommand("logits", "run token ids as one batch, write float32 logits [n][vocab]");
@@ -131,6 +149,7 @@ int main(int argc, char** argv) {
 
   try {
     if (c_inspect->parsed()) return cli::inspect(inspect);
+    if (c_split->parsed()) return cli::split(split, split_report);
     if (c_logits->parsed()) {
       logits.tokens = cli::parse_token_list(logits_tokens);
       return cli::logits(logits);

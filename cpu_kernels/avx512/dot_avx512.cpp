@@ -398,10 +398,10 @@ void gemm_amx(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act,
 template <typename Tiles>
 void install_tiles(KernelTable& table) {
   using quant::GgmlType;
-  table.gemm_tile[static_cast<uint32_t>(GgmlType::Q4_K)] = &gemm_amx<AmxQ4KTile<Tiles>, Tiles>;
-  table.gemm_tile[static_cast<uint32_t>(GgmlType::Q8_0)] =
+  table.gemm_tile[kernel_slot(GgmlType::Q4_K)] = &gemm_amx<AmxQ4KTile<Tiles>, Tiles>;
+  table.gemm_tile[kernel_slot(GgmlType::Q8_0)] =
       &gemm_amx<AmxBlocks32Tile<quant::BlockQ8_0, Q8Values, Tiles>, Tiles>;
-  table.gemm_tile[static_cast<uint32_t>(GgmlType::Q5_0)] =
+  table.gemm_tile[kernel_slot(GgmlType::Q5_0)] =
       &gemm_amx<AmxBlocks32Tile<quant::BlockQ5_0, Q5Values, Tiles>, Tiles>;
 }
 
@@ -410,9 +410,9 @@ void install_tiles(KernelTable& table) {
 void install(KernelTable& table) {
   install_256(table);
   using quant::GgmlType;
-  table.gemm_tile[static_cast<uint32_t>(GgmlType::Q4_K)] = &gemm_tile<Q4KTile>;
-  table.gemm_tile[static_cast<uint32_t>(GgmlType::Q8_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ8_0, Q8Biased>>;
-  table.gemm_tile[static_cast<uint32_t>(GgmlType::Q5_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ5_0, Q5Biased>>;
+  table.gemm_tile[kernel_slot(GgmlType::Q4_K)] = &gemm_tile<Q4KTile>;
+  table.gemm_tile[kernel_slot(GgmlType::Q8_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ8_0, Q8Biased>>;
+  table.gemm_tile[kernel_slot(GgmlType::Q5_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ5_0, Q5Biased>>;
 }
 
 void install_amx(KernelTable& table) { install_tiles<HwTiles>(table); }

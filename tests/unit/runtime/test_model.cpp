@@ -18,6 +18,7 @@
 #include "runtime/model/model.h"
 #include "runtime/model/moe.h"
 #include "runtime/model/trace.h"
+#include "tests/support/temp_dir.h"
 #include "tools/make_model.h"
 
 namespace hetmoe {
@@ -27,20 +28,7 @@ namespace fs = std::filesystem;
 using model::Gating;
 using model::RoutingParams;
 
-// A folder of this process's generated files, removed when the process exits.
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("hetmoe_model_" + std::to_string(::getpid()));
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-};
-
-const fs::path& temp_dir() {
-  static const TempDir dir;
-  return dir.path;
-}
+const fs::path& temp_dir() { return test_support::temp_dir("hetmoe_model_"); }
 
 // A tiny DeepSeek-V3-architecture model in F32, generated once for the suite.
 const fs::path& tiny_f32() {

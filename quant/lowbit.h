@@ -1,0 +1,38 @@
+#pragma once
+
+// W^Q, the low-bit part of a split expert weight (issue 5): the copy that lives on the GPU. Each row is cut into
+// groups of 64 or 128 values; every value is stored in b = 2, 3 or 4 bits as q in [0, 2^b - 1] and read back as
+// d * q + m, with an fp16 scale d and an fp16 offset m per group. The types are GgmlType::HQ<b>_G<group>, ids
+// outside ggml's range, and only hetmoe's split files hold them.
+//
+// Layout version kLowBitLayoutVersion (written to a split file's metadata), for a row of n values:
+//   codes    n * b / 8 bytes, in units of 32 values of b little-endian uint32 words each:
+//              b = 2: word k of a unit holds values 16k..16k+15, value j at bits 2 (j % 16)
+//              b = 4: word k holds values 8k..8k+7, value j at bits 4 (j % 8)
+//              b = 3: words 0-1 hold the two low bits as for b = 2, word 2 holds the third bit of value j at bit j
+//   scales   n / group fp16 values d
+//   offsets  n / group fp16 values m
+// Each part starts on a 4-byte boundary, so a GPU warp reads a row's codes as consecutive 32-bit words (coalesced)
+// and the scales and offsets as a second and third contiguous run. A row is not an array of blocks: the quant::
+// entry points take whole rows of these types, never part of one.
+
+#include <cstdint>
+#include <optional>
+
+#include "quant/ggml_type.h"
+
+namespace hetmoe::quant {
+
+inline constexpr uint32_t kLowBitLayoutVersion = 1;
+
+struct LowBitFormat {
+  int bits = 0;   // 2, 3 or 4
+  int group = 0;  // 64 or 128
+};
+
+// The format of an HQ type; nullopt for every other type.
+std::optional<LowBitFormat> lowbit_format(GgmlType type);
+// The HQ type of a format; nullopt when bits or group is not one of the supported values.
+std::optional<GgmlType> lowbit_type(LowBitFormat format);
+
+}  // namespace hetmoe::quant

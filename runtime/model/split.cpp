@@ -1,0 +1,24 @@
+#include "runtime/model/split.h"
+
+#include <regex>
+
+namespace hetmoe::model {
+namespace {
+
+// "blk.N.ffn_X_exps.weight" without its ".weight".
+std::string stem(const std::string& name) {
+  constexpr size_t kSuffix = sizeof(".weight") - 1;
+  return name.size() > kSuffix ? name.substr(0, name.size() - kSuffix) : name;
+}
+
+}  // namespace
+
+bool is_routed_expert_tensor(const std::string& name) {
+  static const std::regex pattern(R"(blk\.\d+\.ffn_(gate|up|down)_exps\.weight)");
+  return std::regex_match(name, pattern);
+}
+
+std::string split_gpu_name(const std::string& name) { return stem(name) + ".wq"; }
+std::string split_residual_name(const std::string& name) { return stem(name) + ".wr"; }
+
+}  // namespace hetmoe::model

@@ -1,0 +1,22 @@
+#pragma once
+
+#include <string>
+
+namespace hetmoe::model {
+
+// A split model file (hetmoe split, issue 5): each routed expert tensor "blk.N.ffn_X_exps.weight" of the source is
+// replaced by its low-bit GPU part W^Q ("blk.N.ffn_X_exps.wq", an HQ type of quant/lowbit.h) and its residual W^R
+// ("blk.N.ffn_X_exps.wr", a CPU dot-product format), so that W ~ deq(W^Q) + deq(W^R). Every other tensor and
+// metadata key is the source's; these keys record the split:
+inline constexpr const char* kSplitVersionKey = "hetmoe.split.version";             // u32: quant::kLowBitLayoutVersion
+inline constexpr const char* kSplitGpuTypeKey = "hetmoe.split.gpu_type";            // string, e.g. "HQ2_G64"
+inline constexpr const char* kSplitResidualBitsKey = "hetmoe.split.residual_bits";  // u32, as asked for
+inline constexpr const char* kSplitSourceKey = "hetmoe.split.source";               // string: the source's file name
+
+// Whether a tensor of a model file is a routed expert tensor (the ones a split replaces).
+bool is_routed_expert_tensor(const std::string& name);
+// The names of the two parts of routed expert tensor `name`.
+std::string split_gpu_name(const std::string& name);       // "blk.N.ffn_X_exps.wq"
+std::string split_residual_name(const std::string& name);  // "blk.N.ffn_X_exps.wr"
+
+}  // namespace hetmoe::model

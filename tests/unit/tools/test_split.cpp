@@ -1,0 +1,135 @@
+// hetmoe split (tools/split_model.h): the file it writes, the errors it reports, and the inputs it refuses.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "quant/lowbit.h"
+#include "quant/ref.h"
+#include "runtime/error.h"
+#include "runtime/gguf/reader.h"
+#include "runtime/model/split.h"
+#include "tests/support/temp_dir.h"
+#include "tools/make_model.h"
+#include "tools/split_model.h"
+
+namespace hetmoe {
+namespace {
+
+namespace fs = std::filesystem;
+using quant::GgmlType;
+
+const fs::path& temp_dir() { return test_support::temp_dir("hetmoe_split_"); }
+
+const fs::path kTiny = fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-deepseek3-Q4_K_M.gguf";
+
+std::vector<float> rows_of(const gguf::TensorInfo& t) {
+  std::vector<float> v(t.n_elements());
+  for (int64_t r = 0; r < t.n_rows; ++r) quant::dequantize_row(t.type, t.row(r), v.data() + r * t.ne[0], t.ne[0]);
+  return v;
+}
+
+TEST(Split, WritesBothPartsAndCopiesEverythingElse) {
+  const fs::path out = temp_dir() / "tiny.split.gguf";
+  const std::vector<SplitTensorReport> report = split_model(
+      {.model = kTiny.string(), .out = out.string(), .gpu_bits = 3, .group = 128, .residual_bits = 4, .threads = 2},
+      nullptr);
+  const gguf::GgufFile src = gguf::GgufFile::open(kTiny.string());
+  const gguf::GgufFile dst = gguf::GgufFile::open(out.string());
+  EXPECT_EQ(dst.get_int(model::kSplitVersionKey), static_cast<int64_t>(quant::kLowBitLayoutVersion));
+  EXPECT_EQ(dst.get_string(model::kSplitGpuTypeKey), "HQ3_G128");
+  EXPECT_EQ(dst.get_int(model::kSplitResidualBitsKey), 4);
+  for (const auto& [key, value] : src.metadata()) EXPECT_TRUE(dst.find(key)) << key;
+
+  size_t n_split = 0;
+  for (const gguf::TensorInfo& t : src.tensors()) {
+    if (!model::is_routed_expert_tensor(t.name)) {
+      const gguf::TensorInfo* copy = dst.find_tensor(t.name);
+      ASSERT_TRUE(copy) << t.name;
+      EXPECT_EQ(copy->type, t.type);
+      EXPECT_EQ(std::memcmp(copy->data, t.data, t.nbytes), 0) << t.name;
+      continue;
+    }
+    EXPECT_FALSE(dst.find_tensor(t.name)) << t.name << " should be replaced by its parts";
+    const gguf::TensorInfo* q = dst.find_tensor(model::split_gpu_name(t.name));
+    const gguf::TensorInfo* r = dst.find_tensor(model::split_residual_name(t.name));
+    ASSERT_TRUE(q && r) << t.name;
+    EXPECT_EQ(q->type, GgmlType::HQ3_G128);
+    EXPECT_EQ(r->type, GgmlType::Q4_K);
+    EXPECT_EQ(q->ne, t.ne);
+    EXPECT_EQ(r->ne, t.ne);
+    // The reported errors are those of the written parts.
+    const std::vector<float> w = rows_of(t), wq = rows_of(*q), wr = rows_of(*r);
+    double norm = 0, eq = 0, eqr = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      norm += static_cast<double>(w[i]) * w[i];
+      eq += std::pow(static_cast<double>(w[i]) - wq[i], 2);
+      eqr += std::pow(static_cast<double>(w[i]) - wq[i] - wr[i], 2);
+    }
+    ASSERT_LT(n_split, report.size());
+    const SplitTensorReport& rep = report[n_split++];
+    EXPECT_EQ(rep.name, t.name);
+    EXPECT_NEAR(rep.gpu_error, std::sqrt(eq / norm), 1e-6);
+    EXPECT_NEAR(rep.combined_error, std::sqrt(eqr / norm), 1e-6);
+    // The residual makes the pair far closer to W than W^Q alone.
+    EXPECT_LT(rep.combined_error, rep.gpu_error / 4) << t.name;
+  }
+  EXPECT_EQ(n_split, report.size());
+  EXPECT_EQ(n_split, 6u);  // gate, up, down of the two MoE blocks
+}
+
+TEST(Split, ResidualTypeFollowsLlamaCppFallbacks) {
+  EXPECT_EQ(residual_type(4, 2048), GgmlType::Q4_K);
+  EXPECT_EQ(residual_type(4, 1408), GgmlType::Q5_0);
+  EXPECT_EQ(residual_type(6, 1408), GgmlType::Q8_0);
+  EXPECT_EQ(residual_type(8, 1408), GgmlType::Q8_0);
+  EXPECT_EQ(residual_type(2, 1408), GgmlType::Q4_0);
+  EXPECT_THROW(residual_type(7, 2048), Error);
+}
+
+// Each refused input: an Error, and no output file (the writer renames only a finished file).
+TEST(Split, RefusesBadInputAndLeavesNoOutput) {
+  const fs::path out = temp_dir() / "refused.gguf";
+  auto refused = [&](const SplitOptions& opt, const std::string& what) {
+    EXPECT_THROW(split_model(opt, nullptr), Error) << what;
+    EXPECT_FALSE(fs::exists(out)) << what;
+  };
+  refused({.model = (temp_dir() / "missing.gguf").string(), .out = out.string()}, "missing file");
+  refused({.model = kTiny.string(), .out = out.string(), .gpu_bits = 5}, "5-bit W^Q");
+  refused({.model = kTiny.string(), .out = out.string(), .group = 32}, "group of 32");
+  refused({.model = kTiny.string(), .out = out.string(), .residual_bits = 7}, "7-bit residual");
+  // Truncated: the header promises more tensor data than the file holds.
+  const fs::path cut = temp_dir() / "cut.gguf";
+  fs::copy_file(kTiny, cut, fs::copy_options::overwrite_existing);
+  fs::resize_file(cut, fs::file_size(kTiny) / 2);
+  refused({.model = cut.string(), .out = out.string()}, "truncated file");
+  // A split file split again.
+  const fs::path once = temp_dir() / "once.gguf";
+  split_model({.model = kTiny.string(), .out = once.string(), .threads = 1}, nullptr);
+  refused({.model = once.string(), .out = out.string()}, "already split");
+  // The output would overwrite the input.
+  EXPECT_THROW(split_model({.model = once.string(), .out = once.string()}, nullptr), Error);
+  EXPECT_TRUE(fs::exists(once));
+  // Damaged weights: a NaN in an expert tensor of an otherwise valid F32 model.
+  const fs::path dense = temp_dir() / "nan.gguf";
+  make_model({.preset = "tiny-deepseek-v3", .out_path = dense.string(), .type = "F32", .seed = 3}, nullptr);
+  {
+    const gguf::GgufFile f = gguf::GgufFile::open(dense.string());
+    const gguf::TensorInfo* t = f.find_tensor("blk.1.ffn_up_exps.weight");
+    ASSERT_TRUE(t);
+    const size_t offset = static_cast<size_t>(t->data - f.bytes().data()) + 4 * 100;
+    std::fstream io(dense, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(static_cast<std::streamoff>(offset));
+    const float nan = NAN;
+    io.write(reinterpret_cast<const char*>(&nan), sizeof nan);
+  }
+  refused({.model = dense.string(), .out = out.string()}, "NaN weight");
+}
+
+}  // namespace
+}  // namespace hetmoe

@@ -1,0 +1,32 @@
+// hetmoe split: a model's routed experts as a low-bit GPU part W^Q and a CPU residual W^R (issue 5).
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "quant/ggml_type.h"
+#include "tools/commands.h"
+#include "tools/split_model.h"
+
+namespace hetmoe::cli {
+
+int split(const SplitOptions& opt, bool report) {
+  const std::vector<SplitTensorReport> tensors = split_model(opt, stderr);
+  fmt::print("wrote {}: {} expert tensors split into W^Q and W^R\n", opt.out, tensors.size());
+  if (!report) return 0;
+  fmt::print("{:<32} {:<7} {:<9} {:<6} {:>14} {:>14}\n", "tensor", "source", "W^Q", "W^R", "err W^Q", "err W^Q+W^R");
+  double gpu = 0, combined = 0;
+  for (const SplitTensorReport& t : tensors) {
+    fmt::print("{:<32} {:<7} {:<9} {:<6} {:>14.5f} {:>14.5f}\n", t.name, quant::type_info(t.source_type).name,
+               quant::type_info(t.gpu_type).name, quant::type_info(t.residual_type).name, t.gpu_error,
+               t.combined_error);
+    gpu += t.gpu_error;
+    combined += t.combined_error;
+  }
+  if (!tensors.empty())
+    fmt::print("{:<32} {:<7} {:<9} {:<6} {:>14.5f} {:>14.5f}\n", "mean", "", "", "", gpu / tensors.size(),
+               combined / tensors.size());
+  fmt::print("(relative Frobenius error against the source weights, ||W - W'|| / ||W||)\n");
+  return 0;
+}
+
+}  // namespace hetmoe::cli

@@ -1,0 +1,198 @@
+#include "tools/split_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <mutex>
+#include <span>
+
+#include "cpu_kernels/thread_pool.h"
+#include "quant/lowbit.h"
+#include "quant/ref.h"
+#include "runtime/error.h"
+#include "runtime/gguf/reader.h"
+#include "runtime/gguf/writer.h"
+#include "runtime/model/config.h"
+#include "tools/progress.h"
+
+namespace hetmoe {
+namespace {
+
+namespace fs = std::filesystem;
+using model::is_routed_expert_tensor;
+using model::kSplitGpuTypeKey;
+using model::kSplitResidualBitsKey;
+using model::kSplitSourceKey;
+using model::kSplitVersionKey;
+using model::split_gpu_name;
+using model::split_residual_name;
+using quant::GgmlType;
+
+int resolved_threads(int requested) {
+  if (requested >= 1) return requested;
+  const unsigned n = std::thread::hardware_concurrency();
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+// Squared norms summed over a tensor's rows, from every thread.
+struct ErrorSums {
+  std::mutex mutex;
+  double weight = 0, gpu = 0, combined = 0;
+  void add(double w, double g, double c) {
+    std::lock_guard lock(mutex);
+    weight += w;
+    gpu += g;
+    combined += c;
+  }
+};
+
+// A source row as floats; fails on values that are not finite (a damaged tensor).
+void source_row(const gguf::TensorInfo& t, int64_t r, float* out) {
+  quant::dequantize_row(t.type, t.row(r), out, t.ne[0]);
+  for (int64_t i = 0; i < t.ne[0]; ++i)
+    if (!std::isfinite(out[i])) fail("{}: row {} holds a value that is not finite; the file is damaged", t.name, r);
+}
+
+}  // namespace
+
+GgmlType residual_type(int residual_bits, int64_t n) {
+  GgmlType t;
+  switch (residual_bits) {
+    case 2:
+      t = GgmlType::Q2_K;
+      break;
+    case 3:
+      t = GgmlType::Q3_K;
+      break;
+    case 4:
+      t = GgmlType::Q4_K;
+      break;
+    case 5:
+      t = GgmlType::Q5_K;
+      break;
+    case 6:
+      t = GgmlType::Q6_K;
+      break;
+    case 8:
+      return GgmlType::Q8_0;
+    default:
+      fail("--residual-bits {}: use 2, 3, 4, 5, 6 or 8", residual_bits);
+  }
+  if (n % quant::type_info(t).block_size == 0) return t;
+  // llama.cpp's fallbacks for rows that 256-value blocks do not divide.
+  switch (t) {
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K:
+      return GgmlType::Q4_0;
+    case GgmlType::Q4_K:
+      return GgmlType::Q5_0;
+    case GgmlType::Q5_K:
+      return GgmlType::Q5_1;
+    default:
+      return GgmlType::Q8_0;
+  }
+}
+
+std::vector<SplitTensorReport> split_model(const SplitOptions& opt, std::FILE* progress) {
+  const auto gpu_type = quant::lowbit_type({.bits = opt.gpu_bits, .group = opt.group});
+  if (!gpu_type)
+    fail("--gpu-bits {} with --group {}: use 2, 3 or 4 bits in groups of 64 or 128", opt.gpu_bits, opt.group);
+  residual_type(opt.residual_bits, 256);  // checks the bit count
+  std::error_code ec;
+  if (fs::exists(opt.out, ec) && fs::equivalent(opt.model, opt.out, ec))
+    fail("{}: the output would overwrite the input", opt.out);
+
+  const gguf::GgufFile in = gguf::GgufFile::open(opt.model);
+  const model::ModelConfig config = model::read_config(in);  // fails for architectures hetmoe does not know
+  if (in.find(kSplitVersionKey)) fail("{}: already a split file", opt.model);
+  if (config.n_expert <= 0) fail("{}: the model has no routed experts to split", opt.model);
+
+  gguf::GgufWriter writer;
+  for (const auto& [key, value] : in.metadata()) writer.set(key, value);
+  writer.set(kSplitVersionKey, gguf::Value::u32(quant::kLowBitLayoutVersion));
+  writer.set(kSplitGpuTypeKey, gguf::Value::string(std::string(quant::type_info(*gpu_type).name)));
+  writer.set(kSplitResidualBitsKey, gguf::Value::u32(static_cast<uint32_t>(opt.residual_bits)));
+  writer.set(kSplitSourceKey, gguf::Value::string(fs::path(opt.model).filename().string()));
+
+  cpu::ThreadPool pool(resolved_threads(opt.threads));
+  double total = 0, done = 0;
+  int n_split = 0;
+  for (const gguf::TensorInfo& t : in.tensors()) {
+    const bool split = is_routed_expert_tensor(t.name);
+    if (split) {
+      if (t.n_dims != 3 || t.ne[2] != config.n_expert)
+        fail("{}: tensor {} has shape {}, expected {} experts", opt.model, t.name, t.shape_string(), config.n_expert);
+      if (t.ne[0] % opt.group != 0)
+        fail("{}: rows of {} values in {} are not whole groups of {}", opt.model, t.ne[0], t.name, opt.group);
+      ++n_split;
+    }
+    total += static_cast<double>(t.nbytes) * (split ? 2 : 1);
+  }
+  if (n_split == 0) fail("{}: no routed expert tensors (blk.N.ffn_*_exps.weight) found", opt.model);
+
+  ProgressBar bar(progress, total, "split");
+  std::vector<SplitTensorReport> report;
+  report.reserve(n_split);
+  for (const gguf::TensorInfo& t : in.tensors()) {
+    const std::vector<int64_t> ne(t.ne.begin(), t.ne.begin() + t.n_dims);
+    if (!is_routed_expert_tensor(t.name)) {
+      writer.add_tensor(t.name, t.type, ne, [&t, &bar, &done](std::span<uint8_t> out) {
+        std::copy(t.data, t.data + t.nbytes, out.data());
+        bar.update(done += static_cast<double>(t.nbytes), t.name);
+      });
+      continue;
+    }
+    const GgmlType res_type = residual_type(opt.residual_bits, t.ne[0]);
+    const size_t q_row = quant::row_bytes(*gpu_type, t.ne[0]), r_row = quant::row_bytes(res_type, t.ne[0]);
+    report.push_back({t.name, t.type, *gpu_type, res_type});
+    const size_t index = report.size() - 1;
+    const GgmlType q_type = *gpu_type;
+    // W^Q: each source row to the low-bit format, rows spread over the threads.
+    writer.add_tensor(split_gpu_name(t.name), q_type, ne, [&, q_type, q_row](std::span<uint8_t> out) {
+      pool.parallel_for(t.n_rows, 64, [&](int64_t r0, int64_t r1) {
+        std::vector<float> w(t.ne[0]);
+        for (int64_t r = r0; r < r1; ++r) {
+          source_row(t, r, w.data());
+          quant::quantize_row(q_type, w.data(), out.data() + r * q_row, t.ne[0]);
+        }
+      });
+      bar.update(done += static_cast<double>(t.nbytes), split_gpu_name(t.name));
+    });
+    // W^R: the same W^Q again (deterministic), the residual W - deq(W^Q) in the residual's type, and the errors.
+    writer.add_tensor(split_residual_name(t.name), res_type, ne,
+                      [&, q_type, q_row, r_row, res_type, index](std::span<uint8_t> out) {
+                        ErrorSums sums;
+                        pool.parallel_for(t.n_rows, 64, [&](int64_t r0, int64_t r1) {
+                          const int64_t n = t.ne[0];
+                          std::vector<float> w(n), q(n), back(n);
+                          std::vector<uint8_t> q_bytes(q_row);
+                          double sw = 0, sg = 0, sc = 0;
+                          for (int64_t r = r0; r < r1; ++r) {
+                            source_row(t, r, w.data());
+                            quant::quantize_row(q_type, w.data(), q_bytes.data(), n);
+                            quant::dequantize_row(q_type, q_bytes.data(), q.data(), n);
+                            for (int64_t i = 0; i < n; ++i) back[i] = w[i] - q[i];
+                            uint8_t* dst = out.data() + r * r_row;
+                            quant::quantize_row(res_type, back.data(), dst, n);
+                            quant::dequantize_row(res_type, dst, back.data(), n);
+                            for (int64_t i = 0; i < n; ++i) {
+                              const double e = static_cast<double>(w[i]) - q[i];
+                              sw += static_cast<double>(w[i]) * w[i];
+                              sg += e * e;
+                              sc += (e - back[i]) * (e - back[i]);
+                            }
+                          }
+                          sums.add(sw, sg, sc);
+                        });
+                        SplitTensorReport& rep = report[index];
+                        rep.gpu_error = sums.weight > 0 ? std::sqrt(sums.gpu / sums.weight) : 0;
+                        rep.combined_error = sums.weight > 0 ? std::sqrt(sums.combined / sums.weight) : 0;
+                        bar.update(done += static_cast<double>(t.nbytes), split_residual_name(t.name));
+                      });
+  }
+  writer.write(opt.out);
+  bar.finish();
+  return report;
+}
+
+}  // namespace hetmoe

@@ -1,0 +1,42 @@
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "quant/ggml_type.h"
+#include "runtime/model/split.h"
+
+namespace hetmoe {
+
+// The residual's type for rows of n values: the K-quant (or Q8_0) of that many bits, with llama.cpp's fallback when
+// its blocks do not divide the row (Q4_K -> Q5_0 for DeepSeek-V2-Lite's 1408-wide down projections).
+quant::GgmlType residual_type(int residual_bits, int64_t n);
+
+struct SplitOptions {
+  std::string model;      // source GGUF
+  std::string out;        // split GGUF (written under a temporary name, renamed at the end)
+  int gpu_bits = 2;       // W^Q: 2, 3 or 4 bits
+  int group = 64;         // W^Q group: 64 or 128
+  int residual_bits = 4;  // W^R: 2, 3, 4, 5, 6 or 8 bits
+  int threads = 0;        // < 1: all cores
+};
+
+// Per split tensor, relative Frobenius errors against the source weights.
+struct SplitTensorReport {
+  std::string name;
+  quant::GgmlType source_type, gpu_type, residual_type;
+  double gpu_error = 0;       // ||W - deq(W^Q)|| / ||W||
+  double combined_error = 0;  // ||W - deq(W^Q) - deq(W^R)|| / ||W||
+};
+
+// Writes the split file: every routed expert tensor becomes W^Q (quant/lowbit.h) and W^R (the residual in a CPU
+// dot-product format), every other tensor and key is copied, and the split's formats are recorded in metadata.
+// Streams tensor by tensor. Refuses (hetmoe::Error) an unreadable or damaged input, an architecture hetmoe does not
+// know, a model without routed experts, a file that is already split, rows the group does not divide, weights
+// that are not finite, and an output path equal to the input. Progress (a bar with throughput and time left) goes
+// to `progress` when not null.
+std::vector<SplitTensorReport> split_model(const SplitOptions& opt, std::FILE* progress);
+
+}  // namespace hetmoe
