@@ -152,7 +152,8 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
   // Where each expert's converted inputs (gate, up), hidden rows and converted hidden rows go.
   struct Plan {
     ActLayout gate, up, down;
-    size_t hidden = 0;  // float offset of the expert's [items][n_ff] hidden rows
+    ActLayout gate_r, up_r, down_r;  // the residual matrices' inputs, where the expert has them
+    size_t hidden = 0;               // float offset of the expert's [items][n_ff] hidden rows
   };
   std::span<Plan> plan = scratch<Plan, struct ExpertPlanSite>(n_experts);
   size_t act_bytes = 0, down_bytes = 0, hidden_floats = 0;
@@ -168,6 +169,18 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
     if (!same) act_bytes += p.up.row_bytes * m;
     p.down = {quant::activation_row_bytes(f.down.type, f.down.n_cols), down_bytes};
     down_bytes += p.down.row_bytes * m;
+    if (f.has_residual()) {
+      // Each residual input shares its part's rows when the activation types agree, else has rows of its own.
+      auto layout = [&](const WeightMatrix& r, const WeightMatrix& part, const ActLayout& part_layout, size_t& bytes) {
+        if (quant::same_vec_dot_type(r.type, part.type)) return part_layout;
+        const ActLayout l{quant::activation_row_bytes(r.type, r.n_cols), bytes};
+        bytes += l.row_bytes * m;
+        return l;
+      };
+      p.gate_r = layout(f.gate_r, f.gate, p.gate, act_bytes);
+      p.up_r = quant::same_vec_dot_type(f.up_r.type, f.gate_r.type) ? p.gate_r : layout(f.up_r, f.up, p.up, act_bytes);
+      p.down_r = layout(f.down_r, f.down, p.down, down_bytes);
+    }
     p.hidden = hidden_floats;
     hidden_floats += static_cast<size_t>(m * f.gate.n_rows);
     max_units += (f.gate.n_rows + kGateRows - 1) / kGateRows + 64;  // + one partial block per node
@@ -228,6 +241,11 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
       };
       fill(f.gate.type, p.gate);
       if (p.up.offset != p.gate.offset) fill(f.up.type, p.up);
+      if (!f.has_residual()) continue;
+      // A layout shared with one filled before (same offset) holds its rows already.
+      if (p.gate_r.offset != p.gate.offset && p.gate_r.offset != p.up.offset) fill(f.gate_r.type, p.gate_r);
+      if (p.up_r.offset != p.gate.offset && p.up_r.offset != p.up.offset && p.up_r.offset != p.gate_r.offset)
+        fill(f.up_r.type, p.up_r);
     }
   });
 
@@ -239,8 +257,10 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
     const int64_t m = batch.first[e + 1] - batch.first[e], n_ff = f.gate.n_rows;
     const int64_t r0 = unit.r0, r1 = unit.r1;
     int64_t first_rest = r0;
-    const GemmTileFn gate_tile = m >= kTileMinActs ? k.tile_for(f.gate.type) : nullptr;
-    const GemmTileFn up_tile = m >= kTileMinActs ? k.tile_for(f.up.type) : nullptr;
+    // A split expert with its residual takes the row path (its low-bit part has no tile kernel).
+    const bool tiles = m >= kTileMinActs && !f.has_residual();
+    const GemmTileFn gate_tile = tiles ? k.tile_for(f.gate.type) : nullptr;
+    const GemmTileFn up_tile = tiles ? k.tile_for(f.up.type) : nullptr;
     if (gate_tile || up_tile) {
       // Full blocks of kTileRows rows for all the expert's tokens at once (prefill), [token][kTileRows] per thread;
       // a matrix without a tile kernel fills its block row by row (as swiglu_matmul does).
@@ -265,6 +285,17 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
       for (int64_t r = first_rest; r < r1; ++r) {
         k.dot_rows(f.gate.type, f.gate.n_cols, f.gate.row(r), ga, p.gate.row_bytes, nc, g);
         k.dot_rows(f.up.type, f.up.n_cols, f.up.row(r), ua, p.up.row_bytes, nc, up);
+        if (f.has_residual()) {
+          float gr[kItemChunk], ur[kItemChunk];
+          k.dot_rows(f.gate_r.type, f.gate_r.n_cols, f.gate_r.row(r),
+                     act.data() + p.gate_r.offset + c0 * p.gate_r.row_bytes, p.gate_r.row_bytes, nc, gr);
+          k.dot_rows(f.up_r.type, f.up_r.n_cols, f.up_r.row(r), act.data() + p.up_r.offset + c0 * p.up_r.row_bytes,
+                     p.up_r.row_bytes, nc, ur);
+          for (int64_t j = 0; j < nc; ++j) {
+            g[j] += gr[j];
+            up[j] += ur[j];
+          }
+        }
         for (int64_t j = 0; j < nc; ++j) h[j * n_ff + r] = silu_times(g[j], up[j]);
       }
     }
@@ -279,6 +310,10 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
       for (int64_t j = 0; j < m; ++j)
         k.to_activation(f.down.type, hidden.data() + p.hidden + j * n_ff,
                         down_act.data() + p.down.offset + j * p.down.row_bytes, n_ff);
+      if (f.has_residual() && p.down_r.offset != p.down.offset)
+        for (int64_t j = 0; j < m; ++j)
+          k.to_activation(f.down_r.type, hidden.data() + p.hidden + j * n_ff,
+                          down_act.data() + p.down_r.offset + j * p.down_r.row_bytes, n_ff);
     }
   });
 
@@ -303,7 +338,7 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
       const Plan& p = plan[e];
       const int64_t i0 = batch.first[e], m = batch.first[e + 1] - i0;
       int64_t first_rest = r0;
-      const GemmTileFn down_tile = m >= kTileMinActs ? k.tile_for(f.down.type) : nullptr;
+      const GemmTileFn down_tile = m >= kTileMinActs && !f.has_residual() ? k.tile_for(f.down.type) : nullptr;
       if (down_tile) {
         std::span<float> y8 = scratch<float, struct ExpertTileDownSite>(m * kTileRows);
         const uint8_t* a = down_act.data() + p.down.offset;
@@ -322,6 +357,12 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
         const uint8_t* a = down_act.data() + p.down.offset + c0 * p.down.row_bytes;
         for (int64_t r = first_rest; r < r1; ++r) {
           k.dot_rows(f.down.type, f.down.n_cols, f.down.row(r), a, p.down.row_bytes, nc, y);
+          if (f.has_residual()) {
+            float yr[kItemChunk];
+            k.dot_rows(f.down_r.type, f.down_r.n_cols, f.down_r.row(r),
+                       down_act.data() + p.down_r.offset + c0 * p.down_r.row_bytes, p.down_r.row_bytes, nc, yr);
+            for (int64_t j = 0; j < nc; ++j) y[j] += yr[j];
+          }
           for (int64_t j = 0; j < nc; ++j) {
             const int64_t i = i0 + c0 + j;
             partial[(batch.token[i] * per_token + batch.rank[i]) * span_rows + (r - r0)] = y[j] * batch.weight[i];

@@ -10,8 +10,13 @@
 namespace hetmoe::cpu {
 
 // One SwiGLU expert: down(silu(gate x) * up x). gate and up are [n_ff, n_embd], down is [n_embd, n_ff].
+// A split expert (issue 5) run with its residual adds each residual matrix's product to its part's:
+// gate x = gate.x + gate_r.x, and likewise for up and down (residual matrices of the same shapes).
 struct ExpertFfn {
   WeightMatrix gate, up, down;
+  WeightMatrix gate_r, up_r, down_r;  // data == nullptr: no residual
+
+  bool has_residual() const { return gate_r.data != nullptr; }
 };
 
 // The expert work of one MoE layer for a batch of tokens: every token has exactly `per_token` items (its routed

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <random>
 #include <vector>
@@ -164,6 +165,59 @@ TEST(Experts, BatchedExecutorEqualsPerItemMatmulsAndOrderedSums) {
     std::vector<float> out(2 * s.n_embd);
     ThreadPool pool(2);
     EXPECT_THROW(run_experts(kernels(), pool, broken, x.data(), s.n_embd, out.data()), std::invalid_argument);
+  }
+}
+
+// A split expert with its residual (issue 5): gate, up and down each add the residual matrix's product to the
+// low-bit part's, before the SiLU and before the weighted sum. Checked against that composition done with
+// separate matmuls (the same dot products, added in the same order), for 1 token and for 6 (row path either way).
+TEST(Experts, ResidualAddsToEachPartsProduct) {
+  const int64_t n_embd = 256, n_ff = 128;
+  const Matrix gq = random_matrix(GgmlType::HQ2_G64, n_ff, n_embd, 1),
+               uq = random_matrix(GgmlType::HQ2_G64, n_ff, n_embd, 2),
+               dq = random_matrix(GgmlType::HQ2_G64, n_embd, n_ff, 3);
+  const Matrix gr = random_matrix(GgmlType::Q4_K, n_ff, n_embd, 4), ur = random_matrix(GgmlType::Q4_K, n_ff, n_embd, 5),
+               dr = random_matrix(GgmlType::Q8_0, n_embd, n_ff, 6);
+  const ExpertFfn split{gq.view, uq.view, dq.view, gr.view, ur.view, dr.view};
+  ThreadPool one(1), two(2);
+  for (int64_t n_tokens : {1, 6}) {
+    std::mt19937_64 rng(9);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(n_tokens * n_embd);
+    for (float& v : x) v = normal(rng);
+    ExpertBatch batch;
+    batch.clear(n_tokens, 1);
+    batch.add_expert(split);
+    for (int64_t t = 0; t < n_tokens; ++t) batch.add_item(static_cast<int32_t>(t), 0, 0.5f);
+    std::vector<float> got(n_tokens * n_embd);
+    run_experts(kernels(), two, batch, x.data(), n_embd, got.data());
+
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const float* xt = &x[t * n_embd];
+      std::vector<float> g(n_ff), g2(n_ff), u(n_ff), u2(n_ff), h(n_ff), y(n_embd), y2(n_embd);
+      matmul(kernels(), one, gq.view, xt, 1, g.data(), n_ff);
+      matmul(kernels(), one, gr.view, xt, 1, g2.data(), n_ff);
+      matmul(kernels(), one, uq.view, xt, 1, u.data(), n_ff);
+      matmul(kernels(), one, ur.view, xt, 1, u2.data(), n_ff);
+      for (int64_t i = 0; i < n_ff; ++i) {
+        const float gi = g[i] + g2[i], ui = u[i] + u2[i];
+        h[i] = gi / (1 + std::exp(-gi)) * ui;
+      }
+      matmul(kernels(), one, dq.view, h.data(), 1, y.data(), n_embd);
+      matmul(kernels(), one, dr.view, h.data(), 1, y2.data(), n_embd);
+      float scale = 0;
+      for (int64_t r = 0; r < n_embd; ++r) scale = std::max(scale, std::abs(y[r] + y2[r]));
+      for (int64_t r = 0; r < n_embd; ++r)
+        ASSERT_NEAR(got[t * n_embd + r], 0.5f * (y[r] + y2[r]), 1e-5f * scale) << "tokens " << n_tokens << " t " << t;
+    }
+    // Without the residual the result differs by the residual's share: the residual is really added.
+    ExpertBatch q_only;
+    q_only.clear(n_tokens, 1);
+    q_only.add_expert({gq.view, uq.view, dq.view});
+    for (int64_t t = 0; t < n_tokens; ++t) q_only.add_item(static_cast<int32_t>(t), 0, 0.5f);
+    std::vector<float> without(n_tokens * n_embd);
+    run_experts(kernels(), two, q_only, x.data(), n_embd, without.data());
+    EXPECT_NE(without, got);
   }
 }
 
