@@ -118,7 +118,7 @@ int bench(const BenchOptions& opt) {
   for (const std::string& p : opt.policies)
     if (p != "cpu") fail("unknown policy '{}' (available: cpu)", p);
   const int threads = resolve_threads(opt.threads);
-  auto m = model::Model::load(opt.model, threads);
+  auto m = load_model(opt.model, threads, opt.critical);
 
   std::vector<PolicyResult> results;
   for (const std::string& policy : opt.policies)

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -39,6 +40,23 @@ int resolve_threads(int requested) {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+std::unique_ptr<model::Model> load_model(const std::string& path, int threads, const std::string& critical) {
+  auto model = model::Model::load(path, threads);
+  if (critical.empty()) return model;
+  if (!model->split()) fail("--critical {}: {} is not a split model (hetmoe split writes one)", critical, path);
+  if (critical == "all") {
+    model->set_critical(-1);
+    return model;
+  }
+  // A count above the experts per token means all of them (the same --critical 4 serves every model).
+  int64_t n = -1;
+  const auto [end, ec] = std::from_chars(critical.data(), critical.data() + critical.size(), n);
+  if (ec != std::errc() || end != critical.data() + critical.size() || n < 0)
+    fail("--critical {}: use a count of experts (0 or more) or 'all'", critical);
+  model->set_critical(std::min(n, model->config().n_expert_used));
+  return model;
+}
+
 std::vector<int32_t> parse_token_list(const std::string& text) {
   std::vector<int32_t> ids;
   size_t i = 0;
@@ -63,7 +81,7 @@ std::vector<int32_t> parse_token_list(const std::string& text) {
 }
 
 int logits(const LogitsOptions& opt) {
-  auto model = model::Model::load(opt.model, resolve_threads(opt.threads));
+  auto model = load_model(opt.model, resolve_threads(opt.threads), opt.critical);
   const int64_t n = static_cast<int64_t>(opt.tokens.size());
   model::KvCache cache = model->make_cache(std::min<int64_t>(n, model->config().n_ctx_train));
   std::vector<float> out;
@@ -73,7 +91,7 @@ int logits(const LogitsOptions& opt) {
 }
 
 int run(const RunOptions& opt) {
-  auto model = model::Model::load(opt.model, resolve_threads(opt.threads));
+  auto model = load_model(opt.model, resolve_threads(opt.threads), opt.critical);
   const model::ModelConfig& c = model->config();
   if (opt.n_predict < 0) fail("-n must not be negative");
 

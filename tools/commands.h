@@ -1,10 +1,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/engine/sampler.h"
+#include "runtime/model/model.h"
 #include "tools/split_model.h"
 
 namespace hetmoe::cli {
@@ -18,6 +20,7 @@ struct LogitsOptions {
   std::string model;
   std::vector<int32_t> tokens;
   std::string out;
+  std::string critical;  // split models: --critical R|all (empty: the default)
   int threads = 0;
 };
 
@@ -30,6 +33,7 @@ struct RunOptions {
   bool ignore_eos = false;  // with a text prompt: keep going past the end-of-generation token
   int64_t ctx_size = 0;     // 0: prompt + n_predict, at most the training context
   bool print_ids = false;
+  std::string critical;  // split models: --critical R|all (empty: the default)
   int threads = 0;
 };
 
@@ -42,6 +46,7 @@ struct ChatOptions {
   int64_t ctx_size = 0;     // 0: min(4096, training context)
   bool hide_think = false;  // R1/Qwen3 reasoning: hidden instead of dimmed
   bool enable_thinking = true;
+  std::string critical;  // split models: --critical R|all (empty: the default)
   int threads = 0;
 };
 
@@ -54,11 +59,23 @@ struct TokenizeOptions {
 struct BenchOptions {
   std::string model;
   std::vector<std::string> policies{"cpu"};
-  int prompt = 128;  // prefill tokens
-  int gen = 32;      // decoded tokens
-  std::string json;  // also write the results here
+  int prompt = 128;      // prefill tokens
+  int gen = 32;          // decoded tokens
+  std::string json;      // also write the results here
+  std::string critical;  // split models: --critical R|all (empty: the default)
   int threads = 0;
   int repeat = 3;  // measured runs per policy (after one warm-up run); medians are reported
+};
+
+struct KlOptions {
+  std::string base;                   // the reference model
+  std::string model;                  // the model compared with it (a split model, say)
+  std::vector<std::string> critical;  // --critical settings to compare ("" = the model's default)
+  std::vector<int32_t> tokens;        // the tokens; or...
+  std::string prompt;                 // ...a text; or, neither given, n_tokens pseudo-random ids
+  int n_tokens = 128;
+  uint64_t seed = 1;
+  int threads = 0;
 };
 
 struct CalibrateOptions {
@@ -73,6 +90,8 @@ int inspect(const InspectOptions& opt);
 // Writes the split file; with `report`, a table of each tensor's relative error.
 int split(const SplitOptions& opt, bool report);
 int calibrate(const CalibrateOptions& opt);
+// Prints the KL divergence of `model`'s next-token distributions from `base`'s, per --critical setting.
+int kl(const KlOptions& opt);
 int bench(const BenchOptions& opt);
 int logits(const LogitsOptions& opt);
 int run(const RunOptions& opt);
@@ -82,6 +101,9 @@ int tokenize(const TokenizeOptions& opt);
 
 // Thread count for 0 = "all cores".
 int resolve_threads(int requested);
+// Loads a model; `critical` ("", a count, or "all") sets how many of each token's experts add their residual in a
+// split model, and is an error for a model that is not split.
+std::unique_ptr<model::Model> load_model(const std::string& path, int threads, const std::string& critical);
 // "3,17,42" or "3 17 42" to ids; fails on anything else.
 std::vector<int32_t> parse_token_list(const std::string& text);
 

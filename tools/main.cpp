@@ -18,6 +18,12 @@ void add_threads(CLI::App* cmd, int* threads) {
   cmd->add_option("-t,--threads", *threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
 }
 
+void add_critical(CLI::App* cmd, std::string* critical) {
+  cmd->add_option("--critical", *critical,
+                  "split models: how many of each token's experts (largest weights first) add their CPU residual; "
+                  "0 = W^Q only, 'all' (or any count above the experts per token) = every expert");
+}
+
 void add_sampling(CLI::App* cmd, engine::SamplingParams* p) {
   cmd->add_option("--temp", p->temperature, "temperature (0: greedy)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-k", p->top_k, "keep the k most likely tokens (0: off)");
@@ -62,6 +68,21 @@ int main(int argc, char** argv) {
   c_split->add_flag("--report", split_report, "print each tensor's relative error of W^Q and of W^Q + W^R");
   add_threads(c_split, &split.threads);
 
+  cli::KlOptions kl;
+  std::string kl_tokens;
+  CLI::App* c_kl = app.add_subcommand("kl", "KL divergence of a model's next-token distributions from a base model's");
+  c_kl->add_option("--base", kl.base, "reference GGUF file")->required();
+  c_kl->add_option("-m,--model", kl.model, "GGUF file to compare (a split model, say)")->required();
+  c_kl->add_option("--critical", kl.critical, "split model: --critical settings to compare, e.g. 0,1,2,4,all")
+      ->delimiter(',');
+  CLI::Option* o_kl_prompt = c_kl->add_option("-p,--prompt", kl.prompt, "text to evaluate");
+  c_kl->add_option("--tokens", kl_tokens, "token ids to evaluate")->excludes(o_kl_prompt);
+  c_kl->add_option("--n-tokens", kl.n_tokens, "without a prompt: this many pseudo-random ids")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  c_kl->add_option("--seed", kl.seed, "seed of the pseudo-random ids")->capture_default_str();
+  add_threads(c_kl, &kl.threads);
+
   cli::LogitsOptions logits;
   std::string logits_tokens;
   CLI::App* c_logits = app.add_subcommand("logits", "run token ids as one batch, write float32 logits [n][vocab]");
@@ -69,6 +90,7 @@ int main(int argc, char** argv) {
   c_logits->add_option("--tokens", logits_tokens, "token ids, e.g. 3,17,42")->required();
   c_logits->add_option("--out", logits.out, "output file (float32 little-endian, row-major)")->required();
   add_threads(c_logits, &logits.threads);
+  add_critical(c_logits, &logits.critical);
 
   cli::RunOptions run;
   std::string run_tokens;
@@ -83,6 +105,7 @@ int main(int argc, char** argv) {
   c_run->add_option("-c,--ctx-size", run.ctx_size, "context size (default: prompt + n)")->check(CLI::NonNegativeNumber);
   c_run->add_flag("--print-ids", run.print_ids, "print only the generated ids on stdout");
   add_threads(c_run, &run.threads);
+  add_critical(c_run, &run.critical);
 
   cli::ChatOptions chat;
   CLI::App* c_chat = app.add_subcommand("chat", "interactive chat (one message per line when stdin is not a terminal)");
@@ -96,6 +119,7 @@ int main(int argc, char** argv) {
   c_chat->add_flag("--hide-think", chat.hide_think, "hide a reasoning model's <think> block instead of dimming it");
   c_chat->add_flag("!--no-think", chat.enable_thinking, "ask Qwen3 not to think (enable_thinking = false)");
   add_threads(c_chat, &chat.threads);
+  add_critical(c_chat, &chat.critical);
 
   cli::TokenizeOptions tokenize;
   CLI::App* c_tokenize = app.add_subcommand("tokenize", "print the token ids of a text file's exact bytes");
@@ -114,6 +138,7 @@ int main(int argc, char** argv) {
   c_bench->add_option("--json", bench.json, "also write the results as JSON");
   c_bench->add_option("--repeat", bench.repeat, "measured runs per policy after a warm-up (median and spread)");
   add_threads(c_bench, &bench.threads);
+  add_critical(c_bench, &bench.critical);
 
   cli::CalibrateOptions calibrate;
   CLI::App* c_calibrate =
@@ -150,6 +175,11 @@ int main(int argc, char** argv) {
   try {
     if (c_inspect->parsed()) return cli::inspect(inspect);
     if (c_split->parsed()) return cli::split(split, split_report);
+    if (c_kl->parsed()) {
+      if (!kl_tokens.empty()) kl.tokens = cli::parse_token_list(kl_tokens);
+      if (kl.critical.empty()) kl.critical.push_back("");
+      return cli::kl(kl);
+    }
     if (c_logits->parsed()) {
       logits.tokens = cli::parse_token_list(logits_tokens);
       return cli::logits(logits);

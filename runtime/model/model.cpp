@@ -8,9 +8,11 @@
 #include "cpu_kernels/numa/topology.h"
 #include "cpu_kernels/ops.h"
 #include "cpu_kernels/scratch.h"
+#include "quant/lowbit.h"
 #include "quant/ref.h"
 #include "runtime/error.h"
 #include "runtime/model/archs.h"
+#include "runtime/model/split.h"
 
 namespace hetmoe::model {
 namespace {
@@ -157,6 +159,11 @@ void Model::bind_common() {
 
   attn_norm_.resize(c.n_layer);
   ffn_.resize(c.n_layer);
+  // A split file (hetmoe split): the routed experts come as W^Q and W^R, in a layout this build must know.
+  const bool split = file_->find(kSplitVersionKey) != nullptr;
+  if (split && file_->require_int(kSplitVersionKey) != quant::kLowBitLayoutVersion)
+    fail("{}: split layout version {}, this hetmoe reads version {}", file_->path(),
+         file_->require_int(kSplitVersionKey), quant::kLowBitLayoutVersion);
   for (int64_t l = 0; l < c.n_layer; ++l) {
     attn_norm_[l] = vector(blk(l, "attn_norm"), E);
     FfnWeights& f = ffn_[l];
@@ -174,9 +181,19 @@ void Model::bind_common() {
     m.n_ff_exp = ff;
     m.gate_inp = matrix(blk(l, "ffn_gate_inp"), E, ne);
     m.probs_bias = optional_vector("blk." + std::to_string(l) + ".exp_probs_b.bias", ne);
-    m.gate_exps = as_matrix(tensor(blk(l, "ffn_gate_exps"), {E, ff, ne}));
-    m.up_exps = as_matrix(tensor(blk(l, "ffn_up_exps"), {E, ff, ne}));
-    m.down_exps = as_matrix(tensor(blk(l, "ffn_down_exps"), {ff, E, ne}));
+    if (split) {
+      m.gate_exps = as_matrix(tensor(split_gpu_name(blk(l, "ffn_gate_exps")), {E, ff, ne}));
+      m.up_exps = as_matrix(tensor(split_gpu_name(blk(l, "ffn_up_exps")), {E, ff, ne}));
+      m.down_exps = as_matrix(tensor(split_gpu_name(blk(l, "ffn_down_exps")), {ff, E, ne}));
+      m.gate_exps_r = as_matrix(tensor(split_residual_name(blk(l, "ffn_gate_exps")), {E, ff, ne}));
+      m.up_exps_r = as_matrix(tensor(split_residual_name(blk(l, "ffn_up_exps")), {E, ff, ne}));
+      m.down_exps_r = as_matrix(tensor(split_residual_name(blk(l, "ffn_down_exps")), {ff, E, ne}));
+      m.n_critical = kDefaultCritical;
+    } else {
+      m.gate_exps = as_matrix(tensor(blk(l, "ffn_gate_exps"), {E, ff, ne}));
+      m.up_exps = as_matrix(tensor(blk(l, "ffn_up_exps"), {E, ff, ne}));
+      m.down_exps = as_matrix(tensor(blk(l, "ffn_down_exps"), {ff, E, ne}));
+    }
     if (c.n_expert_shared > 0) {
       const int64_t fs = ff * c.n_expert_shared;
       m.has_shared = true;
@@ -185,6 +202,12 @@ void Model::bind_common() {
       m.down_shexp = matrix(blk(l, "ffn_down_shexp"), fs, E);
     }
   }
+}
+
+bool Model::split() const { return file_->find(kSplitVersionKey) != nullptr; }
+
+void Model::set_critical(int64_t n_critical) {
+  for (FfnWeights& f : ffn_) f.moe.n_critical = n_critical;
 }
 
 KvCache Model::make_cache(int64_t n_ctx) const {

@@ -47,6 +47,12 @@ class Model {
   // The FFN weights of one layer, for calibration and benchmarks that run an expert on their own.
   const FfnWeights& ffn_weights(int64_t layer) const { return ffn_.at(static_cast<size_t>(layer)); }
 
+  // Whether the file is a split model (hetmoe split): routed experts as W^Q plus residual W^R.
+  bool split() const;
+  // Of a split model: how many of each token's routed experts (largest mixing weights first) add their residual;
+  // 0 runs W^Q alone, < 0 adds it for all. No effect on an unsplit model.
+  void set_critical(int64_t n_critical);
+
   // A KV cache for n_ctx positions (at most the training context).
   KvCache make_cache(int64_t n_ctx) const;
 

@@ -117,13 +117,43 @@ void moe_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights&
   for (int64_t i = 0; i < n * nu; ++i) ++next[r.ids[i] + 1];
   for (int64_t e = 0; e < p.n_expert; ++e) next[e + 1] += next[e];
   for (int64_t i = 0; i < n * nu; ++i) order[next[r.ids[i]]++] = i;
+  // A split model's critical items: per token, the n_critical routed experts of largest weight (ties: lower slot).
+  std::span<uint8_t> critical = cpu::scratch<uint8_t, struct CriticalSite>(w.split() ? n * nu : 0);
+  if (w.split()) {
+    const int64_t keep = w.n_critical < 0 ? nu : std::min(w.n_critical, nu);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t a = 0; a < nu; ++a) {
+        int64_t above = 0;  // slots that rank before slot a
+        for (int64_t b = 0; b < nu; ++b) {
+          const float wa = r.weights[t * nu + a], wb = r.weights[t * nu + b];
+          above += wb > wa || (wb == wa && b < a);
+        }
+        critical[t * nu + a] = above < keep;
+      }
+  }
   for (int64_t e = 0, begin = 0; e < p.n_expert; begin = next[e++]) {
     if (next[e] == begin) continue;
-    batch.add_expert({w.gate_exps.rows(e * w.n_ff_exp, w.n_ff_exp), w.up_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
-                      w.down_exps.rows(e * n_embd, n_embd)});
-    for (int64_t o = begin; o < next[e]; ++o) {
-      const int64_t i = order[o];
-      batch.add_item(static_cast<int32_t>(i / nu), static_cast<int32_t>(i % nu), r.weights[i]);
+    const cpu::ExpertFfn q{w.gate_exps.rows(e * w.n_ff_exp, w.n_ff_exp), w.up_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
+                           w.down_exps.rows(e * n_embd, n_embd)};
+    // Unsplit: one entry per expert. Split: the items that run on W^Q alone, then those that add the residual.
+    for (const int pass : {0, 1}) {
+      if (pass == 1 && !w.split()) break;
+      bool added = false;
+      for (int64_t o = begin; o < next[e]; ++o) {
+        const int64_t i = order[o];
+        if (w.split() && critical[i] != pass) continue;
+        if (!added) {
+          cpu::ExpertFfn f = q;
+          if (pass == 1) {
+            f.gate_r = w.gate_exps_r.rows(e * w.n_ff_exp, w.n_ff_exp);
+            f.up_r = w.up_exps_r.rows(e * w.n_ff_exp, w.n_ff_exp);
+            f.down_r = w.down_exps_r.rows(e * n_embd, n_embd);
+          }
+          batch.add_expert(f);
+          added = true;
+        }
+        batch.add_item(static_cast<int32_t>(i / nu), static_cast<int32_t>(i % nu), r.weights[i]);
+      }
     }
   }
   if (w.has_shared) {

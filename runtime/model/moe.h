@@ -44,6 +44,14 @@ struct MoeWeights {
   bool has_shared = false;
   cpu::WeightMatrix gate_shexp, up_shexp;  // [n_ff_shared, n_embd]
   cpu::WeightMatrix down_shexp;            // [n_embd, n_ff_shared]
+  // A split model (runtime/model/split.h): the *_exps matrices above hold W^Q and these the residuals W^R, of the
+  // same shapes; data == nullptr for an unsplit model.
+  cpu::WeightMatrix gate_exps_r, up_exps_r, down_exps_r;
+  // Of a split model: how many of each token's routed experts, those with the largest mixing weights, add their
+  // residual (the "critical" experts); the others run on W^Q alone. < 0: all of them. Set at load.
+  int64_t n_critical = -1;
+
+  bool split() const { return gate_exps_r.data != nullptr; }
 };
 
 // out[n][n_embd] = sum over selected experts of weight * down(silu(gate x) * up x), plus the shared experts.

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace hetmoe::model {
@@ -12,6 +13,12 @@ inline constexpr const char* kSplitVersionKey = "hetmoe.split.version";         
 inline constexpr const char* kSplitGpuTypeKey = "hetmoe.split.gpu_type";            // string, e.g. "HQ2_G64"
 inline constexpr const char* kSplitResidualBitsKey = "hetmoe.split.residual_bits";  // u32, as asked for
 inline constexpr const char* kSplitSourceKey = "hetmoe.split.source";               // string: the source's file name
+
+// How many of each token's routed experts (largest mixing weights first) add their residual unless --critical says
+// otherwise: the KL table of README "Split experts" (scripts/split_quality.sh) shows the first two experts taking
+// away half (the tiny DeepSeek-V3 model, 4 of 16 experts) to three quarters (Qwen3-MoE) of W^Q's divergence, the
+// rest far less per expert, while the CPU reads r / n_used of the residual bytes.
+inline constexpr int64_t kDefaultCritical = 2;
 
 // Whether a tensor of a model file is a routed expert tensor (the ones a split replaces).
 bool is_routed_expert_tensor(const std::string& name);

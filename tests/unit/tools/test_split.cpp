@@ -2,10 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,8 @@
 #include "quant/ref.h"
 #include "runtime/error.h"
 #include "runtime/gguf/reader.h"
+#include "runtime/gguf/writer.h"
+#include "runtime/model/model.h"
 #include "runtime/model/split.h"
 #include "tests/support/temp_dir.h"
 #include "tools/make_model.h"
@@ -129,6 +133,77 @@ TEST(Split, RefusesBadInputAndLeavesNoOutput) {
     io.write(reinterpret_cast<const char*>(&nan), sizeof nan);
   }
   refused({.model = dense.string(), .out = out.string()}, "NaN weight");
+}
+
+// Mean KL divergence of b's next-token distributions from a's over the same tokens.
+double mean_kl(model::Model& a, model::Model& b, const std::vector<int32_t>& tokens) {
+  auto logits = [&](model::Model& m) {
+    model::KvCache cache = m.make_cache(static_cast<int64_t>(tokens.size()));
+    std::vector<float> out;
+    m.forward(tokens, 0, cache, true, out);
+    return out;
+  };
+  const std::vector<float> la = logits(a), lb = logits(b);
+  const int64_t n_vocab = a.config().n_vocab;
+  double total = 0;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    auto log_softmax = [&](const std::vector<float>& l) {
+      const float* row = &l[t * n_vocab];
+      const double top = *std::max_element(row, row + n_vocab);
+      double sum = 0;
+      for (int64_t i = 0; i < n_vocab; ++i) sum += std::exp(row[i] - top);
+      std::vector<double> out(n_vocab);
+      for (int64_t i = 0; i < n_vocab; ++i) out[i] = row[i] - top - std::log(sum);
+      return out;
+    };
+    const std::vector<double> p = log_softmax(la), q = log_softmax(lb);
+    for (int64_t i = 0; i < n_vocab; ++i) total += std::exp(p[i]) * (p[i] - q[i]);
+  }
+  return total / static_cast<double>(tokens.size());
+}
+
+// A split model runs: with every expert's residual it is close to the model it came from, W^Q alone is far, and
+// each critical expert added in between brings it closer (the README's KL table, on two of its models).
+TEST(Split, SplitModelApproachesTheSourceAsResidualsAreAdded) {
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 48; ++i) tokens.push_back((i * 37 + 11) % 500);
+  for (const char* name : {"tiny-deepseek3-Q4_K_M.gguf", "tiny-qwen3moe-Q4_K_M.gguf"}) {
+    const fs::path src = fs::path(HETMOE_TEST_DATA_DIR) / "models" / name;
+    const fs::path out = temp_dir() / (std::string(name) + ".split");
+    split_model({.model = src.string(), .out = out.string(), .threads = 2}, nullptr);
+    auto base = model::Model::load(src.string(), 2);
+    auto split = model::Model::load(out.string(), 2);
+    ASSERT_TRUE(split->split());
+    EXPECT_FALSE(base->split());
+    std::vector<double> kl;
+    for (int64_t r : {0, 1, 2, -1}) {
+      split->set_critical(r);
+      kl.push_back(mean_kl(*base, *split, tokens));
+    }
+    EXPECT_LT(kl[3], 0.01) << name;
+    EXPECT_GT(kl[0], 5 * kl[3]) << name;
+    for (size_t i = 1; i < kl.size(); ++i) EXPECT_LT(kl[i], kl[i - 1]) << name << " step " << i;
+  }
+}
+
+TEST(Split, LoadRefusesAnotherLayoutVersion) {
+  const fs::path once = temp_dir() / "version.split.gguf";
+  split_model({.model = kTiny.string(), .out = once.string(), .threads = 2}, nullptr);
+  const gguf::GgufFile f = gguf::GgufFile::open(once.string());
+  gguf::GgufWriter w;
+  for (const auto& [key, value] : f.metadata())
+    w.set(key, key == model::kSplitVersionKey ? gguf::Value::u32(quant::kLowBitLayoutVersion + 1) : value);
+  for (const gguf::TensorInfo& t : f.tensors())
+    w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne.begin(), t.ne.begin() + t.n_dims),
+                 [&t](std::span<uint8_t> out) { std::copy(t.data, t.data + t.nbytes, out.data()); });
+  const fs::path other = temp_dir() / "version2.split.gguf";
+  w.write(other.string());
+  try {
+    model::Model::load(other.string(), 1);
+    ADD_FAILURE() << "loaded a split file of another layout version";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layout version"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

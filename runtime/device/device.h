@@ -1,0 +1,124 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "quant/ggml_type.h"
+
+namespace hetmoe::device {
+
+// What moved between host and device, and for the emulated device how long the modelled link took.
+struct TransferStats {
+  uint64_t to_device_bytes = 0, to_host_bytes = 0;
+  uint64_t to_device_copies = 0, to_host_copies = 0;
+  double link_seconds = 0;  // time the copies held the (modelled or real) link
+};
+
+// A matrix of rows in device memory (the device's copy of GGUF rows: W^Q of an expert, say).
+struct DeviceMatrix {
+  quant::GgmlType type = quant::GgmlType::F32;
+  int64_t n_cols = 0, n_rows = 0;
+  size_t row_bytes = 0;
+  const void* data = nullptr;  // device memory
+};
+
+// An event: a point in one stream's work, reached when everything queued on that stream before it has run.
+struct Event {
+  int stream = -1;
+  uint64_t sequence = 0;
+};
+
+// One accelerator, as the runtime sees it. Work is queued on streams and runs in order within a stream; streams
+// run concurrently; events order work across streams and with the host. Copies and ops are asynchronous: they
+// return once queued, and the memory they touch must stay valid until an event after them is reached. Memory is
+// limited to capacity(); allocate() fails with hetmoe::Error when the request does not fit.
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // "emulated (...)" for the emulated device: everything printed about work on it says so.
+  virtual std::string name() const = 0;
+  virtual bool emulated() const = 0;
+  virtual size_t capacity() const = 0;
+  virtual size_t used() const = 0;
+
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void release(void* ptr) = 0;
+
+  // A new stream's id (streams live as long as the device).
+  virtual int create_stream() = 0;
+  virtual void copy_to_device(int stream, void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_to_host(int stream, void* dst, const void* src, size_t bytes) = 0;
+  // y[t][r] = w.row(r) . x[t] for t < n (x: n rows of w.n_cols floats, y: n rows of w.n_rows floats, both on the
+  // device). Every weight type of the CPU reference is accepted; the W^Q types are the ones that matter.
+  virtual void matmul(int stream, const DeviceMatrix& w, const float* x, int64_t n, float* y) = 0;
+  // out[i] = silu(gate[i]) * up[i] for i < n (device memory).
+  virtual void silu_mul(int stream, const float* gate, const float* up, int64_t n, float* out) = 0;
+  // y[i] += x[i] for i < n (device memory).
+  virtual void add(int stream, const float* x, int64_t n, float* y) = 0;
+  // fn() on a host thread once the stream's earlier work is done; the stream's later work waits for it.
+  virtual void host_callback(int stream, std::function<void()> fn) = 0;
+
+  virtual Event record(int stream) = 0;
+  // The stream's later work waits for `event`.
+  virtual void wait(int stream, Event event) = 0;
+  // The host waits for `event`, or for everything queued anywhere. Rethrows the first failure of queued work.
+  virtual void synchronize(Event event) = 0;
+  virtual void synchronize() = 0;
+
+  virtual TransferStats transfers() const = 0;
+};
+
+// Device memory owned by an object: released when it goes out of scope.
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  DeviceMemory(Device& device, size_t bytes) : device_(&device), ptr_(device.allocate(bytes)), bytes_(bytes) {}
+  ~DeviceMemory() { reset(); }
+  DeviceMemory(DeviceMemory&& other) noexcept { *this = std::move(other); }
+  DeviceMemory& operator=(DeviceMemory&& other) noexcept {
+    if (this != &other) {
+      reset();
+      device_ = other.device_;
+      ptr_ = other.ptr_;
+      bytes_ = other.bytes_;
+      other.ptr_ = nullptr;
+    }
+    return *this;
+  }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
+  void* get() const { return ptr_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+  void reset() {
+    if (ptr_) device_->release(ptr_);
+    ptr_ = nullptr;
+  }
+
+ private:
+  Device* device_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The emulated device's link and size.
+struct EmulatedOptions {
+  size_t capacity = size_t{24} << 30;  // bytes of "device memory" (host memory underneath)
+  double link_gb_s = 0;                // throttle copies to this bandwidth (GB/s); 0: no throttle
+  double link_latency_us = 0;          // and this latency per copy
+};
+
+// A GPU stand-in: host memory with a capacity limit, one worker thread per stream, copies counted and optionally
+// throttled to a modelled PCIe link (one per direction, shared by the streams), ops computed with the CPU kernels. Lets the split and the scheduler
+// run end to end where there is no GPU.
+std::unique_ptr<Device> make_emulated_device(const EmulatedOptions& opt);
+
+}  // namespace hetmoe::device

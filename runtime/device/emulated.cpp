@@ -1,0 +1,228 @@
+// The emulated device (runtime/device/device.h): host memory behind a capacity limit, a worker thread per stream,
+// copies counted and optionally throttled, ops on the CPU kernel table.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cpu_kernels/kernel_table.h"
+#include "cpu_kernels/ops.h"
+#include "quant/ref.h"
+#include "runtime/device/device.h"
+#include "runtime/error.h"
+
+namespace hetmoe::device {
+namespace {
+
+// One stream: its queue of work, run in order by its own thread.
+class StreamWorker {
+ public:
+  StreamWorker() : thread_([this] { loop(); }) {}
+  ~StreamWorker() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  // Queues fn; returns its sequence number (1, 2, ...).
+  uint64_t enqueue(std::function<void()> fn) {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(fn));
+    cv_.notify_all();
+    return ++queued_;
+  }
+  uint64_t queued() {
+    std::lock_guard lock(mutex_);
+    return queued_;
+  }
+  // Blocks until work item `sequence` has run; rethrows (and clears) the stream's first failure when `rethrow`.
+  void wait_for(uint64_t sequence, bool rethrow = true) {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return done_ >= sequence; });
+    if (rethrow && error_) {
+      std::exception_ptr e = error_;
+      error_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ with nothing left
+      std::function<void()> fn = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      std::exception_ptr failure;
+      try {
+        fn();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      lock.lock();
+      if (failure && !error_) error_ = failure;
+      ++done_;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t queued_ = 0, done_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+class EmulatedDevice final : public Device {
+ public:
+  explicit EmulatedDevice(const EmulatedOptions& opt) : opt_(opt), kernels_(cpu::kernels()) {}
+  ~EmulatedDevice() override {
+    streams_.clear();  // each worker finishes its queue, then stops
+    for (auto& [ptr, bytes] : allocations_) ::operator delete (ptr, std::align_val_t{64});
+  }
+
+  std::string name() const override {
+    std::string link = opt_.link_gb_s > 0
+                           ? fmt::format(", link {:.1f} GB/s + {:.0f} us", opt_.link_gb_s, opt_.link_latency_us)
+                           : ", unthrottled link";
+    return fmt::format("emulated ({:.1f} GB{})", static_cast<double>(opt_.capacity) / 1e9, link);
+  }
+  bool emulated() const override { return true; }
+  size_t capacity() const override { return opt_.capacity; }
+  size_t used() const override {
+    std::lock_guard lock(mutex_);
+    return used_;
+  }
+
+  void* allocate(size_t bytes) override {
+    std::lock_guard lock(mutex_);
+    if (bytes > opt_.capacity - used_)
+      fail("emulated device: {} more bytes do not fit ({} of {} in use)", bytes, used_, opt_.capacity);
+    void* p = ::operator new (std::max<size_t>(bytes, 1), std::align_val_t{64});
+    allocations_[p] = bytes;
+    used_ += bytes;
+    return p;
+  }
+  void release(void* ptr) override {
+    std::lock_guard lock(mutex_);
+    const auto it = allocations_.find(ptr);
+    if (it == allocations_.end()) throw std::logic_error("emulated device: release of memory it did not allocate");
+    used_ -= it->second;
+    allocations_.erase(it);
+    ::operator delete (ptr, std::align_val_t{64});
+  }
+
+  int create_stream() override {
+    std::lock_guard lock(mutex_);
+    streams_.push_back(std::make_unique<StreamWorker>());
+    return static_cast<int>(streams_.size()) - 1;
+  }
+
+  void copy_to_device(int stream, void* dst, const void* src, size_t bytes) override {
+    copy(stream, dst, src, bytes, true);
+  }
+  void copy_to_host(int stream, void* dst, const void* src, size_t bytes) override {
+    copy(stream, dst, src, bytes, false);
+  }
+
+  void matmul(int stream, const DeviceMatrix& w, const float* x, int64_t n, float* y) override {
+    worker(stream).enqueue([this, w, x, n, y] {
+      const quant::GgmlType act_type = quant::type_info(w.type).vec_dot_type;
+      std::vector<uint8_t> act(quant::activation_row_bytes(w.type, w.n_cols));
+      const cpu::VecDotFn dot = kernels_.dot_for(w.type);
+      for (int64_t t = 0; t < n; ++t) {
+        kernels_.activation_for(act_type)(x + t * w.n_cols, act.data(), w.n_cols);
+        for (int64_t r = 0; r < w.n_rows; ++r)
+          y[t * w.n_rows + r] =
+              dot(w.n_cols, static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_bytes, act.data());
+      }
+    });
+  }
+  void silu_mul(int stream, const float* gate, const float* up, int64_t n, float* out) override {
+    worker(stream).enqueue([=] {
+      for (int64_t i = 0; i < n; ++i) out[i] = cpu::silu_times(gate[i], up[i]);
+    });
+  }
+  void add(int stream, const float* x, int64_t n, float* y) override {
+    worker(stream).enqueue([=] {
+      for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+    });
+  }
+  void host_callback(int stream, std::function<void()> fn) override { worker(stream).enqueue(std::move(fn)); }
+
+  Event record(int stream) override { return {stream, worker(stream).queued()}; }
+  void wait(int stream, Event event) override {
+    StreamWorker& other = worker(event.stream);
+    worker(stream).enqueue([&other, event] { other.wait_for(event.sequence, /*rethrow=*/false); });
+  }
+  void synchronize(Event event) override { worker(event.stream).wait_for(event.sequence); }
+  void synchronize() override {
+    std::vector<StreamWorker*> all;
+    {
+      std::lock_guard lock(mutex_);
+      for (auto& s : streams_) all.push_back(s.get());
+    }
+    for (StreamWorker* s : all) s->wait_for(s->queued());
+  }
+
+  TransferStats transfers() const override {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+
+ private:
+  StreamWorker& worker(int stream) {
+    std::lock_guard lock(mutex_);
+    if (stream < 0 || stream >= static_cast<int>(streams_.size()))
+      throw std::logic_error(fmt::format("emulated device: no stream {}", stream));
+    return *streams_[static_cast<size_t>(stream)];
+  }
+
+  void copy(int stream, void* dst, const void* src, size_t bytes, bool to_device) {
+    worker(stream).enqueue([this, dst, src, bytes, to_device] {
+      // One link per direction, shared by all streams (as PCIe is): copies the same way take turns.
+      std::lock_guard link(to_device ? link_to_device_ : link_to_host_);
+      double seconds = 0;
+      if (opt_.link_gb_s > 0) {
+        seconds = opt_.link_latency_us * 1e-6 + static_cast<double>(bytes) / (opt_.link_gb_s * 1e9);
+        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      }
+      std::memcpy(dst, src, bytes);
+      std::lock_guard lock(mutex_);
+      (to_device ? stats_.to_device_bytes : stats_.to_host_bytes) += bytes;
+      ++(to_device ? stats_.to_device_copies : stats_.to_host_copies);
+      stats_.link_seconds += seconds;
+    });
+  }
+
+  const EmulatedOptions opt_;
+  const cpu::KernelTable& kernels_;
+  mutable std::mutex mutex_;
+  std::mutex link_to_device_, link_to_host_;
+  std::map<void*, size_t> allocations_;
+  size_t used_ = 0;
+  TransferStats stats_;
+  std::vector<std::unique_ptr<StreamWorker>> streams_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_emulated_device(const EmulatedOptions& opt) {
+  return std::make_unique<EmulatedDevice>(opt);
+}
+
+}  // namespace hetmoe::device
