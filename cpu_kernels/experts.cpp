@@ -146,8 +146,10 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
   const int64_t n_experts = static_cast<int64_t>(batch.experts.size());
   const int64_t n_items = static_cast<int64_t>(batch.token.size());
   if (batch.n_tokens == 0) return;
-  if (n_items != batch.n_tokens * batch.per_token)
-    throw std::invalid_argument("expert batch: every token needs exactly per_token items");
+  const int64_t n_slots_all = batch.n_tokens * batch.per_token;
+  if (n_items > n_slots_all) throw std::invalid_argument("expert batch: more items than tokens x per_token");
+  // Slots without an item (their expert runs elsewhere, on a device say) add nothing.
+  const bool sparse = n_items < n_slots_all;
 
   // Where each expert's converted inputs (gate, up), hidden rows and converted hidden rows go.
   struct Plan {
@@ -331,7 +333,8 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
   auto down_span = [&](int64_t r0, int64_t r1) {
     const int64_t span_rows = r1 - r0;
     // partial[(t * per_token + k) * span_rows + r - r0]: item (t, k)'s weighted output rows of this block.
-    std::span<float> partial = scratch<float, struct ExpertPartialSite>(n_items * span_rows);
+    std::span<float> partial = scratch<float, struct ExpertPartialSite>(n_slots_all * span_rows);
+    if (sparse) std::fill(partial.begin(), partial.begin() + n_slots_all * span_rows, 0.0f);
     float y[kItemChunk];
     for (int64_t e = 0; e < n_experts; ++e) {
       const ExpertFfn& f = batch.experts[e];
@@ -384,7 +387,7 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
   // range when the items are few (decode: every expert's down rows stream through once, one expert after the
   // other), down to one unit when they are many (prefill: the span's partial sums stay in cache).
   const int64_t span =
-      std::max<int64_t>(kDownRows, (kPartialFloats / std::max<int64_t>(1, n_items)) / kDownRows * kDownRows);
+      std::max<int64_t>(kDownRows, (kPartialFloats / std::max<int64_t>(1, n_slots_all)) / kDownRows * kDownRows);
   down_units.run_ranges(pool, [&](const Unit* first_unit, const Unit* end_unit) {
     const int64_t range_end = (end_unit - 1)->r1;
     for (int64_t r0 = first_unit->r0; r0 < range_end; r0 += span) down_span(r0, std::min(range_end, r0 + span));

@@ -19,8 +19,9 @@ struct ExpertFfn {
   bool has_residual() const { return gate_r.data != nullptr; }
 };
 
-// The expert work of one MoE layer for a batch of tokens: every token has exactly `per_token` items (its routed
-// experts, then any shared ones), and item (t, k) adds weight(t, k) * expert(x_t) to token t's output. Items are
+// The expert work of one MoE layer for a batch of tokens: every token has up to `per_token` items (its routed
+// experts, then any shared ones; a slot without an item adds nothing, its expert running elsewhere), and item
+// (t, k) adds weight(t, k) * expert(x_t) to token t's output. Items are
 // grouped by expert so each expert's rows are read once for all the tokens routed to it.
 struct ExpertBatch {
   int64_t n_tokens = 0;

@@ -82,6 +82,7 @@ PolicyResult bench_cpu(model::Model& m, const BenchOptions& opt, int threads) {
   r.policy = "cpu";
   r.threads = threads;
   r.device = fmt::format("{} ({} kernels)", cpu_model_name(), cpu::isa_name(cpu::kernels().isa));
+  if (const model::DeviceExperts* d = m.device_experts()) r.device += fmt::format(" + {}", d->device().name());
   r.bytes_per_token = model::active_bytes_per_token(m.file(), m.config());
   run_cpu(m, opt, r.bytes_per_token);
   for (int i = 0; i < opt.repeat; ++i) {
@@ -118,7 +119,7 @@ int bench(const BenchOptions& opt) {
   for (const std::string& p : opt.policies)
     if (p != "cpu") fail("unknown policy '{}' (available: cpu)", p);
   const int threads = resolve_threads(opt.threads);
-  auto m = load_model(opt.model, threads, opt.critical);
+  auto m = load_model(opt.model, threads, opt.critical, opt.device);
 
   std::vector<PolicyResult> results;
   for (const std::string& policy : opt.policies)

@@ -108,7 +108,7 @@ class Chat {
   Chat(const ChatOptions& opt)
       : opt_(opt),
         tty_(isatty(STDIN_FILENO) && isatty(STDOUT_FILENO)),
-        model_(load_model(opt.model, resolve_threads(opt.threads), opt.critical)),
+        model_(load_model(opt.model, resolve_threads(opt.threads), opt.critical, opt.device)),
         tokenizer_(text::Tokenizer::from_gguf(model_->file())),
         template_(pick_template()),
         session_(*model_, opt.ctx_size > 0 ? opt.ctx_size : std::min<int64_t>(4096, model_->config().n_ctx_train)),

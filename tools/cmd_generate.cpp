@@ -9,6 +9,7 @@
 #include <optional>
 #include <thread>
 
+#include "runtime/device/device.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/sampler.h"
 #include "runtime/engine/session.h"
@@ -40,8 +41,36 @@ int resolve_threads(int requested) {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-std::unique_ptr<model::Model> load_model(const std::string& path, int threads, const std::string& critical) {
+namespace {
+
+// The device a command asked for, kept until the process ends (models refer to it).
+device::Device* open_device(const DeviceOptions& opt) {
+  static std::vector<std::unique_ptr<device::Device>> devices;
+  if (opt.kind == "cpu" || opt.kind == "auto") return nullptr;  // this build has no CUDA device yet
+  if (opt.kind == "cuda") fail("--device cuda: this build of hetmoe has no CUDA support yet (use cpu or emulated)");
+  if (opt.kind != "emulated") fail("--device {}: use cpu, emulated, cuda or auto", opt.kind);
+  if (opt.memory_gb < 0 || opt.link_gb_s < 0 || opt.link_latency_us < 0)
+    fail("--device-memory, --link-gbs and --link-latency-us must not be negative");
+  device::EmulatedOptions e;
+  if (opt.memory_gb > 0) e.capacity = static_cast<size_t>(opt.memory_gb * 1e9);
+  e.link_gb_s = opt.link_gb_s;
+  e.link_latency_us = opt.link_latency_us;
+  devices.push_back(device::make_emulated_device(e));
+  return devices.back().get();
+}
+
+}  // namespace
+
+std::unique_ptr<model::Model> load_model(const std::string& path, int threads, const std::string& critical,
+                                         const DeviceOptions& device_opt) {
   auto model = model::Model::load(path, threads);
+  if (device::Device* d = open_device(device_opt)) {
+    // The experts take the device's memory but a reserve for the step's working rows (a quarter, at most 1 GB).
+    model->attach_device(*d, d->capacity() - std::min(d->capacity() / 4, size_t{1} << 30));
+    const model::DeviceExperts& on = *model->device_experts();
+    fmt::print(stderr, "device: {}: {} routed experts resident, {:.1f} MB{}\n", d->name(), on.resident_experts(),
+               static_cast<double>(on.resident_bytes()) / 1e6, model->split() ? " of W^Q" : "");
+  }
   if (critical.empty()) return model;
   if (!model->split()) fail("--critical {}: {} is not a split model (hetmoe split writes one)", critical, path);
   if (critical == "all") {
@@ -81,7 +110,7 @@ std::vector<int32_t> parse_token_list(const std::string& text) {
 }
 
 int logits(const LogitsOptions& opt) {
-  auto model = load_model(opt.model, resolve_threads(opt.threads), opt.critical);
+  auto model = load_model(opt.model, resolve_threads(opt.threads), opt.critical, opt.device);
   const int64_t n = static_cast<int64_t>(opt.tokens.size());
   model::KvCache cache = model->make_cache(std::min<int64_t>(n, model->config().n_ctx_train));
   std::vector<float> out;
@@ -91,7 +120,7 @@ int logits(const LogitsOptions& opt) {
 }
 
 int run(const RunOptions& opt) {
-  auto model = load_model(opt.model, resolve_threads(opt.threads), opt.critical);
+  auto model = load_model(opt.model, resolve_threads(opt.threads), opt.critical, opt.device);
   const model::ModelConfig& c = model->config();
   if (opt.n_predict < 0) fail("-n must not be negative");
 

@@ -11,6 +11,15 @@
 
 namespace hetmoe::cli {
 
+// Where the routed experts run: "cpu", "emulated" (a GPU stand-in in host memory), "cuda", or "auto" (cuda when this
+// build has it and a GPU is present, else cpu).
+struct DeviceOptions {
+  std::string kind = "auto";
+  double memory_gb = 0;        // emulated: its capacity (default 24 GB); any device: the experts' budget
+  double link_gb_s = 0;        // emulated: throttle copies to this host-device bandwidth (0: no throttle)
+  double link_latency_us = 0;  // emulated: and this latency per copy
+};
+
 struct InspectOptions {
   std::string model;
   bool all_metadata = false;  // print tokenizer arrays' sizes too
@@ -20,6 +29,7 @@ struct LogitsOptions {
   std::string model;
   std::vector<int32_t> tokens;
   std::string out;
+  DeviceOptions device;
   std::string critical;  // split models: --critical R|all (empty: the default)
   int threads = 0;
 };
@@ -33,6 +43,7 @@ struct RunOptions {
   bool ignore_eos = false;  // with a text prompt: keep going past the end-of-generation token
   int64_t ctx_size = 0;     // 0: prompt + n_predict, at most the training context
   bool print_ids = false;
+  DeviceOptions device;
   std::string critical;  // split models: --critical R|all (empty: the default)
   int threads = 0;
 };
@@ -46,6 +57,7 @@ struct ChatOptions {
   int64_t ctx_size = 0;     // 0: min(4096, training context)
   bool hide_think = false;  // R1/Qwen3 reasoning: hidden instead of dimmed
   bool enable_thinking = true;
+  DeviceOptions device;
   std::string critical;  // split models: --critical R|all (empty: the default)
   int threads = 0;
 };
@@ -59,9 +71,10 @@ struct TokenizeOptions {
 struct BenchOptions {
   std::string model;
   std::vector<std::string> policies{"cpu"};
-  int prompt = 128;      // prefill tokens
-  int gen = 32;          // decoded tokens
-  std::string json;      // also write the results here
+  int prompt = 128;  // prefill tokens
+  int gen = 32;      // decoded tokens
+  std::string json;  // also write the results here
+  DeviceOptions device;
   std::string critical;  // split models: --critical R|all (empty: the default)
   int threads = 0;
   int repeat = 3;  // measured runs per policy (after one warm-up run); medians are reported
@@ -103,7 +116,10 @@ int tokenize(const TokenizeOptions& opt);
 int resolve_threads(int requested);
 // Loads a model; `critical` ("", a count, or "all") sets how many of each token's experts add their residual in a
 // split model, and is an error for a model that is not split.
-std::unique_ptr<model::Model> load_model(const std::string& path, int threads, const std::string& critical);
+// With a device other than the CPU, the routed experts go there as far as its memory lets them (the device lives
+// until the process ends); a note on stderr says which device and how much of the model it holds.
+std::unique_ptr<model::Model> load_model(const std::string& path, int threads, const std::string& critical,
+                                         const DeviceOptions& device = {});
 // "3,17,42" or "3 17 42" to ids; fails on anything else.
 std::vector<int32_t> parse_token_list(const std::string& text);
 

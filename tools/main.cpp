@@ -24,6 +24,14 @@ void add_critical(CLI::App* cmd, std::string* critical) {
                   "0 = W^Q only, 'all' (or any count above the experts per token) = every expert");
 }
 
+void add_device(CLI::App* cmd, cli::DeviceOptions* d) {
+  cmd->add_option("--device", d->kind, "where routed experts run: cpu, emulated (a GPU stand-in), cuda, auto")
+      ->capture_default_str();
+  cmd->add_option("--device-memory", d->memory_gb, "device memory for experts, GB (emulated default: 24)");
+  cmd->add_option("--link-gbs", d->link_gb_s, "emulated: host-device bandwidth in GB/s (0: unthrottled)");
+  cmd->add_option("--link-latency-us", d->link_latency_us, "emulated: latency per copy in microseconds");
+}
+
 void add_sampling(CLI::App* cmd, engine::SamplingParams* p) {
   cmd->add_option("--temp", p->temperature, "temperature (0: greedy)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-k", p->top_k, "keep the k most likely tokens (0: off)");
@@ -91,6 +99,7 @@ int main(int argc, char** argv) {
   c_logits->add_option("--out", logits.out, "output file (float32 little-endian, row-major)")->required();
   add_threads(c_logits, &logits.threads);
   add_critical(c_logits, &logits.critical);
+  add_device(c_logits, &logits.device);
 
   cli::RunOptions run;
   std::string run_tokens;
@@ -106,6 +115,7 @@ int main(int argc, char** argv) {
   c_run->add_flag("--print-ids", run.print_ids, "print only the generated ids on stdout");
   add_threads(c_run, &run.threads);
   add_critical(c_run, &run.critical);
+  add_device(c_run, &run.device);
 
   cli::ChatOptions chat;
   CLI::App* c_chat = app.add_subcommand("chat", "interactive chat (one message per line when stdin is not a terminal)");
@@ -120,6 +130,7 @@ int main(int argc, char** argv) {
   c_chat->add_flag("!--no-think", chat.enable_thinking, "ask Qwen3 not to think (enable_thinking = false)");
   add_threads(c_chat, &chat.threads);
   add_critical(c_chat, &chat.critical);
+  add_device(c_chat, &chat.device);
 
   cli::TokenizeOptions tokenize;
   CLI::App* c_tokenize = app.add_subcommand("tokenize", "print the token ids of a text file's exact bytes");
@@ -139,6 +150,7 @@ int main(int argc, char** argv) {
   c_bench->add_option("--repeat", bench.repeat, "measured runs per policy after a warm-up (median and spread)");
   add_threads(c_bench, &bench.threads);
   add_critical(c_bench, &bench.critical);
+  add_device(c_bench, &bench.device);
 
   cli::CalibrateOptions calibrate;
   CLI::App* c_calibrate =

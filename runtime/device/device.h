@@ -111,7 +111,7 @@ class DeviceMemory {
 
 // The emulated device's link and size.
 struct EmulatedOptions {
-  size_t capacity = size_t{24} << 30;  // bytes of "device memory" (host memory underneath)
+  size_t capacity = 24'000'000'000;  // bytes of "device memory" (host memory underneath)
   double link_gb_s = 0;                // throttle copies to this bandwidth (GB/s); 0: no throttle
   double link_latency_us = 0;          // and this latency per copy
 };

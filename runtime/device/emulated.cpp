@@ -99,7 +99,9 @@ class EmulatedDevice final : public Device {
     std::string link = opt_.link_gb_s > 0
                            ? fmt::format(", link {:.1f} GB/s + {:.0f} us", opt_.link_gb_s, opt_.link_latency_us)
                            : ", unthrottled link";
-    return fmt::format("emulated ({:.1f} GB{})", static_cast<double>(opt_.capacity) / 1e9, link);
+    const double gb = static_cast<double>(opt_.capacity) / 1e9;
+    return gb >= 1 ? fmt::format("emulated ({:.1f} GB{})", gb, link)
+                   : fmt::format("emulated ({:.1f} MB{})", gb * 1e3, link);
   }
   bool emulated() const override { return true; }
   size_t capacity() const override { return opt_.capacity; }

@@ -15,6 +15,7 @@
 #include "cpu_kernels/thread_pool.h"
 #include "runtime/gguf/reader.h"
 #include "runtime/model/config.h"
+#include "runtime/model/device_experts.h"
 #include "runtime/model/kv_cache.h"
 #include "runtime/model/moe.h"
 #include "runtime/model/trace.h"
@@ -52,6 +53,12 @@ class Model {
   // Of a split model: how many of each token's routed experts (largest mixing weights first) add their residual;
   // 0 runs W^Q alone, < 0 adds it for all. No effect on an unsplit model.
   void set_critical(int64_t n_critical);
+
+  // Puts the routed experts' W^Q (the experts themselves for an unsplit model) on `device`, layer by layer and
+  // expert by expert while `budget_bytes` lasts; the MoE layers then run those there and the rest on the CPU. The
+  // device must outlive the model.
+  void attach_device(device::Device& device, size_t budget_bytes);
+  const DeviceExperts* device_experts() const { return device_experts_.get(); }
 
   // A KV cache for n_ctx positions (at most the training context).
   KvCache make_cache(int64_t n_ctx) const;
@@ -106,6 +113,7 @@ class Model {
  private:
   void ffn(int64_t layer, const float* x, int64_t n, float* out);
   std::deque<std::vector<float>> owned_vectors_;
+  std::unique_ptr<DeviceExperts> device_experts_;
 
   // HETMOE_PROFILE=1: wall time per part of the forward pass, printed to stderr when the model is destroyed.
   struct Profile {

@@ -7,6 +7,7 @@
 #include "cpu_kernels/experts.h"
 #include "cpu_kernels/ops.h"
 #include "cpu_kernels/scratch.h"
+#include "runtime/model/device_experts.h"
 
 namespace hetmoe::model {
 namespace {
@@ -90,6 +91,58 @@ void route(const RoutingParams& p, float* logits, const float* bias, int64_t n, 
   }
 }
 
+RoutedItems group_items(const MoeWeights& w, const Routing& r, int64_t n, int64_t nu) {
+  // Items bucketed by expert with one counting sort (token order within each expert): next[e] starts as the
+  // beginning of expert e's bucket and ends as its end.
+  std::span<int64_t> next = cpu::scratch<int64_t, struct ExpertNextSite>(w.n_expert + 1);
+  std::span<int64_t> order = cpu::scratch<int64_t, struct ExpertOrderSite>(n * nu);
+  std::fill(next.begin(), next.end(), 0);
+  for (int64_t i = 0; i < n * nu; ++i) ++next[r.ids[i] + 1];
+  for (int64_t e = 0; e < w.n_expert; ++e) next[e + 1] += next[e];
+  for (int64_t i = 0; i < n * nu; ++i) order[next[r.ids[i]]++] = i;
+  // A split model's critical items: per token, the n_critical routed experts of largest weight (ties: lower slot).
+  std::span<uint8_t> critical = cpu::scratch<uint8_t, struct CriticalSite>(w.split() ? n * nu : 0);
+  if (w.split()) {
+    const int64_t keep = w.n_critical < 0 ? nu : std::min(w.n_critical, nu);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t a = 0; a < nu; ++a) {
+        int64_t above = 0;  // slots that rank before slot a
+        for (int64_t b = 0; b < nu; ++b) {
+          const float wa = r.weights[t * nu + a], wb = r.weights[t * nu + b];
+          above += wb > wa || (wb == wa && b < a);
+        }
+        critical[t * nu + a] = above < keep;
+      }
+  }
+  return {next.first(w.n_expert), order.first(n * nu), critical.first(w.split() ? n * nu : 0)};
+}
+
+void add_routed_expert(cpu::ExpertBatch& batch, const MoeWeights& w, const RoutedItems& items, const Routing& r,
+                       int64_t e, int64_t nu, int64_t n_embd) {
+  const cpu::ExpertFfn q{w.gate_exps.rows(e * w.n_ff_exp, w.n_ff_exp), w.up_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
+                         w.down_exps.rows(e * n_embd, n_embd)};
+  // Unsplit: one entry per expert. Split: the items that run on W^Q alone, then those that add the residual.
+  for (const int pass : {0, 1}) {
+    if (pass == 1 && !w.split()) break;
+    bool added = false;
+    for (int64_t o = items.begin(e); o < items.end[e]; ++o) {
+      const int64_t i = items.order[o];
+      if (w.split() && items.critical[i] != pass) continue;
+      if (!added) {
+        cpu::ExpertFfn f = q;
+        if (pass == 1) {
+          f.gate_r = w.gate_exps_r.rows(e * w.n_ff_exp, w.n_ff_exp);
+          f.up_r = w.up_exps_r.rows(e * w.n_ff_exp, w.n_ff_exp);
+          f.down_r = w.down_exps_r.rows(e * n_embd, n_embd);
+        }
+        batch.add_expert(f);
+        added = true;
+      }
+      batch.add_item(static_cast<int32_t>(i / nu), static_cast<int32_t>(i % nu), r.weights[i]);
+    }
+  }
+}
+
 void swiglu_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const cpu::WeightMatrix& gate,
                 const cpu::WeightMatrix& up, const cpu::WeightMatrix& down, const float* x, int64_t n, float* out) {
   std::span<float> hidden = cpu::scratch<float, struct SwigluHiddenSite>(n * gate.n_rows);
@@ -107,55 +160,11 @@ void moe_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights&
 
   // Every (token, slot) item grouped by expert; the shared experts come last in each token's sum, as llama.cpp adds
   // them after the routed ones. The sum over a token's items runs in slot order, matching llama.cpp's chain of adds.
+  const RoutedItems items = group_items(w, r, n, nu);
+  if (w.device) return w.device->run(k, pool, w, r, items, layer, x, n, n_embd, out);
   thread_local cpu::ExpertBatch batch;
   batch.clear(n, nu + (w.has_shared ? 1 : 0));
-  // Items bucketed by expert with one counting sort (token order within each expert): next[e] starts as the
-  // beginning of expert e's bucket and ends as its end.
-  std::span<int64_t> next = cpu::scratch<int64_t, struct ExpertNextSite>(p.n_expert + 1);
-  std::span<int64_t> order = cpu::scratch<int64_t, struct ExpertOrderSite>(n * nu);
-  std::fill(next.begin(), next.end(), 0);
-  for (int64_t i = 0; i < n * nu; ++i) ++next[r.ids[i] + 1];
-  for (int64_t e = 0; e < p.n_expert; ++e) next[e + 1] += next[e];
-  for (int64_t i = 0; i < n * nu; ++i) order[next[r.ids[i]]++] = i;
-  // A split model's critical items: per token, the n_critical routed experts of largest weight (ties: lower slot).
-  std::span<uint8_t> critical = cpu::scratch<uint8_t, struct CriticalSite>(w.split() ? n * nu : 0);
-  if (w.split()) {
-    const int64_t keep = w.n_critical < 0 ? nu : std::min(w.n_critical, nu);
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t a = 0; a < nu; ++a) {
-        int64_t above = 0;  // slots that rank before slot a
-        for (int64_t b = 0; b < nu; ++b) {
-          const float wa = r.weights[t * nu + a], wb = r.weights[t * nu + b];
-          above += wb > wa || (wb == wa && b < a);
-        }
-        critical[t * nu + a] = above < keep;
-      }
-  }
-  for (int64_t e = 0, begin = 0; e < p.n_expert; begin = next[e++]) {
-    if (next[e] == begin) continue;
-    const cpu::ExpertFfn q{w.gate_exps.rows(e * w.n_ff_exp, w.n_ff_exp), w.up_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
-                           w.down_exps.rows(e * n_embd, n_embd)};
-    // Unsplit: one entry per expert. Split: the items that run on W^Q alone, then those that add the residual.
-    for (const int pass : {0, 1}) {
-      if (pass == 1 && !w.split()) break;
-      bool added = false;
-      for (int64_t o = begin; o < next[e]; ++o) {
-        const int64_t i = order[o];
-        if (w.split() && critical[i] != pass) continue;
-        if (!added) {
-          cpu::ExpertFfn f = q;
-          if (pass == 1) {
-            f.gate_r = w.gate_exps_r.rows(e * w.n_ff_exp, w.n_ff_exp);
-            f.up_r = w.up_exps_r.rows(e * w.n_ff_exp, w.n_ff_exp);
-            f.down_r = w.down_exps_r.rows(e * n_embd, n_embd);
-          }
-          batch.add_expert(f);
-          added = true;
-        }
-        batch.add_item(static_cast<int32_t>(i / nu), static_cast<int32_t>(i % nu), r.weights[i]);
-      }
-    }
-  }
+  for (int64_t e = 0; e < p.n_expert; ++e) add_routed_expert(batch, w, items, r, e, nu, n_embd);
   if (w.has_shared) {
     batch.add_expert({w.gate_shexp, w.up_shexp, w.down_shexp});
     for (int64_t t = 0; t < n; ++t) batch.add_item(static_cast<int32_t>(t), static_cast<int32_t>(nu), 1.0f);

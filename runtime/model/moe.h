@@ -1,8 +1,10 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
+#include "cpu_kernels/experts.h"
 #include "cpu_kernels/kernel_table.h"
 #include "cpu_kernels/matmul.h"
 #include "cpu_kernels/thread_pool.h"
@@ -10,6 +12,8 @@
 #include "runtime/model/trace.h"
 
 namespace hetmoe::model {
+
+class DeviceExperts;
 
 // The router's rules, as the architecture and its metadata set them.
 struct RoutingParams {
@@ -51,8 +55,25 @@ struct MoeWeights {
   // residual (the "critical" experts); the others run on W^Q alone. < 0: all of them. Set at load.
   int64_t n_critical = -1;
 
+  // Experts whose W^Q lives on a device (null: everything on the CPU).
+  DeviceExperts* device = nullptr;
+
   bool split() const { return gate_exps_r.data != nullptr; }
 };
+
+// A batch's routed items (token t, slot k) as index t * n_used + k, grouped by expert: expert e's items are
+// order[begin(e) .. end[e]), in token order; critical[i] marks the items that add their residual (split models).
+struct RoutedItems {
+  std::span<const int64_t> end;       // [n_expert]
+  std::span<const int64_t> order;     // [n * n_used]
+  std::span<const uint8_t> critical;  // [n * n_used], empty for an unsplit model
+  int64_t begin(int64_t e) const { return e == 0 ? 0 : end[e - 1]; }
+};
+RoutedItems group_items(const MoeWeights& w, const Routing& r, int64_t n, int64_t n_used);
+// Adds routed expert e's items (all, or those with critical == only_critical for a split model) to `batch` as
+// one expert entry: W^Q alone, or with the residual for the critical ones. Adds nothing when there are none.
+void add_routed_expert(cpu::ExpertBatch& batch, const MoeWeights& w, const RoutedItems& items, const Routing& r,
+                       int64_t e, int64_t n_used, int64_t n_embd);
 
 // out[n][n_embd] = sum over selected experts of weight * down(silu(gate x) * up x), plus the shared experts.
 // Tokens are grouped by expert so each expert's rows are read once per batch.

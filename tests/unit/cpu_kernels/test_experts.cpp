@@ -157,13 +157,27 @@ TEST(Experts, BatchedExecutorEqualsPerItemMatmulsAndOrderedSums) {
       run_experts(kernels(), pool, single, &x[5 * s.n_embd], s.n_embd, got1.data());
       EXPECT_EQ(got1, want5);
     }
-    // A batch whose items do not cover every (token, rank) is refused, not summed over garbage.
+    // Slots without an item (their expert ran elsewhere) add nothing: token 1 has none and gets zeros, token 0 only
+    // its one item; more items than slots is refused, not summed over memory it does not own.
+    ExpertBatch sparse;
+    sparse.clear(2, 2);
+    sparse.add_expert(ffn(0));
+    sparse.add_item(0, 1, 1.0f);
+    std::vector<float> out(2 * s.n_embd, -1.0f), alone(s.n_embd);
+    ThreadPool pool(2);
+    run_experts(kernels(), pool, sparse, x.data(), s.n_embd, out.data());
+    ExpertBatch one_item;
+    one_item.clear(1, 1);
+    one_item.add_expert(ffn(0));
+    one_item.add_item(0, 0, 1.0f);
+    run_experts(kernels(), pool, one_item, x.data(), s.n_embd, alone.data());
+    EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + s.n_embd), alone);
+    EXPECT_EQ(std::vector<float>(out.begin() + s.n_embd, out.end()), std::vector<float>(s.n_embd, 0.0f));
     ExpertBatch broken;
-    broken.clear(2, 1);
+    broken.clear(1, 1);
     broken.add_expert(ffn(0));
     broken.add_item(0, 0, 1.0f);
-    std::vector<float> out(2 * s.n_embd);
-    ThreadPool pool(2);
+    broken.add_item(0, 0, 1.0f);
     EXPECT_THROW(run_experts(kernels(), pool, broken, x.data(), s.n_embd, out.data()), std::invalid_argument);
   }
 }

@@ -7,12 +7,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "quant/lowbit.h"
 #include "quant/ref.h"
+#include "runtime/device/device.h"
 #include "runtime/error.h"
 #include "runtime/gguf/reader.h"
 #include "runtime/gguf/writer.h"
@@ -203,6 +206,84 @@ TEST(Split, LoadRefusesAnotherLayoutVersion) {
     ADD_FAILURE() << "loaded a split file of another layout version";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("layout version"), std::string::npos) << e.what();
+  }
+}
+
+// Records each MoE layer's routing: expert ids and raw weights per token.
+struct RoutingTrace : model::Trace {
+  std::map<int64_t, std::vector<int32_t>> experts;
+  std::map<int64_t, std::vector<float>> weights;
+  void values(int64_t layer, std::string_view name, const float* data, int64_t rows, int64_t cols) override {
+    if (name == "ffn_moe_weights") weights[layer].assign(data, data + rows * cols);
+  }
+  void ids(int64_t layer, std::string_view name, const int32_t* data, int64_t rows, int64_t cols) override {
+    if (name == "ffn_moe_topk") experts[layer].assign(data, data + rows * cols);
+  }
+};
+
+// A split model with part of its experts on the emulated device: the same logits as on the CPU alone (to float
+// rounding and the 8-bit rounding events it can cause), and exactly the transfers the plan implies.
+TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
+  const fs::path out = temp_dir() / "device.split.gguf";
+  split_model({.model = kTiny.string(), .out = out.string(), .threads = 2}, nullptr);
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 12; ++i) tokens.push_back((i * 53 + 7) % 500);
+  for (int64_t critical : {0, 2, -1}) {
+    auto dev = device::make_emulated_device({.capacity = 2'000'000});  // outlives the model that uses it
+    auto cpu_only = model::Model::load(out.string(), 2);
+    cpu_only->set_critical(critical);
+    auto on_device = model::Model::load(out.string(), 2);
+    on_device->set_critical(critical);
+    const size_t budget = 1'000'000;  // 16 of the 32 experts (62 KB each)
+    on_device->attach_device(*dev, budget);
+    const model::DeviceExperts& held = *on_device->device_experts();
+    ASSERT_GT(held.resident_experts(), 0);
+    ASSERT_LT(held.resident_experts(), 32);
+    EXPECT_EQ(dev->transfers().to_device_bytes, held.resident_bytes());
+
+    // Prefill of 12 tokens, then one decode step.
+    model::KvCache c1 = cpu_only->make_cache(16), c2 = on_device->make_cache(16);
+    std::vector<float> want, got;
+    RoutingTrace trace;
+    cpu_only->forward(tokens, 0, c1, true, want);
+    const device::TransferStats before = dev->transfers();
+    on_device->forward(tokens, 0, c2, true, got, &trace);
+    const device::TransferStats after = dev->transfers();
+    float scale = 0, diff = 0;
+    for (size_t j = 0; j < want.size(); ++j) {
+      scale = std::max(scale, std::abs(want[j]));
+      diff = std::max(diff, std::abs(want[j] - got[j]));
+    }
+    EXPECT_LE(diff, 2e-3f * scale) << "critical " << critical;
+
+    // The plan: per MoE layer, the input rows of the items of resident experts go up and their down rows come
+    // back; experts with a critical item also send up the residual's gate and up rows and bring back the hidden
+    // rows.
+    const model::ModelConfig& c = on_device->config();
+    const int64_t nu = c.n_expert_used, n = static_cast<int64_t>(tokens.size());
+    uint64_t up = 0, down = 0;
+    for (const auto& [layer, ids] : trace.experts) {
+      const std::vector<float>& w = trace.weights.at(layer);
+      for (int64_t e = 0; e < c.n_expert; ++e) {
+        if (!held.resident(layer, e)) continue;
+        int64_t m = 0;
+        bool any_critical = false;
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t a = 0; a < nu; ++a) {
+            if (ids[t * nu + a] != e) continue;
+            ++m;
+            int64_t above = 0;
+            for (int64_t b = 0; b < nu; ++b)
+              above += w[t * nu + b] > w[t * nu + a] || (w[t * nu + b] == w[t * nu + a] && b < a);
+            any_critical |= above < (critical < 0 ? nu : critical);
+          }
+        up += 4 * m * c.n_embd + (any_critical ? 2 * 4 * m * c.n_ff_exp : 0);
+        down += 4 * m * c.n_embd + (any_critical ? 4 * m * c.n_ff_exp : 0);
+      }
+    }
+    EXPECT_GT(up, 0u);
+    EXPECT_EQ(after.to_device_bytes - before.to_device_bytes, up) << "critical " << critical;
+    EXPECT_EQ(after.to_host_bytes - before.to_host_bytes, down) << "critical " << critical;
   }
 }
 

@@ -1,0 +1,164 @@
+#include "runtime/model/device_experts.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cpu_kernels/experts.h"
+#include "cpu_kernels/scratch.h"
+#include "runtime/model/moe.h"
+
+namespace hetmoe::model {
+namespace {
+
+// One routed expert of the step that runs on the device: its items order[o0 .. o1), their rows [row0, row0 + m) of
+// the step's device buffers, and whether any of them is critical.
+struct DeviceWork {
+  int64_t expert = 0, o0 = 0, o1 = 0, row0 = 0;
+  bool any_critical = false;
+  int64_t m() const { return o1 - o0; }
+};
+
+}  // namespace
+
+DeviceExperts::DeviceExperts(device::Device& device, size_t budget_bytes)
+    : device_(device),
+      budget_(std::min(budget_bytes, device.capacity())),
+      compute_(device.create_stream()),
+      copy_(device.create_stream()) {}
+
+bool DeviceExperts::upload(int64_t layer, int64_t expert, const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up,
+                           const cpu::WeightMatrix& down) {
+  const size_t bytes = gate.row_bytes * gate.n_rows + up.row_bytes * up.n_rows + down.row_bytes * down.n_rows;
+  if (resident_bytes_ + bytes > budget_) return false;
+  Slot slot;
+  auto put = [&](const cpu::WeightMatrix& w) {
+    weights_.emplace_back(device_, w.row_bytes * w.n_rows);
+    device_.copy_to_device(copy_, weights_.back().get(), w.data, w.row_bytes * w.n_rows);
+    return device::DeviceMatrix{w.type, w.n_cols, w.n_rows, w.row_bytes, weights_.back().get()};
+  };
+  slot.gate = put(gate);
+  slot.up = put(up);
+  slot.down = put(down);
+  device_.synchronize(device_.record(copy_));
+  slots_[{layer, expert}] = slot;
+  resident_bytes_ += bytes;
+  return true;
+}
+
+float* DeviceExperts::scratch(device::DeviceMemory& mem, size_t floats) {
+  if (mem.bytes() < floats * sizeof(float))
+    mem = device::DeviceMemory(device_, std::max<size_t>(1, floats) * sizeof(float));
+  return mem.as<float>();
+}
+
+void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const Routing& r,
+                        const RoutedItems& items, int64_t layer, const float* x, int64_t n, int64_t n_embd,
+                        float* out) {
+  const int64_t nu = static_cast<int64_t>(r.ids.size()) / n, ff = w.n_ff_exp;
+  // Resident experts go to the device, the rest (and the shared experts) to the CPU engine.
+  thread_local std::vector<DeviceWork> work;
+  work.clear();
+  thread_local cpu::ExpertBatch batch;
+  batch.clear(n, nu + (w.has_shared ? 1 : 0));
+  int64_t rows = 0;
+  for (int64_t e = 0; e < w.n_expert; ++e) {
+    const int64_t o0 = items.begin(e), o1 = items.end[e];
+    if (o0 == o1) continue;
+    if (!resident(layer, e)) {
+      add_routed_expert(batch, w, items, r, e, nu, n_embd);
+      continue;
+    }
+    DeviceWork d{e, o0, o1, rows, false};
+    for (int64_t o = o0; o < o1 && w.split(); ++o) d.any_critical |= items.critical[items.order[o]] != 0;
+    work.push_back(d);
+    rows += d.m();
+  }
+  if (w.has_shared) {
+    batch.add_expert({w.gate_shexp, w.up_shexp, w.down_shexp});
+    for (int64_t t = 0; t < n; ++t) batch.add_item(static_cast<int32_t>(t), static_cast<int32_t>(nu), 1.0f);
+  }
+  if (work.empty()) return cpu::run_experts(k, pool, batch, x, n_embd, out);
+
+  // Phase 1 on the device: the items' input rows up in one copy, then gate and up of each expert's W^Q.
+  std::span<float> xs = cpu::scratch<float, struct DeviceXSite>(rows * n_embd);
+  for (const DeviceWork& d : work)
+    for (int64_t o = d.o0; o < d.o1; ++o)
+      std::copy_n(x + (items.order[o] / nu) * n_embd, n_embd, &xs[(d.row0 + o - d.o0) * n_embd]);
+  float* dx = scratch(x_, rows * n_embd);
+  float* dg = scratch(g_, rows * ff);
+  float* du = scratch(u_, rows * ff);
+  float* dh = scratch(h_, rows * ff);
+  float* dy = scratch(y_, rows * n_embd);
+  device_.copy_to_device(compute_, dx, xs.data(), xs.size() * sizeof(float));
+  for (const DeviceWork& d : work) {
+    const Slot& s = slots_.at({layer, d.expert});
+    device_.matmul(compute_, s.gate, dx + d.row0 * n_embd, d.m(), dg + d.row0 * ff);
+    device_.matmul(compute_, s.up, dx + d.row0 * n_embd, d.m(), du + d.row0 * ff);
+  }
+
+  // Meanwhile on the CPU: the residual's gate and up for the critical items (zero rows for the others), sent to
+  // the device to be added before the SiLU.
+  std::span<float> gr = cpu::scratch<float, struct DeviceGrSite>(rows * ff);
+  std::span<float> ur = cpu::scratch<float, struct DeviceUrSite>(rows * ff);
+  std::span<float> xc = cpu::scratch<float, struct DeviceXcSite>(rows * n_embd);
+  std::span<float> tmp = cpu::scratch<float, struct DeviceTmpSite>(rows * std::max(ff, n_embd));
+  auto critical_rows = [&](const DeviceWork& d, float* dst, int64_t width, const float* src) {
+    int64_t c = 0;  // gathers the critical items' rows of src ([m][width]) into dst
+    for (int64_t o = d.o0; o < d.o1; ++o)
+      if (items.critical[items.order[o]]) std::copy_n(src + (o - d.o0) * width, width, dst + c++ * width);
+    return c;
+  };
+  float* dgr = w.split() ? scratch(gr_, rows * ff) : nullptr;
+  float* dur = w.split() ? scratch(ur_, rows * ff) : nullptr;
+  for (const DeviceWork& d : work) {
+    if (!d.any_critical) continue;
+    const int64_t c = critical_rows(d, xc.data(), n_embd, &xs[d.row0 * n_embd]);
+    const cpu::WeightMatrix gate_r = w.gate_exps_r.rows(d.expert * ff, ff), up_r = w.up_exps_r.rows(d.expert * ff, ff);
+    for (auto [matrix, dst] : {std::pair{&gate_r, gr.data()}, std::pair{&up_r, ur.data()}}) {
+      cpu::matmul(k, pool, *matrix, xc.data(), c, tmp.data(), ff);
+      float* rows_of_d = dst + d.row0 * ff;
+      std::fill(rows_of_d, rows_of_d + d.m() * ff, 0.0f);
+      int64_t j = 0;
+      for (int64_t o = d.o0; o < d.o1; ++o)
+        if (items.critical[items.order[o]]) std::copy_n(tmp.data() + j++ * ff, ff, rows_of_d + (o - d.o0) * ff);
+    }
+    device_.copy_to_device(compute_, dgr + d.row0 * ff, gr.data() + d.row0 * ff, d.m() * ff * sizeof(float));
+    device_.copy_to_device(compute_, dur + d.row0 * ff, ur.data() + d.row0 * ff, d.m() * ff * sizeof(float));
+    device_.add(compute_, dgr + d.row0 * ff, d.m() * ff, dg + d.row0 * ff);
+    device_.add(compute_, dur + d.row0 * ff, d.m() * ff, du + d.row0 * ff);
+  }
+  // Phase 2 on the device: SiLU, down, and back: the down rows of every item, the hidden rows of critical experts.
+  std::span<float> hs = cpu::scratch<float, struct DeviceHSite>(rows * ff);
+  std::span<float> ys = cpu::scratch<float, struct DeviceYSite>(rows * n_embd);
+  device_.silu_mul(compute_, dg, du, rows * ff, dh);
+  for (const DeviceWork& d : work)
+    device_.matmul(compute_, slots_.at({layer, d.expert}).down, dh + d.row0 * ff, d.m(), dy + d.row0 * n_embd);
+  for (const DeviceWork& d : work)
+    if (d.any_critical)
+      device_.copy_to_host(compute_, hs.data() + d.row0 * ff, dh + d.row0 * ff, d.m() * ff * sizeof(float));
+  device_.copy_to_host(compute_, ys.data(), dy, ys.size() * sizeof(float));
+  const device::Event done = device_.record(compute_);
+
+  // The CPU's own experts while the device works, then the device's results by mixing weight, with the residual's
+  // down rows of the critical items.
+  cpu::run_experts(k, pool, batch, x, n_embd, out);
+  device_.synchronize(done);
+  for (const DeviceWork& d : work) {
+    int64_t c = 0;
+    if (d.any_critical) {
+      c = critical_rows(d, xc.data(), ff, hs.data() + d.row0 * ff);
+      cpu::matmul(k, pool, w.down_exps_r.rows(d.expert * n_embd, n_embd), xc.data(), c, tmp.data(), n_embd);
+    }
+    int64_t j = 0;
+    for (int64_t o = d.o0; o < d.o1; ++o) {
+      const int64_t i = items.order[o];
+      const float* y = &ys[(d.row0 + o - d.o0) * n_embd];
+      const float* yr = w.split() && items.critical[i] ? tmp.data() + j++ * n_embd : nullptr;
+      float* dst = out + (i / nu) * n_embd;
+      const float weight = r.weights[i];
+      for (int64_t q = 0; q < n_embd; ++q) dst[q] += weight * (yr ? y[q] + yr[q] : y[q]);
+    }
+  }
+}
+
+}  // namespace hetmoe::model

@@ -1,0 +1,57 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "cpu_kernels/kernel_table.h"
+#include "cpu_kernels/matmul.h"
+#include "cpu_kernels/thread_pool.h"
+#include "runtime/device/device.h"
+
+namespace hetmoe::model {
+
+struct MoeWeights;
+struct Routing;
+struct RoutedItems;
+
+// Routed experts whose W^Q (the whole expert for an unsplit model) lives on a device, uploaded once at load while
+// the budget lasts, and the MoE step that uses them: the device runs gate, up, SiLU and down of its experts' W^Q
+// while the CPU runs the residuals of their critical items, the experts that did not fit, and the shared experts;
+// the results meet by mixing weight. Residency is decided at load (first come, first served by layer and expert)
+// until the scheduler of issue 6 owns placement.
+class DeviceExperts {
+ public:
+  DeviceExperts(device::Device& device, size_t budget_bytes);
+
+  // Uploads one expert's three matrices when they fit the budget; returns whether it is now resident.
+  bool upload(int64_t layer, int64_t expert, const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up,
+              const cpu::WeightMatrix& down);
+  bool resident(int64_t layer, int64_t expert) const { return slots_.count({layer, expert}) != 0; }
+  size_t resident_bytes() const { return resident_bytes_; }
+  int64_t resident_experts() const { return static_cast<int64_t>(slots_.size()); }
+  device::Device& device() const { return device_; }
+
+  // The MoE FFN of one layer for tokens x [n][n_embd] routed as `r`, into out [n][n_embd], with the CPU taking what
+  // is not resident (as moe_ffn would) plus the shared experts.
+  void run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const Routing& r,
+           const RoutedItems& items, int64_t layer, const float* x, int64_t n, int64_t n_embd, float* out);
+
+ private:
+  struct Slot {
+    device::DeviceMatrix gate, up, down;
+  };
+  // A device buffer that grows to the largest request (earlier work on it must be finished).
+  float* scratch(device::DeviceMemory& mem, size_t floats);
+
+  device::Device& device_;
+  size_t budget_;
+  size_t resident_bytes_ = 0;
+  int compute_ = 0, copy_ = 0;
+  std::map<std::pair<int64_t, int64_t>, Slot> slots_;
+  std::vector<device::DeviceMemory> weights_;
+  device::DeviceMemory x_, g_, u_, gr_, ur_, h_, y_;
+};
+
+}  // namespace hetmoe::model
