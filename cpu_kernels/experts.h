@@ -14,7 +14,7 @@ namespace hetmoe::cpu {
 // gate x = gate.x + gate_r.x, and likewise for up and down (residual matrices of the same shapes).
 struct ExpertFfn {
   WeightMatrix gate, up, down;
-  WeightMatrix gate_r, up_r, down_r;  // data == nullptr: no residual
+  WeightMatrix gate_r{}, up_r{}, down_r{};  // data == nullptr: no residual
 
   bool has_residual() const { return gate_r.data != nullptr; }
 };

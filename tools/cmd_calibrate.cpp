@@ -56,8 +56,9 @@ int calibrate(const CalibrateOptions& opt) {
   // The experts of the first MoE layer, one SwiGLU FFN of the routed width each.
   const model::MoeWeights& w = m->ffn_weights(c.n_leading_dense).moe;
   auto expert = [&](int64_t e) {
-    return cpu::ExpertFfn{w.gate_exps.rows(e * w.n_ff_exp, w.n_ff_exp), w.up_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
-                          w.down_exps.rows(e * c.n_embd, c.n_embd)};
+    return cpu::ExpertFfn{.gate = w.gate_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
+                          .up = w.up_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
+                          .down = w.down_exps.rows(e * c.n_embd, c.n_embd)};
   };
   const cpu::ExpertFfn e0 = expert(0);
   const double expert_bytes = static_cast<double>(e0.gate.row_bytes * e0.gate.n_rows + e0.up.row_bytes * e0.up.n_rows +

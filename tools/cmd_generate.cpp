@@ -46,8 +46,11 @@ namespace {
 // The device a command asked for, kept until the process ends (models refer to it).
 device::Device* open_device(const DeviceOptions& opt) {
   static std::vector<std::unique_ptr<device::Device>> devices;
-  if (opt.kind == "cpu" || opt.kind == "auto") return nullptr;  // this build has no CUDA device yet
-  if (opt.kind == "cuda") fail("--device cuda: this build of hetmoe has no CUDA support yet (use cpu or emulated)");
+  if (opt.kind == "cpu" || (opt.kind == "auto" && device::cuda_device_count() == 0)) return nullptr;
+  if (opt.kind == "cuda" || opt.kind == "auto") {
+    devices.push_back(device::make_cuda_device(0));
+    return devices.back().get();
+  }
   if (opt.kind != "emulated") fail("--device {}: use cpu, emulated, cuda or auto", opt.kind);
   if (opt.memory_gb < 0 || opt.link_gb_s < 0 || opt.link_latency_us < 0)
     fail("--device-memory, --link-gbs and --link-latency-us must not be negative");
@@ -65,11 +68,17 @@ std::unique_ptr<model::Model> load_model(const std::string& path, int threads, c
                                          const DeviceOptions& device_opt) {
   auto model = model::Model::load(path, threads);
   if (device::Device* d = open_device(device_opt)) {
-    // The experts take the device's memory but a reserve for the step's working rows (a quarter, at most 1 GB).
-    model->attach_device(*d, d->capacity() - std::min(d->capacity() / 4, size_t{1} << 30));
+    // The experts take the device's memory (--device-memory caps it) but a reserve for the step's working rows (a
+    // quarter, at most 1 GB).
+    size_t budget = d->capacity();
+    if (device_opt.memory_gb > 0) budget = std::min(budget, static_cast<size_t>(device_opt.memory_gb * 1e9));
+    model->attach_device(*d, budget - std::min(budget / 4, size_t{1} << 30));
     const model::DeviceExperts& on = *model->device_experts();
     fmt::print(stderr, "device: {}: {} routed experts resident, {:.1f} MB{}\n", d->name(), on.resident_experts(),
                static_cast<double>(on.resident_bytes()) / 1e6, model->split() ? " of W^Q" : "");
+    if (on.resident_experts() == 0 && !model->split())
+      fmt::print(stderr, "device: {} runs the low-bit W^Q types only: split the model (hetmoe split) to use it\n",
+                 d->name());
   }
   if (critical.empty()) return model;
   if (!model->split()) fail("--critical {}: {} is not a split model (hetmoe split writes one)", critical, path);

@@ -44,6 +44,8 @@ class Device {
   virtual bool emulated() const = 0;
   virtual size_t capacity() const = 0;
   virtual size_t used() const = 0;
+  // Whether matmul() takes weights of this type (the CUDA device: the low-bit W^Q types).
+  virtual bool supports(quant::GgmlType type) const = 0;
 
   virtual void* allocate(size_t bytes) = 0;
   virtual void release(void* ptr) = 0;
@@ -112,13 +114,19 @@ class DeviceMemory {
 // The emulated device's link and size.
 struct EmulatedOptions {
   size_t capacity = 24'000'000'000;  // bytes of "device memory" (host memory underneath)
-  double link_gb_s = 0;                // throttle copies to this bandwidth (GB/s); 0: no throttle
-  double link_latency_us = 0;          // and this latency per copy
+  double link_gb_s = 0;              // throttle copies to this bandwidth (GB/s); 0: no throttle
+  double link_latency_us = 0;        // and this latency per copy
 };
 
 // A GPU stand-in: host memory with a capacity limit, one worker thread per stream, copies counted and optionally
-// throttled to a modelled PCIe link (one per direction, shared by the streams), ops computed with the CPU kernels. Lets the split and the scheduler
-// run end to end where there is no GPU.
+// throttled to a modelled PCIe link (one per direction, shared by the streams), ops computed with the CPU kernels. Lets
+// the split and the scheduler run end to end where there is no GPU.
 std::unique_ptr<Device> make_emulated_device(const EmulatedOptions& opt);
+
+// CUDA GPUs this process can use: 0 in a build without CUDA (HETMOE_HAVE_CUDA) or without a GPU.
+int cuda_device_count();
+// The CUDA device `index` (two streams' worth of work at a time is the runtime's use); fails with hetmoe::Error in
+// a build without CUDA or when there is no such GPU.
+std::unique_ptr<Device> make_cuda_device(int index);
 
 }  // namespace hetmoe::device

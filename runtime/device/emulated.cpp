@@ -105,6 +105,7 @@ class EmulatedDevice final : public Device {
   }
   bool emulated() const override { return true; }
   size_t capacity() const override { return opt_.capacity; }
+  bool supports(quant::GgmlType) const override { return true; }
   size_t used() const override {
     std::lock_guard lock(mutex_);
     return used_;

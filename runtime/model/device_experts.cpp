@@ -30,6 +30,7 @@ bool DeviceExperts::upload(int64_t layer, int64_t expert, const cpu::WeightMatri
                            const cpu::WeightMatrix& down) {
   const size_t bytes = gate.row_bytes * gate.n_rows + up.row_bytes * up.n_rows + down.row_bytes * down.n_rows;
   if (resident_bytes_ + bytes > budget_) return false;
+  if (!device_.supports(gate.type) || !device_.supports(up.type) || !device_.supports(down.type)) return false;
   Slot slot;
   auto put = [&](const cpu::WeightMatrix& w) {
     weights_.emplace_back(device_, w.row_bytes * w.n_rows);
@@ -74,7 +75,7 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
     rows += d.m();
   }
   if (w.has_shared) {
-    batch.add_expert({w.gate_shexp, w.up_shexp, w.down_shexp});
+    batch.add_expert({.gate = w.gate_shexp, .up = w.up_shexp, .down = w.down_shexp});
     for (int64_t t = 0; t < n; ++t) batch.add_item(static_cast<int32_t>(t), static_cast<int32_t>(nu), 1.0f);
   }
   if (work.empty()) return cpu::run_experts(k, pool, batch, x, n_embd, out);

@@ -25,7 +25,8 @@ class DeviceExperts {
  public:
   DeviceExperts(device::Device& device, size_t budget_bytes);
 
-  // Uploads one expert's three matrices when they fit the budget; returns whether it is now resident.
+  // Uploads one expert's three matrices when they fit the budget and the device runs their types; returns whether
+  // the expert is now resident.
   bool upload(int64_t layer, int64_t expert, const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up,
               const cpu::WeightMatrix& down);
   bool resident(int64_t layer, int64_t expert) const { return slots_.count({layer, expert}) != 0; }

@@ -119,8 +119,9 @@ RoutedItems group_items(const MoeWeights& w, const Routing& r, int64_t n, int64_
 
 void add_routed_expert(cpu::ExpertBatch& batch, const MoeWeights& w, const RoutedItems& items, const Routing& r,
                        int64_t e, int64_t nu, int64_t n_embd) {
-  const cpu::ExpertFfn q{w.gate_exps.rows(e * w.n_ff_exp, w.n_ff_exp), w.up_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
-                         w.down_exps.rows(e * n_embd, n_embd)};
+  const cpu::ExpertFfn q{.gate = w.gate_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
+                         .up = w.up_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
+                         .down = w.down_exps.rows(e * n_embd, n_embd)};
   // Unsplit: one entry per expert. Split: the items that run on W^Q alone, then those that add the residual.
   for (const int pass : {0, 1}) {
     if (pass == 1 && !w.split()) break;
@@ -166,7 +167,7 @@ void moe_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights&
   batch.clear(n, nu + (w.has_shared ? 1 : 0));
   for (int64_t e = 0; e < p.n_expert; ++e) add_routed_expert(batch, w, items, r, e, nu, n_embd);
   if (w.has_shared) {
-    batch.add_expert({w.gate_shexp, w.up_shexp, w.down_shexp});
+    batch.add_expert({.gate = w.gate_shexp, .up = w.up_shexp, .down = w.down_shexp});
     for (int64_t t = 0; t < n; ++t) batch.add_item(static_cast<int32_t>(t), static_cast<int32_t>(nu), 1.0f);
   }
   cpu::run_experts(k, pool, batch, x, n_embd, out);

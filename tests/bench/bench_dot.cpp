@@ -119,9 +119,9 @@ void bm_experts(benchmark::State& state, int threads) {
   for (auto _ : state) {
     batch.clear(1, kUsed);
     for (int64_t k = 0; k < kUsed; ++k, next = (next + 7) % kExperts) {
-      batch.add_expert({{GgmlType::Q4_K, kEmbd, kFf, gate_rb, gate.data() + next * gate1.size()},
-                        {GgmlType::Q4_K, kEmbd, kFf, gate_rb, up.data() + next * gate1.size()},
-                        {GgmlType::Q5_0, kFf, kEmbd, down_rb, down.data() + next * down1.size()}});
+      batch.add_expert({.gate = {GgmlType::Q4_K, kEmbd, kFf, gate_rb, gate.data() + next * gate1.size()},
+                        .up = {GgmlType::Q4_K, kEmbd, kFf, gate_rb, up.data() + next * gate1.size()},
+                        .down = {GgmlType::Q5_0, kFf, kEmbd, down_rb, down.data() + next * down1.size()}});
       batch.add_item(0, static_cast<int32_t>(k), 0.1f);
     }
     hetmoe::cpu::run_experts(table, pool, batch, x.data(), kEmbd, y.data());

@@ -58,7 +58,9 @@ TEST(Experts, BatchedExecutorEqualsPerItemMatmulsAndOrderedSums) {
     };
     for (int e = 0; e < 4; ++e) expert(s.gate, s.up, s.down, s.n_ff, 10 * e);
     expert(s.shared_gate, s.shared_up, s.shared_down, s.n_ff_shared, 100);
-    auto ffn = [&](int e) { return ExpertFfn{owned[3 * e].view, owned[3 * e + 1].view, owned[3 * e + 2].view}; };
+    auto ffn = [&](int e) {
+      return ExpertFfn{.gate = owned[3 * e].view, .up = owned[3 * e + 1].view, .down = owned[3 * e + 2].view};
+    };
 
     // Token 0 goes to experts 0 and 1, the others to 1 and 2 (odd tokens with 2 first); expert 3 gets nothing.
     std::mt19937_64 rng(7);
@@ -192,7 +194,8 @@ TEST(Experts, ResidualAddsToEachPartsProduct) {
                dq = random_matrix(GgmlType::HQ2_G64, n_embd, n_ff, 3);
   const Matrix gr = random_matrix(GgmlType::Q4_K, n_ff, n_embd, 4), ur = random_matrix(GgmlType::Q4_K, n_ff, n_embd, 5),
                dr = random_matrix(GgmlType::Q8_0, n_embd, n_ff, 6);
-  const ExpertFfn split{gq.view, uq.view, dq.view, gr.view, ur.view, dr.view};
+  const ExpertFfn split{
+      .gate = gq.view, .up = uq.view, .down = dq.view, .gate_r = gr.view, .up_r = ur.view, .down_r = dr.view};
   ThreadPool one(1), two(2);
   for (int64_t n_tokens : {1, 6}) {
     std::mt19937_64 rng(9);
@@ -227,7 +230,7 @@ TEST(Experts, ResidualAddsToEachPartsProduct) {
     // Without the residual the result differs by the residual's share: the residual is really added.
     ExpertBatch q_only;
     q_only.clear(n_tokens, 1);
-    q_only.add_expert({gq.view, uq.view, dq.view});
+    q_only.add_expert({.gate = gq.view, .up = uq.view, .down = dq.view});
     for (int64_t t = 0; t < n_tokens; ++t) q_only.add_item(static_cast<int32_t>(t), 0, 0.5f);
     std::vector<float> without(n_tokens * n_embd);
     run_experts(kernels(), two, q_only, x.data(), n_embd, without.data());

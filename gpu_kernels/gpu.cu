@@ -1,0 +1,203 @@
+// The CUDA implementation of gpu_kernels/gpu.h.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "gpu_kernels/gpu.h"
+
+namespace hetmoe::gpu {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+}
+
+cudaStream_t stream_of(Stream s) { return static_cast<cudaStream_t>(s); }
+
+constexpr int kWarp = 32;
+constexpr int kWarpsPerBlock = 4;
+constexpr int kTokensPerPass = 8;  // activation rows one warp carries at once
+
+// One warp per weight row: lane l takes the row's 32-value units l, l + 32, ..., unpacks each unit's codes from
+// its `kBits` words (quant/lowbit.h layout version 1), and adds d * sum(q x) + m * sum(x) per token; the lanes'
+// sums meet by shuffles. Rows of the low-bit layout are whole groups, and every part starts on 4 bytes.
+template <int kBits>
+__global__ void lowbit_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols, size_t row_bytes, int group,
+                                     const float* x, int64_t n, float* y) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const uint8_t* base = w + row * row_bytes;
+  const auto* words = reinterpret_cast<const uint32_t*>(base);
+  const auto* scales = reinterpret_cast<const __half*>(base + cols * kBits / 8);
+  const __half* offsets = scales + cols / group;
+  const int64_t units = cols / 32;
+  for (int64_t t0 = 0; t0 < n; t0 += kTokensPerPass) {
+    const int nt = static_cast<int>(n - t0 < kTokensPerPass ? n - t0 : kTokensPerPass);
+    float acc[kTokensPerPass] = {};
+    for (int64_t u = lane; u < units; u += kWarp) {
+      uint32_t wd[kBits];
+#pragma unroll
+      for (int k = 0; k < kBits; ++k) wd[k] = words[u * kBits + k];
+      const int64_t g = u * 32 / group;
+      const float d = __half2float(scales[g]), m = __half2float(offsets[g]);
+      float sq[kTokensPerPass] = {}, sx[kTokensPerPass] = {};
+#pragma unroll 8
+      for (int j = 0; j < 32; ++j) {
+        int q;
+        if constexpr (kBits == 4) {
+          q = (wd[j / 8] >> (4 * (j % 8))) & 15;
+        } else {
+          q = (wd[j / 16] >> (2 * (j % 16))) & 3;
+          if constexpr (kBits == 3) q |= ((wd[2] >> j) & 1) << 2;
+        }
+        for (int t = 0; t < nt; ++t) {
+          const float xv = x[(t0 + t) * cols + u * 32 + j];
+          sq[t] += static_cast<float>(q) * xv;
+          sx[t] += xv;
+        }
+      }
+      for (int t = 0; t < nt; ++t) acc[t] += d * sq[t] + m * sx[t];
+    }
+    for (int t = 0; t < nt; ++t) {
+      float v = acc[t];
+      for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
+      if (lane == 0) y[(t0 + t) * rows + row] = v;
+    }
+  }
+}
+
+__global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, float* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = gate[i] / (1.0f + __expf(-gate[i])) * up[i];
+}
+
+__global__ void add_kernel(const float* x, int64_t n, float* y) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += x[i];
+}
+
+unsigned blocks_for(int64_t n, int per_block) { return static_cast<unsigned>((n + per_block - 1) / per_block); }
+
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+std::string device_name(int device) {
+  cudaDeviceProp p{};
+  check(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
+  return p.name;
+}
+
+size_t total_memory(int device) {
+  set_device(device);
+  size_t free = 0, total = 0;
+  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return total;
+}
+
+size_t free_memory(int device) {
+  set_device(device);
+  size_t free = 0, total = 0;
+  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return free;
+}
+
+void set_device(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
+
+void* malloc_device(size_t bytes) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes), "cudaMalloc");
+  return p;
+}
+void free_device(void* ptr) { check(cudaFree(ptr), "cudaFree"); }
+void* malloc_pinned(size_t bytes) {
+  void* p = nullptr;
+  check(cudaMallocHost(&p, bytes), "cudaMallocHost");
+  return p;
+}
+void free_pinned(void* ptr) { check(cudaFreeHost(ptr), "cudaFreeHost"); }
+
+Stream create_stream() {
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  return s;
+}
+void destroy_stream(Stream s) { check(cudaStreamDestroy(stream_of(s)), "cudaStreamDestroy"); }
+void copy_to_device_async(void* dst, const void* src, size_t bytes, Stream s) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_of(s)), "cudaMemcpyAsync to device");
+}
+void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream s) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_of(s)), "cudaMemcpyAsync to host");
+}
+EventHandle create_event() {
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreate(&e), "cudaEventCreate");
+  return e;
+}
+void destroy_event(EventHandle e) { check(cudaEventDestroy(static_cast<cudaEvent_t>(e)), "cudaEventDestroy"); }
+void record_event(EventHandle e, Stream s) {
+  check(cudaEventRecord(static_cast<cudaEvent_t>(e), stream_of(s)), "cudaEventRecord");
+}
+void stream_wait_event(Stream s, EventHandle e) {
+  check(cudaStreamWaitEvent(stream_of(s), static_cast<cudaEvent_t>(e), 0), "cudaStreamWaitEvent");
+}
+void event_synchronize(EventHandle e) {
+  check(cudaEventSynchronize(static_cast<cudaEvent_t>(e)), "cudaEventSynchronize");
+}
+double event_elapsed(EventHandle from, EventHandle to) {
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from), static_cast<cudaEvent_t>(to)), "cudaEventElapsedTime");
+  return ms * 1e-3;
+}
+void stream_synchronize(Stream s) { check(cudaStreamSynchronize(stream_of(s)), "cudaStreamSynchronize"); }
+void launch_host_func(Stream s, void (*fn)(void*), void* arg) {
+  check(cudaLaunchHostFunc(stream_of(s), fn, arg), "cudaLaunchHostFunc");
+}
+
+void lowbit_matmul(int bits, int group, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
+                   int64_t n, float* y, Stream s) {
+  if (rows == 0 || n == 0) return;
+  const unsigned grid = blocks_for(rows, kWarpsPerBlock);
+  const auto* wb = static_cast<const uint8_t*>(w);
+  switch (bits) {
+    case 2:
+      lowbit_matmul_kernel<2><<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x,
+                                                                                 n, y);
+      break;
+    case 3:
+      lowbit_matmul_kernel<3><<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x,
+                                                                                 n, y);
+      break;
+    case 4:
+      lowbit_matmul_kernel<4><<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x,
+                                                                                 n, y);
+      break;
+    default:
+      throw std::runtime_error("lowbit_matmul: bits must be 2, 3 or 4");
+  }
+  check(cudaGetLastError(), "lowbit_matmul launch");
+}
+
+void silu_mul(const float* gate, const float* up, int64_t n, float* out, Stream s) {
+  if (n == 0) return;
+  silu_mul_kernel<<<blocks_for(n, 256), 256, 0, stream_of(s)>>>(gate, up, n, out);
+  check(cudaGetLastError(), "silu_mul launch");
+}
+
+void add(const float* x, int64_t n, float* y, Stream s) {
+  if (n == 0) return;
+  add_kernel<<<blocks_for(n, 256), 256, 0, stream_of(s)>>>(x, n, y);
+  check(cudaGetLastError(), "add launch");
+}
+
+}  // namespace hetmoe::gpu

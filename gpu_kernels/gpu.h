@@ -1,0 +1,53 @@
+#pragma once
+
+// The CUDA side of hetmoe as a plain C++ API (no CUDA types here, so the runtime compiles without nvcc): device
+// memory, pinned staging memory, streams, events, host callbacks, and the kernels the GPU tier runs. Knows nothing
+// of models or of the Device interface (runtime/device/ adapts it). Built only when a CUDA toolkit is found.
+// Every call fails with std::runtime_error carrying CUDA's message.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace hetmoe::gpu {
+
+// Number of CUDA devices this process can use (0 when there is no driver or no GPU).
+int device_count();
+std::string device_name(int device);
+// Bytes of device memory in total and free now.
+size_t total_memory(int device);
+size_t free_memory(int device);
+void set_device(int device);
+
+void* malloc_device(size_t bytes);
+void free_device(void* ptr);
+// Page-locked host memory: copies from it run asynchronously at full link speed.
+void* malloc_pinned(size_t bytes);
+void free_pinned(void* ptr);
+
+using Stream = void*;
+using EventHandle = void*;
+Stream create_stream();
+void destroy_stream(Stream s);
+void copy_to_device_async(void* dst, const void* src, size_t bytes, Stream s);
+void copy_to_host_async(void* dst, const void* src, size_t bytes, Stream s);
+EventHandle create_event();
+void destroy_event(EventHandle e);
+void record_event(EventHandle e, Stream s);
+void stream_wait_event(Stream s, EventHandle e);
+void event_synchronize(EventHandle e);
+// Seconds between two recorded events (both reached).
+double event_elapsed(EventHandle from, EventHandle to);
+void stream_synchronize(Stream s);
+// fn(arg) on a host thread once the stream's earlier work is done; later work on the stream waits for it.
+void launch_host_func(Stream s, void (*fn)(void*), void* arg);
+
+// y[t][r] = W^Q row r . x[t] for t < n, r < rows: W^Q in a low-bit layout of quant/lowbit.h (bits 2-4, group 64 or
+// 128) with `row_bytes` per row of `cols` values; x [n][cols] and y [n][rows] floats in device memory.
+void lowbit_matmul(int bits, int group, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
+                   int64_t n, float* y, Stream s);
+// out[i] = silu(gate[i]) * up[i]; y[i] += x[i].
+void silu_mul(const float* gate, const float* up, int64_t n, float* out, Stream s);
+void add(const float* x, int64_t n, float* y, Stream s);
+
+}  // namespace hetmoe::gpu

@@ -1,0 +1,182 @@
+// The CUDA device: the Device interface over gpu_kernels' launch API. Compiled only in CUDA builds.
+#include <fmt/format.h>
+
+#include <exception>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+#include "gpu_kernels/gpu.h"
+#include "quant/lowbit.h"
+#include "runtime/device/device.h"
+#include "runtime/error.h"
+
+namespace hetmoe::device {
+namespace {
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int index) : index_(index) {
+    gpu::set_device(index_);
+    name_ = fmt::format("cuda:{} {}", index_, gpu::device_name(index_));
+    capacity_ = gpu::total_memory(index_);
+    events_.resize(kEvents);
+    for (gpu::EventHandle& e : events_) e = gpu::create_event();
+  }
+  ~CudaDevice() override {
+    try {
+      gpu::set_device(index_);
+      for (gpu::Stream s : streams_) gpu::stream_synchronize(s);
+      for (auto& [ptr, bytes] : allocations_) gpu::free_device(ptr);
+      for (gpu::Stream s : streams_) gpu::destroy_stream(s);
+      for (gpu::EventHandle e : events_) gpu::destroy_event(e);
+    } catch (const std::exception&) {
+      // a broken context at exit: nothing left to release
+    }
+  }
+
+  std::string name() const override { return name_; }
+  bool emulated() const override { return false; }
+  size_t capacity() const override { return capacity_; }
+  size_t used() const override {
+    std::lock_guard lock(mutex_);
+    return used_;
+  }
+  bool supports(quant::GgmlType type) const override { return quant::lowbit_format(type).has_value(); }
+
+  void* allocate(size_t bytes) override {
+    gpu::set_device(index_);
+    void* p = nullptr;
+    try {
+      p = gpu::malloc_device(std::max<size_t>(bytes, 1));
+    } catch (const std::runtime_error& e) {
+      fail("{}: {} bytes do not fit ({})", name_, bytes, e.what());
+    }
+    std::lock_guard lock(mutex_);
+    allocations_[p] = bytes;
+    used_ += bytes;
+    return p;
+  }
+  void release(void* ptr) override {
+    {
+      std::lock_guard lock(mutex_);
+      const auto it = allocations_.find(ptr);
+      if (it == allocations_.end()) throw std::logic_error("cuda device: release of memory it did not allocate");
+      used_ -= it->second;
+      allocations_.erase(it);
+    }
+    gpu::free_device(ptr);
+  }
+
+  int create_stream() override {
+    gpu::set_device(index_);
+    std::lock_guard lock(mutex_);
+    streams_.push_back(gpu::create_stream());
+    return static_cast<int>(streams_.size()) - 1;
+  }
+
+  void copy_to_device(int stream, void* dst, const void* src, size_t bytes) override {
+    gpu::copy_to_device_async(dst, src, bytes, s(stream));
+    std::lock_guard lock(mutex_);
+    stats_.to_device_bytes += bytes;
+    ++stats_.to_device_copies;
+  }
+  void copy_to_host(int stream, void* dst, const void* src, size_t bytes) override {
+    gpu::copy_to_host_async(dst, src, bytes, s(stream));
+    std::lock_guard lock(mutex_);
+    stats_.to_host_bytes += bytes;
+    ++stats_.to_host_copies;
+  }
+  void matmul(int stream, const DeviceMatrix& w, const float* x, int64_t n, float* y) override {
+    const auto f = quant::lowbit_format(w.type);
+    if (!f) throw std::logic_error("cuda device: matmul of a type supports() refuses");
+    gpu::lowbit_matmul(f->bits, f->group, w.data, w.n_rows, w.n_cols, w.row_bytes, x, n, y, s(stream));
+  }
+  void silu_mul(int stream, const float* gate, const float* up, int64_t n, float* out) override {
+    gpu::silu_mul(gate, up, n, out, s(stream));
+  }
+  void add(int stream, const float* x, int64_t n, float* y) override { gpu::add(x, n, y, s(stream)); }
+  void host_callback(int stream, std::function<void()> fn) override {
+    // The callback owns its function and reports a failure to the next synchronize.
+    struct Call {
+      CudaDevice* device;
+      std::function<void()> fn;
+    };
+    gpu::launch_host_func(
+        s(stream),
+        [](void* arg) {
+          std::unique_ptr<Call> call(static_cast<Call*>(arg));
+          try {
+            call->fn();
+          } catch (...) {
+            std::lock_guard lock(call->device->mutex_);
+            if (!call->device->error_) call->device->error_ = std::current_exception();
+          }
+        },
+        new Call{this, std::move(fn)});
+  }
+
+  Event record(int stream) override {
+    std::lock_guard lock(mutex_);
+    const uint64_t sequence = next_event_++;
+    gpu::record_event(events_[sequence % kEvents], s(stream));
+    return {stream, sequence};
+  }
+  void wait(int stream, Event event) override { gpu::stream_wait_event(s(stream), events_[event.sequence % kEvents]); }
+  void synchronize(Event event) override {
+    gpu::event_synchronize(events_[event.sequence % kEvents]);
+    rethrow();
+  }
+  void synchronize() override {
+    for (gpu::Stream st : streams_) gpu::stream_synchronize(st);
+    rethrow();
+  }
+
+  TransferStats transfers() const override {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+
+ private:
+  // Events are reused round-robin: an Event stays valid until kEvents more have been recorded.
+  static constexpr size_t kEvents = 4096;
+
+  gpu::Stream s(int stream) const {
+    if (stream < 0 || stream >= static_cast<int>(streams_.size()))
+      throw std::logic_error(fmt::format("cuda device: no stream {}", stream));
+    return streams_[static_cast<size_t>(stream)];
+  }
+  void rethrow() {
+    std::exception_ptr e;
+    {
+      std::lock_guard lock(mutex_);
+      std::swap(e, error_);
+    }
+    if (e) std::rethrow_exception(e);
+  }
+
+  int index_;
+  std::string name_;
+  size_t capacity_ = 0;
+  mutable std::mutex mutex_;
+  std::map<void*, size_t> allocations_;
+  size_t used_ = 0;
+  std::vector<gpu::Stream> streams_;
+  std::vector<gpu::EventHandle> events_;
+  uint64_t next_event_ = 0;
+  TransferStats stats_;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+int cuda_device_count() { return gpu::device_count(); }
+
+std::unique_ptr<Device> make_cuda_device(int index) {
+  const int n = gpu::device_count();
+  if (index < 0 || index >= n) fail("--device cuda: no CUDA GPU {} ({} found)", index, n);
+  return std::make_unique<CudaDevice>(index);
+}
+
+}  // namespace hetmoe::device
