@@ -156,7 +156,8 @@ void event_synchronize(EventHandle e) {
 }
 double event_elapsed(EventHandle from, EventHandle to) {
   float ms = 0;
-  check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from), static_cast<cudaEvent_t>(to)), "cudaEventElapsedTime");
+  check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from), static_cast<cudaEvent_t>(to)),
+        "cudaEventElapsedTime");
   return ms * 1e-3;
 }
 void stream_synchronize(Stream s) { check(cudaStreamSynchronize(stream_of(s)), "cudaStreamSynchronize"); }
@@ -171,16 +172,16 @@ void lowbit_matmul(int bits, int group, const void* w, int64_t rows, int64_t col
   const auto* wb = static_cast<const uint8_t*>(w);
   switch (bits) {
     case 2:
-      lowbit_matmul_kernel<2><<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x,
-                                                                                 n, y);
+      lowbit_matmul_kernel<2>
+          <<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x, n, y);
       break;
     case 3:
-      lowbit_matmul_kernel<3><<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x,
-                                                                                 n, y);
+      lowbit_matmul_kernel<3>
+          <<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x, n, y);
       break;
     case 4:
-      lowbit_matmul_kernel<4><<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x,
-                                                                                 n, y);
+      lowbit_matmul_kernel<4>
+          <<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x, n, y);
       break;
     default:
       throw std::runtime_error("lowbit_matmul: bits must be 2, 3 or 4");

@@ -5,7 +5,7 @@ fuzz_build() {
   local build=$1
   shift
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DHETMOE_FUZZ=ON >/dev/null
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DHETMOE_FUZZ=ON -DHETMOE_CUDA=OFF >/dev/null
   ninja -C "$build" -j "${HETMOE_FUZZ_JOBS:-1}" "$@"
 }
 

@@ -399,10 +399,8 @@ template <typename Tiles>
 void install_tiles(KernelTable& table) {
   using quant::GgmlType;
   table.gemm_tile[kernel_slot(GgmlType::Q4_K)] = &gemm_amx<AmxQ4KTile<Tiles>, Tiles>;
-  table.gemm_tile[kernel_slot(GgmlType::Q8_0)] =
-      &gemm_amx<AmxBlocks32Tile<quant::BlockQ8_0, Q8Values, Tiles>, Tiles>;
-  table.gemm_tile[kernel_slot(GgmlType::Q5_0)] =
-      &gemm_amx<AmxBlocks32Tile<quant::BlockQ5_0, Q5Values, Tiles>, Tiles>;
+  table.gemm_tile[kernel_slot(GgmlType::Q8_0)] = &gemm_amx<AmxBlocks32Tile<quant::BlockQ8_0, Q8Values, Tiles>, Tiles>;
+  table.gemm_tile[kernel_slot(GgmlType::Q5_0)] = &gemm_amx<AmxBlocks32Tile<quant::BlockQ5_0, Q5Values, Tiles>, Tiles>;
 }
 
 }  // namespace

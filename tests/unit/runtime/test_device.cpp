@@ -13,6 +13,7 @@
 #include "quant/ref.h"
 #include "runtime/device/device.h"
 #include "runtime/error.h"
+#include "tests/support/device_checks.h"
 
 namespace hetmoe::device {
 namespace {
@@ -98,41 +99,10 @@ TEST(EmulatedDevice, AFailureReachesSynchronizeAndLaterWorkStillRuns) {
 TEST(EmulatedDevice, MatmulAndSiluMatchTheReference) {
   auto d = make_emulated_device({});
   const int s = d->create_stream();
-  const int64_t cols = 256, rows = 24, n = 3;
-  std::mt19937_64 rng(5);
-  std::normal_distribution<float> dist(0.0f, 0.1f);
-  for (quant::GgmlType type : {quant::GgmlType::HQ2_G64, quant::GgmlType::HQ4_G128, quant::GgmlType::Q4_K}) {
-    const size_t rb = quant::row_bytes(type, cols);
-    std::vector<float> wf(rows * cols), x(n * cols);
-    for (float& v : wf) v = dist(rng);
-    for (float& v : x) v = dist(rng) * 10;
-    std::vector<uint8_t> w(rb * rows);
-    for (int64_t r = 0; r < rows; ++r) quant::quantize_row(type, &wf[r * cols], w.data() + r * rb, cols);
-    DeviceMemory dw(*d, w.size()), dx(*d, x.size() * 4), dy(*d, n * rows * 4), dh(*d, n * rows * 4);
-    d->copy_to_device(s, dw.get(), w.data(), w.size());
-    d->copy_to_device(s, dx.get(), x.data(), x.size() * 4);
-    d->matmul(s, {type, cols, rows, rb, dw.get()}, dx.as<float>(), n, dy.as<float>());
-    d->silu_mul(s, dy.as<float>(), dy.as<float>(), n * rows, dh.as<float>());
-    std::vector<float> y(n * rows), h(n * rows);
-    d->copy_to_host(s, y.data(), dy.get(), y.size() * 4);
-    d->copy_to_host(s, h.data(), dh.get(), h.size() * 4);
-    d->synchronize();
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t r = 0; r < rows; ++r) {
-        std::vector<float> wr(cols);
-        quant::dequantize_row(type, w.data() + r * rb, wr.data(), cols);
-        double want = 0, scale = 0;
-        for (int64_t i = 0; i < cols; ++i) {
-          want += static_cast<double>(wr[i]) * x[t * cols + i];
-          scale += std::abs(static_cast<double>(wr[i]) * x[t * cols + i]);
-        }
-        // Q4_K's activations go through Q8_K (8 bits), the low-bit types take them as floats.
-        const double tol = type == quant::GgmlType::Q4_K ? 2e-2 * scale : 1e-5 * scale;
-        EXPECT_NEAR(y[t * rows + r], want, tol) << quant::type_info(type).name;
-        const float yv = y[t * rows + r];
-        EXPECT_NEAR(h[t * rows + r], yv / (1 + std::exp(-yv)) * yv, 1e-6f + 1e-5f * std::abs(yv));
-      }
-  }
+  test_support::check_matmul_and_silu(*d, s, quant::GgmlType::HQ2_G64, 256, 24, 3, 1e-5, 5);
+  test_support::check_matmul_and_silu(*d, s, quant::GgmlType::HQ4_G128, 1408, 17, 5, 1e-5, 6);
+  // Q4_K's activations go through Q8_K (8 bits); the low-bit types take them as floats.
+  test_support::check_matmul_and_silu(*d, s, quant::GgmlType::Q4_K, 256, 24, 3, 2e-2, 7);
 }
 
 }  // namespace
