@@ -69,6 +69,16 @@ class CudaDevice final : public Device {
     gpu::free_device(ptr);
   }
 
+  void* allocate_host(size_t bytes) override {
+    gpu::set_device(index_);
+    try {
+      return gpu::malloc_pinned(std::max<size_t>(bytes, 1));
+    } catch (const std::runtime_error& e) {
+      fail("{}: {} bytes of pinned host memory: {}", name_, bytes, e.what());
+    }
+  }
+  void release_host(void* ptr) override { gpu::free_pinned(ptr); }
+
   int create_stream() override {
     gpu::set_device(index_);
     std::lock_guard lock(mutex_);

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -49,6 +50,9 @@ class Device {
 
   virtual void* allocate(size_t bytes) = 0;
   virtual void release(void* ptr) = 0;
+  // Host memory the device copies from and to at full speed without staging (CUDA: page-locked).
+  virtual void* allocate_host(size_t bytes) = 0;
+  virtual void release_host(void* ptr) = 0;
 
   // A new stream's id (streams live as long as the device).
   virtual int create_stream() = 0;
@@ -107,6 +111,35 @@ class DeviceMemory {
 
  private:
   Device* device_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Host staging memory owned by an object: released when it goes out of scope. Grows with reserve().
+class HostMemory {
+ public:
+  explicit HostMemory(Device& device) : device_(&device) {}
+  ~HostMemory() { reset(); }
+  HostMemory(const HostMemory&) = delete;
+  HostMemory& operator=(const HostMemory&) = delete;
+
+  // At least `floats` floats (earlier contents are not kept when it grows).
+  float* reserve(size_t floats) {
+    if (bytes_ < floats * sizeof(float)) {
+      reset();
+      bytes_ = std::max<size_t>(floats, 1) * sizeof(float);
+      ptr_ = device_->allocate_host(bytes_);
+    }
+    return static_cast<float*>(ptr_);
+  }
+  void reset() {
+    if (ptr_) device_->release_host(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+
+ private:
+  Device* device_;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };

@@ -129,6 +129,11 @@ class EmulatedDevice final : public Device {
     ::operator delete (ptr, std::align_val_t{64});
   }
 
+  void* allocate_host(size_t bytes) override {
+    return ::operator new (std::max<size_t>(bytes, 1), std::align_val_t{64});
+  }
+  void release_host(void* ptr) override { ::operator delete (ptr, std::align_val_t{64}); }
+
   int create_stream() override {
     std::lock_guard lock(mutex_);
     streams_.push_back(std::make_unique<StreamWorker>());

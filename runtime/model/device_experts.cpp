@@ -20,30 +20,43 @@ struct DeviceWork {
 
 }  // namespace
 
-DeviceExperts::DeviceExperts(device::Device& device, size_t budget_bytes)
+DeviceExperts::DeviceExperts(device::Device& device, size_t budget_bytes, std::span<const Expert> experts)
     : device_(device),
       budget_(std::min(budget_bytes, device.capacity())),
       compute_(device.create_stream()),
-      copy_(device.create_stream()) {}
-
-bool DeviceExperts::upload(int64_t layer, int64_t expert, const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up,
-                           const cpu::WeightMatrix& down) {
-  const size_t bytes = gate.row_bytes * gate.n_rows + up.row_bytes * up.n_rows + down.row_bytes * down.n_rows;
-  if (resident_bytes_ + bytes > budget_) return false;
-  if (!device_.supports(gate.type) || !device_.supports(up.type) || !device_.supports(down.type)) return false;
-  Slot slot;
+      copy_(device.create_stream()),
+      xs_(device),
+      gr_host_(device),
+      ur_host_(device),
+      hs_(device),
+      ys_(device) {
+  auto bytes_of = [](const cpu::WeightMatrix& w) { return w.row_bytes * w.n_rows; };
+  auto aligned = [](size_t b) { return (b + 255) / 256 * 256; };  // each matrix on a 256-byte boundary
+  std::vector<const Expert*> chosen;
+  size_t total = 0;
+  for (const Expert& e : experts) {
+    if (!device_.supports(e.gate.type) || !device_.supports(e.up.type) || !device_.supports(e.down.type)) continue;
+    const size_t b = aligned(bytes_of(e.gate)) + aligned(bytes_of(e.up)) + aligned(bytes_of(e.down));
+    if (total + b > budget_) break;  // in order: the first experts that fit, layer by layer
+    total += b;
+    chosen.push_back(&e);
+  }
+  if (chosen.empty()) return;
+  weights_ = device::DeviceMemory(device_, total);
+  auto* base = static_cast<uint8_t*>(weights_.get());
+  size_t offset = 0;
   auto put = [&](const cpu::WeightMatrix& w) {
-    weights_.emplace_back(device_, w.row_bytes * w.n_rows);
-    device_.copy_to_device(copy_, weights_.back().get(), w.data, w.row_bytes * w.n_rows);
-    return device::DeviceMatrix{w.type, w.n_cols, w.n_rows, w.row_bytes, weights_.back().get()};
+    uint8_t* dst = base + offset;
+    device_.copy_to_device(copy_, dst, w.data, bytes_of(w));
+    offset += aligned(bytes_of(w));
+    return device::DeviceMatrix{w.type, w.n_cols, w.n_rows, w.row_bytes, dst};
   };
-  slot.gate = put(gate);
-  slot.up = put(up);
-  slot.down = put(down);
+  for (const Expert* e : chosen) {
+    const Slot slot{put(e->gate), put(e->up), put(e->down)};
+    slots_[{e->layer, e->expert}] = slot;
+    resident_bytes_ += bytes_of(e->gate) + bytes_of(e->up) + bytes_of(e->down);
+  }
   device_.synchronize(device_.record(copy_));
-  slots_[{layer, expert}] = slot;
-  resident_bytes_ += bytes;
-  return true;
 }
 
 float* DeviceExperts::scratch(device::DeviceMemory& mem, size_t floats) {
@@ -81,7 +94,7 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   if (work.empty()) return cpu::run_experts(k, pool, batch, x, n_embd, out);
 
   // Phase 1 on the device: the items' input rows up in one copy, then gate and up of each expert's W^Q.
-  std::span<float> xs = cpu::scratch<float, struct DeviceXSite>(rows * n_embd);
+  std::span<float> xs(xs_.reserve(rows * n_embd), rows * n_embd);
   for (const DeviceWork& d : work)
     for (int64_t o = d.o0; o < d.o1; ++o)
       std::copy_n(x + (items.order[o] / nu) * n_embd, n_embd, &xs[(d.row0 + o - d.o0) * n_embd]);
@@ -99,8 +112,8 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
 
   // Meanwhile on the CPU: the residual's gate and up for the critical items (zero rows for the others), sent to
   // the device to be added before the SiLU.
-  std::span<float> gr = cpu::scratch<float, struct DeviceGrSite>(rows * ff);
-  std::span<float> ur = cpu::scratch<float, struct DeviceUrSite>(rows * ff);
+  std::span<float> gr(gr_host_.reserve(rows * ff), rows * ff);
+  std::span<float> ur(ur_host_.reserve(rows * ff), rows * ff);
   std::span<float> xc = cpu::scratch<float, struct DeviceXcSite>(rows * n_embd);
   std::span<float> tmp = cpu::scratch<float, struct DeviceTmpSite>(rows * std::max(ff, n_embd));
   auto critical_rows = [&](const DeviceWork& d, float* dst, int64_t width, const float* src) {
@@ -129,8 +142,8 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
     device_.add(compute_, dur + d.row0 * ff, d.m() * ff, du + d.row0 * ff);
   }
   // Phase 2 on the device: SiLU, down, and back: the down rows of every item, the hidden rows of critical experts.
-  std::span<float> hs = cpu::scratch<float, struct DeviceHSite>(rows * ff);
-  std::span<float> ys = cpu::scratch<float, struct DeviceYSite>(rows * n_embd);
+  std::span<float> hs(hs_.reserve(rows * ff), rows * ff);
+  std::span<float> ys(ys_.reserve(rows * n_embd), rows * n_embd);
   device_.silu_mul(compute_, dg, du, rows * ff, dh);
   for (const DeviceWork& d : work)
     device_.matmul(compute_, slots_.at({layer, d.expert}).down, dh + d.row0 * ff, d.m(), dy + d.row0 * n_embd);

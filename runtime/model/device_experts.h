@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -23,12 +24,15 @@ struct RoutedItems;
 // until the scheduler of issue 6 owns placement.
 class DeviceExperts {
  public:
-  DeviceExperts(device::Device& device, size_t budget_bytes);
+  // One routed expert's matrices (W^Q for a split model).
+  struct Expert {
+    int64_t layer = 0, expert = 0;
+    cpu::WeightMatrix gate, up, down;
+  };
 
-  // Uploads one expert's three matrices when they fit the budget and the device runs their types; returns whether
-  // the expert is now resident.
-  bool upload(int64_t layer, int64_t expert, const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up,
-              const cpu::WeightMatrix& down);
+  // Places the experts, in the order given, while `budget_bytes` lasts and the device runs their types: one device
+  // allocation for all of them (no allocator per expert), filled by asynchronous copies, waited for once.
+  DeviceExperts(device::Device& device, size_t budget_bytes, std::span<const Expert> experts);
   bool resident(int64_t layer, int64_t expert) const { return slots_.count({layer, expert}) != 0; }
   size_t resident_bytes() const { return resident_bytes_; }
   int64_t resident_experts() const { return static_cast<int64_t>(slots_.size()); }
@@ -51,8 +55,10 @@ class DeviceExperts {
   size_t resident_bytes_ = 0;
   int compute_ = 0, copy_ = 0;
   std::map<std::pair<int64_t, int64_t>, Slot> slots_;
-  std::vector<device::DeviceMemory> weights_;
+  device::DeviceMemory weights_;
   device::DeviceMemory x_, g_, u_, gr_, ur_, h_, y_;
+  // Pinned host staging of the step's rows: inputs, residual gate/up, hidden rows back, down rows back.
+  device::HostMemory xs_, gr_host_, ur_host_, hs_, ys_;
 };
 
 }  // namespace hetmoe::model

@@ -205,17 +205,17 @@ void Model::bind_common() {
 }
 
 void Model::attach_device(device::Device& device, size_t budget_bytes) {
-  device_experts_ = std::make_unique<DeviceExperts>(device, budget_bytes);
   const int64_t E = config_.n_embd;
+  std::vector<DeviceExperts::Expert> experts;
   for (int64_t l = 0; l < config_.n_layer; ++l) {
-    MoeWeights& m = ffn_[l].moe;
-    if (m.n_expert == 0) continue;
+    const MoeWeights& m = ffn_[l].moe;
     const int64_t ff = m.n_ff_exp;
     for (int64_t e = 0; e < m.n_expert; ++e)
-      device_experts_->upload(l, e, m.gate_exps.rows(e * ff, ff), m.up_exps.rows(e * ff, ff),
-                              m.down_exps.rows(e * E, E));
-    m.device = device_experts_.get();
+      experts.push_back({l, e, m.gate_exps.rows(e * ff, ff), m.up_exps.rows(e * ff, ff), m.down_exps.rows(e * E, E)});
   }
+  device_experts_ = std::make_unique<DeviceExperts>(device, budget_bytes, experts);
+  for (FfnWeights& f : ffn_)
+    if (f.moe.n_expert > 0) f.moe.device = device_experts_.get();
 }
 
 bool Model::split() const { return file_->find(kSplitVersionKey) != nullptr; }
