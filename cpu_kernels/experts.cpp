@@ -150,6 +150,7 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
   if (n_items > n_slots_all) throw std::invalid_argument("expert batch: more items than tokens x per_token");
   // Slots without an item (their expert runs elsewhere, on a device say) add nothing.
   const bool sparse = n_items < n_slots_all;
+  if (n_experts == 0) return std::fill(out, out + batch.n_tokens * n_embd, 0.0f);
 
   // Where each expert's converted inputs (gate, up), hidden rows and converted hidden rows go.
   struct Plan {

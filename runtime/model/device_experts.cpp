@@ -10,10 +10,11 @@
 namespace hetmoe::model {
 namespace {
 
-// One routed expert of the step that runs on the device: its items order[o0 .. o1), their rows [row0, row0 + m) of
-// the step's device buffers, and whether any of them is critical.
+// One expert of the step that runs on the device: a routed expert's items order[o0 .. o1), or the shared experts
+// (expert kShared) with one item per token; their rows [row0, row0 + m) of the n_embd-wide buffers and the
+// floats [h0, h0 + m * width) of the hidden-wide ones, and whether any item is critical.
 struct DeviceWork {
-  int64_t expert = 0, o0 = 0, o1 = 0, row0 = 0;
+  int64_t expert = 0, o0 = 0, o1 = 0, row0 = 0, h0 = 0, width = 0;
   bool any_critical = false;
   int64_t m() const { return o1 - o0; }
 };
@@ -69,12 +70,12 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
                         const RoutedItems& items, int64_t layer, const float* x, int64_t n, int64_t n_embd,
                         float* out) {
   const int64_t nu = static_cast<int64_t>(r.ids.size()) / n, ff = w.n_ff_exp;
-  // Resident experts go to the device, the rest (and the shared experts) to the CPU engine.
+  // Resident experts go to the device, the rest (and the shared experts unless resident) to the CPU engine.
   thread_local std::vector<DeviceWork> work;
   work.clear();
   thread_local cpu::ExpertBatch batch;
   batch.clear(n, nu + (w.has_shared ? 1 : 0));
-  int64_t rows = 0;
+  int64_t rows = 0, hidden = 0;
   for (int64_t e = 0; e < w.n_expert; ++e) {
     const int64_t o0 = items.begin(e), o1 = items.end[e];
     if (o0 == o1) continue;
@@ -82,94 +83,98 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
       add_routed_expert(batch, w, items, r, e, nu, n_embd);
       continue;
     }
-    DeviceWork d{e, o0, o1, rows, false};
+    DeviceWork d{e, o0, o1, rows, hidden, ff, false};
     for (int64_t o = o0; o < o1 && w.split(); ++o) d.any_critical |= items.critical[items.order[o]] != 0;
     work.push_back(d);
     rows += d.m();
+    hidden += d.m() * ff;
   }
-  if (w.has_shared) {
+  if (w.has_shared && resident(layer, kShared)) {
+    work.push_back({kShared, 0, n, rows, hidden, w.gate_shexp.n_rows, false});
+    rows += n;
+    hidden += n * w.gate_shexp.n_rows;
+  } else if (w.has_shared) {
     batch.add_expert({.gate = w.gate_shexp, .up = w.up_shexp, .down = w.down_shexp});
     for (int64_t t = 0; t < n; ++t) batch.add_item(static_cast<int32_t>(t), static_cast<int32_t>(nu), 1.0f);
   }
   if (work.empty()) return cpu::run_experts(k, pool, batch, x, n_embd, out);
+  // Item j of a work: its routed item index (or, for the shared experts, its token), token and weight.
+  auto item = [&](const DeviceWork& d, int64_t j) { return d.expert == kShared ? j : items.order[d.o0 + j]; };
+  auto token = [&](const DeviceWork& d, int64_t j) { return d.expert == kShared ? j : item(d, j) / nu; };
+  auto critical = [&](const DeviceWork& d, int64_t j) { return d.any_critical && items.critical[item(d, j)] != 0; };
 
   // Phase 1 on the device: the items' input rows up in one copy, then gate and up of each expert's W^Q.
   std::span<float> xs(xs_.reserve(rows * n_embd), rows * n_embd);
   for (const DeviceWork& d : work)
-    for (int64_t o = d.o0; o < d.o1; ++o)
-      std::copy_n(x + (items.order[o] / nu) * n_embd, n_embd, &xs[(d.row0 + o - d.o0) * n_embd]);
+    for (int64_t j = 0; j < d.m(); ++j) std::copy_n(x + token(d, j) * n_embd, n_embd, &xs[(d.row0 + j) * n_embd]);
   float* dx = scratch(x_, rows * n_embd);
-  float* dg = scratch(g_, rows * ff);
-  float* du = scratch(u_, rows * ff);
-  float* dh = scratch(h_, rows * ff);
+  float* dg = scratch(g_, hidden);
+  float* du = scratch(u_, hidden);
+  float* dh = scratch(h_, hidden);
   float* dy = scratch(y_, rows * n_embd);
   device_.copy_to_device(compute_, dx, xs.data(), xs.size() * sizeof(float));
   for (const DeviceWork& d : work) {
     const Slot& s = slots_.at({layer, d.expert});
-    device_.matmul(compute_, s.gate, dx + d.row0 * n_embd, d.m(), dg + d.row0 * ff);
-    device_.matmul(compute_, s.up, dx + d.row0 * n_embd, d.m(), du + d.row0 * ff);
+    device_.matmul(compute_, s.gate, dx + d.row0 * n_embd, d.m(), dg + d.h0);
+    device_.matmul(compute_, s.up, dx + d.row0 * n_embd, d.m(), du + d.h0);
   }
 
   // Meanwhile on the CPU: the residual's gate and up for the critical items (zero rows for the others), sent to
   // the device to be added before the SiLU.
-  std::span<float> gr(gr_host_.reserve(rows * ff), rows * ff);
-  std::span<float> ur(ur_host_.reserve(rows * ff), rows * ff);
-  std::span<float> xc = cpu::scratch<float, struct DeviceXcSite>(rows * n_embd);
+  std::span<float> gr(gr_host_.reserve(hidden), hidden);
+  std::span<float> ur(ur_host_.reserve(hidden), hidden);
+  std::span<float> xc = cpu::scratch<float, struct DeviceXcSite>(rows * std::max(n_embd, ff));
   std::span<float> tmp = cpu::scratch<float, struct DeviceTmpSite>(rows * std::max(ff, n_embd));
+  // Gathers the critical items' rows of src ([m][width]) into dst; returns how many.
   auto critical_rows = [&](const DeviceWork& d, float* dst, int64_t width, const float* src) {
-    int64_t c = 0;  // gathers the critical items' rows of src ([m][width]) into dst
-    for (int64_t o = d.o0; o < d.o1; ++o)
-      if (items.critical[items.order[o]]) std::copy_n(src + (o - d.o0) * width, width, dst + c++ * width);
+    int64_t c = 0;
+    for (int64_t j = 0; j < d.m(); ++j)
+      if (critical(d, j)) std::copy_n(src + j * width, width, dst + c++ * width);
     return c;
   };
-  float* dgr = w.split() ? scratch(gr_, rows * ff) : nullptr;
-  float* dur = w.split() ? scratch(ur_, rows * ff) : nullptr;
+  float* dgr = w.split() ? scratch(gr_, hidden) : nullptr;
+  float* dur = w.split() ? scratch(ur_, hidden) : nullptr;
   for (const DeviceWork& d : work) {
     if (!d.any_critical) continue;
     const int64_t c = critical_rows(d, xc.data(), n_embd, &xs[d.row0 * n_embd]);
     const cpu::WeightMatrix gate_r = w.gate_exps_r.rows(d.expert * ff, ff), up_r = w.up_exps_r.rows(d.expert * ff, ff);
     for (auto [matrix, dst] : {std::pair{&gate_r, gr.data()}, std::pair{&up_r, ur.data()}}) {
       cpu::matmul(k, pool, *matrix, xc.data(), c, tmp.data(), ff);
-      float* rows_of_d = dst + d.row0 * ff;
+      float* rows_of_d = dst + d.h0;
       std::fill(rows_of_d, rows_of_d + d.m() * ff, 0.0f);
-      int64_t j = 0;
-      for (int64_t o = d.o0; o < d.o1; ++o)
-        if (items.critical[items.order[o]]) std::copy_n(tmp.data() + j++ * ff, ff, rows_of_d + (o - d.o0) * ff);
+      for (int64_t j = 0, i = 0; j < d.m(); ++j)
+        if (critical(d, j)) std::copy_n(tmp.data() + i++ * ff, ff, rows_of_d + j * ff);
     }
-    device_.copy_to_device(compute_, dgr + d.row0 * ff, gr.data() + d.row0 * ff, d.m() * ff * sizeof(float));
-    device_.copy_to_device(compute_, dur + d.row0 * ff, ur.data() + d.row0 * ff, d.m() * ff * sizeof(float));
-    device_.add(compute_, dgr + d.row0 * ff, d.m() * ff, dg + d.row0 * ff);
-    device_.add(compute_, dur + d.row0 * ff, d.m() * ff, du + d.row0 * ff);
+    device_.copy_to_device(compute_, dgr + d.h0, gr.data() + d.h0, d.m() * ff * sizeof(float));
+    device_.copy_to_device(compute_, dur + d.h0, ur.data() + d.h0, d.m() * ff * sizeof(float));
+    device_.add(compute_, dgr + d.h0, d.m() * ff, dg + d.h0);
+    device_.add(compute_, dur + d.h0, d.m() * ff, du + d.h0);
   }
   // Phase 2 on the device: SiLU, down, and back: the down rows of every item, the hidden rows of critical experts.
-  std::span<float> hs(hs_.reserve(rows * ff), rows * ff);
+  std::span<float> hs(hs_.reserve(hidden), hidden);
   std::span<float> ys(ys_.reserve(rows * n_embd), rows * n_embd);
-  device_.silu_mul(compute_, dg, du, rows * ff, dh);
+  device_.silu_mul(compute_, dg, du, hidden, dh);
   for (const DeviceWork& d : work)
-    device_.matmul(compute_, slots_.at({layer, d.expert}).down, dh + d.row0 * ff, d.m(), dy + d.row0 * n_embd);
+    device_.matmul(compute_, slots_.at({layer, d.expert}).down, dh + d.h0, d.m(), dy + d.row0 * n_embd);
   for (const DeviceWork& d : work)
-    if (d.any_critical)
-      device_.copy_to_host(compute_, hs.data() + d.row0 * ff, dh + d.row0 * ff, d.m() * ff * sizeof(float));
+    if (d.any_critical) device_.copy_to_host(compute_, hs.data() + d.h0, dh + d.h0, d.m() * ff * sizeof(float));
   device_.copy_to_host(compute_, ys.data(), dy, ys.size() * sizeof(float));
   const device::Event done = device_.record(compute_);
 
-  // The CPU's own experts while the device works, then the device's results by mixing weight, with the residual's
-  // down rows of the critical items.
+  // The CPU's own experts while the device works, then the device's results by mixing weight (1 for the shared
+  // experts), with the residual's down rows of the critical items.
   cpu::run_experts(k, pool, batch, x, n_embd, out);
   device_.synchronize(done);
   for (const DeviceWork& d : work) {
-    int64_t c = 0;
     if (d.any_critical) {
-      c = critical_rows(d, xc.data(), ff, hs.data() + d.row0 * ff);
+      const int64_t c = critical_rows(d, xc.data(), ff, hs.data() + d.h0);
       cpu::matmul(k, pool, w.down_exps_r.rows(d.expert * n_embd, n_embd), xc.data(), c, tmp.data(), n_embd);
     }
-    int64_t j = 0;
-    for (int64_t o = d.o0; o < d.o1; ++o) {
-      const int64_t i = items.order[o];
-      const float* y = &ys[(d.row0 + o - d.o0) * n_embd];
-      const float* yr = w.split() && items.critical[i] ? tmp.data() + j++ * n_embd : nullptr;
-      float* dst = out + (i / nu) * n_embd;
-      const float weight = r.weights[i];
+    for (int64_t j = 0, i = 0; j < d.m(); ++j) {
+      const float* y = &ys[(d.row0 + j) * n_embd];
+      const float* yr = critical(d, j) ? tmp.data() + i++ * n_embd : nullptr;
+      float* dst = out + token(d, j) * n_embd;
+      const float weight = d.expert == kShared ? 1.0f : r.weights[item(d, j)];
       for (int64_t q = 0; q < n_embd; ++q) dst[q] += weight * (yr ? y[q] + yr[q] : y[q]);
     }
   }

@@ -18,13 +18,16 @@ struct Routing;
 struct RoutedItems;
 
 // Routed experts whose W^Q (the whole expert for an unsplit model) lives on a device, uploaded once at load while
-// the budget lasts, and the MoE step that uses them: the device runs gate, up, SiLU and down of its experts' W^Q
-// while the CPU runs the residuals of their critical items, the experts that did not fit, and the shared experts;
-// the results meet by mixing weight. Residency is decided at load (first come, first served by layer and expert)
-// until the scheduler of issue 6 owns placement.
+// the budget lasts (each layer's shared experts first, where the device runs their types), and the MoE step that
+// uses them: the device runs gate, up, SiLU and down of its experts while the CPU runs the residuals of their
+// critical items and whatever did not fit; the results meet by mixing weight. Residency is decided at load (first come,
+// first served by layer and expert) until the scheduler of issue 6 owns placement.
 class DeviceExperts {
  public:
-  // One routed expert's matrices (W^Q for a split model).
+  // The expert id of a layer's shared experts (one SwiGLU of n_expert_shared x n_ff_exp rows).
+  static constexpr int64_t kShared = -1;
+
+  // One routed expert's matrices (W^Q for a split model), or a layer's shared experts (expert kShared).
   struct Expert {
     int64_t layer = 0, expert = 0;
     cpu::WeightMatrix gate, up, down;

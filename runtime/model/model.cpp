@@ -210,6 +210,9 @@ void Model::attach_device(device::Device& device, size_t budget_bytes) {
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     const MoeWeights& m = ffn_[l].moe;
     const int64_t ff = m.n_ff_exp;
+    // The shared experts serve every token: they go first.
+    if (m.n_expert > 0 && m.has_shared)
+      experts.push_back({l, DeviceExperts::kShared, m.gate_shexp, m.up_shexp, m.down_shexp});
     for (int64_t e = 0; e < m.n_expert; ++e)
       experts.push_back({l, e, m.gate_exps.rows(e * ff, ff), m.up_exps.rows(e * ff, ff), m.down_exps.rows(e * E, E)});
   }

@@ -175,6 +175,11 @@ TEST(Experts, BatchedExecutorEqualsPerItemMatmulsAndOrderedSums) {
     run_experts(kernels(), pool, one_item, x.data(), s.n_embd, alone.data());
     EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + s.n_embd), alone);
     EXPECT_EQ(std::vector<float>(out.begin() + s.n_embd, out.end()), std::vector<float>(s.n_embd, 0.0f));
+    ExpertBatch empty;  // every expert elsewhere: zeros
+    empty.clear(2, 3);
+    std::fill(out.begin(), out.end(), -1.0f);
+    run_experts(kernels(), pool, empty, x.data(), s.n_embd, out.data());
+    EXPECT_EQ(out, std::vector<float>(2 * s.n_embd, 0.0f));
     ExpertBatch broken;
     broken.clear(1, 1);
     broken.add_expert(ffn(0));

@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "quant/lowbit.h"
@@ -228,17 +229,22 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
   split_model({.model = kTiny.string(), .out = out.string(), .threads = 2}, nullptr);
   std::vector<int32_t> tokens;
   for (int i = 0; i < 12; ++i) tokens.push_back((i * 53 + 7) % 500);
-  for (int64_t critical : {0, 2, -1}) {
-    auto dev = device::make_emulated_device({.capacity = 2'000'000});  // outlives the model that uses it
+  // Half the experts resident (the CPU runs the rest), then all of them (the CPU runs only residuals).
+  for (const auto& [critical, budget] : std::vector<std::pair<int64_t, size_t>>{
+           {0, 1'000'000}, {2, 1'000'000}, {-1, 1'000'000}, {0, 10'000'000}, {2, 10'000'000}}) {
+    auto dev = device::make_emulated_device({.capacity = 20'000'000});  // outlives the model that uses it
     auto cpu_only = model::Model::load(out.string(), 2);
     cpu_only->set_critical(critical);
     auto on_device = model::Model::load(out.string(), 2);
     on_device->set_critical(critical);
-    const size_t budget = 1'000'000;  // 16 of the 32 experts (62 KB each)
-    on_device->attach_device(*dev, budget);
+    on_device->attach_device(*dev, budget);  // 1 MB: the shared experts and about half the routed ones (62 KB each)
     const model::DeviceExperts& held = *on_device->device_experts();
     ASSERT_GT(held.resident_experts(), 0);
-    ASSERT_LT(held.resident_experts(), 32);
+    if (budget < 2'000'000)
+      ASSERT_LT(held.resident_experts(), 32);
+    else
+      ASSERT_EQ(held.resident_experts(), 34);                      // 2 x 16 routed + 2 x shared
+    EXPECT_TRUE(held.resident(1, model::DeviceExperts::kShared));  // the first MoE block's shared experts
     EXPECT_EQ(dev->transfers().to_device_bytes, held.resident_bytes());
 
     // Prefill of 12 tokens, then one decode step.
@@ -256,14 +262,18 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
     }
     EXPECT_LE(diff, 2e-3f * scale) << "critical " << critical;
 
-    // The plan: per MoE layer, the input rows of the items of resident experts go up and their down rows come
-    // back; experts with a critical item also send up the residual's gate and up rows and bring back the hidden
-    // rows.
+    // The plan: per MoE layer, the input rows of the items of resident experts (the shared experts included) go up
+    // and their down rows come back; experts with a critical item also send up the residual's gate and up rows and
+    // bring back the hidden rows.
     const model::ModelConfig& c = on_device->config();
     const int64_t nu = c.n_expert_used, n = static_cast<int64_t>(tokens.size());
     uint64_t up = 0, down = 0;
     for (const auto& [layer, ids] : trace.experts) {
       const std::vector<float>& w = trace.weights.at(layer);
+      if (held.resident(layer, model::DeviceExperts::kShared)) {  // the shared experts: every token, both ways
+        up += 4 * n * c.n_embd;
+        down += 4 * n * c.n_embd;
+      }
       for (int64_t e = 0; e < c.n_expert; ++e) {
         if (!held.resident(layer, e)) continue;
         int64_t m = 0;
