@@ -8,19 +8,6 @@
 #include "runtime/model/moe.h"
 
 namespace hetmoe::model {
-namespace {
-
-// One expert of the step that runs on the device: a routed expert's items order[o0 .. o1), or the shared experts
-// (expert kShared) with one item per token; their rows [row0, row0 + m) of the n_embd-wide buffers and the
-// floats [h0, h0 + m * width) of the hidden-wide ones, and whether any item is critical.
-struct DeviceWork {
-  int64_t expert = 0, o0 = 0, o1 = 0, row0 = 0, h0 = 0, width = 0;
-  bool any_critical = false;
-  int64_t m() const { return o1 - o0; }
-};
-
-}  // namespace
-
 DeviceExperts::DeviceExperts(device::Device& device, size_t budget_bytes, std::span<const Expert> experts)
     : device_(device),
       budget_(std::min(budget_bytes, device.capacity())),
@@ -71,7 +58,7 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
                         float* out) {
   const int64_t nu = static_cast<int64_t>(r.ids.size()) / n, ff = w.n_ff_exp;
   // Resident experts go to the device, the rest (and the shared experts unless resident) to the CPU engine.
-  thread_local std::vector<DeviceWork> work;
+  thread_local std::vector<Work> work;
   work.clear();
   thread_local cpu::ExpertBatch batch;
   batch.clear(n, nu + (w.has_shared ? 1 : 0));
@@ -83,7 +70,7 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
       add_routed_expert(batch, w, items, r, e, nu, n_embd);
       continue;
     }
-    DeviceWork d{e, o0, o1, rows, hidden, ff, false};
+    Work d{e, o0, o1, rows, hidden, ff, false};
     for (int64_t o = o0; o < o1 && w.split(); ++o) d.any_critical |= items.critical[items.order[o]] != 0;
     work.push_back(d);
     rows += d.m();
@@ -91,21 +78,44 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   }
   if (w.has_shared && resident(layer, kShared)) {
     work.push_back({kShared, 0, n, rows, hidden, w.gate_shexp.n_rows, false});
-    rows += n;
-    hidden += n * w.gate_shexp.n_rows;
   } else if (w.has_shared) {
     batch.add_expert({.gate = w.gate_shexp, .up = w.up_shexp, .down = w.down_shexp});
     for (int64_t t = 0; t < n; ++t) batch.add_item(static_cast<int32_t>(t), static_cast<int32_t>(nu), 1.0f);
   }
   if (work.empty()) return cpu::run_experts(k, pool, batch, x, n_embd, out);
+  execute(k, pool, &w, &r, &items, layer, work, batch, x, n, n_embd, out);
+}
+
+void DeviceExperts::run_dense(const cpu::KernelTable& k, cpu::ThreadPool& pool, int64_t layer, int64_t n_ff,
+                              const float* x, int64_t n, int64_t n_embd, float* out) {
+  thread_local std::vector<Work> work;
+  work.assign(1, Work{kDense, 0, n, 0, 0, n_ff, false});
+  thread_local cpu::ExpertBatch batch;
+  batch.clear(n, 1);  // nothing for the CPU: the executor returns zeros and the device's rows are added
+  execute(k, pool, nullptr, nullptr, nullptr, layer, work, batch, x, n, n_embd, out);
+}
+
+void DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights* moe,
+                            const Routing* routing, const RoutedItems* routed, int64_t layer,
+                            const std::vector<Work>& work, const cpu::ExpertBatch& batch, const float* x, int64_t n,
+                            int64_t n_embd, float* out) {
+  int64_t rows = 0, hidden = 0;
+  for (const Work& d : work) {
+    rows += d.m();
+    hidden += d.m() * d.width;
+  }
+  const int64_t nu = routing ? static_cast<int64_t>(routing->ids.size()) / n : 1;
+  const int64_t ff = moe ? moe->n_ff_exp : 0;
+  const bool split = moe && moe->split();
   // Item j of a work: its routed item index (or, for the shared experts, its token), token and weight.
-  auto item = [&](const DeviceWork& d, int64_t j) { return d.expert == kShared ? j : items.order[d.o0 + j]; };
-  auto token = [&](const DeviceWork& d, int64_t j) { return d.expert == kShared ? j : item(d, j) / nu; };
-  auto critical = [&](const DeviceWork& d, int64_t j) { return d.any_critical && items.critical[item(d, j)] != 0; };
+  auto all_tokens = [](const Work& d) { return d.expert == kShared || d.expert == kDense; };
+  auto item = [&](const Work& d, int64_t j) { return all_tokens(d) ? j : routed->order[d.o0 + j]; };
+  auto token = [&](const Work& d, int64_t j) { return all_tokens(d) ? j : item(d, j) / nu; };
+  auto critical = [&](const Work& d, int64_t j) { return d.any_critical && routed->critical[item(d, j)] != 0; };
 
   // Phase 1 on the device: the items' input rows up in one copy, then gate and up of each expert's W^Q.
   std::span<float> xs(xs_.reserve(rows * n_embd), rows * n_embd);
-  for (const DeviceWork& d : work)
+  for (const Work& d : work)
     for (int64_t j = 0; j < d.m(); ++j) std::copy_n(x + token(d, j) * n_embd, n_embd, &xs[(d.row0 + j) * n_embd]);
   float* dx = scratch(x_, rows * n_embd);
   float* dg = scratch(g_, hidden);
@@ -113,7 +123,7 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   float* dh = scratch(h_, hidden);
   float* dy = scratch(y_, rows * n_embd);
   device_.copy_to_device(compute_, dx, xs.data(), xs.size() * sizeof(float));
-  for (const DeviceWork& d : work) {
+  for (const Work& d : work) {
     const Slot& s = slots_.at({layer, d.expert});
     device_.matmul(compute_, s.gate, dx + d.row0 * n_embd, d.m(), dg + d.h0);
     device_.matmul(compute_, s.up, dx + d.row0 * n_embd, d.m(), du + d.h0);
@@ -126,18 +136,19 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   std::span<float> xc = cpu::scratch<float, struct DeviceXcSite>(rows * std::max(n_embd, ff));
   std::span<float> tmp = cpu::scratch<float, struct DeviceTmpSite>(rows * std::max(ff, n_embd));
   // Gathers the critical items' rows of src ([m][width]) into dst; returns how many.
-  auto critical_rows = [&](const DeviceWork& d, float* dst, int64_t width, const float* src) {
+  auto critical_rows = [&](const Work& d, float* dst, int64_t width, const float* src) {
     int64_t c = 0;
     for (int64_t j = 0; j < d.m(); ++j)
       if (critical(d, j)) std::copy_n(src + j * width, width, dst + c++ * width);
     return c;
   };
-  float* dgr = w.split() ? scratch(gr_, hidden) : nullptr;
-  float* dur = w.split() ? scratch(ur_, hidden) : nullptr;
-  for (const DeviceWork& d : work) {
+  float* dgr = split ? scratch(gr_, hidden) : nullptr;
+  float* dur = split ? scratch(ur_, hidden) : nullptr;
+  for (const Work& d : work) {
     if (!d.any_critical) continue;
     const int64_t c = critical_rows(d, xc.data(), n_embd, &xs[d.row0 * n_embd]);
-    const cpu::WeightMatrix gate_r = w.gate_exps_r.rows(d.expert * ff, ff), up_r = w.up_exps_r.rows(d.expert * ff, ff);
+    const cpu::WeightMatrix gate_r = moe->gate_exps_r.rows(d.expert * ff, ff),
+                            up_r = moe->up_exps_r.rows(d.expert * ff, ff);
     for (auto [matrix, dst] : {std::pair{&gate_r, gr.data()}, std::pair{&up_r, ur.data()}}) {
       cpu::matmul(k, pool, *matrix, xc.data(), c, tmp.data(), ff);
       float* rows_of_d = dst + d.h0;
@@ -154,9 +165,9 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   std::span<float> hs(hs_.reserve(hidden), hidden);
   std::span<float> ys(ys_.reserve(rows * n_embd), rows * n_embd);
   device_.silu_mul(compute_, dg, du, hidden, dh);
-  for (const DeviceWork& d : work)
+  for (const Work& d : work)
     device_.matmul(compute_, slots_.at({layer, d.expert}).down, dh + d.h0, d.m(), dy + d.row0 * n_embd);
-  for (const DeviceWork& d : work)
+  for (const Work& d : work)
     if (d.any_critical) device_.copy_to_host(compute_, hs.data() + d.h0, dh + d.h0, d.m() * ff * sizeof(float));
   device_.copy_to_host(compute_, ys.data(), dy, ys.size() * sizeof(float));
   const device::Event done = device_.record(compute_);
@@ -165,16 +176,16 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   // experts), with the residual's down rows of the critical items.
   cpu::run_experts(k, pool, batch, x, n_embd, out);
   device_.synchronize(done);
-  for (const DeviceWork& d : work) {
+  for (const Work& d : work) {
     if (d.any_critical) {
       const int64_t c = critical_rows(d, xc.data(), ff, hs.data() + d.h0);
-      cpu::matmul(k, pool, w.down_exps_r.rows(d.expert * n_embd, n_embd), xc.data(), c, tmp.data(), n_embd);
+      cpu::matmul(k, pool, moe->down_exps_r.rows(d.expert * n_embd, n_embd), xc.data(), c, tmp.data(), n_embd);
     }
     for (int64_t j = 0, i = 0; j < d.m(); ++j) {
       const float* y = &ys[(d.row0 + j) * n_embd];
       const float* yr = critical(d, j) ? tmp.data() + i++ * n_embd : nullptr;
       float* dst = out + token(d, j) * n_embd;
-      const float weight = d.expert == kShared ? 1.0f : r.weights[item(d, j)];
+      const float weight = all_tokens(d) ? 1.0f : routing->weights[item(d, j)];
       for (int64_t q = 0; q < n_embd; ++q) dst[q] += weight * (yr ? y[q] + yr[q] : y[q]);
     }
   }

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_kernels/experts.h"
 #include "cpu_kernels/kernel_table.h"
 #include "cpu_kernels/matmul.h"
 #include "cpu_kernels/thread_pool.h"
@@ -17,15 +18,17 @@ struct MoeWeights;
 struct Routing;
 struct RoutedItems;
 
-// Routed experts whose W^Q (the whole expert for an unsplit model) lives on a device, uploaded once at load while
-// the budget lasts (each layer's shared experts first, where the device runs their types), and the MoE step that
-// uses them: the device runs gate, up, SiLU and down of its experts while the CPU runs the residuals of their
-// critical items and whatever did not fit; the results meet by mixing weight. Residency is decided at load (first come,
-// first served by layer and expert) until the scheduler of issue 6 owns placement.
+// FFNs on a device: routed experts' W^Q (the whole expert for an unsplit model), each layer's shared experts and
+// the dense layers' FFNs, uploaded once at load in layer order while the budget lasts and where the device runs
+// their types; and the step that uses them: the device runs gate, up, SiLU and down of its experts while the CPU runs
+// the residuals of their critical items and whatever did not fit; the results meet by mixing weight. Residency is
+// decided at load (first come, first served by layer and expert) until the scheduler of issue 6 owns placement.
 class DeviceExperts {
  public:
-  // The expert id of a layer's shared experts (one SwiGLU of n_expert_shared x n_ff_exp rows).
+  // The expert ids of a layer's shared experts (one SwiGLU of n_expert_shared x n_ff_exp rows) and of a dense
+  // layer's FFN.
   static constexpr int64_t kShared = -1;
+  static constexpr int64_t kDense = -2;
 
   // One routed expert's matrices (W^Q for a split model), or a layer's shared experts (expert kShared).
   struct Expert {
@@ -38,6 +41,7 @@ class DeviceExperts {
   DeviceExperts(device::Device& device, size_t budget_bytes, std::span<const Expert> experts);
   bool resident(int64_t layer, int64_t expert) const { return slots_.count({layer, expert}) != 0; }
   size_t resident_bytes() const { return resident_bytes_; }
+  // Resident FFNs: routed experts, shared experts and dense FFNs.
   int64_t resident_experts() const { return static_cast<int64_t>(slots_.size()); }
   device::Device& device() const { return device_; }
 
@@ -45,11 +49,26 @@ class DeviceExperts {
   // is not resident (as moe_ffn would) plus the shared experts.
   void run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const Routing& r,
            const RoutedItems& items, int64_t layer, const float* x, int64_t n, int64_t n_embd, float* out);
+  // A dense layer's FFN (n_ff wide) on the device, when resident(layer, kDense).
+  void run_dense(const cpu::KernelTable& k, cpu::ThreadPool& pool, int64_t layer, int64_t n_ff, const float* x,
+                 int64_t n, int64_t n_embd, float* out);
 
  private:
   struct Slot {
     device::DeviceMatrix gate, up, down;
   };
+  // One expert of a step that runs on the device: a routed expert's items order[o0 .. o1), or the shared experts or
+  // a dense FFN (one item per token, o0 = 0, o1 = n); their rows [row0, row0 + m) of the n_embd-wide buffers and
+  // the floats [h0, h0 + m * width) of the hidden-wide ones, and whether any item is critical.
+  struct Work {
+    int64_t expert = 0, o0 = 0, o1 = 0, row0 = 0, h0 = 0, width = 0;
+    bool any_critical = false;
+    int64_t m() const { return o1 - o0; }
+  };
+  // The device's part of a step (`work`: experts with their items) and the CPU's (`batch`), at the same time.
+  void execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights* moe, const Routing* routing,
+               const RoutedItems* routed, int64_t layer, const std::vector<Work>& work, const cpu::ExpertBatch& batch,
+               const float* x, int64_t n, int64_t n_embd, float* out);
   // A device buffer that grows to the largest request (earlier work on it must be finished).
   float* scratch(device::DeviceMemory& mem, size_t floats);
 

@@ -210,6 +210,10 @@ void Model::attach_device(device::Device& device, size_t budget_bytes) {
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     const MoeWeights& m = ffn_[l].moe;
     const int64_t ff = m.n_ff_exp;
+    if (!config_.is_moe_layer(l)) {  // a dense layer's FFN
+      experts.push_back({l, DeviceExperts::kDense, ffn_[l].gate, ffn_[l].up, ffn_[l].down});
+      continue;
+    }
     // The shared experts serve every token: they go first.
     if (m.n_expert > 0 && m.has_shared)
       experts.push_back({l, DeviceExperts::kShared, m.gate_shexp, m.up_shexp, m.down_shexp});
@@ -241,6 +245,8 @@ void Model::matmul(const cpu::WeightMatrix& w, const float* x, int64_t n, float*
 void Model::ffn(int64_t layer, const float* x, int64_t n, float* out) {
   const FfnWeights& f = ffn_[layer];
   if (!config_.is_moe_layer(layer)) {
+    if (device_experts_ && device_experts_->resident(layer, DeviceExperts::kDense))
+      return device_experts_->run_dense(kernels_, *pool_, layer, f.gate.n_rows, x, n, config_.n_embd, out);
     swiglu_ffn(kernels_, *pool_, f.gate, f.up, f.down, x, n, out);
     return;
   }

@@ -243,7 +243,8 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
     if (budget < 2'000'000)
       ASSERT_LT(held.resident_experts(), 32);
     else
-      ASSERT_EQ(held.resident_experts(), 34);                      // 2 x 16 routed + 2 x shared
+      ASSERT_EQ(held.resident_experts(), 35);                      // the dense block's FFN, 2 x shared, 2 x 16 routed
+    EXPECT_TRUE(held.resident(0, model::DeviceExperts::kDense));   // the leading dense block's FFN
     EXPECT_TRUE(held.resident(1, model::DeviceExperts::kShared));  // the first MoE block's shared experts
     EXPECT_EQ(dev->transfers().to_device_bytes, held.resident_bytes());
 
@@ -268,6 +269,11 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
     const model::ModelConfig& c = on_device->config();
     const int64_t nu = c.n_expert_used, n = static_cast<int64_t>(tokens.size());
     uint64_t up = 0, down = 0;
+    for (int64_t l = 0; l < c.n_layer; ++l)
+      if (held.resident(l, model::DeviceExperts::kDense)) {  // a dense block's FFN: every token, both ways
+        up += 4 * n * c.n_embd;
+        down += 4 * n * c.n_embd;
+      }
     for (const auto& [layer, ids] : trace.experts) {
       const std::vector<float>& w = trace.weights.at(layer);
       if (held.resident(layer, model::DeviceExperts::kShared)) {  // the shared experts: every token, both ways
