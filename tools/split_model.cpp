@@ -131,6 +131,7 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, std::FILE* p
   if (n_split == 0) fail("{}: no routed expert tensors (blk.N.ffn_*_exps.weight) found", opt.model);
 
   ProgressBar bar(progress, total, "split");
+  std::vector<uint8_t> last_gpu_part;  // the W^Q just written, for its residual
   std::vector<SplitTensorReport> report;
   report.reserve(n_split);
   for (const gguf::TensorInfo& t : in.tensors()) {
@@ -147,7 +148,8 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, std::FILE* p
     report.push_back({t.name, t.type, *gpu_type, res_type});
     const size_t index = report.size() - 1;
     const GgmlType q_type = *gpu_type;
-    // W^Q: each source row to the low-bit format, rows spread over the threads.
+    // W^Q: each source row to the low-bit format, rows spread over the threads; kept until the residual is written
+    // (one tensor's W^Q, a quarter of its source at 4 bits or less: memory stays bounded by the largest tensor).
     writer.add_tensor(split_gpu_name(t.name), q_type, ne, [&, q_type, q_row](std::span<uint8_t> out) {
       pool.parallel_for(t.n_rows, 64, [&](int64_t r0, int64_t r1) {
         std::vector<float> w(t.ne[0]);
@@ -156,21 +158,20 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, std::FILE* p
           quant::quantize_row(q_type, w.data(), out.data() + r * q_row, t.ne[0]);
         }
       });
+      last_gpu_part.assign(out.begin(), out.end());
       bar.update(done += static_cast<double>(t.nbytes), split_gpu_name(t.name));
     });
-    // W^R: the same W^Q again (deterministic), the residual W - deq(W^Q) in the residual's type, and the errors.
+    // W^R: the residual W - deq(W^Q) in the residual's type, and the errors.
     writer.add_tensor(split_residual_name(t.name), res_type, ne,
                       [&, q_type, q_row, r_row, res_type, index](std::span<uint8_t> out) {
                         ErrorSums sums;
                         pool.parallel_for(t.n_rows, 64, [&](int64_t r0, int64_t r1) {
                           const int64_t n = t.ne[0];
                           std::vector<float> w(n), q(n), back(n);
-                          std::vector<uint8_t> q_bytes(q_row);
                           double sw = 0, sg = 0, sc = 0;
                           for (int64_t r = r0; r < r1; ++r) {
                             source_row(t, r, w.data());
-                            quant::quantize_row(q_type, w.data(), q_bytes.data(), n);
-                            quant::dequantize_row(q_type, q_bytes.data(), q.data(), n);
+                            quant::dequantize_row(q_type, last_gpu_part.data() + r * q_row, q.data(), n);
                             for (int64_t i = 0; i < n; ++i) back[i] = w[i] - q[i];
                             uint8_t* dst = out.data() + r * r_row;
                             quant::quantize_row(res_type, back.data(), dst, n);
