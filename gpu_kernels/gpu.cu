@@ -69,6 +69,138 @@ __global__ void lowbit_matmul_kernel(const uint8_t* w, int64_t rows, int64_t col
   }
 }
 
+// GGUF block formats against F32 activations, for the dense and shared weights: one warp per weight row, lane l
+// takes blocks l, l + 32, ... and computes each value from its block as quant/ref does (ggml's layouts), times the
+// activations of up to kTokensPerPass tokens. Types: 0 F32, 1 F16, 8 Q8_0, 6 Q5_0, 12 Q4_K, 14 Q6_K (ggml ids).
+__device__ float half_at(const uint8_t* p) { return __half2float(*reinterpret_cast<const __half*>(p)); }
+
+template <int kType>
+struct BlockFormat;
+
+template <>
+struct BlockFormat<0> {  // F32
+  static constexpr int kValues = 1, kBytes = 4;
+  template <typename F>
+  __device__ static void values(const uint8_t* b, F f) {
+    f(0, *reinterpret_cast<const float*>(b));
+  }
+};
+
+template <>
+struct BlockFormat<1> {  // F16
+  static constexpr int kValues = 1, kBytes = 2;
+  template <typename F>
+  __device__ static void values(const uint8_t* b, F f) {
+    f(0, half_at(b));
+  }
+};
+
+template <>
+struct BlockFormat<8> {  // Q8_0: d, 32 x int8
+  static constexpr int kValues = 32, kBytes = 34;
+  template <typename F>
+  __device__ static void values(const uint8_t* b, F f) {
+    const float d = half_at(b);
+    for (int j = 0; j < 32; ++j) f(j, d * static_cast<float>(static_cast<int8_t>(b[2 + j])));
+  }
+};
+
+template <>
+struct BlockFormat<6> {  // Q5_0: d, qh (bit j: fifth bit of value j), qs (value j low nibble of qs[j % 16])
+  static constexpr int kValues = 32, kBytes = 22;
+  template <typename F>
+  __device__ static void values(const uint8_t* b, F f) {
+    const float d = half_at(b);
+    const uint32_t qh = b[2] | b[3] << 8 | b[4] << 16 | static_cast<uint32_t>(b[5]) << 24;
+    const uint8_t* qs = b + 6;
+    for (int j = 0; j < 32; ++j) {
+      const int low = j < 16 ? (qs[j] & 15) : (qs[j - 16] >> 4);
+      const int q = (low | static_cast<int>((qh >> j) & 1) << 4) - 16;
+      f(j, d * static_cast<float>(q));
+    }
+  }
+};
+
+template <>
+struct BlockFormat<12> {  // Q4_K: d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
+  static constexpr int kValues = 256, kBytes = 144;
+  template <typename F>
+  __device__ static void values(const uint8_t* b, F f) {
+    const float d = half_at(b), dmin = half_at(b + 2);
+    const uint8_t* sc = b + 4;
+    const uint8_t* qs = b + 16;
+    for (int g = 0; g < 8; ++g) {
+      int scale, min;
+      if (g < 4) {
+        scale = sc[g] & 63;
+        min = sc[g + 4] & 63;
+      } else {
+        scale = (sc[g + 4] & 15) | ((sc[g - 4] >> 6) << 4);
+        min = (sc[g + 4] >> 4) | ((sc[g] >> 6) << 4);
+      }
+      const float ds = d * static_cast<float>(scale), dm = dmin * static_cast<float>(min);
+      const uint8_t* q = qs + 32 * (g / 2);
+      for (int l = 0; l < 32; ++l) {
+        const int v = g % 2 ? q[l] >> 4 : q[l] & 15;
+        f(32 * g + l, ds * static_cast<float>(v) - dm);
+      }
+    }
+  }
+};
+
+template <>
+struct BlockFormat<14> {  // Q6_K: ql[128], qh[64], int8 scales[16], d
+  static constexpr int kValues = 256, kBytes = 210;
+  template <typename F>
+  __device__ static void values(const uint8_t* b, F f) {
+    const float d = half_at(b + 208);
+    const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = b + 64 * half;
+      const uint8_t* qh = b + 128 + 32 * half;
+      const int8_t* sc = scales + 8 * half;
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        const int base = 128 * half + l;
+        f(base, d * static_cast<float>(sc[is] * q1));
+        f(base + 32, d * static_cast<float>(sc[is + 2] * q2));
+        f(base + 64, d * static_cast<float>(sc[is + 4] * q3));
+        f(base + 96, d * static_cast<float>(sc[is + 6] * q4));
+      }
+    }
+  }
+};
+
+template <int kType>
+__global__ void block_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
+                                    int64_t n, float* y) {
+  using Format = BlockFormat<kType>;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const uint8_t* base = w + row * row_bytes;
+  const int64_t blocks = cols / Format::kValues;
+  for (int64_t t0 = 0; t0 < n; t0 += kTokensPerPass) {
+    const int nt = static_cast<int>(n - t0 < kTokensPerPass ? n - t0 : kTokensPerPass);
+    float acc[kTokensPerPass] = {};
+    for (int64_t blk = lane; blk < blocks; blk += kWarp) {
+      const float* xb = x + t0 * cols + blk * Format::kValues;
+      Format::values(base + blk * Format::kBytes, [&](int j, float v) {
+        for (int t = 0; t < nt; ++t) acc[t] += v * xb[t * cols + j];
+      });
+    }
+    for (int t = 0; t < nt; ++t) {
+      float v = acc[t];
+      for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
+      if (lane == 0) y[(t0 + t) * rows + row] = v;
+    }
+  }
+}
+
 __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, float* out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = gate[i] / (1.0f + __expf(-gate[i])) * up[i];
@@ -187,6 +319,41 @@ void lowbit_matmul(int bits, int group, const void* w, int64_t rows, int64_t col
       throw std::runtime_error("lowbit_matmul: bits must be 2, 3 or 4");
   }
   check(cudaGetLastError(), "lowbit_matmul launch");
+}
+
+bool block_matmul_supports(uint32_t ggml_type) {
+  return ggml_type == 0 || ggml_type == 1 || ggml_type == 6 || ggml_type == 8 || ggml_type == 12 || ggml_type == 14;
+}
+
+void block_matmul(uint32_t ggml_type, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
+                  int64_t n, float* y, Stream s) {
+  if (rows == 0 || n == 0) return;
+  const unsigned grid = blocks_for(rows, kWarpsPerBlock);
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const unsigned threads = kWarp * kWarpsPerBlock;
+  switch (ggml_type) {
+    case 0:
+      block_matmul_kernel<0><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, n, y);
+      break;
+    case 1:
+      block_matmul_kernel<1><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, n, y);
+      break;
+    case 6:
+      block_matmul_kernel<6><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, n, y);
+      break;
+    case 8:
+      block_matmul_kernel<8><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, n, y);
+      break;
+    case 12:
+      block_matmul_kernel<12><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, n, y);
+      break;
+    case 14:
+      block_matmul_kernel<14><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, n, y);
+      break;
+    default:
+      throw std::runtime_error("block_matmul: unsupported ggml type " + std::to_string(ggml_type));
+  }
+  check(cudaGetLastError(), "block_matmul launch");
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, float* out, Stream s) {

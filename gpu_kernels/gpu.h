@@ -46,6 +46,11 @@ void launch_host_func(Stream s, void (*fn)(void*), void* arg);
 // 128) with `row_bytes` per row of `cols` values; x [n][cols] and y [n][rows] floats in device memory.
 void lowbit_matmul(int bits, int group, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
                    int64_t n, float* y, Stream s);
+// The same for GGUF block rows (dense and shared weights), computed from the blocks as quant/ref dequantizes them,
+// against F32 activations: ggml type ids F32 (0), F16 (1), Q5_0 (6), Q8_0 (8), Q4_K (12), Q6_K (14).
+bool block_matmul_supports(uint32_t ggml_type);
+void block_matmul(uint32_t ggml_type, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
+                  int64_t n, float* y, Stream s);
 // out[i] = silu(gate[i]) * up[i]; y[i] += x[i].
 void silu_mul(const float* gate, const float* up, int64_t n, float* out, Stream s);
 void add(const float* x, int64_t n, float* y, Stream s);

@@ -43,7 +43,9 @@ class CudaDevice final : public Device {
     std::lock_guard lock(mutex_);
     return used_;
   }
-  bool supports(quant::GgmlType type) const override { return quant::lowbit_format(type).has_value(); }
+  bool supports(quant::GgmlType type) const override {
+    return quant::lowbit_format(type).has_value() || gpu::block_matmul_supports(static_cast<uint32_t>(type));
+  }
 
   void* allocate(size_t bytes) override {
     gpu::set_device(index_);
@@ -99,9 +101,10 @@ class CudaDevice final : public Device {
     ++stats_.to_host_copies;
   }
   void matmul(int stream, const DeviceMatrix& w, const float* x, int64_t n, float* y) override {
-    const auto f = quant::lowbit_format(w.type);
-    if (!f) throw std::logic_error("cuda device: matmul of a type supports() refuses");
-    gpu::lowbit_matmul(f->bits, f->group, w.data, w.n_rows, w.n_cols, w.row_bytes, x, n, y, s(stream));
+    if (const auto f = quant::lowbit_format(w.type))
+      return gpu::lowbit_matmul(f->bits, f->group, w.data, w.n_rows, w.n_cols, w.row_bytes, x, n, y, s(stream));
+    if (!supports(w.type)) throw std::logic_error("cuda device: matmul of a type supports() refuses");
+    gpu::block_matmul(static_cast<uint32_t>(w.type), w.data, w.n_rows, w.n_cols, w.row_bytes, x, n, y, s(stream));
   }
   void silu_mul(int stream, const float* gate, const float* up, int64_t n, float* out) override {
     gpu::silu_mul(gate, up, n, out, s(stream));

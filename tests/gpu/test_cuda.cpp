@@ -70,10 +70,20 @@ TEST(Cuda, LowBitMatmulAndSiluMatchTheReference) {
       for (int64_t rows : {1, 17, 97})
         for (int64_t n : {1, 3, 9, 17}) test_support::check_matmul_and_silu(*d, s, type, cols, rows, n, 5e-5, seed++);
   }
-  EXPECT_FALSE(d->supports(quant::GgmlType::Q4_K));
+  // The GGUF block formats of dense and shared weights, against F32 activations.
+  for (quant::GgmlType type : {quant::GgmlType::F32, quant::GgmlType::F16, quant::GgmlType::Q8_0, quant::GgmlType::Q5_0,
+                               quant::GgmlType::Q4_K, quant::GgmlType::Q6_K}) {
+    ASSERT_TRUE(d->supports(type));
+    for (int64_t cols : {256, 2048})
+      for (int64_t rows : {1, 17, 97})
+        for (int64_t n : {1, 9}) test_support::check_matmul_and_silu(*d, s, type, cols, rows, n, 5e-5, seed++);
+  }
+  EXPECT_FALSE(d->supports(quant::GgmlType::Q2_K));
 }
 
-// A split model with every expert's W^Q on the GPU gives the CPU's logits to float rounding.
+// A split model with its dense FFN, shared experts and every expert's W^Q on the GPU gives the CPU's logits to
+// float rounding and the activations' 8-bit conversion (the CPU converts them for Q4_K/Q6_K/Q8_0, the GPU does
+// not): within 2e-2 of the largest logit.
 TEST(Cuda, SplitModelOnTheGpuMatchesTheCpu) {
   REQUIRE_GPU(d);
   const fs::path src = fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-deepseek3-Q4_K_M.gguf";
@@ -87,7 +97,7 @@ TEST(Cuda, SplitModelOnTheGpuMatchesTheCpu) {
     cpu->set_critical(critical);
     gpu->set_critical(critical);
     gpu->attach_device(*d, size_t{1} << 30);
-    ASSERT_EQ(gpu->device_experts()->resident_experts(), 32);
+    ASSERT_EQ(gpu->device_experts()->resident_experts(), 35);  // dense FFN, 2 x shared, 2 x 16 routed
     model::KvCache c1 = cpu->make_cache(16), c2 = gpu->make_cache(16);
     std::vector<float> want, got;
     cpu->forward(tokens, 0, c1, true, want);
@@ -97,7 +107,7 @@ TEST(Cuda, SplitModelOnTheGpuMatchesTheCpu) {
       scale = std::max(scale, std::abs(want[j]));
       diff = std::max(diff, std::abs(want[j] - got[j]));
     }
-    EXPECT_LE(diff, 2e-3f * scale) << "critical " << critical;
+    EXPECT_LE(diff, 2e-2f * scale) << "critical " << critical;
   }
 }
 
