@@ -22,8 +22,9 @@ DeviceExperts::DeviceExperts(device::Device& device, size_t budget_bytes, std::s
   auto aligned = [](size_t b) { return (b + 255) / 256 * 256; };  // each matrix on a 256-byte boundary
   std::vector<const Expert*> chosen;
   size_t total = 0;
+  auto runs = [&](const cpu::WeightMatrix& w) { return !w.data || device_.supports(w.type); };
   for (const Expert& e : experts) {
-    if (!device_.supports(e.gate.type) || !device_.supports(e.up.type) || !device_.supports(e.down.type)) continue;
+    if (!runs(e.gate) || !runs(e.up) || !runs(e.down)) continue;
     const size_t b = aligned(bytes_of(e.gate)) + aligned(bytes_of(e.up)) + aligned(bytes_of(e.down));
     if (total + b > budget_) break;  // in order: the first experts that fit, layer by layer
     total += b;
@@ -34,6 +35,7 @@ DeviceExperts::DeviceExperts(device::Device& device, size_t budget_bytes, std::s
   auto* base = static_cast<uint8_t*>(weights_.get());
   size_t offset = 0;
   auto put = [&](const cpu::WeightMatrix& w) {
+    if (!w.data) return device::DeviceMatrix{};
     uint8_t* dst = base + offset;
     device_.copy_to_device(copy_, dst, w.data, bytes_of(w));
     offset += aligned(bytes_of(w));
@@ -84,6 +86,20 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   }
   if (work.empty()) return cpu::run_experts(k, pool, batch, x, n_embd, out);
   execute(k, pool, &w, &r, &items, layer, work, batch, x, n, n_embd, out);
+}
+
+void DeviceExperts::run_matrix(int64_t layer, int64_t id, const float* x, int64_t n, float* y) {
+  const device::DeviceMatrix& w = slots_.at({layer, id}).gate;
+  float* xs = xs_.reserve(n * w.n_cols);
+  float* ys = ys_.reserve(n * w.n_rows);
+  std::copy_n(x, n * w.n_cols, xs);
+  float* dx = scratch(x_, n * w.n_cols);
+  float* dy = scratch(y_, n * w.n_rows);
+  device_.copy_to_device(compute_, dx, xs, n * w.n_cols * sizeof(float));
+  device_.matmul(compute_, w, dx, n, dy);
+  device_.copy_to_host(compute_, ys, dy, n * w.n_rows * sizeof(float));
+  device_.synchronize(device_.record(compute_));
+  std::copy_n(ys, n * w.n_rows, y);
 }
 
 void DeviceExperts::run_dense(const cpu::KernelTable& k, cpu::ThreadPool& pool, int64_t layer, int64_t n_ff,

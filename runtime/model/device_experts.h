@@ -29,6 +29,8 @@ class DeviceExperts {
   // layer's FFN.
   static constexpr int64_t kShared = -1;
   static constexpr int64_t kDense = -2;
+  // The id of a single matrix (gate only, up and down empty): the output head, at layer -1.
+  static constexpr int64_t kOutput = -3;
 
   // One routed expert's matrices (W^Q for a split model), or a layer's shared experts (expert kShared).
   struct Expert {
@@ -49,6 +51,8 @@ class DeviceExperts {
   // is not resident (as moe_ffn would) plus the shared experts.
   void run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const Routing& r,
            const RoutedItems& items, int64_t layer, const float* x, int64_t n, int64_t n_embd, float* out);
+  // y [n][rows] = W x for a resident single matrix (the output head: resident(-1, kOutput)), x [n][cols] on the host.
+  void run_matrix(int64_t layer, int64_t id, const float* x, int64_t n, float* y);
   // A dense layer's FFN (n_ff wide) on the device, when resident(layer, kDense).
   void run_dense(const cpu::KernelTable& k, cpu::ThreadPool& pool, int64_t layer, int64_t n_ff, const float* x,
                  int64_t n, int64_t n_embd, float* out);

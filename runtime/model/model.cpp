@@ -207,6 +207,8 @@ void Model::bind_common() {
 void Model::attach_device(device::Device& device, size_t budget_bytes) {
   const int64_t E = config_.n_embd;
   std::vector<DeviceExperts::Expert> experts;
+  // The output head first: every token reads all of it (a third of the bytes of a decode step of DeepSeek-V2-Lite).
+  experts.push_back({-1, DeviceExperts::kOutput, output_, {}, {}});
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     const MoeWeights& m = ffn_[l].moe;
     const int64_t ff = m.n_ff_exp;
@@ -308,7 +310,10 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cach
     cpu::rms_norm(x.data() + t * E, output_norm_, xn.data() + (t - first) * E, E, c.rms_eps);
   logits.resize(n_out * c.n_vocab);
   const auto t_out = std::chrono::steady_clock::now();
-  matmul(output_, xn.data(), n_out, logits.data(), c.n_vocab);
+  if (device_experts_ && device_experts_->resident(-1, DeviceExperts::kOutput))
+    device_experts_->run_matrix(-1, DeviceExperts::kOutput, xn.data(), n_out, logits.data());
+  else
+    matmul(output_, xn.data(), n_out, logits.data(), c.n_vocab);
   if (profile_.enabled) {
     const auto t_end = std::chrono::steady_clock::now();
     const double t_output = std::chrono::duration<double>(t_end - t_out).count();

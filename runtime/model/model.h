@@ -54,9 +54,9 @@ class Model {
   // 0 runs W^Q alone, < 0 adds it for all. No effect on an unsplit model.
   void set_critical(int64_t n_critical);
 
-  // Puts the dense layers' FFNs, the shared experts and the routed experts' W^Q (the experts themselves for an
-  // unsplit model) on `device`, layer by layer while `budget_bytes` lasts and the device runs their types; the
-  // FFNs then run those there and the rest on the CPU. The device must outlive the model.
+  // Puts the output head, the dense layers' FFNs, the shared experts and the routed experts' W^Q (the experts
+  // themselves for an unsplit model) on `device`, layer by layer while `budget_bytes` lasts and the device runs their
+  // types; the FFNs then run those there and the rest on the CPU. The device must outlive the model.
   void attach_device(device::Device& device, size_t budget_bytes);
   const DeviceExperts* device_experts() const { return device_experts_.get(); }
 

@@ -243,9 +243,10 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
     if (budget < 2'000'000)
       ASSERT_LT(held.resident_experts(), 32);
     else
-      ASSERT_EQ(held.resident_experts(), 35);                      // the dense block's FFN, 2 x shared, 2 x 16 routed
-    EXPECT_TRUE(held.resident(0, model::DeviceExperts::kDense));   // the leading dense block's FFN
-    EXPECT_TRUE(held.resident(1, model::DeviceExperts::kShared));  // the first MoE block's shared experts
+      ASSERT_EQ(held.resident_experts(), 36);  // output head, the dense block's FFN, 2 x shared, 2 x 16 routed
+    EXPECT_TRUE(held.resident(-1, model::DeviceExperts::kOutput));  // the output head
+    EXPECT_TRUE(held.resident(0, model::DeviceExperts::kDense));    // the leading dense block's FFN
+    EXPECT_TRUE(held.resident(1, model::DeviceExperts::kShared));   // the first MoE block's shared experts
     EXPECT_EQ(dev->transfers().to_device_bytes, held.resident_bytes());
 
     // Prefill of 12 tokens, then one decode step.
@@ -269,6 +270,10 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
     const model::ModelConfig& c = on_device->config();
     const int64_t nu = c.n_expert_used, n = static_cast<int64_t>(tokens.size());
     uint64_t up = 0, down = 0;
+    if (held.resident(-1, model::DeviceExperts::kOutput)) {  // the output head: every token's row up, logits down
+      up += 4 * n * c.n_embd;
+      down += 4 * n * c.n_vocab;
+    }
     for (int64_t l = 0; l < c.n_layer; ++l)
       if (held.resident(l, model::DeviceExperts::kDense)) {  // a dense block's FFN: every token, both ways
         up += 4 * n * c.n_embd;
