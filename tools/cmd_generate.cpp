@@ -74,10 +74,11 @@ std::unique_ptr<model::Model> load_model(const std::string& path, int threads, c
     if (device_opt.memory_gb > 0) budget = std::min(budget, static_cast<size_t>(device_opt.memory_gb * 1e9));
     model->attach_device(*d, budget - std::min(budget / 4, size_t{1} << 30));
     const model::DeviceExperts& on = *model->device_experts();
-    fmt::print(stderr,
-               "device: {}: {} matrices resident (output head, dense FFNs, shared and routed experts{}), {:.1f} MB\n",
-               d->name(), on.resident_experts(), model->split() ? " as W^Q" : "",
-               static_cast<double>(on.resident_bytes()) / 1e6);
+    fmt::print(
+        stderr,
+        "device: {}: {} weight sets resident (output head, dense FFNs, shared and routed experts{}), {:.1f} MB\n",
+        d->name(), on.resident_experts(), model->split() ? " as W^Q" : "",
+        static_cast<double>(on.resident_bytes()) / 1e6);
     if (on.resident_experts() == 0 && !model->split())
       fmt::print(stderr, "device: {} runs the low-bit W^Q types only: split the model (hetmoe split) to use it\n",
                  d->name());
