@@ -115,6 +115,33 @@ class DeviceMemory {
   size_t bytes_ = 0;
 };
 
+// Work queued on a device that host memory (staging buffers, a caller's arrays) must outlive: wait() waits for it
+// and reports its failure; if the scope is left early (an exception on the host side), the destructor still waits,
+// so nothing the device copies from or to is freed under it.
+class PendingWork {
+ public:
+  PendingWork(Device& device, int stream) : device_(&device), event_(device.record(stream)) {}
+  ~PendingWork() {
+    if (!device_) return;
+    try {
+      device_->synchronize(event_);
+    } catch (...) {
+      // already leaving because of another failure: that one is reported
+    }
+  }
+  PendingWork(const PendingWork&) = delete;
+  PendingWork& operator=(const PendingWork&) = delete;
+  void wait() {
+    Device* d = device_;
+    device_ = nullptr;
+    d->synchronize(event_);
+  }
+
+ private:
+  Device* device_;
+  Event event_;
+};
+
 // Host staging memory owned by an object: released when it goes out of scope. Grows with reserve().
 class HostMemory {
  public:

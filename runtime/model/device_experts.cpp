@@ -186,12 +186,12 @@ void DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, co
   for (const Work& d : work)
     if (d.any_critical) device_.copy_to_host(compute_, hs.data() + d.h0, dh + d.h0, d.m() * ff * sizeof(float));
   device_.copy_to_host(compute_, ys.data(), dy, ys.size() * sizeof(float));
-  const device::Event done = device_.record(compute_);
+  device::PendingWork pending(device_, compute_);
 
   // The CPU's own experts while the device works, then the device's results by mixing weight (1 for the shared
   // experts), with the residual's down rows of the critical items.
   cpu::run_experts(k, pool, batch, x, n_embd, out);
-  device_.synchronize(done);
+  pending.wait();
   for (const Work& d : work) {
     if (d.any_critical) {
       const int64_t c = critical_rows(d, xc.data(), ff, hs.data() + d.h0);

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -94,6 +95,23 @@ TEST(EmulatedDevice, AFailureReachesSynchronizeAndLaterWorkStillRuns) {
   EXPECT_THROW(d->synchronize(d->record(s)), Error);
   EXPECT_TRUE(later);
   EXPECT_NO_THROW(d->synchronize());  // reported once
+}
+
+// Leaving a scope early still waits for the device work it queued: the host buffer stays valid until the copy ran.
+TEST(EmulatedDevice, PendingWorkWaitsEvenWhenTheScopeIsLeftByAnException) {
+  auto d = make_emulated_device({.link_gb_s = 0.1, .link_latency_us = 20000});  // a 20 ms copy
+  const int s = d->create_stream();
+  DeviceMemory mem(*d, 4096);
+  std::atomic<bool> copied{false};
+  try {
+    std::vector<uint8_t> host(4096, 1);
+    d->copy_to_device(s, mem.get(), host.data(), host.size());
+    d->host_callback(s, [&] { copied = true; });
+    device::PendingWork pending(*d, s);
+    throw Error("host side failed");
+  } catch (const Error&) {
+    EXPECT_TRUE(copied);  // the guard waited before `host` went away
+  }
 }
 
 TEST(EmulatedDevice, MatmulAndSiluMatchTheReference) {
