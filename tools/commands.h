@@ -18,6 +18,8 @@ struct DeviceOptions {
   double memory_gb = 0;        // emulated: its capacity (default 24 GB); any device: the experts' budget
   double link_gb_s = 0;        // emulated: throttle copies to this host-device bandwidth (0: no throttle)
   double link_latency_us = 0;  // emulated: and this latency per copy
+  int64_t move_rows = 32;      // experts not resident but with this many rows in a step are copied in (0: never)
+  int move_slots = 2;          // how many such experts a step may copy in
 };
 
 struct InspectOptions {

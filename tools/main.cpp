@@ -30,6 +30,9 @@ void add_device(CLI::App* cmd, cli::DeviceOptions* d) {
   cmd->add_option("--device-memory", d->memory_gb, "device memory for experts, GB (emulated default: 24)");
   cmd->add_option("--link-gbs", d->link_gb_s, "emulated: host-device bandwidth in GB/s (0: unthrottled)");
   cmd->add_option("--link-latency-us", d->link_latency_us, "emulated: latency per copy in microseconds");
+  cmd->add_option("--move-rows", d->move_rows, "copy a non-resident expert to the device for a step of this many rows")
+      ->capture_default_str();
+  cmd->add_option("--move-slots", d->move_slots, "experts a step may copy in")->capture_default_str();
 }
 
 void add_sampling(CLI::App* cmd, engine::SamplingParams* p) {

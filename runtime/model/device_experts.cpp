@@ -23,13 +23,19 @@ DeviceExperts::DeviceExperts(device::Device& device, size_t budget_bytes, std::s
   std::vector<const Expert*> chosen;
   size_t total = 0;
   auto runs = [&](const cpu::WeightMatrix& w) { return !w.data || device_.supports(w.type); };
+  bool full = false;
   for (const Expert& e : experts) {
     if (!runs(e.gate) || !runs(e.up) || !runs(e.down)) continue;
     const size_t b = aligned(bytes_of(e.gate)) + aligned(bytes_of(e.up)) + aligned(bytes_of(e.down));
-    if (total + b > budget_) break;  // in order: the first experts that fit, layer by layer
+    if (e.expert >= 0) move_slot_bytes_ = std::max(move_slot_bytes_, b);
+    if (full || total + b > budget_) {
+      full = true;  // in order: the first experts that fit, layer by layer
+      continue;
+    }
     total += b;
     chosen.push_back(&e);
   }
+  placed_bytes_ = total;
   if (chosen.empty()) return;
   weights_ = device::DeviceMemory(device_, total);
   auto* base = static_cast<uint8_t*>(weights_.get());
@@ -49,6 +55,18 @@ DeviceExperts::DeviceExperts(device::Device& device, size_t budget_bytes, std::s
   device_.synchronize(device_.record(copy_));
 }
 
+void DeviceExperts::enable_moves(int64_t rows, int slots) {
+  move_threshold_ = rows;
+  move_slots_.clear();
+  move_memory_.reset();
+  if (rows <= 0 || slots <= 0 || move_slot_bytes_ == 0) return;
+  const size_t room = budget_ > placed_bytes_ ? budget_ - placed_bytes_ : 0;
+  const size_t n = std::min({static_cast<size_t>(slots), room / move_slot_bytes_, moving_.size()});
+  if (n == 0) return;
+  move_memory_ = device::DeviceMemory(device_, n * move_slot_bytes_);
+  for (size_t i = 0; i < n; ++i) move_slots_.push_back(move_memory_.as<uint8_t>() + i * move_slot_bytes_);
+}
+
 float* DeviceExperts::scratch(device::DeviceMemory& mem, size_t floats) {
   if (mem.bytes() < floats * sizeof(float))
     mem = device::DeviceMemory(device_, std::max<size_t>(1, floats) * sizeof(float));
@@ -64,15 +82,45 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   work.clear();
   thread_local cpu::ExpertBatch batch;
   batch.clear(n, nu + (w.has_shared ? 1 : 0));
+  // Experts to move in for this step: not resident, at least move_threshold_ rows, the largest first (ties: lower
+  // id), as many as there are slots.
+  thread_local std::vector<int64_t> moved;
+  moved.clear();
+  if (!move_slots_.empty() && device_.supports(w.gate_exps.type) && device_.supports(w.down_exps.type)) {
+    for (int64_t e = 0; e < w.n_expert; ++e)
+      if (!resident(layer, e) && items.end[e] - items.begin(e) >= move_threshold_) moved.push_back(e);
+    std::stable_sort(moved.begin(), moved.end(), [&](int64_t a, int64_t b) {
+      return items.end[a] - items.begin(a) > items.end[b] - items.begin(b);
+    });
+    if (moved.size() > move_slots_.size()) moved.resize(move_slots_.size());
+  }
   int64_t rows = 0, hidden = 0;
   for (int64_t e = 0; e < w.n_expert; ++e) {
     const int64_t o0 = items.begin(e), o1 = items.end[e];
     if (o0 == o1) continue;
-    if (!resident(layer, e)) {
+    const auto slot = std::find(moved.begin(), moved.end(), e);
+    if (!resident(layer, e) && slot == moved.end()) {
       add_routed_expert(batch, w, items, r, e, nu, n_embd);
       continue;
     }
     Work d{e, o0, o1, rows, hidden, ff, false};
+    if (slot != moved.end()) {
+      // The expert goes into its slot on the copy stream; the compute stream waits for the copies before phase 1.
+      d.move_slot = static_cast<int>(slot - moved.begin());
+      uint8_t* dst = move_slots_[static_cast<size_t>(d.move_slot)];
+      size_t offset = 0;
+      auto put = [&](const cpu::WeightMatrix& m) {
+        device_.copy_to_device(copy_, dst + offset, m.data, m.row_bytes * m.n_rows);
+        const device::DeviceMatrix dm{m.type, m.n_cols, m.n_rows, m.row_bytes, dst + offset};
+        offset += (m.row_bytes * m.n_rows + 255) / 256 * 256;
+        return dm;
+      };
+      Slot& s = moving_[static_cast<size_t>(d.move_slot)];
+      s.gate = put(w.gate_exps.rows(e * ff, ff));
+      s.up = put(w.up_exps.rows(e * ff, ff));
+      s.down = put(w.down_exps.rows(e * n_embd, n_embd));
+      moves_.emplace_back(layer, e);
+    }
     for (int64_t o = o0; o < o1 && w.split(); ++o) d.any_critical |= items.critical[items.order[o]] != 0;
     work.push_back(d);
     rows += d.m();
@@ -85,6 +133,7 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
     for (int64_t t = 0; t < n; ++t) batch.add_item(static_cast<int32_t>(t), static_cast<int32_t>(nu), 1.0f);
   }
   if (work.empty()) return cpu::run_experts(k, pool, batch, x, n_embd, out);
+  if (!moved.empty()) device_.wait(compute_, device_.record(copy_));
   execute(k, pool, &w, &r, &items, layer, work, batch, x, n, n_embd, out);
 }
 
@@ -140,7 +189,7 @@ void DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, co
   float* dy = scratch(y_, rows * n_embd);
   device_.copy_to_device(compute_, dx, xs.data(), xs.size() * sizeof(float));
   for (const Work& d : work) {
-    const Slot& s = slots_.at({layer, d.expert});
+    const Slot& s = slot_of(layer, d);
     device_.matmul(compute_, s.gate, dx + d.row0 * n_embd, d.m(), dg + d.h0);
     device_.matmul(compute_, s.up, dx + d.row0 * n_embd, d.m(), du + d.h0);
   }
@@ -181,8 +230,7 @@ void DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, co
   std::span<float> hs(hs_.reserve(hidden), hidden);
   std::span<float> ys(ys_.reserve(rows * n_embd), rows * n_embd);
   device_.silu_mul(compute_, dg, du, hidden, dh);
-  for (const Work& d : work)
-    device_.matmul(compute_, slots_.at({layer, d.expert}).down, dh + d.h0, d.m(), dy + d.row0 * n_embd);
+  for (const Work& d : work) device_.matmul(compute_, slot_of(layer, d).down, dh + d.h0, d.m(), dy + d.row0 * n_embd);
   for (const Work& d : work)
     if (d.any_critical) device_.copy_to_host(compute_, hs.data() + d.h0, dh + d.h0, d.m() * ff * sizeof(float));
   device_.copy_to_host(compute_, ys.data(), dy, ys.size() * sizeof(float));

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -42,6 +43,15 @@ class DeviceExperts {
   // allocation for all of them (no allocator per expert), filled by asynchronous copies, waited for once.
   DeviceExperts(device::Device& device, size_t budget_bytes, std::span<const Expert> experts);
   bool resident(int64_t layer, int64_t expert) const { return slots_.count({layer, expert}) != 0; }
+
+  // Routed experts that are not resident but get at least `rows` rows in a step are copied to the device for that
+  // step (largest first, as many as there are move slots) instead of running on the CPU; 0 never moves. The slots
+  // (`slots`, each the size of the largest routed expert) come out of the budget after the resident experts and
+  // only if they fit. A fixed row threshold until issue 6's scheduler decides per expert from the cost model.
+  void enable_moves(int64_t rows, int slots);
+  int move_slots() const { return static_cast<int>(move_slots_.size()); }
+  // The (layer, expert) pairs moved in since the last call, in order; clears the record.
+  std::vector<std::pair<int64_t, int64_t>> take_moves() { return std::exchange(moves_, {}); }
   size_t resident_bytes() const { return resident_bytes_; }
   // Resident FFNs: routed experts, shared experts and dense FFNs.
   int64_t resident_experts() const { return static_cast<int64_t>(slots_.size()); }
@@ -67,12 +77,16 @@ class DeviceExperts {
   struct Work {
     int64_t expert = 0, o0 = 0, o1 = 0, row0 = 0, h0 = 0, width = 0;
     bool any_critical = false;
+    int move_slot = -1;  // >= 0: not resident, copied into this move slot for the step
     int64_t m() const { return o1 - o0; }
   };
   // The device's part of a step (`work`: experts with their items) and the CPU's (`batch`), at the same time.
   void execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights* moe, const Routing* routing,
                const RoutedItems* routed, int64_t layer, const std::vector<Work>& work, const cpu::ExpertBatch& batch,
                const float* x, int64_t n, int64_t n_embd, float* out);
+  const Slot& slot_of(int64_t layer, const Work& d) const {
+    return d.move_slot >= 0 ? moving_[static_cast<size_t>(d.move_slot)] : slots_.at({layer, d.expert});
+  }
   // A device buffer that grows to the largest request (earlier work on it must be finished).
   float* scratch(device::DeviceMemory& mem, size_t floats);
 
@@ -82,6 +96,14 @@ class DeviceExperts {
   int compute_ = 0, copy_ = 0;
   std::map<std::pair<int64_t, int64_t>, Slot> slots_;
   device::DeviceMemory weights_;
+  // Move slots: room for whole routed experts that are not resident, copied in for a step on the copy stream while
+  // the compute stream works, then used like resident ones.
+  device::DeviceMemory move_memory_;
+  std::vector<uint8_t*> move_slots_;
+  size_t move_slot_bytes_ = 0, placed_bytes_ = 0;
+  std::array<Slot, 64> moving_{};  // the matrices in each move slot this step
+  int64_t move_threshold_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> moves_;
   device::DeviceMemory x_, g_, u_, gr_, ur_, h_, y_;
   // Pinned host staging of the step's rows: inputs, residual gate/up, hidden rows back, down rows back.
   device::HostMemory xs_, gr_host_, ur_host_, hs_, ys_;

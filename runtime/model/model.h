@@ -59,6 +59,7 @@ class Model {
   // types; the FFNs then run those there and the rest on the CPU. The device must outlive the model.
   void attach_device(device::Device& device, size_t budget_bytes);
   const DeviceExperts* device_experts() const { return device_experts_.get(); }
+  DeviceExperts* device_experts() { return device_experts_.get(); }
 
   // A KV cache for n_ctx positions (at most the training context).
   KvCache make_cache(int64_t n_ctx) const;

@@ -230,15 +230,30 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
   std::vector<int32_t> tokens;
   for (int i = 0; i < 12; ++i) tokens.push_back((i * 53 + 7) % 500);
   // Half the experts resident (the CPU runs the rest), then all of them (the CPU runs only residuals).
-  for (const auto& [critical, budget] : std::vector<std::pair<int64_t, size_t>>{
-           {0, 1'000'000}, {2, 1'000'000}, {-1, 1'000'000}, {0, 10'000'000}, {2, 10'000'000}}) {
+  // With moves on, experts of 2+ rows that are not resident are copied in for the step (two slots).
+  struct Case {
+    int64_t critical;
+    size_t budget;
+    int64_t move_rows;
+  };
+  for (const Case& cs : std::vector<Case>{{0, 1'000'000, 0},
+                                          {2, 1'000'000, 0},
+                                          {-1, 1'000'000, 0},
+                                          {0, 10'000'000, 0},
+                                          {2, 10'000'000, 0},
+                                          {2, 1'000'000, 2},
+                                          {-1, 1'000'000, 2}}) {
+    const int64_t critical = cs.critical;
+    const size_t budget = cs.budget;
     auto dev = device::make_emulated_device({.capacity = 20'000'000});  // outlives the model that uses it
     auto cpu_only = model::Model::load(out.string(), 2);
     cpu_only->set_critical(critical);
     auto on_device = model::Model::load(out.string(), 2);
     on_device->set_critical(critical);
     on_device->attach_device(*dev, budget);  // 1 MB: the shared experts and about half the routed ones (62 KB each)
-    const model::DeviceExperts& held = *on_device->device_experts();
+    model::DeviceExperts& held = *on_device->device_experts();
+    held.enable_moves(cs.move_rows, 2);
+    if (cs.move_rows > 0) ASSERT_EQ(held.move_slots(), 2);
     ASSERT_GT(held.resident_experts(), 0);
     if (budget < 2'000'000)
       ASSERT_LT(held.resident_experts(), 32);
@@ -248,6 +263,7 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
     EXPECT_TRUE(held.resident(0, model::DeviceExperts::kDense));    // the leading dense block's FFN
     EXPECT_TRUE(held.resident(1, model::DeviceExperts::kShared));   // the first MoE block's shared experts
     EXPECT_EQ(dev->transfers().to_device_bytes, held.resident_bytes());
+    held.take_moves();
 
     // Prefill of 12 tokens, then one decode step.
     model::KvCache c1 = cpu_only->make_cache(16), c2 = on_device->make_cache(16);
@@ -257,6 +273,11 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
     const device::TransferStats before = dev->transfers();
     on_device->forward(tokens, 0, c2, true, got, &trace);
     const device::TransferStats after = dev->transfers();
+    const std::vector<std::pair<int64_t, int64_t>> moves = held.take_moves();
+    if (cs.move_rows > 0) EXPECT_FALSE(moves.empty());
+    auto moved = [&](int64_t layer, int64_t e) {
+      return std::find(moves.begin(), moves.end(), std::pair{layer, e}) != moves.end();
+    };
     float scale = 0, diff = 0;
     for (size_t j = 0; j < want.size(); ++j) {
       scale = std::max(scale, std::abs(want[j]));
@@ -286,7 +307,7 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
         down += 4 * n * c.n_embd;
       }
       for (int64_t e = 0; e < c.n_expert; ++e) {
-        if (!held.resident(layer, e)) continue;
+        if (!held.resident(layer, e) && !moved(layer, e)) continue;
         int64_t m = 0;
         bool any_critical = false;
         for (int64_t t = 0; t < n; ++t)
@@ -299,6 +320,11 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
             any_critical |= above < (critical < 0 ? nu : critical);
           }
         up += 4 * m * c.n_embd + (any_critical ? 2 * 4 * m * c.n_ff_exp : 0);
+        if (moved(layer, e)) {  // the expert's W^Q itself, copied in for the step
+          const cpu::WeightMatrix& g = on_device->ffn_weights(layer).moe.gate_exps;
+          const cpu::WeightMatrix& dn = on_device->ffn_weights(layer).moe.down_exps;
+          up += 2 * g.row_bytes * c.n_ff_exp + dn.row_bytes * c.n_embd;
+        }
         down += 4 * m * c.n_embd + (any_critical ? 4 * m * c.n_ff_exp : 0);
       }
     }
