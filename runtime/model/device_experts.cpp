@@ -5,6 +5,7 @@
 
 #include "cpu_kernels/experts.h"
 #include "cpu_kernels/scratch.h"
+#include "runtime/error.h"
 #include "runtime/model/moe.h"
 
 namespace hetmoe::model {
@@ -134,11 +135,47 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   }
   if (work.empty()) return cpu::run_experts(k, pool, batch, x, n_embd, out);
   if (!moved.empty()) device_.wait(compute_, device_.record(copy_));
-  execute(k, pool, &w, &r, &items, layer, work, batch, x, n, n_embd, out);
+  if (execute(k, pool, &w, &r, &items, layer, work, batch, x, n, n_embd, out)) return;
+  // No room on the device for this step's rows: all of it on the CPU (the moves just copied are left unused).
+  device_.synchronize();
+  batch.clear(n, nu + (w.has_shared ? 1 : 0));
+  for (int64_t e = 0; e < w.n_expert; ++e) add_routed_expert(batch, w, items, r, e, nu, n_embd);
+  if (w.has_shared) {
+    batch.add_expert({.gate = w.gate_shexp, .up = w.up_shexp, .down = w.down_shexp});
+    for (int64_t t = 0; t < n; ++t) batch.add_item(static_cast<int32_t>(t), static_cast<int32_t>(nu), 1.0f);
+  }
+  cpu::run_experts(k, pool, batch, x, n_embd, out);
 }
 
-void DeviceExperts::run_matrix(int64_t layer, int64_t id, const float* x, int64_t n, float* y) {
+bool DeviceExperts::reserve(int64_t rows_in, int64_t rows_out, int64_t hidden, bool residual) {
+  // Everything a step needs, before anything is queued: a device too full for the step's rows says so here and the
+  // step runs on the CPU instead.
+  try {
+    scratch(x_, rows_in);
+    scratch(y_, rows_out);
+    xs_.reserve(rows_in);
+    ys_.reserve(rows_out);
+    if (hidden > 0) {
+      scratch(g_, hidden);
+      scratch(u_, hidden);
+      scratch(h_, hidden);
+      hs_.reserve(hidden);
+      gr_host_.reserve(hidden);
+      ur_host_.reserve(hidden);
+    }
+    if (residual) {
+      scratch(gr_, hidden);
+      scratch(ur_, hidden);
+    }
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+bool DeviceExperts::run_matrix(int64_t layer, int64_t id, const float* x, int64_t n, float* y) {
   const device::DeviceMatrix& w = slots_.at({layer, id}).gate;
+  if (!reserve(n * w.n_cols, n * w.n_rows, 0, false)) return false;
   float* xs = xs_.reserve(n * w.n_cols);
   float* ys = ys_.reserve(n * w.n_rows);
   std::copy_n(x, n * w.n_cols, xs);
@@ -149,18 +186,19 @@ void DeviceExperts::run_matrix(int64_t layer, int64_t id, const float* x, int64_
   device_.copy_to_host(compute_, ys, dy, n * w.n_rows * sizeof(float));
   device_.synchronize(device_.record(compute_));
   std::copy_n(ys, n * w.n_rows, y);
+  return true;
 }
 
-void DeviceExperts::run_dense(const cpu::KernelTable& k, cpu::ThreadPool& pool, int64_t layer, int64_t n_ff,
+bool DeviceExperts::run_dense(const cpu::KernelTable& k, cpu::ThreadPool& pool, int64_t layer, int64_t n_ff,
                               const float* x, int64_t n, int64_t n_embd, float* out) {
   thread_local std::vector<Work> work;
   work.assign(1, Work{kDense, 0, n, 0, 0, n_ff, false});
   thread_local cpu::ExpertBatch batch;
   batch.clear(n, 1);  // nothing for the CPU: the executor returns zeros and the device's rows are added
-  execute(k, pool, nullptr, nullptr, nullptr, layer, work, batch, x, n, n_embd, out);
+  return execute(k, pool, nullptr, nullptr, nullptr, layer, work, batch, x, n, n_embd, out);
 }
 
-void DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights* moe,
+bool DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights* moe,
                             const Routing* routing, const RoutedItems* routed, int64_t layer,
                             const std::vector<Work>& work, const cpu::ExpertBatch& batch, const float* x, int64_t n,
                             int64_t n_embd, float* out) {
@@ -172,6 +210,7 @@ void DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, co
   const int64_t nu = routing ? static_cast<int64_t>(routing->ids.size()) / n : 1;
   const int64_t ff = moe ? moe->n_ff_exp : 0;
   const bool split = moe && moe->split();
+  if (!reserve(rows * n_embd, rows * n_embd, hidden, split)) return false;
   // Item j of a work: its routed item index (or, for the shared experts, its token), token and weight.
   auto all_tokens = [](const Work& d) { return d.expert == kShared || d.expert == kDense; };
   auto item = [&](const Work& d, int64_t j) { return all_tokens(d) ? j : routed->order[d.o0 + j]; };
@@ -253,6 +292,7 @@ void DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, co
       for (int64_t q = 0; q < n_embd; ++q) dst[q] += weight * (yr ? y[q] + yr[q] : y[q]);
     }
   }
+  return true;
 }
 
 }  // namespace hetmoe::model

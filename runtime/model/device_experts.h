@@ -58,13 +58,14 @@ class DeviceExperts {
   device::Device& device() const { return device_; }
 
   // The MoE FFN of one layer for tokens x [n][n_embd] routed as `r`, into out [n][n_embd], with the CPU taking what
-  // is not resident (as moe_ffn would) plus the shared experts.
+  // is not resident (as moe_ffn would); all of it on the CPU when the device has no room for the step's rows.
   void run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const Routing& r,
            const RoutedItems& items, int64_t layer, const float* x, int64_t n, int64_t n_embd, float* out);
   // y [n][rows] = W x for a resident single matrix (the output head: resident(-1, kOutput)), x [n][cols] on the host.
-  void run_matrix(int64_t layer, int64_t id, const float* x, int64_t n, float* y);
-  // A dense layer's FFN (n_ff wide) on the device, when resident(layer, kDense).
-  void run_dense(const cpu::KernelTable& k, cpu::ThreadPool& pool, int64_t layer, int64_t n_ff, const float* x,
+  // False when the device has no room for the step's rows (nothing done: the caller runs it on the CPU).
+  bool run_matrix(int64_t layer, int64_t id, const float* x, int64_t n, float* y);
+  // A dense layer's FFN (n_ff wide) on the device, when resident(layer, kDense); false as run_matrix.
+  bool run_dense(const cpu::KernelTable& k, cpu::ThreadPool& pool, int64_t layer, int64_t n_ff, const float* x,
                  int64_t n, int64_t n_embd, float* out);
 
  private:
@@ -81,7 +82,9 @@ class DeviceExperts {
     int64_t m() const { return o1 - o0; }
   };
   // The device's part of a step (`work`: experts with their items) and the CPU's (`batch`), at the same time.
-  void execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights* moe, const Routing* routing,
+  // Reserves the step's device and host buffers; false when the device memory is too full (nothing queued).
+  bool reserve(int64_t rows_in, int64_t rows_out, int64_t hidden, bool residual);
+  bool execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights* moe, const Routing* routing,
                const RoutedItems* routed, int64_t layer, const std::vector<Work>& work, const cpu::ExpertBatch& batch,
                const float* x, int64_t n, int64_t n_embd, float* out);
   const Slot& slot_of(int64_t layer, const Work& d) const {
