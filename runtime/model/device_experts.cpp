@@ -129,22 +129,15 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   }
   if (w.has_shared && resident(layer, kShared)) {
     work.push_back({kShared, 0, n, rows, hidden, w.gate_shexp.n_rows, false});
-  } else if (w.has_shared) {
-    batch.add_expert({.gate = w.gate_shexp, .up = w.up_shexp, .down = w.down_shexp});
-    for (int64_t t = 0; t < n; ++t) batch.add_item(static_cast<int32_t>(t), static_cast<int32_t>(nu), 1.0f);
+  } else {
+    add_shared_experts(batch, w, n, nu);
   }
   if (work.empty()) return cpu::run_experts(k, pool, batch, x, n_embd, out);
   if (!moved.empty()) device_.wait(compute_, device_.record(copy_));
   if (execute(k, pool, &w, &r, &items, layer, work, batch, x, n, n_embd, out)) return;
   // No room on the device for this step's rows: all of it on the CPU (the moves just copied are left unused).
   device_.synchronize();
-  batch.clear(n, nu + (w.has_shared ? 1 : 0));
-  for (int64_t e = 0; e < w.n_expert; ++e) add_routed_expert(batch, w, items, r, e, nu, n_embd);
-  if (w.has_shared) {
-    batch.add_expert({.gate = w.gate_shexp, .up = w.up_shexp, .down = w.down_shexp});
-    for (int64_t t = 0; t < n; ++t) batch.add_item(static_cast<int32_t>(t), static_cast<int32_t>(nu), 1.0f);
-  }
-  cpu::run_experts(k, pool, batch, x, n_embd, out);
+  run_experts_on_cpu(k, pool, w, r, items, x, n, n_embd, out);
 }
 
 bool DeviceExperts::reserve(int64_t rows_in, int64_t rows_out, int64_t hidden, bool residual) {

@@ -163,13 +163,22 @@ void moe_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights&
   // them after the routed ones. The sum over a token's items runs in slot order, matching llama.cpp's chain of adds.
   const RoutedItems items = group_items(w, r, n, nu);
   if (w.device) return w.device->run(k, pool, w, r, items, layer, x, n, n_embd, out);
+  run_experts_on_cpu(k, pool, w, r, items, x, n, n_embd, out);
+}
+
+void add_shared_experts(cpu::ExpertBatch& batch, const MoeWeights& w, int64_t n, int64_t n_used) {
+  if (!w.has_shared) return;
+  batch.add_expert({.gate = w.gate_shexp, .up = w.up_shexp, .down = w.down_shexp});
+  for (int64_t t = 0; t < n; ++t) batch.add_item(static_cast<int32_t>(t), static_cast<int32_t>(n_used), 1.0f);
+}
+
+void run_experts_on_cpu(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const Routing& r,
+                        const RoutedItems& items, const float* x, int64_t n, int64_t n_embd, float* out) {
+  const int64_t nu = static_cast<int64_t>(r.ids.size()) / n;
   thread_local cpu::ExpertBatch batch;
   batch.clear(n, nu + (w.has_shared ? 1 : 0));
-  for (int64_t e = 0; e < p.n_expert; ++e) add_routed_expert(batch, w, items, r, e, nu, n_embd);
-  if (w.has_shared) {
-    batch.add_expert({.gate = w.gate_shexp, .up = w.up_shexp, .down = w.down_shexp});
-    for (int64_t t = 0; t < n; ++t) batch.add_item(static_cast<int32_t>(t), static_cast<int32_t>(nu), 1.0f);
-  }
+  for (int64_t e = 0; e < w.n_expert; ++e) add_routed_expert(batch, w, items, r, e, nu, n_embd);
+  add_shared_experts(batch, w, n, nu);
   cpu::run_experts(k, pool, batch, x, n_embd, out);
 }
 

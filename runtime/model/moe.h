@@ -74,6 +74,11 @@ RoutedItems group_items(const MoeWeights& w, const Routing& r, int64_t n, int64_
 // one expert entry: W^Q alone, or with the residual for the critical ones. Adds nothing when there are none.
 void add_routed_expert(cpu::ExpertBatch& batch, const MoeWeights& w, const RoutedItems& items, const Routing& r,
                        int64_t e, int64_t n_used, int64_t n_embd);
+// Adds the layer's shared experts (one item per token, rank n_used, weight 1) to `batch`, if it has them.
+void add_shared_experts(cpu::ExpertBatch& batch, const MoeWeights& w, int64_t n, int64_t n_used);
+// The whole expert work of a layer on the CPU engine: routed experts as `items` groups them, then the shared ones.
+void run_experts_on_cpu(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const Routing& r,
+                        const RoutedItems& items, const float* x, int64_t n, int64_t n_embd, float* out);
 
 // out[n][n_embd] = sum over selected experts of weight * down(silu(gate x) * up x), plus the shared experts.
 // Tokens are grouped by expert so each expert's rows are read once per batch.
