@@ -72,10 +72,11 @@ std::unique_ptr<model::Model> load_model(const std::string& path, int threads, c
     // quarter, at most 1 GB).
     size_t budget = d->capacity();
     if (device_opt.memory_gb > 0) budget = std::min(budget, static_cast<size_t>(device_opt.memory_gb * 1e9));
-    model->attach_device(*d, budget - std::min(budget / 4, size_t{1} << 30));
     if (device_opt.move_rows < 0 || device_opt.move_slots < 0)
       fail("--move-rows and --move-slots must not be negative");
-    model->device_experts()->enable_moves(device_opt.move_rows, device_opt.move_slots);
+    model->attach_device(*d, {.budget_bytes = budget - std::min(budget / 4, size_t{1} << 30),
+                              .move_rows = device_opt.move_rows,
+                              .move_slots = device_opt.move_slots});
     const model::DeviceExperts& on = *model->device_experts();
     fmt::print(
         stderr,

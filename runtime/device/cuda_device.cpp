@@ -3,6 +3,7 @@
 
 #include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <vector>
@@ -111,23 +112,26 @@ class CudaDevice final : public Device {
   }
   void add(int stream, const float* x, int64_t n, float* y) override { gpu::add(x, n, y, s(stream)); }
   void host_callback(int stream, std::function<void()> fn) override {
-    // The callback owns its function and reports a failure to the next synchronize.
+    // The callback owns its function (released to CUDA only once the launch succeeded) and reports a failure to
+    // the next synchronize.
     struct Call {
       CudaDevice* device;
       std::function<void()> fn;
     };
+    auto call = std::make_unique<Call>(Call{this, std::move(fn)});
     gpu::launch_host_func(
         s(stream),
         [](void* arg) {
-          std::unique_ptr<Call> call(static_cast<Call*>(arg));
+          std::unique_ptr<Call> owned(static_cast<Call*>(arg));
           try {
-            call->fn();
+            owned->fn();
           } catch (...) {
-            std::lock_guard lock(call->device->mutex_);
-            if (!call->device->error_) call->device->error_ = std::current_exception();
+            std::lock_guard lock(owned->device->mutex_);
+            if (!owned->device->error_) owned->device->error_ = std::current_exception();
           }
         },
-        new Call{this, std::move(fn)});
+        call.get());
+    call.release();
   }
 
   Event record(int stream) override {

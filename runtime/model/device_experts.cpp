@@ -9,9 +9,9 @@
 #include "runtime/model/moe.h"
 
 namespace hetmoe::model {
-DeviceExperts::DeviceExperts(device::Device& device, size_t budget_bytes, std::span<const Expert> experts)
+DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement, std::span<const Expert> experts)
     : device_(device),
-      budget_(std::min(budget_bytes, device.capacity())),
+      budget_(std::min(placement.budget_bytes, device.capacity())),
       compute_(device.create_stream()),
       copy_(device.create_stream()),
       xs_(device),
@@ -24,19 +24,27 @@ DeviceExperts::DeviceExperts(device::Device& device, size_t budget_bytes, std::s
   std::vector<const Expert*> chosen;
   size_t total = 0;
   auto runs = [&](const cpu::WeightMatrix& w) { return !w.data || device_.supports(w.type); };
-  bool full = false;
+  // The move slots first: the largest routed expert the device runs, times the slots that fit the budget.
+  for (const Expert& e : experts)
+    if (e.expert >= 0 && runs(e.gate) && runs(e.up) && runs(e.down))
+      move_slot_bytes_ =
+          std::max(move_slot_bytes_, aligned(bytes_of(e.gate)) + aligned(bytes_of(e.up)) + aligned(bytes_of(e.down)));
+  if (placement.move_rows > 0 && placement.move_slots > 0 && move_slot_bytes_ > 0) {
+    const size_t n = std::min({static_cast<size_t>(placement.move_slots), budget_ / move_slot_bytes_, moving_.size()});
+    if (n > 0) {
+      move_memory_ = device::DeviceMemory(device_, n * move_slot_bytes_);
+      for (size_t i = 0; i < n; ++i) move_slots_.push_back(move_memory_.as<uint8_t>() + i * move_slot_bytes_);
+      move_threshold_ = placement.move_rows;
+    }
+  }
+  const size_t room = budget_ - move_slots_.size() * move_slot_bytes_;
   for (const Expert& e : experts) {
     if (!runs(e.gate) || !runs(e.up) || !runs(e.down)) continue;
     const size_t b = aligned(bytes_of(e.gate)) + aligned(bytes_of(e.up)) + aligned(bytes_of(e.down));
-    if (e.expert >= 0) move_slot_bytes_ = std::max(move_slot_bytes_, b);
-    if (full || total + b > budget_) {
-      full = true;  // in order: the first experts that fit, layer by layer
-      continue;
-    }
+    if (total + b > room) break;  // in order: the first experts that fit, layer by layer
     total += b;
     chosen.push_back(&e);
   }
-  placed_bytes_ = total;
   if (chosen.empty()) return;
   weights_ = device::DeviceMemory(device_, total);
   auto* base = static_cast<uint8_t*>(weights_.get());
@@ -54,18 +62,6 @@ DeviceExperts::DeviceExperts(device::Device& device, size_t budget_bytes, std::s
     resident_bytes_ += bytes_of(e->gate) + bytes_of(e->up) + bytes_of(e->down);
   }
   device_.synchronize(device_.record(copy_));
-}
-
-void DeviceExperts::enable_moves(int64_t rows, int slots) {
-  move_threshold_ = rows;
-  move_slots_.clear();
-  move_memory_.reset();
-  if (rows <= 0 || slots <= 0 || move_slot_bytes_ == 0) return;
-  const size_t room = budget_ > placed_bytes_ ? budget_ - placed_bytes_ : 0;
-  const size_t n = std::min({static_cast<size_t>(slots), room / move_slot_bytes_, moving_.size()});
-  if (n == 0) return;
-  move_memory_ = device::DeviceMemory(device_, n * move_slot_bytes_);
-  for (size_t i = 0; i < n; ++i) move_slots_.push_back(move_memory_.as<uint8_t>() + i * move_slot_bytes_);
 }
 
 float* DeviceExperts::scratch(device::DeviceMemory& mem, size_t floats) {

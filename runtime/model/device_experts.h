@@ -39,16 +39,22 @@ class DeviceExperts {
     cpu::WeightMatrix gate, up, down;
   };
 
-  // Places the experts, in the order given, while `budget_bytes` lasts and the device runs their types: one device
-  // allocation for all of them (no allocator per expert), filled by asynchronous copies, waited for once.
-  DeviceExperts(device::Device& device, size_t budget_bytes, std::span<const Expert> experts);
+  // How much of the device the weights may take, and the move slots: routed experts that are not resident but get
+  // at least `move_rows` rows in a step are copied in for that step (largest first, as many as there are slots)
+  // instead of running on the CPU; 0 never moves. A fixed row threshold until issue 6's scheduler decides per expert
+  // from the cost model.
+  struct Placement {
+    size_t budget_bytes = 0;
+    int64_t move_rows = 0;
+    int move_slots = 0;  // each the size of the largest routed expert, set aside before the resident experts
+  };
+
+  // Places the experts, in the order given, while the budget lasts (less the move slots) and the device runs their
+  // types: one device allocation for all of them (no allocator per expert), filled by asynchronous copies, waited
+  // for once.
+  DeviceExperts(device::Device& device, const Placement& placement, std::span<const Expert> experts);
   bool resident(int64_t layer, int64_t expert) const { return slots_.count({layer, expert}) != 0; }
 
-  // Routed experts that are not resident but get at least `rows` rows in a step are copied to the device for that
-  // step (largest first, as many as there are move slots) instead of running on the CPU; 0 never moves. The slots
-  // (`slots`, each the size of the largest routed expert) come out of the budget after the resident experts and
-  // only if they fit. A fixed row threshold until issue 6's scheduler decides per expert from the cost model.
-  void enable_moves(int64_t rows, int slots);
   int move_slots() const { return static_cast<int>(move_slots_.size()); }
   // The (layer, expert) pairs moved in since the last call, in order; clears the record.
   std::vector<std::pair<int64_t, int64_t>> take_moves() { return std::exchange(moves_, {}); }
@@ -103,7 +109,7 @@ class DeviceExperts {
   // the compute stream works, then used like resident ones.
   device::DeviceMemory move_memory_;
   std::vector<uint8_t*> move_slots_;
-  size_t move_slot_bytes_ = 0, placed_bytes_ = 0;
+  size_t move_slot_bytes_ = 0;
   std::array<Slot, 64> moving_{};  // the matrices in each move slot this step
   int64_t move_threshold_ = 0;
   std::vector<std::pair<int64_t, int64_t>> moves_;

@@ -204,7 +204,7 @@ void Model::bind_common() {
   }
 }
 
-void Model::attach_device(device::Device& device, size_t budget_bytes) {
+void Model::attach_device(device::Device& device, const DeviceExperts::Placement& placement) {
   const int64_t E = config_.n_embd;
   std::vector<DeviceExperts::Expert> experts;
   // The output head first: every token reads all of it (a third of the bytes of a decode step of DeepSeek-V2-Lite).
@@ -222,7 +222,7 @@ void Model::attach_device(device::Device& device, size_t budget_bytes) {
     for (int64_t e = 0; e < m.n_expert; ++e)
       experts.push_back({l, e, m.gate_exps.rows(e * ff, ff), m.up_exps.rows(e * ff, ff), m.down_exps.rows(e * E, E)});
   }
-  device_experts_ = std::make_unique<DeviceExperts>(device, budget_bytes, experts);
+  device_experts_ = std::make_unique<DeviceExperts>(device, placement, experts);
   for (FfnWeights& f : ffn_)
     if (f.moe.n_expert > 0) f.moe.device = device_experts_.get();
 }

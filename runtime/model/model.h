@@ -57,7 +57,7 @@ class Model {
   // Puts the output head, the dense layers' FFNs, the shared experts and the routed experts' W^Q (the experts
   // themselves for an unsplit model) on `device`, layer by layer while `budget_bytes` lasts and the device runs their
   // types; the FFNs then run those there and the rest on the CPU. The device must outlive the model.
-  void attach_device(device::Device& device, size_t budget_bytes);
+  void attach_device(device::Device& device, const DeviceExperts::Placement& placement);
   const DeviceExperts* device_experts() const { return device_experts_.get(); }
   DeviceExperts* device_experts() { return device_experts_.get(); }
 

@@ -96,7 +96,7 @@ TEST(Cuda, SplitModelOnTheGpuMatchesTheCpu) {
     auto gpu = model::Model::load(out.string(), 2);
     cpu->set_critical(critical);
     gpu->set_critical(critical);
-    gpu->attach_device(*d, size_t{1} << 30);
+    gpu->attach_device(*d, {.budget_bytes = size_t{1} << 30});
     ASSERT_EQ(gpu->device_experts()->resident_experts(), 36);  // output, dense FFN, 2 x shared, 2 x 16 routed
     model::KvCache c1 = cpu->make_cache(16), c2 = gpu->make_cache(16);
     std::vector<float> want, got;

@@ -250,10 +250,12 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
     cpu_only->set_critical(critical);
     auto on_device = model::Model::load(out.string(), 2);
     on_device->set_critical(critical);
-    on_device->attach_device(*dev, budget);  // 1 MB: the shared experts and about half the routed ones (62 KB each)
+    // 1 MB: the output head, the dense FFN, the shared experts and about half the routed ones (62 KB each).
+    on_device->attach_device(*dev, {.budget_bytes = budget, .move_rows = cs.move_rows, .move_slots = 2});
     model::DeviceExperts& held = *on_device->device_experts();
-    held.enable_moves(cs.move_rows, 2);
-    if (cs.move_rows > 0) ASSERT_EQ(held.move_slots(), 2);
+    if (cs.move_rows > 0) {
+      ASSERT_EQ(held.move_slots(), 2);
+    }
     ASSERT_GT(held.resident_experts(), 0);
     if (budget < 2'000'000)
       ASSERT_LT(held.resident_experts(), 32);
@@ -274,7 +276,9 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
     on_device->forward(tokens, 0, c2, true, got, &trace);
     const device::TransferStats after = dev->transfers();
     const std::vector<std::pair<int64_t, int64_t>> moves = held.take_moves();
-    if (cs.move_rows > 0) EXPECT_FALSE(moves.empty());
+    if (cs.move_rows > 0) {
+      EXPECT_FALSE(moves.empty());
+    }
     auto moved = [&](int64_t layer, int64_t e) {
       return std::find(moves.begin(), moves.end(), std::pair{layer, e}) != moves.end();
     };
