@@ -31,6 +31,7 @@ std::string cpu_model_name() {
 // One measured run: prefill of the prompt, then greedy decoding, then the DRAM bandwidth with the same threads.
 struct Run {
   double prefill_tok_s = 0, decode_tok_s = 0, bandwidth = 0, roofline_fraction = 0;
+  double h2d_bytes_per_token = 0;  // with a device: bytes copied host to device per decoded token
 };
 
 struct PolicyResult {
@@ -61,6 +62,8 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token) {
   const auto t0 = std::chrono::steady_clock::now();
   std::span<const float> logits = session.eval(prompt);
   const auto t1 = std::chrono::steady_clock::now();
+  const model::DeviceExperts* device = m.device_experts();
+  const uint64_t h2d_before = device ? device->device().transfers().to_device_bytes : 0;
   for (int i = 0; i < opt.gen; ++i) {
     const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     const int32_t one[1] = {next};
@@ -69,6 +72,9 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token) {
   const auto t2 = std::chrono::steady_clock::now();
   r.prefill_tok_s = opt.prompt / std::chrono::duration<double>(t1 - t0).count();
   r.decode_tok_s = opt.gen / std::chrono::duration<double>(t2 - t1).count();
+  if (device)
+    r.h2d_bytes_per_token =
+        static_cast<double>(device->device().transfers().to_device_bytes - h2d_before) / static_cast<double>(opt.gen);
   // Measured after the run, with the same threads: the roofline of this run's memory system.
   r.bandwidth = cpu::measure_read_bandwidth(m.pool());
   r.roofline_fraction = r.decode_tok_s * bytes_per_token / r.bandwidth;
@@ -96,7 +102,7 @@ PolicyResult bench_cpu(model::Model& m, const BenchOptions& opt, int threads) {
     return median_of(v);
   };
   r.median = {field(&Run::prefill_tok_s), field(&Run::decode_tok_s), field(&Run::bandwidth),
-              field(&Run::roofline_fraction)};
+              field(&Run::roofline_fraction), field(&Run::h2d_bytes_per_token)};
   return r;
 }
 
@@ -129,10 +135,13 @@ int bench(const BenchOptions& opt) {
              static_cast<double>(m->file().file_size()) / 1e9, results.front().bytes_per_token / 1e9, opt.repeat);
   fmt::print("{:<8} {:>7}  {:<26} {:<24} {:<18} {:<12}  {}\n", "policy", "threads", "prefill tok/s", "decode tok/s",
              "DRAM GB/s", "roofline %", "device");
-  for (const PolicyResult& r : results)
+  for (const PolicyResult& r : results) {
     fmt::print("{:<8} {:>7}  {:<26} {:<24} {:<18} {:<12}  {}\n", r.policy, r.threads,
                spread(r, &Run::prefill_tok_s, 1, 1), spread(r, &Run::decode_tok_s, 1, 2),
                spread(r, &Run::bandwidth, 1e-9, 1), spread(r, &Run::roofline_fraction, 100, 0), r.device);
+    if (m->device_experts())
+      fmt::print("{:<8} host-to-device per decoded token: {} KB\n", "", spread(r, &Run::h2d_bytes_per_token, 1e-3, 1));
+  }
 
   if (!opt.json.empty()) {
     nlohmann::json j = {{"model", opt.model},
@@ -145,7 +154,8 @@ int bench(const BenchOptions& opt) {
         runs.push_back({{"prefill_tok_s", run.prefill_tok_s},
                         {"decode_tok_s", run.decode_tok_s},
                         {"dram_read_bytes_per_s", run.bandwidth},
-                        {"roofline_fraction", run.roofline_fraction}});
+                        {"roofline_fraction", run.roofline_fraction},
+                        {"h2d_bytes_per_token", run.h2d_bytes_per_token}});
       // The agreed fields hold the medians; "runs" keeps every measurement.
       j["results"].push_back({{"policy", r.policy},
                               {"device", r.device},
@@ -155,6 +165,7 @@ int bench(const BenchOptions& opt) {
                               {"bytes_per_token", r.bytes_per_token},
                               {"dram_read_bytes_per_s", r.median.bandwidth},
                               {"roofline_fraction", r.median.roofline_fraction},
+                              {"h2d_bytes_per_token", r.median.h2d_bytes_per_token},
                               {"runs", runs}});
     }
     std::ofstream f(opt.json);
