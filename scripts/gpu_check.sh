@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The checks that need a GPU (and an AMX host), as one script for the short time a GPU machine is lent:
+#   1. what the machine is: nvidia-smi, the CPU's flags (AMX?), the ISA tier hetmoe picks;
+#   2. build with CUDA (tests on), then the `gpu` tests and the CPU kernel tests (on an AMX host these run the AMX
+#      tier's tile kernels for real);
+#   3. a bench model (DeepSeek-V2-Lite dimensions, HETMOE_GPU_LAYERS blocks), split, and `hetmoe bench` on the CPU
+#      and with --device cuda.
+# Everything it prints also goes to $OUT/gpu_check.log when OUT is set (the device tool's result folder).
+# Usage: scripts/gpu_check.sh            (HETMOE_GPU_LAYERS=4 by default; JOBS=nproc)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-$(nproc)}
+LAYERS=${HETMOE_GPU_LAYERS:-4}
+log=${OUT:-/tmp}/gpu_check.log
+exec > >(tee "$log") 2>&1
+
+step() { echo; echo "=== $* ($(date +%T))"; }
+
+step machine
+nvidia-smi -L || echo "no nvidia-smi"
+lscpu | grep -E "Model name|^CPU\(s\)|NUMA node\(s\)" || true
+echo "AMX flags: $(grep -o -w -E 'amx_tile|amx_int8|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+
+step build
+build_log=${OUT:-/tmp}/gpu_build.log
+if ! { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DHETMOE_TESTS=ON && ninja -C build-gpu -j "$JOBS"; } \
+  >"$build_log" 2>&1; then
+  tail -40 "$build_log"
+  exit 1
+fi
+grep -E "hetmoe: (CUDA|oneDNN)" "$build_log"
+./build-gpu/tools/hetmoe --version
+
+step "gpu tests"
+(cd build-gpu && ctest -L gpu --output-on-failure)
+step "CPU kernel tests (the AMX tier where the CPU has it)"
+./build-gpu/tests/unit/cpu_kernels/test_cpu_kernels --gtest_brief=1
+
+step "bench model: deepseek-v2-lite, $LAYERS blocks, Q4_K_M; split W^Q 2 bits + Q4_K residual"
+mkdir -p out
+model=out/v2lite-${LAYERS}l-Q4_K_M.gguf
+split=out/v2lite-${LAYERS}l.split.gguf
+[ -f "$model" ] || ./build-gpu/tools/hetmoe make-model --preset deepseek-v2-lite --layers "$LAYERS" --type Q4_K_M \
+  -o "$model" -t "$JOBS" 2>&1 | tail -1
+[ -f "$split" ] || ./build-gpu/tools/hetmoe split -m "$model" -o "$split" -t "$JOBS" --report 2>/dev/null | tail -3
+
+step bench
+# Progress lines (carriage returns) dropped; errors and the device note kept.
+bench() {
+  ./build-gpu/tools/hetmoe bench --policies cpu --prompt 128 --gen 32 --repeat 3 -t "$JOBS" "$@" 2>&1 |
+    tr '\r' '\n' | grep -v "run [0-9]"
+}
+bench -m "$model"
+bench -m "$split"
+bench -m "$split" --device cuda
+bench -m "$model" --device cuda
+step done
