@@ -9,6 +9,28 @@
 #include "runtime/model/moe.h"
 
 namespace hetmoe::model {
+namespace {
+
+size_t bytes_of(const cpu::WeightMatrix& w) { return w.row_bytes * w.n_rows; }
+size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }  // each matrix on a 256-byte boundary
+
+// Device bytes of an expert's three matrices, each aligned.
+size_t expert_bytes(const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up, const cpu::WeightMatrix& down) {
+  return aligned(bytes_of(gate)) + aligned(bytes_of(up)) + aligned(bytes_of(down));
+}
+
+// Queues the copy of w to base + offset on `stream` and moves offset past it; an empty matrix stays empty.
+device::DeviceMatrix upload(device::Device& device, int stream, const cpu::WeightMatrix& w, uint8_t* base,
+                            size_t& offset) {
+  if (!w.data) return {};
+  uint8_t* dst = base + offset;
+  device.copy_to_device(stream, dst, w.data, bytes_of(w));
+  offset += aligned(bytes_of(w));
+  return {w.type, w.n_cols, w.n_rows, w.row_bytes, dst};
+}
+
+}  // namespace
+
 DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement, std::span<const Expert> experts)
     : device_(device),
       budget_(std::min(placement.budget_bytes, device.capacity())),
@@ -19,16 +41,12 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
       ur_host_(device),
       hs_(device),
       ys_(device) {
-  auto bytes_of = [](const cpu::WeightMatrix& w) { return w.row_bytes * w.n_rows; };
-  auto aligned = [](size_t b) { return (b + 255) / 256 * 256; };  // each matrix on a 256-byte boundary
   std::vector<const Expert*> chosen;
   size_t total = 0;
-  auto runs = [&](const cpu::WeightMatrix& w) { return !w.data || device_.supports(w.type); };
   // The move slots first: the largest routed expert the device runs, times the slots that fit the budget.
   for (const Expert& e : experts)
-    if (e.expert >= 0 && runs(e.gate) && runs(e.up) && runs(e.down))
-      move_slot_bytes_ =
-          std::max(move_slot_bytes_, aligned(bytes_of(e.gate)) + aligned(bytes_of(e.up)) + aligned(bytes_of(e.down)));
+    if (e.expert >= 0 && runs(e.gate, e.up, e.down))
+      move_slot_bytes_ = std::max(move_slot_bytes_, expert_bytes(e.gate, e.up, e.down));
   if (placement.move_rows > 0 && placement.move_slots > 0 && move_slot_bytes_ > 0) {
     const size_t n = std::min({static_cast<size_t>(placement.move_slots), budget_ / move_slot_bytes_, moving_.size()});
     if (n > 0) {
@@ -39,8 +57,8 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
   }
   const size_t room = budget_ - move_slots_.size() * move_slot_bytes_;
   for (const Expert& e : experts) {
-    if (!runs(e.gate) || !runs(e.up) || !runs(e.down)) continue;
-    const size_t b = aligned(bytes_of(e.gate)) + aligned(bytes_of(e.up)) + aligned(bytes_of(e.down));
+    if (!runs(e.gate, e.up, e.down)) continue;
+    const size_t b = expert_bytes(e.gate, e.up, e.down);
     if (total + b > room) break;  // in order: the first experts that fit, layer by layer
     total += b;
     chosen.push_back(&e);
@@ -49,19 +67,19 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
   weights_ = device::DeviceMemory(device_, total);
   auto* base = static_cast<uint8_t*>(weights_.get());
   size_t offset = 0;
-  auto put = [&](const cpu::WeightMatrix& w) {
-    if (!w.data) return device::DeviceMatrix{};
-    uint8_t* dst = base + offset;
-    device_.copy_to_device(copy_, dst, w.data, bytes_of(w));
-    offset += aligned(bytes_of(w));
-    return device::DeviceMatrix{w.type, w.n_cols, w.n_rows, w.row_bytes, dst};
-  };
   for (const Expert* e : chosen) {
-    const Slot slot{put(e->gate), put(e->up), put(e->down)};
+    const Slot slot{upload(device_, copy_, e->gate, base, offset), upload(device_, copy_, e->up, base, offset),
+                    upload(device_, copy_, e->down, base, offset)};
     slots_[{e->layer, e->expert}] = slot;
     resident_bytes_ += bytes_of(e->gate) + bytes_of(e->up) + bytes_of(e->down);
   }
   device_.synchronize(device_.record(copy_));
+}
+
+bool DeviceExperts::runs(const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up,
+                         const cpu::WeightMatrix& down) const {
+  auto one = [&](const cpu::WeightMatrix& w) { return !w.data || device_.supports(w.type); };
+  return one(gate) && one(up) && one(down);
 }
 
 float* DeviceExperts::scratch(device::DeviceMemory& mem, size_t floats) {
@@ -83,7 +101,7 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   // id), as many as there are slots.
   thread_local std::vector<int64_t> moved;
   moved.clear();
-  if (!move_slots_.empty() && device_.supports(w.gate_exps.type) && device_.supports(w.down_exps.type)) {
+  if (!move_slots_.empty() && runs(w.gate_exps, w.up_exps, w.down_exps)) {
     for (int64_t e = 0; e < w.n_expert; ++e)
       if (!resident(layer, e) && items.end[e] - items.begin(e) >= move_threshold_) moved.push_back(e);
     std::stable_sort(moved.begin(), moved.end(), [&](int64_t a, int64_t b) {
@@ -106,16 +124,10 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
       d.move_slot = static_cast<int>(slot - moved.begin());
       uint8_t* dst = move_slots_[static_cast<size_t>(d.move_slot)];
       size_t offset = 0;
-      auto put = [&](const cpu::WeightMatrix& m) {
-        device_.copy_to_device(copy_, dst + offset, m.data, m.row_bytes * m.n_rows);
-        const device::DeviceMatrix dm{m.type, m.n_cols, m.n_rows, m.row_bytes, dst + offset};
-        offset += (m.row_bytes * m.n_rows + 255) / 256 * 256;
-        return dm;
-      };
       Slot& s = moving_[static_cast<size_t>(d.move_slot)];
-      s.gate = put(w.gate_exps.rows(e * ff, ff));
-      s.up = put(w.up_exps.rows(e * ff, ff));
-      s.down = put(w.down_exps.rows(e * n_embd, n_embd));
+      s.gate = upload(device_, copy_, w.gate_exps.rows(e * ff, ff), dst, offset);
+      s.up = upload(device_, copy_, w.up_exps.rows(e * ff, ff), dst, offset);
+      s.down = upload(device_, copy_, w.down_exps.rows(e * n_embd, n_embd), dst, offset);
       moves_.emplace_back(layer, e);
     }
     for (int64_t o = o0; o < o1 && w.split(); ++o) d.any_critical |= items.critical[items.order[o]] != 0;

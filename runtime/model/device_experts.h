@@ -96,6 +96,8 @@ class DeviceExperts {
   const Slot& slot_of(int64_t layer, const Work& d) const {
     return d.move_slot >= 0 ? moving_[static_cast<size_t>(d.move_slot)] : slots_.at({layer, d.expert});
   }
+  // Whether the device runs all three matrices' types (an empty matrix needs nothing).
+  bool runs(const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up, const cpu::WeightMatrix& down) const;
   // A device buffer that grows to the largest request (earlier work on it must be finished).
   float* scratch(device::DeviceMemory& mem, size_t floats);
 
