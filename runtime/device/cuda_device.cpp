@@ -2,7 +2,6 @@
 #include <fmt/format.h>
 
 #include <exception>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -10,6 +9,7 @@
 
 #include "gpu_kernels/gpu.h"
 #include "quant/lowbit.h"
+#include "runtime/device/allocations.h"
 #include "runtime/device/device.h"
 #include "runtime/error.h"
 
@@ -29,7 +29,7 @@ class CudaDevice final : public Device {
     try {
       gpu::set_device(index_);
       for (gpu::Stream s : streams_) gpu::stream_synchronize(s);
-      for (auto& [ptr, bytes] : allocations_) gpu::free_device(ptr);
+      for (void* ptr : allocations_.addresses()) gpu::free_device(ptr);
       for (gpu::Stream s : streams_) gpu::destroy_stream(s);
       for (gpu::EventHandle e : events_) gpu::destroy_event(e);
     } catch (const std::exception&) {
@@ -40,10 +40,7 @@ class CudaDevice final : public Device {
   std::string name() const override { return name_; }
   bool emulated() const override { return false; }
   size_t capacity() const override { return capacity_; }
-  size_t used() const override {
-    std::lock_guard lock(mutex_);
-    return used_;
-  }
+  size_t used() const override { return allocations_.used(); }
   bool supports(quant::GgmlType type) const override {
     return quant::lowbit_format(type).has_value() || gpu::block_matmul_supports(static_cast<uint32_t>(type));
   }
@@ -56,19 +53,11 @@ class CudaDevice final : public Device {
     } catch (const std::runtime_error& e) {
       fail("{}: {} bytes do not fit ({})", name_, bytes, e.what());
     }
-    std::lock_guard lock(mutex_);
-    allocations_[p] = bytes;
-    used_ += bytes;
+    allocations_.add(p, bytes);
     return p;
   }
   void release(void* ptr) override {
-    {
-      std::lock_guard lock(mutex_);
-      const auto it = allocations_.find(ptr);
-      if (it == allocations_.end()) throw std::logic_error("cuda device: release of memory it did not allocate");
-      used_ -= it->second;
-      allocations_.erase(it);
-    }
+    allocations_.remove(ptr, "cuda device");
     gpu::free_device(ptr);
   }
 
@@ -177,8 +166,7 @@ class CudaDevice final : public Device {
   std::string name_;
   size_t capacity_ = 0;
   mutable std::mutex mutex_;
-  std::map<void*, size_t> allocations_;
-  size_t used_ = 0;
+  Allocations allocations_;
   std::vector<gpu::Stream> streams_;
   std::vector<gpu::EventHandle> events_;
   uint64_t next_event_ = 0;

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <deque>
 #include <exception>
-#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -15,6 +14,7 @@
 #include "cpu_kernels/kernel_table.h"
 #include "cpu_kernels/ops.h"
 #include "quant/ref.h"
+#include "runtime/device/allocations.h"
 #include "runtime/device/device.h"
 #include "runtime/error.h"
 
@@ -92,7 +92,7 @@ class EmulatedDevice final : public Device {
   explicit EmulatedDevice(const EmulatedOptions& opt) : opt_(opt), kernels_(cpu::kernels()) {}
   ~EmulatedDevice() override {
     streams_.clear();  // each worker finishes its queue, then stops
-    for (auto& [ptr, bytes] : allocations_) ::operator delete (ptr, std::align_val_t{64});
+    for (void* ptr : allocations_.addresses()) ::operator delete (ptr, std::align_val_t{64});
   }
 
   std::string name() const override {
@@ -106,26 +106,24 @@ class EmulatedDevice final : public Device {
   bool emulated() const override { return true; }
   size_t capacity() const override { return opt_.capacity; }
   bool supports(quant::GgmlType) const override { return true; }
-  size_t used() const override {
-    std::lock_guard lock(mutex_);
-    return used_;
-  }
+  size_t used() const override { return allocations_.used(); }
 
   void* allocate(size_t bytes) override {
-    std::lock_guard lock(mutex_);
-    if (bytes > opt_.capacity - used_)
-      fail("emulated device: {} more bytes do not fit ({} of {} in use)", bytes, used_, opt_.capacity);
+    // Checked before the host allocation (a request past the capacity must not reach operator new), and again by
+    // add() against concurrent allocations.
+    auto too_big = [&] {
+      fail("emulated device: {} more bytes do not fit ({} of {} in use)", bytes, allocations_.used(), opt_.capacity);
+    };
+    if (bytes > opt_.capacity - std::min(opt_.capacity, allocations_.used())) too_big();
     void* p = ::operator new (std::max<size_t>(bytes, 1), std::align_val_t{64});
-    allocations_[p] = bytes;
-    used_ += bytes;
+    if (!allocations_.add(p, bytes, opt_.capacity)) {
+      ::operator delete (p, std::align_val_t{64});
+      too_big();
+    }
     return p;
   }
   void release(void* ptr) override {
-    std::lock_guard lock(mutex_);
-    const auto it = allocations_.find(ptr);
-    if (it == allocations_.end()) throw std::logic_error("emulated device: release of memory it did not allocate");
-    used_ -= it->second;
-    allocations_.erase(it);
+    allocations_.remove(ptr, "emulated device");
     ::operator delete (ptr, std::align_val_t{64});
   }
 
@@ -221,8 +219,7 @@ class EmulatedDevice final : public Device {
   const cpu::KernelTable& kernels_;
   mutable std::mutex mutex_;
   std::mutex link_to_device_, link_to_host_;
-  std::map<void*, size_t> allocations_;
-  size_t used_ = 0;
+  Allocations allocations_;
   TransferStats stats_;
   std::vector<std::unique_ptr<StreamWorker>> streams_;
 };
