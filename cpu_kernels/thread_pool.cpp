@@ -139,4 +139,9 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, RangeFn fn) {
   if (error_) std::rethrow_exception(error_);
 }
 
+int resolve_threads(int requested) {
+  if (requested >= 1) return requested;
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 }  // namespace hetmoe::cpu

@@ -78,4 +78,7 @@ class ThreadPool {
   std::exception_ptr error_;
 };
 
+// A thread count: `requested` when at least 1, else one per hardware thread the OS reports (at least 1).
+int resolve_threads(int requested);
+
 }  // namespace hetmoe::cpu

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
-#include <thread>
 
 #include "runtime/device/device.h"
 #include "runtime/engine/generate.h"
@@ -35,11 +34,6 @@ void write_file(const std::string& path, const void* data, size_t size) {
 }
 
 }  // namespace
-
-int resolve_threads(int requested) {
-  if (requested > 0) return requested;
-  return std::max(1u, std::thread::hardware_concurrency());
-}
 
 namespace {
 

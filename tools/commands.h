@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_kernels/thread_pool.h"
 #include "runtime/engine/sampler.h"
 #include "runtime/model/model.h"
 #include "tools/split_model.h"
@@ -115,7 +116,7 @@ int chat(const ChatOptions& opt);
 int tokenize(const TokenizeOptions& opt);
 
 // Thread count for 0 = "all cores".
-int resolve_threads(int requested);
+using cpu::resolve_threads;
 // Loads a model; `critical` ("", a count, or "all") sets how many of each token's experts add their residual in a
 // split model, and is an error for a model that is not split.
 // With a device other than the CPU, the routed experts go there as far as its memory lets them (the device lives

@@ -10,6 +10,7 @@
 #include <span>
 #include <thread>
 
+#include "cpu_kernels/thread_pool.h"
 #include "quant/half.h"
 #include "quant/ref.h"
 #include "runtime/error.h"
@@ -341,8 +342,7 @@ void make_model(const MakeModelOptions& opt, std::FILE* progress) {
   if (opt.out_path.empty()) fail("make-model: no output path given");
   const auto start = std::chrono::steady_clock::now();
   ModelPlan plan = plan_model(opt);
-  const int threads =
-      opt.threads >= 1 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = cpu::resolve_threads(opt.threads);
   if (progress)
     fmt::print(progress, "{} {}: {} blocks ({} dense), {:.3f} B parameters, {:.1f} MB of tensor data, seed {}\n",
                plan.preset->name, plan.file_type->name, plan.n_layer, plan.n_leading_dense, plan.n_params() * 1e-9,

@@ -28,12 +28,6 @@ using model::split_gpu_name;
 using model::split_residual_name;
 using quant::GgmlType;
 
-int resolved_threads(int requested) {
-  if (requested >= 1) return requested;
-  const unsigned n = std::thread::hardware_concurrency();
-  return n > 0 ? static_cast<int>(n) : 1;
-}
-
 // Squared norms summed over a tensor's rows, from every thread.
 struct ErrorSums {
   std::mutex mutex;
@@ -114,7 +108,7 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, std::FILE* p
   writer.set(kSplitResidualBitsKey, gguf::Value::u32(static_cast<uint32_t>(opt.residual_bits)));
   writer.set(kSplitSourceKey, gguf::Value::string(fs::path(opt.model).filename().string()));
 
-  cpu::ThreadPool pool(resolved_threads(opt.threads));
+  cpu::ThreadPool pool(cpu::resolve_threads(opt.threads));
   double total = 0, done = 0;
   int n_split = 0;
   for (const gguf::TensorInfo& t : in.tensors()) {
