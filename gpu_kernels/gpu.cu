@@ -25,7 +25,7 @@ constexpr int kTokensPerPass = 8;  // activation rows one warp carries at once
 // sums meet by shuffles. Rows of the low-bit layout are whole groups, and every part starts on 4 bytes.
 template <int kBits>
 __global__ void lowbit_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols, size_t row_bytes, int group,
-                                     const float* x, int64_t n, float* y) {
+                                     const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy) {
   const int lane = threadIdx.x % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (row >= rows) return;
@@ -54,7 +54,7 @@ __global__ void lowbit_matmul_kernel(const uint8_t* w, int64_t rows, int64_t col
           if constexpr (kBits == 3) q |= ((wd[2] >> j) & 1) << 2;
         }
         for (int t = 0; t < nt; ++t) {
-          const float xv = x[(t0 + t) * cols + u * 32 + j];
+          const float xv = x[(t0 + t) * ldx + u * 32 + j];
           sq[t] += static_cast<float>(q) * xv;
           sx[t] += xv;
         }
@@ -64,7 +64,7 @@ __global__ void lowbit_matmul_kernel(const uint8_t* w, int64_t rows, int64_t col
     for (int t = 0; t < nt; ++t) {
       float v = acc[t];
       for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
-      if (lane == 0) y[(t0 + t) * rows + row] = v;
+      if (lane == 0) y[(t0 + t) * ldy + row] = v;
     }
   }
 }
@@ -177,7 +177,7 @@ struct BlockFormat<14> {  // Q6_K: ql[128], qh[64], int8 scales[16], d
 
 template <int kType>
 __global__ void block_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
-                                    int64_t n, float* y) {
+                                    int64_t ldx, int64_t n, float* y, int64_t ldy) {
   using Format = BlockFormat<kType>;
   const int lane = threadIdx.x % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
@@ -188,15 +188,15 @@ __global__ void block_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols
     const int nt = static_cast<int>(n - t0 < kTokensPerPass ? n - t0 : kTokensPerPass);
     float acc[kTokensPerPass] = {};
     for (int64_t blk = lane; blk < blocks; blk += kWarp) {
-      const float* xb = x + t0 * cols + blk * Format::kValues;
+      const float* xb = x + t0 * ldx + blk * Format::kValues;
       Format::values(base + blk * Format::kBytes, [&](int j, float v) {
-        for (int t = 0; t < nt; ++t) acc[t] += v * xb[t * cols + j];
+        for (int t = 0; t < nt; ++t) acc[t] += v * xb[t * ldx + j];
       });
     }
     for (int t = 0; t < nt; ++t) {
       float v = acc[t];
       for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
-      if (lane == 0) y[(t0 + t) * rows + row] = v;
+      if (lane == 0) y[(t0 + t) * ldy + row] = v;
     }
   }
 }
@@ -209,6 +209,114 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, f
 __global__ void add_kernel(const float* x, int64_t n, float* y) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] += x[i];
+}
+
+// One block per row: the mean square by a block reduction (warp shuffles, then the warps' sums in shared memory).
+__global__ void rms_norm_kernel(const float* x, int64_t ldx, const float* weight, int64_t width, float eps, float* y,
+                                int64_t ldy) {
+  const float* xr = x + blockIdx.x * ldx;
+  float* yr = y + blockIdx.x * ldy;
+  float sum = 0;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) sum += xr[i] * xr[i];
+  __shared__ float warp_sums[32];
+  for (int off = kWarp / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (threadIdx.x % kWarp == 0) warp_sums[threadIdx.x / kWarp] = sum;
+  __syncthreads();
+  float total = 0;
+  for (unsigned w = 0; w < blockDim.x / kWarp; ++w) total += warp_sums[w];
+  const float scale = rsqrtf(total / static_cast<float>(width) + eps);
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) yr[i] = weight ? xr[i] * scale * weight[i] : xr[i] * scale;
+}
+
+// One thread per rotated pair (token, head, pair).
+__global__ void rope_kernel(const float* table, float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride,
+                            int64_t head_stride, int n_dims, bool neox) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int half = n_dims / 2;
+  if (i >= n_tokens * n_heads * half) return;
+  const int pair = static_cast<int>(i % half);
+  const int64_t h = i / half % n_heads, t = i / half / n_heads;
+  const float c = table[t * n_dims + 2 * pair], sn = table[t * n_dims + 2 * pair + 1];
+  float* head = x + t * token_stride + h * head_stride;
+  float* a = neox ? head + pair : head + 2 * pair;
+  float* b = neox ? head + pair + half : head + 2 * pair + 1;
+  const float x0 = *a, x1 = *b;
+  *a = x0 * c - x1 * sn;
+  *b = x0 * sn + x1 * c;
+}
+
+// Causal attention, one block per (head, token): each warp takes every kAttnWarps-th key, scores it (lanes over
+// the key's values, then a shuffle sum) and keeps a running softmax (max, sum, weighted values in shared memory);
+// the warps' partial results merge at the end. Shared memory: q, each warp's values, maxima and sums.
+constexpr int kAttnWarps = 4;
+
+__global__ void attention_kernel(AttentionArgs a, int64_t pos0, float* out) {
+  const int h = static_cast<int>(blockIdx.x);
+  const int64_t t = blockIdx.y;
+  const int g = h / (a.n_head / a.n_head_kv);
+  const int lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp;
+  extern __shared__ float smem[];
+  float* q = smem;
+  float* acc = q + a.head_dim_k;
+  float* maxima = acc + kAttnWarps * a.head_dim_v;
+  float* sums = maxima + kAttnWarps;
+  for (int i = threadIdx.x; i < a.head_dim_k; i += blockDim.x)
+    q[i] = a.q[t * a.q_token_stride + h * a.q_head_stride + i];
+  float* acc_w = acc + w * a.head_dim_v;
+  for (int i = lane; i < a.head_dim_v; i += kWarp) acc_w[i] = 0;
+  __syncthreads();
+  float m = -INFINITY, l = 0;
+  const int64_t n_keys = pos0 + t + 1;
+  for (int64_t j = w; j < n_keys; j += kAttnWarps) {
+    const float* k = a.k + j * a.k_stride + static_cast<int64_t>(g) * a.head_dim_k;
+    float sc = 0;
+    for (int i = lane; i < a.head_dim_k; i += kWarp) sc += q[i] * k[i];
+    for (int off = kWarp / 2; off > 0; off /= 2) sc += __shfl_xor_sync(0xffffffffu, sc, off);
+    sc *= a.scale;
+    const float m_new = fmaxf(m, sc);
+    const float keep = expf(m - m_new), p = expf(sc - m_new);
+    l = l * keep + p;
+    const float* v = a.v + j * a.v_stride + static_cast<int64_t>(g) * a.head_dim_v;
+    for (int i = lane; i < a.head_dim_v; i += kWarp) acc_w[i] = acc_w[i] * keep + p * v[i];
+    m = m_new;
+  }
+  if (lane == 0) {
+    maxima[w] = m;
+    sums[w] = l;
+  }
+  __syncthreads();
+  float top = -INFINITY;
+  for (int i = 0; i < kAttnWarps; ++i)
+    if (sums[i] > 0) top = fmaxf(top, maxima[i]);
+  float total = 0;
+  for (int i = 0; i < kAttnWarps; ++i)
+    if (sums[i] > 0) total += sums[i] * expf(maxima[i] - top);
+  float* o = out + (t * a.n_head + h) * a.head_dim_v;
+  for (int c = threadIdx.x; c < a.head_dim_v; c += blockDim.x) {
+    float v = 0;
+    for (int i = 0; i < kAttnWarps; ++i)
+      if (sums[i] > 0) v += acc[i * a.head_dim_v + c] * expf(maxima[i] - top);
+    o[c] = v / total;
+  }
+}
+
+__global__ void gather_rows_kernel(const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * width) return;
+  dst[i] = src[static_cast<int64_t>(rows[i / width]) * width + i % width];
+}
+
+__global__ void combine_rows_kernel(const float* src, int64_t width, const int32_t* index, const float* weights,
+                                    int64_t n, int64_t k, float* dst) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * width) return;
+  const int64_t t = i / width, c = i % width;
+  float v = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    const int32_t row = index[t * k + j];
+    if (row >= 0) v += weights[t * k + j] * src[static_cast<int64_t>(row) * width + c];
+  }
+  dst[i] = v;
 }
 
 unsigned blocks_for(int64_t n, int per_block) { return static_cast<unsigned>((n + per_block - 1) / per_block); }
@@ -298,22 +406,22 @@ void launch_host_func(Stream s, void (*fn)(void*), void* arg) {
 }
 
 void lowbit_matmul(int bits, int group, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
-                   int64_t n, float* y, Stream s) {
+                   int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s) {
   if (rows == 0 || n == 0) return;
   const unsigned grid = blocks_for(rows, kWarpsPerBlock);
   const auto* wb = static_cast<const uint8_t*>(w);
   switch (bits) {
     case 2:
       lowbit_matmul_kernel<2>
-          <<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x, n, y);
+          <<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x, ldx, n, y, ldy);
       break;
     case 3:
       lowbit_matmul_kernel<3>
-          <<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x, n, y);
+          <<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x, ldx, n, y, ldy);
       break;
     case 4:
       lowbit_matmul_kernel<4>
-          <<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x, n, y);
+          <<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x, ldx, n, y, ldy);
       break;
     default:
       throw std::runtime_error("lowbit_matmul: bits must be 2, 3 or 4");
@@ -326,29 +434,29 @@ bool block_matmul_supports(uint32_t ggml_type) {
 }
 
 void block_matmul(uint32_t ggml_type, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
-                  int64_t n, float* y, Stream s) {
+                  int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s) {
   if (rows == 0 || n == 0) return;
   const unsigned grid = blocks_for(rows, kWarpsPerBlock);
   const auto* wb = static_cast<const uint8_t*>(w);
   const unsigned threads = kWarp * kWarpsPerBlock;
   switch (ggml_type) {
     case 0:
-      block_matmul_kernel<0><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, n, y);
+      block_matmul_kernel<0><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy);
       break;
     case 1:
-      block_matmul_kernel<1><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, n, y);
+      block_matmul_kernel<1><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy);
       break;
     case 6:
-      block_matmul_kernel<6><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, n, y);
+      block_matmul_kernel<6><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy);
       break;
     case 8:
-      block_matmul_kernel<8><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, n, y);
+      block_matmul_kernel<8><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy);
       break;
     case 12:
-      block_matmul_kernel<12><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, n, y);
+      block_matmul_kernel<12><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy);
       break;
     case 14:
-      block_matmul_kernel<14><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, n, y);
+      block_matmul_kernel<14><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy);
       break;
     default:
       throw std::runtime_error("block_matmul: unsupported ggml type " + std::to_string(ggml_type));
@@ -366,6 +474,56 @@ void add(const float* x, int64_t n, float* y, Stream s) {
   if (n == 0) return;
   add_kernel<<<blocks_for(n, 256), 256, 0, stream_of(s)>>>(x, n, y);
   check(cudaGetLastError(), "add launch");
+}
+
+void rms_norm(const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width, float eps, float* y,
+              int64_t ldy, Stream s) {
+  if (n_rows == 0) return;
+  rms_norm_kernel<<<static_cast<unsigned>(n_rows), 256, 0, stream_of(s)>>>(x, ldx, weight, width, eps, y, ldy);
+  check(cudaGetLastError(), "rms_norm launch");
+}
+
+void rope(const float* table, float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
+          int n_dims, bool neox, Stream s) {
+  const int64_t pairs = n_tokens * n_heads * (n_dims / 2);
+  if (pairs == 0) return;
+  rope_kernel<<<blocks_for(pairs, 256), 256, 0, stream_of(s)>>>(table, x, n_tokens, n_heads, token_stride, head_stride,
+                                                                n_dims, neox);
+  check(cudaGetLastError(), "rope launch");
+}
+
+void attention(const AttentionArgs& a, int64_t n_tokens, int64_t pos0, float* out, Stream s) {
+  if (n_tokens == 0) return;
+  const size_t shared = (a.head_dim_k + kAttnWarps * a.head_dim_v + 2 * kAttnWarps) * sizeof(float);
+  static bool raised = false;  // more than the default 48 KB of shared memory for wide heads (MLA: 576 + 4 x 512)
+  if (!raised) {
+    check(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024),
+          "cudaFuncSetAttribute");
+    raised = true;
+  }
+  const dim3 grid(static_cast<unsigned>(a.n_head), static_cast<unsigned>(n_tokens));
+  attention_kernel<<<grid, kWarp * kAttnWarps, shared, stream_of(s)>>>(a, pos0, out);
+  check(cudaGetLastError(), "attention launch");
+}
+
+void copy_rows(const float* src, int64_t lds, int64_t n_rows, int64_t width, float* dst, int64_t ldd, Stream s) {
+  if (n_rows == 0 || width == 0) return;
+  check(cudaMemcpy2DAsync(dst, ldd * sizeof(float), src, lds * sizeof(float), width * sizeof(float), n_rows,
+                          cudaMemcpyDeviceToDevice, stream_of(s)),
+        "cudaMemcpy2DAsync");
+}
+
+void gather_rows(const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst, Stream s) {
+  if (n * width == 0) return;
+  gather_rows_kernel<<<blocks_for(n * width, 256), 256, 0, stream_of(s)>>>(src, width, rows, n, dst);
+  check(cudaGetLastError(), "gather_rows launch");
+}
+
+void combine_rows(const float* src, int64_t width, const int32_t* index, const float* weights, int64_t n, int64_t k,
+                  float* dst, Stream s) {
+  if (n * width == 0) return;
+  combine_rows_kernel<<<blocks_for(n * width, 256), 256, 0, stream_of(s)>>>(src, width, index, weights, n, k, dst);
+  check(cudaGetLastError(), "combine_rows launch");
 }
 
 }  // namespace hetmoe::gpu

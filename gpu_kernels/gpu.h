@@ -44,15 +44,38 @@ void launch_host_func(Stream s, void (*fn)(void*), void* arg);
 
 // y[t][r] = W^Q row r . x[t] for t < n, r < rows: W^Q in a low-bit layout of quant/lowbit.h (bits 2-4, group 64 or
 // 128) with `row_bytes` per row of `cols` values; x [n][cols] and y [n][rows] floats in device memory.
+// Token t's activations at x + t * ldx, its outputs at y + t * ldy.
 void lowbit_matmul(int bits, int group, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
-                   int64_t n, float* y, Stream s);
+                   int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s);
 // The same for GGUF block rows (dense and shared weights), computed from the blocks as quant/ref dequantizes them,
 // against F32 activations: ggml type ids F32 (0), F16 (1), Q5_0 (6), Q8_0 (8), Q4_K (12), Q6_K (14).
 bool block_matmul_supports(uint32_t ggml_type);
 void block_matmul(uint32_t ggml_type, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
-                  int64_t n, float* y, Stream s);
+                  int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s);
 // out[i] = silu(gate[i]) * up[i]; y[i] += x[i].
 void silu_mul(const float* gate, const float* up, int64_t n, float* out, Stream s);
 void add(const float* x, int64_t n, float* y, Stream s);
+
+// The layer ops of runtime/device/device.h (the Device interface documents each), on device memory.
+void rms_norm(const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width, float eps, float* y,
+              int64_t ldy, Stream s);
+void rope(const float* table, float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
+          int n_dims, bool neox, Stream s);
+// cpu::AttentionShape and cpu::AttentionInput in one (this header includes nothing of the CPU side).
+struct AttentionArgs {
+  int n_head, n_head_kv, head_dim_k, head_dim_v;
+  float scale;
+  const float* q;
+  int64_t q_token_stride, q_head_stride;
+  const float* k;
+  int64_t k_stride;
+  const float* v;
+  int64_t v_stride;
+};
+void attention(const AttentionArgs& a, int64_t n_tokens, int64_t pos0, float* out, Stream s);
+void copy_rows(const float* src, int64_t lds, int64_t n_rows, int64_t width, float* dst, int64_t ldd, Stream s);
+void gather_rows(const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst, Stream s);
+void combine_rows(const float* src, int64_t width, const int32_t* index, const float* weights, int64_t n, int64_t k,
+                  float* dst, Stream s);
 
 }  // namespace hetmoe::gpu

@@ -90,16 +90,55 @@ class CudaDevice final : public Device {
     stats_.to_host_bytes += bytes;
     ++stats_.to_host_copies;
   }
-  void matmul(int stream, const DeviceMatrix& w, const float* x, int64_t n, float* y) override {
+  using Device::matmul;
+  void matmul(int stream, const DeviceMatrix& w, const float* x, int64_t ldx, int64_t n, float* y,
+              int64_t ldy) override {
     if (const auto f = quant::lowbit_format(w.type))
-      return gpu::lowbit_matmul(f->bits, f->group, w.data, w.n_rows, w.n_cols, w.row_bytes, x, n, y, s(stream));
+      return gpu::lowbit_matmul(f->bits, f->group, w.data, w.n_rows, w.n_cols, w.row_bytes, x, ldx, n, y, ldy,
+                                s(stream));
     if (!supports(w.type)) throw std::logic_error("cuda device: matmul of a type supports() refuses");
-    gpu::block_matmul(static_cast<uint32_t>(w.type), w.data, w.n_rows, w.n_cols, w.row_bytes, x, n, y, s(stream));
+    gpu::block_matmul(static_cast<uint32_t>(w.type), w.data, w.n_rows, w.n_cols, w.row_bytes, x, ldx, n, y, ldy,
+                      s(stream));
   }
   void silu_mul(int stream, const float* gate, const float* up, int64_t n, float* out) override {
     gpu::silu_mul(gate, up, n, out, s(stream));
   }
   void add(int stream, const float* x, int64_t n, float* y) override { gpu::add(x, n, y, s(stream)); }
+  void rms_norm(int stream, const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width, float eps,
+                float* y, int64_t ldy) override {
+    gpu::rms_norm(x, ldx, weight, n_rows, width, eps, y, ldy, s(stream));
+  }
+  void rope(int stream, const float* table, float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride,
+            int64_t head_stride, int n_dims, bool neox) override {
+    gpu::rope(table, x, n_tokens, n_heads, token_stride, head_stride, n_dims, neox, s(stream));
+  }
+  void attention(int stream, const cpu::AttentionShape& shape, const cpu::AttentionInput& in, int64_t n_tokens,
+                 int64_t pos0, float* out) override {
+    const gpu::AttentionArgs a{shape.n_head,
+                               shape.n_head_kv,
+                               shape.head_dim_k,
+                               shape.head_dim_v,
+                               shape.scale,
+                               in.q,
+                               in.q_token_stride,
+                               in.q_head_stride,
+                               in.k,
+                               in.k_stride,
+                               in.v,
+                               in.v_stride};
+    gpu::attention(a, n_tokens, pos0, out, s(stream));
+  }
+  void copy_rows(int stream, const float* src, int64_t lds, int64_t n_rows, int64_t width, float* dst,
+                 int64_t ldd) override {
+    gpu::copy_rows(src, lds, n_rows, width, dst, ldd, s(stream));
+  }
+  void gather_rows(int stream, const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst) override {
+    gpu::gather_rows(src, width, rows, n, dst, s(stream));
+  }
+  void combine_rows(int stream, const float* src, int64_t width, const int32_t* index, const float* weights, int64_t n,
+                    int64_t k, float* dst) override {
+    gpu::combine_rows(src, width, index, weights, n, k, dst, s(stream));
+  }
   void host_callback(int stream, std::function<void()> fn) override {
     // The callback owns its function (released to CUDA only once the launch succeeded) and reports a failure to
     // the next synchronize.

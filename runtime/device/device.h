@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "cpu_kernels/ops.h"
 #include "quant/ggml_type.h"
 
 namespace hetmoe::device {
@@ -60,11 +61,39 @@ class Device {
   virtual void copy_to_host(int stream, void* dst, const void* src, size_t bytes) = 0;
   // y[t][r] = w.row(r) . x[t] for t < n (x: n rows of w.n_cols floats, y: n rows of w.n_rows floats, both on the
   // device). Every weight type of the CPU reference is accepted; the W^Q types are the ones that matter.
-  virtual void matmul(int stream, const DeviceMatrix& w, const float* x, int64_t n, float* y) = 0;
+  void matmul(int stream, const DeviceMatrix& w, const float* x, int64_t n, float* y) {
+    matmul(stream, w, x, w.n_cols, n, y, w.n_rows);
+  }
+  // The same with token t's activations at x + t * ldx and its outputs at y + t * ldy (one head of a batch of heads,
+  // say).
+  virtual void matmul(int stream, const DeviceMatrix& w, const float* x, int64_t ldx, int64_t n, float* y,
+                      int64_t ldy) = 0;
   // out[i] = silu(gate[i]) * up[i] for i < n (device memory).
   virtual void silu_mul(int stream, const float* gate, const float* up, int64_t n, float* out) = 0;
   // y[i] += x[i] for i < n (device memory).
   virtual void add(int stream, const float* x, int64_t n, float* y) = 0;
+
+  // The layer ops of a forward pass on the device, each as the CPU's cpu_kernels/ops.h defines it; all pointers are
+  // device memory.
+  // Row r of y (at y + r * ldy) = rms_norm(row r of x) * weight, `width` values per row; y may alias x.
+  virtual void rms_norm(int stream, const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width,
+                        float eps, float* y, int64_t ldy) = 0;
+  // Rotates head h of token t, at x + t * token_stride + h * head_stride, by the cos/sin of row t of `table`
+  // ([n_tokens][n_dims], as cpu::rope_cache computes it on the host) in the pairing of `neox`.
+  virtual void rope(int stream, const float* table, float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride,
+                    int64_t head_stride, int n_dims, bool neox) = 0;
+  // cpu::causal_attention: the queries of tokens at positions pos0.. against cache positions 0..pos0+t.
+  virtual void attention(int stream, const cpu::AttentionShape& shape, const cpu::AttentionInput& in, int64_t n_tokens,
+                         int64_t pos0, float* out) = 0;
+  // n_rows rows of `width` floats from src (rows lds apart) to dst (rows ldd apart), device to device.
+  virtual void copy_rows(int stream, const float* src, int64_t lds, int64_t n_rows, int64_t width, float* dst,
+                         int64_t ldd) = 0;
+  // dst[i] = src[rows[i]] for i < n: rows of `width` floats; `rows` (int32) in device memory.
+  virtual void gather_rows(int stream, const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst) = 0;
+  // dst[t] = sum over j < k with index[t][j] >= 0 of weights[t][j] * src[index[t][j]] (rows of `width` floats, in
+  // j order), for t < n; a row with no index is zero. The weighted sum of each token's expert outputs.
+  virtual void combine_rows(int stream, const float* src, int64_t width, const int32_t* index, const float* weights,
+                            int64_t n, int64_t k, float* dst) = 0;
   // fn() on a host thread once the stream's earlier work is done; the stream's later work waits for it.
   virtual void host_callback(int stream, std::function<void()> fn) = 0;
 

@@ -2,6 +2,7 @@
 // copies counted and optionally throttled, ops on the CPU kernel table.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -145,15 +146,17 @@ class EmulatedDevice final : public Device {
     copy(stream, dst, src, bytes, false);
   }
 
-  void matmul(int stream, const DeviceMatrix& w, const float* x, int64_t n, float* y) override {
-    worker(stream).enqueue([this, w, x, n, y] {
+  using Device::matmul;
+  void matmul(int stream, const DeviceMatrix& w, const float* x, int64_t ldx, int64_t n, float* y,
+              int64_t ldy) override {
+    worker(stream).enqueue([this, w, x, ldx, n, y, ldy] {
       const quant::GgmlType act_type = quant::type_info(w.type).vec_dot_type;
       std::vector<uint8_t> act(quant::activation_row_bytes(w.type, w.n_cols));
       const cpu::VecDotFn dot = kernels_.dot_for(w.type);
       for (int64_t t = 0; t < n; ++t) {
-        kernels_.activation_for(act_type)(x + t * w.n_cols, act.data(), w.n_cols);
+        kernels_.activation_for(act_type)(x + t * ldx, act.data(), w.n_cols);
         for (int64_t r = 0; r < w.n_rows; ++r)
-          y[t * w.n_rows + r] =
+          y[t * ldy + r] =
               dot(w.n_cols, static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_bytes, act.data());
       }
     });
@@ -166,6 +169,54 @@ class EmulatedDevice final : public Device {
   void add(int stream, const float* x, int64_t n, float* y) override {
     worker(stream).enqueue([=] {
       for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+    });
+  }
+  void rms_norm(int stream, const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width, float eps,
+                float* y, int64_t ldy) override {
+    worker(stream).enqueue([=] {
+      for (int64_t r = 0; r < n_rows; ++r) cpu::rms_norm(x + r * ldx, weight, y + r * ldy, width, eps);
+    });
+  }
+  void rope(int stream, const float* table, float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride,
+            int64_t head_stride, int n_dims, bool neox) override {
+    worker(stream).enqueue([=] {
+      cpu::RopeParams p;
+      p.n_dims = n_dims;
+      p.neox = neox;
+      for (int64_t t = 0; t < n_tokens; ++t)
+        for (int64_t h = 0; h < n_heads; ++h)
+          cpu::rope_apply(p, table + t * n_dims, x + t * token_stride + h * head_stride);
+    });
+  }
+  void attention(int stream, const cpu::AttentionShape& shape, const cpu::AttentionInput& in, int64_t n_tokens,
+                 int64_t pos0, float* out) override {
+    worker(stream).enqueue(
+        [this, shape, in, n_tokens, pos0, out] { cpu::causal_attention(shape, in, n_tokens, pos0, out, one_thread_); });
+  }
+  void copy_rows(int stream, const float* src, int64_t lds, int64_t n_rows, int64_t width, float* dst,
+                 int64_t ldd) override {
+    worker(stream).enqueue([=] {
+      for (int64_t r = 0; r < n_rows; ++r) std::memmove(dst + r * ldd, src + r * lds, width * sizeof(float));
+    });
+  }
+  void gather_rows(int stream, const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst) override {
+    worker(stream).enqueue([=] {
+      for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * width, src + rows[i] * width, width * sizeof(float));
+    });
+  }
+  void combine_rows(int stream, const float* src, int64_t width, const int32_t* index, const float* weights, int64_t n,
+                    int64_t k, float* dst) override {
+    worker(stream).enqueue([=] {
+      for (int64_t t = 0; t < n; ++t) {
+        float* d = dst + t * width;
+        std::fill(d, d + width, 0.0f);
+        for (int64_t j = 0; j < k; ++j) {
+          const int32_t row = index[t * k + j];
+          if (row < 0) continue;
+          const float w = weights[t * k + j];
+          for (int64_t c = 0; c < width; ++c) d[c] += w * src[row * width + c];
+        }
+      }
     });
   }
   void host_callback(int stream, std::function<void()> fn) override { worker(stream).enqueue(std::move(fn)); }
@@ -217,6 +268,7 @@ class EmulatedDevice final : public Device {
 
   const EmulatedOptions opt_;
   const cpu::KernelTable& kernels_;
+  cpu::ThreadPool one_thread_{1};  // attention's pool: a stream computes on its own thread
   mutable std::mutex mutex_;
   std::mutex link_to_device_, link_to_host_;
   Allocations allocations_;

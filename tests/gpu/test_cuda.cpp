@@ -84,6 +84,12 @@ TEST(Cuda, LowBitMatmulAndSiluMatchTheReference) {
 // A split model with its dense FFN, shared experts and every expert's W^Q on the GPU gives the CPU's logits to
 // float rounding and the activations' 8-bit conversion (the CPU converts them for Q4_K/Q6_K/Q8_0, the GPU does
 // not): within 2e-2 of the largest logit.
+// The op harness: every layer op against the CPU reference (the GPU sums in float where the CPU uses double).
+TEST(Cuda, LayerOpsMatchTheCpuReference) {
+  REQUIRE_GPU(d);
+  test_support::check_layer_ops(*d, d->create_stream(), 1e-4);
+}
+
 TEST(Cuda, SplitModelOnTheGpuMatchesTheCpu) {
   REQUIRE_GPU(d);
   const fs::path src = fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-deepseek3-Q4_K_M.gguf";

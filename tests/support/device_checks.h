@@ -4,10 +4,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <deque>
 #include <random>
 #include <vector>
 
+#include "cpu_kernels/ops.h"
+#include "cpu_kernels/thread_pool.h"
 #include "quant/ref.h"
 #include "runtime/device/device.h"
 
@@ -48,6 +53,172 @@ inline void check_matmul_and_silu(device::Device& d, int s, quant::GgmlType type
           << quant::type_info(type).name << " cols " << cols << " rows " << rows << " n " << n << " r " << r;
       ASSERT_NEAR(h[t * rows + r], yv / (1 + std::exp(-yv)) * yv, 1e-5f + 1e-4f * std::abs(yv * yv));
     }
+  }
+}
+
+// Host vectors on the device for the op checks: up(), then down() after the ops ran.
+class OpHarness {
+ public:
+  OpHarness(device::Device& d, int s) : d_(d), s_(s) {}
+  // The copy is asynchronous: the harness keeps its own copy of v until it is destroyed.
+  template <typename T>
+  T* up(const std::vector<T>& v) {
+    const size_t bytes = v.size() * sizeof(T);
+    std::vector<uint8_t>& host = host_.emplace_back(bytes);
+    std::memcpy(host.data(), v.data(), bytes);
+    mem_.emplace_back(d_, std::max<size_t>(bytes, 1));
+    d_.copy_to_device(s_, mem_.back().get(), host.data(), bytes);
+    return mem_.back().template as<T>();
+  }
+  ~OpHarness() { d_.synchronize(); }
+  float* zeros(size_t n) { return up(std::vector<float>(n, 0.0f)); }
+  std::vector<float> down(const float* p, size_t n) {
+    std::vector<float> v(n);
+    d_.copy_to_host(s_, v.data(), p, n * sizeof(float));
+    d_.synchronize();
+    return v;
+  }
+
+ private:
+  device::Device& d_;
+  int s_;
+  std::deque<std::vector<uint8_t>> host_;
+  std::deque<device::DeviceMemory> mem_;
+};
+
+inline std::vector<float> random_values(size_t n, uint64_t seed, float sigma = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sigma);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// max |got - want| / max(max |want|, 1e-6): the op harness's normalised error.
+inline double normalised_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double err = 0, scale = 1e-6;
+  for (size_t i = 0; i < want.size(); ++i) {
+    err = std::max(err, static_cast<double>(std::abs(got[i] - want[i])));
+    scale = std::max(scale, static_cast<double>(std::abs(want[i])));
+  }
+  return err / scale;
+}
+
+// Every layer op of the Device interface on `d` against the CPU reference (cpu_kernels/ops.h and plain loops), on
+// odd sizes and strides, each within its normalised error threshold `tol` (1e-5 to 1e-4 for float rounding).
+inline void check_layer_ops(device::Device& d, int s, double tol) {
+  OpHarness h(d, s);
+  {  // rms_norm on strided rows, with and without a weight
+    const int64_t rows = 5, width = 67, ld = 80;
+    const std::vector<float> x = random_values(rows * ld, 1), w = random_values(width, 2);
+    float* dx = h.up(x);
+    float* dw = h.up(w);
+    float* dy = h.zeros(rows * ld);
+    d.rms_norm(s, dx, ld, dw, rows, width, 1e-6f, dy, ld);
+    d.rms_norm(s, dx, ld, nullptr, rows, width, 1e-6f, dx, ld);  // in place, no weight
+    std::vector<float> want(rows * ld, 0.0f), want_inplace = x;
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::rms_norm(&x[r * ld], w.data(), &want[r * ld], width, 1e-6f);
+      cpu::rms_norm(&x[r * ld], nullptr, &want_inplace[r * ld], width, 1e-6f);
+    }
+    EXPECT_LT(normalised_error(h.down(dy, want.size()), want), tol) << "rms_norm";
+    EXPECT_LT(normalised_error(h.down(dx, want.size()), want_inplace), tol) << "rms_norm in place";
+  }
+  for (const bool neox : {false, true}) {  // rope on heads with a stride, YaRN table from the host
+    cpu::RopeParams p{.n_dims = 16,
+                      .neox = neox,
+                      .freq_base = 10000.0f,
+                      .freq_scale = 0.25f,
+                      .ext_factor = 1.0f,
+                      .attn_factor = 1.0f,
+                      .beta_fast = 32.0f,
+                      .beta_slow = 1.0f,
+                      .n_ctx_orig = 64};
+    const int64_t n = 3, heads = 4, head_stride = 24, token_stride = heads * head_stride + 5;
+    std::vector<float> table(n * p.n_dims);
+    for (int64_t t = 0; t < n; ++t) cpu::rope_cache(p, 7 + t, &table[t * p.n_dims]);
+    std::vector<float> x = random_values(n * token_stride, 3);
+    float* dt = h.up(table);
+    float* dx = h.up(x);
+    d.rope(s, dt, dx, n, heads, token_stride, head_stride, p.n_dims, neox);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t hd = 0; hd < heads; ++hd)
+        cpu::rope_apply(p, &table[t * p.n_dims], &x[t * token_stride + hd * head_stride]);
+    EXPECT_LT(normalised_error(h.down(dx, x.size()), x), tol) << "rope neox " << neox;
+  }
+  // Attention: grouped heads (GQA) and one wide shared latent head (MLA's absorbed form: values are a prefix of the
+  // keys), a batch of tokens after earlier positions.
+  struct Case {
+    int n_head, n_head_kv, dk, dv;
+    bool latent;
+  };
+  for (const Case c : {Case{4, 2, 24, 16, false}, Case{3, 1, 72, 64, true}}) {
+    const int64_t pos0 = 5, n = 4, n_pos = pos0 + n;
+    const int64_t q_stride = c.n_head * (c.dk + 3), k_stride = c.n_head_kv * c.dk + 1;
+    const int64_t v_stride = c.latent ? k_stride : c.n_head_kv * c.dv;
+    const std::vector<float> q = random_values(n * q_stride, 4), k = random_values(n_pos * k_stride, 5),
+                             v = random_values(n_pos * v_stride, 6);
+    float* dq = h.up(q);
+    float* dk = h.up(k);
+    float* dv = c.latent ? dk : h.up(v);
+    float* dout = h.zeros(n * c.n_head * c.dv);
+    const cpu::AttentionShape shape{c.n_head, c.n_head_kv, c.dk, c.dv, 0.3f};
+    d.attention(s, shape, {dq, q_stride, c.dk + 3, dk, k_stride, dv, v_stride}, n, pos0, dout);
+    std::vector<float> want(n * c.n_head * c.dv);
+    cpu::ThreadPool pool(1);
+    cpu::causal_attention(shape,
+                          {q.data(), q_stride, c.dk + 3, k.data(), k_stride, c.latent ? k.data() : v.data(), v_stride},
+                          n, pos0, want.data(), pool);
+    EXPECT_LT(normalised_error(h.down(dout, want.size()), want), tol) << "attention heads " << c.n_head;
+  }
+  {  // copy_rows, gather_rows, combine_rows
+    const int64_t width = 13;
+    const std::vector<float> src = random_values(6 * 20, 7);
+    float* dsrc = h.up(src);
+    float* dcopy = h.zeros(4 * 16);
+    d.copy_rows(s, dsrc + 2, 20, 4, width, dcopy, 16);
+    std::vector<float> want_copy(4 * 16, 0.0f);
+    for (int64_t r = 0; r < 4; ++r) std::copy_n(&src[r * 20 + 2], width, &want_copy[r * 16]);
+    EXPECT_EQ(h.down(dcopy, want_copy.size()), want_copy) << "copy_rows";
+
+    const std::vector<int32_t> rows{5, 0, 3, 3};
+    float* dg = h.zeros(rows.size() * 20);
+    d.gather_rows(s, dsrc, 20, h.up(rows), static_cast<int64_t>(rows.size()), dg);
+    std::vector<float> want_gather;
+    for (int32_t r : rows) want_gather.insert(want_gather.end(), &src[r * 20], &src[r * 20 + 20]);
+    EXPECT_EQ(h.down(dg, want_gather.size()), want_gather) << "gather_rows";
+
+    const int64_t n = 3, k = 3;
+    const std::vector<int32_t> index{0, 4, -1, -1, -1, -1, 2, 2, 5};
+    const std::vector<float> weights{0.5f, 0.25f, 9.0f, 1.0f, 1.0f, 1.0f, 0.1f, 0.2f, -1.0f};
+    float* dc = h.up(random_values(n * 20, 8));  // overwritten, even the token without rows
+    d.combine_rows(s, dsrc, 20, h.up(index), h.up(weights), n, k, dc);
+    std::vector<float> want_combine(n * 20, 0.0f);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < k; ++j)
+        if (index[t * k + j] >= 0)
+          for (int64_t c = 0; c < 20; ++c)
+            want_combine[t * 20 + c] += weights[t * k + j] * src[index[t * k + j] * 20 + c];
+    EXPECT_LT(normalised_error(h.down(dc, want_combine.size()), want_combine), tol) << "combine_rows";
+  }
+  {  // strided matmul: one head's slice of a wider row, written into a wider output row
+    const int64_t cols = 64, rows = 6, n = 3, ldx = 100, ldy = 9;
+    const std::vector<float> w = random_values(rows * cols, 9), x = random_values(n * ldx, 10);
+    std::vector<uint8_t> wb(w.size() * sizeof(float));
+    std::memcpy(wb.data(), w.data(), wb.size());
+    device::DeviceMemory dw(d, wb.size());
+    d.copy_to_device(s, dw.get(), wb.data(), wb.size());
+    float* dx = h.up(x);
+    float* dy = h.zeros(n * ldy);
+    d.matmul(s, {quant::GgmlType::F32, cols, rows, cols * sizeof(float), dw.get()}, dx + 7, ldx, n, dy + 1, ldy);
+    std::vector<float> want(n * ldy, 0.0f);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t r = 0; r < rows; ++r) {
+        double acc = 0;
+        for (int64_t i = 0; i < cols; ++i) acc += static_cast<double>(w[r * cols + i]) * x[t * ldx + 7 + i];
+        want[t * ldy + 1 + r] = static_cast<float>(acc);
+      }
+    EXPECT_LT(normalised_error(h.down(dy, want.size()), want), tol) << "strided matmul";
   }
 }
 

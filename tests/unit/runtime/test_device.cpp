@@ -123,5 +123,11 @@ TEST(EmulatedDevice, MatmulAndSiluMatchTheReference) {
   test_support::check_matmul_and_silu(*d, s, quant::GgmlType::Q4_K, 256, 24, 3, 2e-2, 7);
 }
 
+// The op harness: every layer op against the CPU reference.
+TEST(EmulatedDevice, LayerOpsMatchTheCpuReference) {
+  auto d = make_emulated_device({});
+  test_support::check_layer_ops(*d, d->create_stream(), 1e-5);
+}
+
 }  // namespace
 }  // namespace hetmoe::device
