@@ -68,17 +68,28 @@ std::unique_ptr<model::Model> load_model(const std::string& path, int threads, c
     if (device_opt.memory_gb > 0) budget = std::min(budget, static_cast<size_t>(device_opt.memory_gb * 1e9));
     if (device_opt.move_rows < 0 || device_opt.move_slots < 0)
       fail("--move-rows and --move-slots must not be negative");
-    model->attach_device(*d, {.budget_bytes = budget - std::min(budget / 4, size_t{1} << 30),
-                              .move_rows = device_opt.move_rows,
-                              .move_slots = device_opt.move_slots});
+    model->attach_device(*d,
+                         {.budget_bytes = budget - std::min(budget / 4, size_t{1} << 30),
+                          .move_rows = device_opt.move_rows,
+                          .move_slots = device_opt.move_slots},
+                         !device_opt.host_pass);
     const model::DeviceExperts& on = *model->device_experts();
+    if (model->pass_on_device())
+      fmt::print(stderr,
+                 "device: {}: forward pass there (norms, attention, routers: {:.1f} MB; KV cache there when it fits)\n",
+                 d->name(), static_cast<double>(model->pass_device_bytes()) / 1e6);
+    else if (!device_opt.host_pass)
+      fmt::print(stderr, "device: {}: forward pass on the CPU (the device lacks room or a kernel for its weights)\n",
+                 d->name());
     fmt::print(
         stderr,
         "device: {}: {} weight sets resident (output head, dense FFNs, shared and routed experts{}), {:.1f} MB\n",
         d->name(), on.resident_experts(), model->split() ? " as W^Q" : "",
         static_cast<double>(on.resident_bytes()) / 1e6);
     if (on.resident_experts() == 0 && !model->split())
-      fmt::print(stderr, "device: {} runs the low-bit W^Q types only: split the model (hetmoe split) to use it\n",
+      fmt::print(stderr,
+                 "device: {}: no expert weights there (no room, or types it has no kernel for); a split model (hetmoe "
+                 "split) puts the experts' small W^Q there\n",
                  d->name());
   }
   if (critical.empty()) return model;

@@ -21,6 +21,7 @@ struct DeviceOptions {
   double link_latency_us = 0;  // emulated: and this latency per copy
   int64_t move_rows = 32;      // experts not resident but with this many rows in a step are copied in (0: never)
   int move_slots = 2;          // how many such experts a step may copy in
+  bool host_pass = false;      // norms, attention, routers and the KV cache stay on the CPU
 };
 
 struct InspectOptions {

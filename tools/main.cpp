@@ -25,7 +25,8 @@ void add_critical(CLI::App* cmd, std::string* critical) {
 }
 
 void add_device(CLI::App* cmd, cli::DeviceOptions* d) {
-  cmd->add_option("--device", d->kind, "where routed experts run: cpu, emulated (a GPU stand-in), cuda, auto")
+  cmd->add_option("--device", d->kind,
+                  "where the pass and the experts that fit run: cpu, emulated (a GPU stand-in), cuda, auto")
       ->capture_default_str();
   cmd->add_option("--device-memory", d->memory_gb, "device memory for experts, GB (emulated default: 24)");
   cmd->add_option("--link-gbs", d->link_gb_s, "emulated: host-device bandwidth in GB/s (0: unthrottled)");
@@ -33,6 +34,8 @@ void add_device(CLI::App* cmd, cli::DeviceOptions* d) {
   cmd->add_option("--move-rows", d->move_rows, "copy a non-resident expert to the device for a step of this many rows")
       ->capture_default_str();
   cmd->add_option("--move-slots", d->move_slots, "experts a step may copy in")->capture_default_str();
+  cmd->add_flag("--host-pass", d->host_pass,
+                "keep norms, attention and the KV cache on the CPU (only FFN weights go to the device)");
 }
 
 void add_sampling(CLI::App* cmd, engine::SamplingParams* p) {
@@ -50,7 +53,7 @@ void add_sampling(CLI::App* cmd, engine::SamplingParams* p) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"hetmoe: DeepSeek-class MoE models from GGUF files on a CPU workstation (GPU offload comes later)"};
+  CLI::App app{"hetmoe: DeepSeek-class MoE models from GGUF files on a CPU workstation, with or without a GPU"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "hetmoe 0.1");
 

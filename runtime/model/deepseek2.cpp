@@ -22,6 +22,9 @@ struct MlaLayer {
   cpu::WeightMatrix v_b;             // [H * v_head, kv_lora]: per head, latent -> value
   cpu::WeightMatrix kv_b;            // legacy [H * (nope + v_head), kv_lora]
   cpu::WeightMatrix out;             // [E, H * v_head]
+  // Handles of the same weights on the device (Model::attach_device).
+  size_t q_dev = 0, q_a_dev = 0, q_a_norm_dev = 0, q_b_dev = 0, kv_a_dev = 0, kv_a_norm_dev = 0, k_b_dev = 0,
+         v_b_dev = 0, kv_b_dev = 0, out_dev = 0;
 };
 
 class Deepseek2 final : public Model {
@@ -191,8 +194,94 @@ class Deepseek2 final : public Model {
     matmul(L.out, heads.data(), n, out, c.n_embd);
   }
 
+  void plan_device_attention(DeviceWeights& w) override {
+    for (MlaLayer& L : layers_) {
+      if (L.q_lora) {
+        L.q_a_dev = w.add(L.q_a);
+        L.q_a_norm_dev = w.add(L.q_a_norm, L.q_a.n_rows);
+        L.q_b_dev = w.add(L.q_b);
+      } else {
+        L.q_dev = w.add(L.q);
+      }
+      L.kv_a_dev = w.add(L.kv_a);
+      L.kv_a_norm_dev = w.add(L.kv_a_norm, config_.kv_lora_rank);
+      if (absorbed_) {
+        L.k_b_dev = w.add(L.k_b);
+        L.v_b_dev = w.add(L.v_b);
+      } else {
+        L.kv_b_dev = w.add(L.kv_b);
+      }
+      L.out_dev = w.add(L.out);
+    }
+    weights_ = &w;
+  }
+
+  // The steps of attention(), absorbed_attention() and legacy_attention() above, as device ops.
+  void device_attention(DevicePass& pass, int64_t layer, const float* x, int64_t n, int64_t pos0, KvCache& cache,
+                        float* out) override {
+    const ModelConfig& c = config_;
+    const MlaLayer& L = layers_[layer];
+    const DeviceWeights& w = *weights_;
+    device::Device& d = pass.device;
+    const int s = pass.stream;
+    const int64_t H = c.n_head, nope = c.qk_nope, rope = c.qk_rope, kvl = c.kv_lora_rank, vh = c.v_head;
+    const int64_t qk = nope + rope, width = kvl + rope;
+    const size_t slot = DevicePass::kAttentionSlots;
+    float* q = pass.scratch(slot, n * H * qk);
+    if (L.q_lora) {
+      const int64_t rank = L.q_a.n_rows;
+      float* qa = pass.scratch(slot + 1, n * rank);
+      d.matmul(s, w.matrix(L.q_a_dev), x, n, qa);
+      d.rms_norm(s, qa, rank, w.vector(L.q_a_norm_dev), n, rank, c.rms_eps, qa, rank);
+      d.matmul(s, w.matrix(L.q_b_dev), qa, n, q);
+    } else {
+      d.matmul(s, w.matrix(L.q_dev), x, n, q);
+    }
+    float* kv = pass.scratch(slot + 2, n * width);
+    d.matmul(s, w.matrix(L.kv_a_dev), x, n, kv);
+    d.rms_norm(s, kv, width, w.vector(L.kv_a_norm_dev), n, kvl, c.rms_eps, kv, width);
+    d.rope(s, pass.rope_table, kv + kvl, n, 1, width, 0, c.rope.n_dims, c.rope.neox);
+    d.rope(s, pass.rope_table, q + nope, n, H, H * qk, qk, c.rope.n_dims, c.rope.neox);
+    float* heads = pass.scratch(slot + 3, n * H * vh);
+    if (absorbed_) {
+      d.copy_rows(s, kv, width, n, width, cache.k(layer, pos0), width);
+      // Each head's q_nope into latent space beside its rotated part: [n][H][kv_lora | rope].
+      float* q_lat = pass.scratch(slot + 4, n * H * width);
+      d.copy_rows(s, q + nope, qk, n * H, rope, q_lat + kvl, width);
+      const device::DeviceMatrix k_b = w.matrix(L.k_b_dev), v_b = w.matrix(L.v_b_dev);
+      for (int64_t h = 0; h < H; ++h)
+        d.matmul(s, rows_of(k_b, h * kvl, kvl), q + h * qk, H * qk, n, q_lat + h * width, H * width);
+      float* lat = pass.scratch(slot + 5, n * H * kvl);
+      const cpu::AttentionShape shape{.n_head = static_cast<int>(H),
+                                      .n_head_kv = 1,
+                                      .head_dim_k = static_cast<int>(width),
+                                      .head_dim_v = static_cast<int>(kvl),
+                                      .scale = c.kq_scale};
+      d.attention(s, shape, {q_lat, H * width, width, cache.k(layer, 0), width, cache.k(layer, 0), width}, n, pos0,
+                  lat);
+      for (int64_t h = 0; h < H; ++h)
+        d.matmul(s, rows_of(v_b, h * vh, vh), lat + h * kvl, H * kvl, n, heads + h * vh, H * vh);
+    } else {
+      // Keys and values decompressed per head: k = [k_nope | k_pe (shared by the heads)], v.
+      float* kvb = pass.scratch(slot + 4, n * H * (nope + vh));
+      d.matmul(s, w.matrix(L.kv_b_dev), kv, width, n, kvb, H * (nope + vh));
+      d.copy_rows(s, kvb, nope + vh, n * H, nope, cache.k(layer, pos0), qk);
+      for (int64_t h = 0; h < H; ++h)
+        d.copy_rows(s, kv + kvl, width, n, rope, cache.k(layer, pos0) + h * qk + nope, H * qk);
+      d.copy_rows(s, kvb + nope, nope + vh, n * H, vh, cache.v(layer, pos0), vh);
+      const cpu::AttentionShape shape{.n_head = static_cast<int>(H),
+                                      .n_head_kv = static_cast<int>(H),
+                                      .head_dim_k = static_cast<int>(qk),
+                                      .head_dim_v = static_cast<int>(vh),
+                                      .scale = c.kq_scale};
+      d.attention(s, shape, {q, H * qk, qk, cache.k(layer, 0), H * qk, cache.v(layer, 0), H * vh}, n, pos0, heads);
+    }
+    d.matmul(s, w.matrix(L.out_dev), heads, n, out);
+  }
+
   bool absorbed_ = true;
   std::vector<MlaLayer> layers_;
+  const DeviceWeights* weights_ = nullptr;  // where the device handles point
 };
 
 }  // namespace

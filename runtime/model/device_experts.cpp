@@ -40,7 +40,10 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
       gr_host_(device),
       ur_host_(device),
       hs_(device),
-      ys_(device) {
+      ys_(device),
+      gather_host_(device),
+      combine_host_(device),
+      cpu_part_host_(device) {
   std::vector<const Expert*> chosen;
   size_t total = 0;
   // The move slots first: the largest routed expert the device runs, times the slots that fit the budget.
@@ -89,8 +92,8 @@ float* DeviceExperts::scratch(device::DeviceMemory& mem, size_t floats) {
 }
 
 void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const Routing& r,
-                        const RoutedItems& items, int64_t layer, const float* x, int64_t n, int64_t n_embd,
-                        float* out) {
+                        const RoutedItems& items, int64_t layer, const float* x, int64_t n, int64_t n_embd, float* out,
+                        const StepOnDevice& io) {
   const int64_t nu = static_cast<int64_t>(r.ids.size()) / n, ff = w.n_ff_exp;
   // Resident experts go to the device, the rest (and the shared experts unless resident) to the CPU engine.
   thread_local std::vector<Work> work;
@@ -140,12 +143,24 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   } else {
     add_shared_experts(batch, w, n, nu);
   }
-  if (work.empty()) return cpu::run_experts(k, pool, batch, x, n_embd, out);
+  if (work.empty()) {
+    cpu::run_experts(k, pool, batch, x, n_embd, out);
+    return upload_result(out, n, n_embd, io);
+  }
   if (!moved.empty()) device_.wait(compute_, device_.record(copy_));
-  if (execute(k, pool, &w, &r, &items, layer, work, batch, x, n, n_embd, out)) return;
+  if (execute(k, pool, &w, &r, &items, layer, work, batch, x, n, n_embd, out, io)) return;
   // No room on the device for this step's rows: all of it on the CPU (the moves just copied are left unused).
   device_.synchronize();
   run_experts_on_cpu(k, pool, w, r, items, x, n, n_embd, out);
+  upload_result(out, n, n_embd, io);
+}
+
+void DeviceExperts::upload_result(const float* out, int64_t n, int64_t n_embd, const StepOnDevice& io) {
+  if (!io.out) return;
+  float* staged = cpu_part_host_.reserve(n * n_embd);
+  std::copy_n(out, n * n_embd, staged);
+  device_.copy_to_device(compute_, io.out, staged, n * n_embd * sizeof(float));
+  device_.synchronize(device_.record(compute_));
 }
 
 bool DeviceExperts::reserve(int64_t rows_in, int64_t rows_out, int64_t hidden, bool residual) {
@@ -174,16 +189,19 @@ bool DeviceExperts::reserve(int64_t rows_in, int64_t rows_out, int64_t hidden, b
   }
 }
 
-bool DeviceExperts::run_matrix(int64_t layer, int64_t id, const float* x, int64_t n, float* y) {
+bool DeviceExperts::run_matrix(int64_t layer, int64_t id, const float* x, int64_t n, float* y, const float* x_device) {
   const device::DeviceMatrix& w = slots_.at({layer, id}).gate;
-  if (!reserve(n * w.n_cols, n * w.n_rows, 0, false)) return false;
-  float* xs = xs_.reserve(n * w.n_cols);
+  if (!reserve(x_device ? 0 : n * w.n_cols, n * w.n_rows, 0, false)) return false;
   float* ys = ys_.reserve(n * w.n_rows);
-  std::copy_n(x, n * w.n_cols, xs);
-  float* dx = scratch(x_, n * w.n_cols);
   float* dy = scratch(y_, n * w.n_rows);
-  device_.copy_to_device(compute_, dx, xs, n * w.n_cols * sizeof(float));
-  device_.matmul(compute_, w, dx, n, dy);
+  if (!x_device) {
+    float* xs = xs_.reserve(n * w.n_cols);
+    std::copy_n(x, n * w.n_cols, xs);
+    float* dx = scratch(x_, n * w.n_cols);
+    device_.copy_to_device(compute_, dx, xs, n * w.n_cols * sizeof(float));
+    x_device = dx;
+  }
+  device_.matmul(compute_, w, x_device, n, dy);
   device_.copy_to_host(compute_, ys, dy, n * w.n_rows * sizeof(float));
   device_.synchronize(device_.record(compute_));
   std::copy_n(ys, n * w.n_rows, y);
@@ -191,18 +209,18 @@ bool DeviceExperts::run_matrix(int64_t layer, int64_t id, const float* x, int64_
 }
 
 bool DeviceExperts::run_dense(const cpu::KernelTable& k, cpu::ThreadPool& pool, int64_t layer, int64_t n_ff,
-                              const float* x, int64_t n, int64_t n_embd, float* out) {
+                              const float* x, int64_t n, int64_t n_embd, float* out, const StepOnDevice& io) {
   thread_local std::vector<Work> work;
   work.assign(1, Work{kDense, 0, n, 0, 0, n_ff, false});
   thread_local cpu::ExpertBatch batch;
   batch.clear(n, 1);  // nothing for the CPU: the executor returns zeros and the device's rows are added
-  return execute(k, pool, nullptr, nullptr, nullptr, layer, work, batch, x, n, n_embd, out);
+  return execute(k, pool, nullptr, nullptr, nullptr, layer, work, batch, x, n, n_embd, out, io);
 }
 
 bool DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights* moe,
                             const Routing* routing, const RoutedItems* routed, int64_t layer,
                             const std::vector<Work>& work, const cpu::ExpertBatch& batch, const float* x, int64_t n,
-                            int64_t n_embd, float* out) {
+                            int64_t n_embd, float* out, const StepOnDevice& io) {
   int64_t rows = 0, hidden = 0;
   for (const Work& d : work) {
     rows += d.m();
@@ -212,22 +230,49 @@ bool DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, co
   const int64_t ff = moe ? moe->n_ff_exp : 0;
   const bool split = moe && moe->split();
   if (!reserve(rows * n_embd, rows * n_embd, hidden, split)) return false;
+  // The combine's width: a token's routed slots and the shared experts' slot (a dense FFN: one slot).
+  const int64_t slots = routing ? nu + 1 : 1;
+  if (io.out) {
+    try {
+      scratch(gather_, rows);
+      scratch(combine_, 2 * n * slots);
+      scratch(cpu_part_, n * n_embd);
+      gather_host_.reserve(rows);
+      combine_host_.reserve(2 * n * slots);
+      cpu_part_host_.reserve(n * n_embd);
+    } catch (const Error&) {
+      return false;
+    }
+  }
   // Item j of a work: its routed item index (or, for the shared experts, its token), token and weight.
   auto all_tokens = [](const Work& d) { return d.expert == kShared || d.expert == kDense; };
   auto item = [&](const Work& d, int64_t j) { return all_tokens(d) ? j : routed->order[d.o0 + j]; };
   auto token = [&](const Work& d, int64_t j) { return all_tokens(d) ? j : item(d, j) / nu; };
   auto critical = [&](const Work& d, int64_t j) { return d.any_critical && routed->critical[item(d, j)] != 0; };
 
-  // Phase 1 on the device: the items' input rows up in one copy, then gate and up of each expert's W^Q.
+  // Phase 1 on the device: the items' input rows up in one copy (or gathered there), then gate and up of each
+  // expert's W^Q. The host rows xs also serve the residuals of critical items (with the input on the device, only
+  // those experts' rows are gathered on the host).
   std::span<float> xs(xs_.reserve(rows * n_embd), rows * n_embd);
   for (const Work& d : work)
-    for (int64_t j = 0; j < d.m(); ++j) std::copy_n(x + token(d, j) * n_embd, n_embd, &xs[(d.row0 + j) * n_embd]);
+    if (!io.x || d.any_critical)
+      for (int64_t j = 0; j < d.m(); ++j) std::copy_n(x + token(d, j) * n_embd, n_embd, &xs[(d.row0 + j) * n_embd]);
   float* dx = scratch(x_, rows * n_embd);
   float* dg = scratch(g_, hidden);
   float* du = scratch(u_, hidden);
   float* dh = scratch(h_, hidden);
   float* dy = scratch(y_, rows * n_embd);
-  device_.copy_to_device(compute_, dx, xs.data(), xs.size() * sizeof(float));
+  if (io.x) {
+    // The rows are on the device already: gathered there by token (the host copy xs serves the CPU's residuals).
+    auto* rows_of_token = reinterpret_cast<int32_t*>(gather_host_.reserve(rows));
+    for (const Work& d : work)
+      for (int64_t j = 0; j < d.m(); ++j) rows_of_token[d.row0 + j] = static_cast<int32_t>(token(d, j));
+    auto* gather = reinterpret_cast<int32_t*>(scratch(gather_, rows));
+    device_.copy_to_device(compute_, gather, rows_of_token, rows * sizeof(int32_t));
+    device_.gather_rows(compute_, io.x, n_embd, gather, rows, dx);
+  } else {
+    device_.copy_to_device(compute_, dx, xs.data(), xs.size() * sizeof(float));
+  }
   for (const Work& d : work) {
     const Slot& s = slot_of(layer, d);
     device_.matmul(compute_, s.gate, dx + d.row0 * n_embd, d.m(), dg + d.h0);
@@ -273,7 +318,26 @@ bool DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, co
   for (const Work& d : work) device_.matmul(compute_, slot_of(layer, d).down, dh + d.h0, d.m(), dy + d.row0 * n_embd);
   for (const Work& d : work)
     if (d.any_critical) device_.copy_to_host(compute_, hs.data() + d.h0, dh + d.h0, d.m() * ff * sizeof(float));
-  device_.copy_to_host(compute_, ys.data(), dy, ys.size() * sizeof(float));
+  if (io.out) {
+    // Each token's device rows by mixing weight, in slot order, straight into the device output.
+    float* host = combine_host_.reserve(2 * n * slots);
+    auto* index = reinterpret_cast<int32_t*>(host);
+    float* weights = host + n * slots;
+    std::fill(index, index + n * slots, -1);
+    std::fill(weights, weights + n * slots, 0.0f);
+    for (const Work& d : work)
+      for (int64_t j = 0; j < d.m(); ++j) {
+        const int64_t slot = d.expert == kShared ? nu : d.expert == kDense ? 0 : item(d, j) % nu;
+        index[token(d, j) * slots + slot] = static_cast<int32_t>(d.row0 + j);
+        weights[token(d, j) * slots + slot] = all_tokens(d) ? 1.0f : routing->weights[item(d, j)];
+      }
+    float* combine = scratch(combine_, 2 * n * slots);
+    device_.copy_to_device(compute_, combine, host, 2 * n * slots * sizeof(float));
+    device_.combine_rows(compute_, dy, n_embd, reinterpret_cast<const int32_t*>(combine), combine + n * slots, n, slots,
+                         io.out);
+  } else {
+    device_.copy_to_host(compute_, ys.data(), dy, ys.size() * sizeof(float));
+  }
   device::PendingWork pending(device_, compute_);
 
   // The CPU's own experts while the device works, then the device's results by mixing weight (1 for the shared
@@ -286,12 +350,26 @@ bool DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, co
       cpu::matmul(k, pool, moe->down_exps_r.rows(d.expert * n_embd, n_embd), xc.data(), c, tmp.data(), n_embd);
     }
     for (int64_t j = 0, i = 0; j < d.m(); ++j) {
-      const float* y = &ys[(d.row0 + j) * n_embd];
       const float* yr = critical(d, j) ? tmp.data() + i++ * n_embd : nullptr;
       float* dst = out + token(d, j) * n_embd;
       const float weight = all_tokens(d) ? 1.0f : routing->weights[item(d, j)];
+      if (io.out) {  // the device has its rows: the CPU's part takes the residual's
+        if (yr)
+          for (int64_t q = 0; q < n_embd; ++q) dst[q] += weight * yr[q];
+        continue;
+      }
+      const float* y = &ys[(d.row0 + j) * n_embd];
       for (int64_t q = 0; q < n_embd; ++q) dst[q] += weight * (yr ? y[q] + yr[q] : y[q]);
     }
+  }
+  const bool any_residual = std::any_of(work.begin(), work.end(), [](const Work& d) { return d.any_critical; });
+  if (io.out && (!batch.experts.empty() || any_residual)) {
+    // The CPU's part (its experts, the residuals' down rows) joins the device's sum.
+    float* staged = cpu_part_host_.reserve(n * n_embd);
+    std::copy_n(out, n * n_embd, staged);
+    float* part = scratch(cpu_part_, n * n_embd);
+    device_.copy_to_device(compute_, part, staged, n * n_embd * sizeof(float));
+    device_.add(compute_, part, n * n_embd, io.out);
   }
   return true;
 }

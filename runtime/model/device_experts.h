@@ -19,6 +19,14 @@ struct MoeWeights;
 struct Routing;
 struct RoutedItems;
 
+// Where a step's rows live when the forward pass runs on the device: `x` is the device copy of the step's host input,
+// and the result goes to `out` (device memory, overwritten); the host output then only holds the CPU's part. Null
+// members: input and result on the host.
+struct StepOnDevice {
+  const float* x = nullptr;
+  float* out = nullptr;
+};
+
 // FFNs on a device: routed experts' W^Q (the whole expert for an unsplit model), each layer's shared experts and
 // the dense layers' FFNs, uploaded once at load in layer order while the budget lasts and where the device runs
 // their types; and the step that uses them: the device runs gate, up, SiLU and down of its experts while the CPU runs
@@ -63,16 +71,21 @@ class DeviceExperts {
   int64_t resident_experts() const { return static_cast<int64_t>(slots_.size()); }
   device::Device& device() const { return device_; }
 
+  // The stream the steps run on; a device-resident forward pass queues its own work there, in order with them.
+  int compute_stream() const { return compute_; }
+
   // The MoE FFN of one layer for tokens x [n][n_embd] routed as `r`, into out [n][n_embd], with the CPU taking what
   // is not resident (as moe_ffn would); all of it on the CPU when the device has no room for the step's rows.
   void run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const Routing& r,
-           const RoutedItems& items, int64_t layer, const float* x, int64_t n, int64_t n_embd, float* out);
-  // y [n][rows] = W x for a resident single matrix (the output head: resident(-1, kOutput)), x [n][cols] on the host.
-  // False when the device has no room for the step's rows (nothing done: the caller runs it on the CPU).
-  bool run_matrix(int64_t layer, int64_t id, const float* x, int64_t n, float* y);
+           const RoutedItems& items, int64_t layer, const float* x, int64_t n, int64_t n_embd, float* out,
+           const StepOnDevice& io = {});
+  // y [n][rows] = W x for a resident single matrix (the output head: resident(-1, kOutput)), x [n][cols] on the host
+  // (or, with x_device, already on the device). False when the device has no room for the step's rows (nothing done:
+  // the caller runs it on the CPU).
+  bool run_matrix(int64_t layer, int64_t id, const float* x, int64_t n, float* y, const float* x_device = nullptr);
   // A dense layer's FFN (n_ff wide) on the device, when resident(layer, kDense); false as run_matrix.
   bool run_dense(const cpu::KernelTable& k, cpu::ThreadPool& pool, int64_t layer, int64_t n_ff, const float* x,
-                 int64_t n, int64_t n_embd, float* out);
+                 int64_t n, int64_t n_embd, float* out, const StepOnDevice& io = {});
 
  private:
   struct Slot {
@@ -92,7 +105,9 @@ class DeviceExperts {
   bool reserve(int64_t rows_in, int64_t rows_out, int64_t hidden, bool residual);
   bool execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights* moe, const Routing* routing,
                const RoutedItems* routed, int64_t layer, const std::vector<Work>& work, const cpu::ExpertBatch& batch,
-               const float* x, int64_t n, int64_t n_embd, float* out);
+               const float* x, int64_t n, int64_t n_embd, float* out, const StepOnDevice& io);
+  // Copies a host result [n][n_embd] computed on the CPU to io.out (the whole step ran on the CPU).
+  void upload_result(const float* out, int64_t n, int64_t n_embd, const StepOnDevice& io);
   const Slot& slot_of(int64_t layer, const Work& d) const {
     return d.move_slot >= 0 ? moving_[static_cast<size_t>(d.move_slot)] : slots_.at({layer, d.expert});
   }
@@ -115,9 +130,10 @@ class DeviceExperts {
   std::array<Slot, 64> moving_{};  // the matrices in each move slot this step
   int64_t move_threshold_ = 0;
   std::vector<std::pair<int64_t, int64_t>> moves_;
-  device::DeviceMemory x_, g_, u_, gr_, ur_, h_, y_;
-  // Pinned host staging of the step's rows: inputs, residual gate/up, hidden rows back, down rows back.
-  device::HostMemory xs_, gr_host_, ur_host_, hs_, ys_;
+  device::DeviceMemory x_, g_, u_, gr_, ur_, h_, y_, cpu_part_, gather_, combine_;
+  // Pinned host staging of the step's rows: inputs, residual gate/up, hidden rows back, down rows back; with the
+  // input and output on the device: the rows to gather, the combine's rows and weights, the CPU's part.
+  device::HostMemory xs_, gr_host_, ur_host_, hs_, ys_, gather_host_, combine_host_, cpu_part_host_;
 };
 
 }  // namespace hetmoe::model

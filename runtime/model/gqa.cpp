@@ -14,6 +14,8 @@ struct GqaLayer {
   cpu::WeightMatrix out;          // [E, H * Dv]
   const float* q_norm = nullptr;  // [D], qk_norm only
   const float* k_norm = nullptr;  // [D]
+  // Handles of the same weights on the device (Model::attach_device).
+  size_t q_dev = 0, k_dev = 0, v_dev = 0, out_dev = 0, q_norm_dev = 0, k_norm_dev = 0;
 };
 
 class GqaModel final : public Model {
@@ -84,9 +86,59 @@ class GqaModel final : public Model {
     matmul(L.out, heads.data(), n, out, c.n_embd);
   }
 
+  void plan_device_attention(DeviceWeights& w) override {
+    const int64_t D = config_.head_dim_k;
+    for (GqaLayer& L : layers_) {
+      L.q_dev = w.add(L.q);
+      L.k_dev = w.add(L.k);
+      L.v_dev = w.add(L.v);
+      L.out_dev = w.add(L.out);
+      if (L.q_norm) {
+        L.q_norm_dev = w.add(L.q_norm, D);
+        L.k_norm_dev = w.add(L.k_norm, D);
+      }
+    }
+    weights_ = &w;
+  }
+
+  // The steps of attention() above, as device ops.
+  void device_attention(DevicePass& pass, int64_t layer, const float* x, int64_t n, int64_t pos0, KvCache& cache,
+                        float* out) override {
+    const ModelConfig& c = config_;
+    const GqaLayer& L = layers_[layer];
+    const DeviceWeights& w = *weights_;
+    device::Device& d = pass.device;
+    const int s = pass.stream;
+    const int64_t H = c.n_head, KV = c.n_head_kv, D = c.head_dim_k, Dv = c.head_dim_v;
+    const size_t slot = DevicePass::kAttentionSlots;
+    float* q = pass.scratch(slot, n * H * D);
+    float* k = pass.scratch(slot + 1, n * KV * D);
+    float* v = pass.scratch(slot + 2, n * KV * Dv);
+    float* heads = pass.scratch(slot + 3, n * H * Dv);
+    d.matmul(s, w.matrix(L.q_dev), x, n, q);
+    d.matmul(s, w.matrix(L.k_dev), x, n, k);
+    d.matmul(s, w.matrix(L.v_dev), x, n, v);
+    if (L.q_norm) {
+      d.rms_norm(s, q, D, w.vector(L.q_norm_dev), n * H, D, c.rms_eps, q, D);
+      d.rms_norm(s, k, D, w.vector(L.k_norm_dev), n * KV, D, c.rms_eps, k, D);
+    }
+    d.rope(s, pass.rope_table, q, n, H, H * D, D, c.rope.n_dims, c.rope.neox);
+    d.rope(s, pass.rope_table, k, n, KV, KV * D, D, c.rope.n_dims, c.rope.neox);
+    d.copy_rows(s, k, KV * D, n, KV * D, cache.k(layer, pos0), KV * D);
+    d.copy_rows(s, v, KV * Dv, n, KV * Dv, cache.v(layer, pos0), KV * Dv);
+    const cpu::AttentionShape shape{.n_head = static_cast<int>(H),
+                                    .n_head_kv = static_cast<int>(KV),
+                                    .head_dim_k = static_cast<int>(D),
+                                    .head_dim_v = static_cast<int>(Dv),
+                                    .scale = c.kq_scale};
+    d.attention(s, shape, {q, H * D, D, cache.k(layer, 0), KV * D, cache.v(layer, 0), KV * Dv}, n, pos0, heads);
+    d.matmul(s, w.matrix(L.out_dev), heads, n, out);
+  }
+
  private:
   GqaOptions options_;
   std::vector<GqaLayer> layers_;
+  const DeviceWeights* weights_ = nullptr;  // where the device handles point
 };
 
 }  // namespace

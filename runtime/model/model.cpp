@@ -204,29 +204,6 @@ void Model::bind_common() {
   }
 }
 
-void Model::attach_device(device::Device& device, const DeviceExperts::Placement& placement) {
-  const int64_t E = config_.n_embd;
-  std::vector<DeviceExperts::Expert> experts;
-  // The output head first: every token reads all of it (a third of the bytes of a decode step of DeepSeek-V2-Lite).
-  experts.push_back({-1, DeviceExperts::kOutput, output_, {}, {}});
-  for (int64_t l = 0; l < config_.n_layer; ++l) {
-    const MoeWeights& m = ffn_[l].moe;
-    const int64_t ff = m.n_ff_exp;
-    if (!config_.is_moe_layer(l)) {  // a dense layer's FFN
-      experts.push_back({l, DeviceExperts::kDense, ffn_[l].gate, ffn_[l].up, ffn_[l].down});
-      continue;
-    }
-    // The shared experts serve every token: they go first.
-    if (m.n_expert > 0 && m.has_shared)
-      experts.push_back({l, DeviceExperts::kShared, m.gate_shexp, m.up_shexp, m.down_shexp});
-    for (int64_t e = 0; e < m.n_expert; ++e)
-      experts.push_back({l, e, m.gate_exps.rows(e * ff, ff), m.up_exps.rows(e * ff, ff), m.down_exps.rows(e * E, E)});
-  }
-  device_experts_ = std::make_unique<DeviceExperts>(device, placement, experts);
-  for (FfnWeights& f : ffn_)
-    if (f.moe.n_expert > 0) f.moe.device = device_experts_.get();
-}
-
 bool Model::split() const { return file_->find(kSplitVersionKey) != nullptr; }
 
 void Model::set_critical(int64_t n_critical) {
@@ -237,6 +214,13 @@ KvCache Model::make_cache(int64_t n_ctx) const {
   if (n_ctx <= 0) fail("context size must be positive, got {}", n_ctx);
   if (n_ctx > config_.n_ctx_train)
     fail("context size {} exceeds the model's training context of {}", n_ctx, config_.n_ctx_train);
+  if (device_forward_) {
+    try {
+      return KvCache(device_forward_->pass.device, config_.n_layer, n_ctx, cache_k_width(), cache_v_width());
+    } catch (const Error&) {
+      // no room on the device: a host cache, with attention on the CPU
+    }
+  }
   return KvCache(config_.n_layer, n_ctx, cache_k_width(), cache_v_width());
 }
 
@@ -273,6 +257,11 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cach
     if (t < 0 || t >= c.n_vocab) fail("token id {} is out of range (the vocabulary has {} tokens)", t, c.n_vocab);
   if (pos0 < 0 || pos0 + n > cache.n_ctx())
     fail("context full: {} more tokens do not fit after {} of {} positions", n, pos0, cache.n_ctx());
+  if (cache.device()) {
+    if (!device_forward_ || cache.device() != &device_forward_->pass.device)
+      fail("this KV cache lives on a device the model's forward pass does not run on");
+    return forward_on_device(tokens, pos0, cache, all_logits, logits, trace, cancel);
+  }
   trace_ = trace;
   const auto t_start = std::chrono::steady_clock::now();
   double t_attention = 0, t_dense = 0, t_moe = 0;

@@ -16,6 +16,7 @@
 #include "runtime/gguf/reader.h"
 #include "runtime/model/config.h"
 #include "runtime/model/device_experts.h"
+#include "runtime/model/device_pass.h"
 #include "runtime/model/kv_cache.h"
 #include "runtime/model/moe.h"
 #include "runtime/model/trace.h"
@@ -54,14 +55,23 @@ class Model {
   // 0 runs W^Q alone, < 0 adds it for all. No effect on an unsplit model.
   void set_critical(int64_t n_critical);
 
-  // Puts the output head, the dense layers' FFNs, the shared experts and the routed experts' W^Q (the experts
-  // themselves for an unsplit model) on `device`, layer by layer while `budget_bytes` lasts and the device runs their
-  // types; the FFNs then run those there and the rest on the CPU. The device must outlive the model.
-  void attach_device(device::Device& device, const DeviceExperts::Placement& placement);
+  // Puts the model on `device` as far as `budget_bytes` goes and the device runs the weights' types. First, with
+  // `whole_pass`, the forward pass itself: every layer's norms, attention and router weights (all or none); the
+  // residual stream, attention and the KV cache then live on the device, and only the router's logits and the rows
+  // the CPU needs come back. Then the output head, the dense layers' FFNs, the shared experts and the routed experts'
+  // W^Q (the experts themselves for an unsplit model), layer by layer; the FFNs run those there and the rest on the
+  // CPU. The device must outlive the model.
+  void attach_device(device::Device& device, const DeviceExperts::Placement& placement, bool whole_pass = true);
   const DeviceExperts* device_experts() const { return device_experts_.get(); }
   DeviceExperts* device_experts() { return device_experts_.get(); }
+  // Whether attach_device put the forward pass on the device (its caches from make_cache then live there too).
+  bool pass_on_device() const { return device_forward_ != nullptr; }
+  // The bytes of the pass's weights on the device (norms, attention, routers).
+  size_t pass_device_bytes() const { return device_forward_ ? device_forward_->weights.data_bytes() : 0; }
 
-  // A KV cache for n_ctx positions (at most the training context).
+  // A KV cache for n_ctx positions (at most the training context): on the device when the forward pass runs there
+  // and the cache fits in what is left of the device's memory, else in host memory (the pass then runs attention on
+  // the CPU for this cache; cache.device() tells which).
   KvCache make_cache(int64_t n_ctx) const;
 
   // Runs `tokens` at positions pos0, pos0+1, ... as one batch, appending their keys and values to `cache`.
@@ -79,6 +89,12 @@ class Model {
   virtual void attention(int64_t layer, const float* x, int64_t n, int64_t pos0, KvCache& cache, float* out) = 0;
   virtual int64_t cache_k_width() const = 0;
   virtual int64_t cache_v_width() const = 0;
+  // The same attention on the device: plan_device_attention adds every layer's attention weights to `w` (and keeps
+  // the handles); device_attention runs layer `layer` there, x [n][n_embd] to out [n][n_embd] in device memory, with
+  // `cache` on the device.
+  virtual void plan_device_attention(DeviceWeights& w) = 0;
+  virtual void device_attention(DevicePass& pass, int64_t layer, const float* x, int64_t n, int64_t pos0,
+                                KvCache& cache, float* out) = 0;
 
   // Tensor binding with shape checks. ne lists the expected ggml dims; the tensor must have exactly these.
   const gguf::TensorInfo& tensor(const std::string& name, std::initializer_list<int64_t> ne) const;
@@ -113,8 +129,25 @@ class Model {
 
  private:
   void ffn(int64_t layer, const float* x, int64_t n, float* out);
+  // The forward pass with its residual stream on the device (pass_on_device() and a device cache).
+  void forward_on_device(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,
+                         std::vector<float>& logits, Trace* trace, const std::atomic<bool>* cancel);
+  // Layer `layer`'s FFN for the device rows x [n][n_embd] into the device rows out.
+  void ffn_on_device(int64_t layer, const float* x, int64_t n, float* out);
   std::deque<std::vector<float>> owned_vectors_;
   std::unique_ptr<DeviceExperts> device_experts_;
+
+  // What the device-resident pass keeps on the device besides the experts, and its staging.
+  struct DeviceForward {
+    DeviceForward(device::Device& device, int stream)
+        : weights(device), pass(device, stream), up(device), down(device) {}
+    DeviceWeights weights;
+    std::vector<size_t> attn_norm, ffn_norm, router;  // handles per layer (router: MoE layers only)
+    size_t output_norm = 0;
+    DevicePass pass;
+    device::HostMemory up, down;  // pinned: embeddings and RoPE table up; router logits and the normed rows down
+  };
+  std::unique_ptr<DeviceForward> device_forward_;
 
   // HETMOE_PROFILE=1: wall time per part of the forward pass, printed to stderr when the model is destroyed.
   struct Profile {

@@ -97,24 +97,62 @@ TEST(Cuda, SplitModelOnTheGpuMatchesTheCpu) {
   split_model({.model = src.string(), .out = out.string(), .threads = 2}, nullptr);
   std::vector<int32_t> tokens;
   for (int i = 0; i < 12; ++i) tokens.push_back((i * 53 + 7) % 500);
-  for (int64_t critical : {0, 2, -1}) {
-    auto cpu = model::Model::load(out.string(), 2);
-    auto gpu = model::Model::load(out.string(), 2);
-    cpu->set_critical(critical);
-    gpu->set_critical(critical);
-    gpu->attach_device(*d, {.budget_bytes = size_t{1} << 30});
-    ASSERT_EQ(gpu->device_experts()->resident_experts(), 36);  // output, dense FFN, 2 x shared, 2 x 16 routed
-    model::KvCache c1 = cpu->make_cache(16), c2 = gpu->make_cache(16);
-    std::vector<float> want, got;
-    cpu->forward(tokens, 0, c1, true, want);
-    gpu->forward(tokens, 0, c2, true, got);
-    float scale = 0, diff = 0;
-    for (size_t j = 0; j < want.size(); ++j) {
-      scale = std::max(scale, std::abs(want[j]));
-      diff = std::max(diff, std::abs(want[j] - got[j]));
+  for (int64_t critical : {0, 2, -1})
+    for (const bool whole_pass : {false, true}) {
+      auto cpu = model::Model::load(out.string(), 2);
+      auto gpu = model::Model::load(out.string(), 2);
+      cpu->set_critical(critical);
+      gpu->set_critical(critical);
+      gpu->attach_device(*d, {.budget_bytes = size_t{1} << 30}, whole_pass);
+      ASSERT_EQ(gpu->pass_on_device(), whole_pass);              // Q4_K, Q5_0 and F32 attention and router weights
+      ASSERT_EQ(gpu->device_experts()->resident_experts(), 36);  // output, dense FFN, 2 x shared, 2 x 16 routed
+      model::KvCache c1 = cpu->make_cache(16), c2 = gpu->make_cache(16);
+      ASSERT_EQ(c2.device() != nullptr, whole_pass);
+      std::vector<float> want, got;
+      cpu->forward(tokens, 0, c1, true, want);
+      gpu->forward(tokens, 0, c2, true, got);
+      float scale = 0, diff = 0;
+      for (size_t j = 0; j < want.size(); ++j) {
+        scale = std::max(scale, std::abs(want[j]));
+        diff = std::max(diff, std::abs(want[j] - got[j]));
+      }
+      EXPECT_LE(diff, 2e-2f * scale) << "critical " << critical << " whole pass " << whole_pass;
     }
-    EXPECT_LE(diff, 2e-2f * scale) << "critical " << critical;
+}
+
+// The whole forward pass on the GPU for every reference model whose weights the GPU runs (prefill in chunks, then
+// decode through the device's KV cache) against the CPU.
+TEST(Cuda, WholePassOnTheGpuMatchesTheCpu) {
+  REQUIRE_GPU(d);
+  const std::vector<int32_t> tokens = {3, 17, 42, 100, 7, 255, 256, 300, 11, 64, 128};
+  const fs::path data = fs::path(HETMOE_TEST_DATA_DIR) / "models";
+  int ran = 0;
+  for (const char* name : {"tiny-deepseek2lite-Q4_K_M.gguf", "tiny-deepseek3-Q4_K_M.gguf", "tiny-qwen3moe-Q4_K_M.gguf",
+                           "tiny-mixtral-Q4_K_M.gguf"}) {
+    const std::string file = (data / name).string();
+    auto cpu = model::Model::load(file, 2);
+    auto gpu = model::Model::load(file, 2);
+    gpu->attach_device(*d, {.budget_bytes = size_t{1} << 30});
+    if (!gpu->pass_on_device()) continue;  // a weight type the GPU kernels do not run
+    ++ran;
+    std::vector<float> want, got, part;
+    for (auto [m, out] : {std::pair{cpu.get(), &want}, std::pair{gpu.get(), &got}}) {
+      model::KvCache cache = m->make_cache(32);
+      int64_t pos = 0;
+      for (int len : {6, 3, 1, 1}) {
+        m->forward(std::span(tokens).subspan(pos, len), pos, cache, true, part);
+        out->insert(out->end(), part.begin(), part.end());
+        pos += len;
+      }
+    }
+    double num = 0, den = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      num += (got[i] - want[i]) * double(got[i] - want[i]);
+      den += double(want[i]) * want[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 2e-2) << name;  // the GPU takes activations in F32, the CPU in Q8_K / Q8_0
   }
+  EXPECT_GE(ran, 2);
 }
 
 }  // namespace

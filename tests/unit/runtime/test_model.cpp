@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "quant/ref.h"
+#include "runtime/device/device.h"
 #include "runtime/engine/session.h"
 #include "runtime/error.h"
 #include "runtime/gguf/reader.h"
@@ -308,6 +309,66 @@ TEST(Deepseek2, LegacyFusedKvbMatchesTheSplitLayout) {
     den += double(a[i]) * a[i];
   }
   EXPECT_LT(std::sqrt(num / den), 1e-5) << "absorbed and decompressed attention are the same function";
+}
+
+// --- the forward pass on a device ------------------------------------------------------------------------------
+
+// The whole pass on the emulated device (norms, MLA or GQA attention with the KV cache there, the routers' logits
+// down, every FFN resident): a prefill in chunks, then decode steps, give the CPU's logits to float rounding. The
+// decompressed (legacy) MLA layout and an F32 model (weights the device runs exactly) are among the cases.
+TEST(DevicePass, EmulatedDeviceGivesTheCpuLogitsForEveryArchitecture) {
+  const std::vector<int32_t> tokens = {3, 17, 42, 100, 7, 255, 256, 300, 11, 64, 128};
+  const fs::path data = fs::path(HETMOE_TEST_DATA_DIR) / "models";
+  for (const fs::path& file :
+       {tiny_f32(), make_legacy(tiny_f32()), data / "tiny-deepseek2lite-Q4_K_M.gguf",
+        data / "tiny-deepseek3-Q4_K_M.gguf", data / "tiny-qwen3moe-Q4_K_M.gguf", data / "tiny-mixtral-Q4_K_M.gguf"}) {
+    auto dev = device::make_emulated_device({.capacity = 100'000'000});
+    auto cpu = model::Model::load(file.string(), 2);
+    auto on_device = model::Model::load(file.string(), 2);
+    on_device->attach_device(*dev, {.budget_bytes = 80'000'000});
+    ASSERT_TRUE(on_device->pass_on_device()) << file;
+    ASSERT_GT(on_device->pass_device_bytes(), 0u);
+    EXPECT_TRUE(on_device->device_experts()->resident(-1, model::DeviceExperts::kOutput));
+    const std::vector<int> chunks = {6, 3, 1, 1};
+    const std::vector<float> want = logits_of(*cpu, tokens, chunks);
+    const std::vector<float> got = logits_of(*on_device, tokens, chunks);
+    ASSERT_EQ(got.size(), want.size());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      num += (got[i] - want[i]) * double(got[i] - want[i]);
+      den += double(want[i]) * want[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-4) << file;
+    // The device's cache: a model without the pass refuses it, with a clear error.
+    model::KvCache cache = on_device->make_cache(8);
+    EXPECT_EQ(cache.device(), dev.get());
+    std::vector<float> out;
+    EXPECT_THROW(cpu->forward(std::vector<int32_t>{1}, 0, cache, false, out), Error);
+  }
+}
+
+// A device too small for the pass's weights keeps the pass on the host, and a cache that does not fit next to them
+// stays in host memory: both still give the CPU's logits.
+TEST(DevicePass, FallsBackToTheHostWhenTheDeviceIsTooSmall) {
+  const fs::path file = fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-qwen3moe-Q4_K_M.gguf";
+  const std::vector<int32_t> tokens = {3, 17, 42, 100, 7};
+  auto cpu = model::Model::load(file.string(), 2);
+  const std::vector<float> want = logits_of(*cpu, tokens, {3, 1, 1});
+  auto tiny = device::make_emulated_device({.capacity = 50'000});
+  auto m = model::Model::load(file.string(), 2);
+  m->attach_device(*tiny, {.budget_bytes = 50'000});
+  EXPECT_FALSE(m->pass_on_device());
+  EXPECT_EQ(logits_of(*m, tokens, {3, 1, 1}).size(), want.size());
+
+  // Room for the pass's weights but not for a long cache: that cache is a host one.
+  auto small = device::make_emulated_device({.capacity = 3'000'000});
+  auto m2 = model::Model::load(file.string(), 2);
+  m2->attach_device(*small, {.budget_bytes = 2'000'000});
+  ASSERT_TRUE(m2->pass_on_device());
+  EXPECT_EQ(m2->make_cache(40'000).device(), nullptr);
+  const std::vector<float> got = logits_of(*m2, tokens, {3, 1, 1});
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-3 * (1 + std::abs(want[i])));
 }
 
 // --- metadata ------------------------------------------------------------------------------------------------

@@ -242,100 +242,139 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
                                           {0, 10'000'000, 0},
                                           {2, 10'000'000, 0},
                                           {2, 1'000'000, 2},
-                                          {-1, 1'000'000, 2}}) {
-    const int64_t critical = cs.critical;
-    const size_t budget = cs.budget;
-    auto dev = device::make_emulated_device({.capacity = 20'000'000});  // outlives the model that uses it
-    auto cpu_only = model::Model::load(out.string(), 2);
-    cpu_only->set_critical(critical);
-    auto on_device = model::Model::load(out.string(), 2);
-    on_device->set_critical(critical);
-    // 1 MB: the output head, the dense FFN, the shared experts and about half the routed ones (62 KB each).
-    on_device->attach_device(*dev, {.budget_bytes = budget, .move_rows = cs.move_rows, .move_slots = 2});
-    model::DeviceExperts& held = *on_device->device_experts();
-    if (cs.move_rows > 0) {
-      ASSERT_EQ(held.move_slots(), 2);
-    }
-    ASSERT_GT(held.resident_experts(), 0);
-    if (budget < 2'000'000)
-      ASSERT_LT(held.resident_experts(), 32);
-    else
-      ASSERT_EQ(held.resident_experts(), 36);  // output head, the dense block's FFN, 2 x shared, 2 x 16 routed
-    EXPECT_TRUE(held.resident(-1, model::DeviceExperts::kOutput));  // the output head
-    EXPECT_TRUE(held.resident(0, model::DeviceExperts::kDense));    // the leading dense block's FFN
-    EXPECT_TRUE(held.resident(1, model::DeviceExperts::kShared));   // the first MoE block's shared experts
-    EXPECT_EQ(dev->transfers().to_device_bytes, held.resident_bytes());
-    held.take_moves();
-
-    // Prefill of 12 tokens, then one decode step.
-    model::KvCache c1 = cpu_only->make_cache(16), c2 = on_device->make_cache(16);
-    std::vector<float> want, got;
-    RoutingTrace trace;
-    cpu_only->forward(tokens, 0, c1, true, want);
-    const device::TransferStats before = dev->transfers();
-    on_device->forward(tokens, 0, c2, true, got, &trace);
-    const device::TransferStats after = dev->transfers();
-    const std::vector<std::pair<int64_t, int64_t>> moves = held.take_moves();
-    if (cs.move_rows > 0) {
-      EXPECT_FALSE(moves.empty());
-    }
-    auto moved = [&](int64_t layer, int64_t e) {
-      return std::find(moves.begin(), moves.end(), std::pair{layer, e}) != moves.end();
-    };
-    float scale = 0, diff = 0;
-    for (size_t j = 0; j < want.size(); ++j) {
-      scale = std::max(scale, std::abs(want[j]));
-      diff = std::max(diff, std::abs(want[j] - got[j]));
-    }
-    EXPECT_LE(diff, 2e-3f * scale) << "critical " << critical;
-
-    // The plan: per MoE layer, the input rows of the items of resident experts (the shared experts included) go up
-    // and their down rows come back; experts with a critical item also send up the residual's gate and up rows and
-    // bring back the hidden rows.
-    const model::ModelConfig& c = on_device->config();
-    const int64_t nu = c.n_expert_used, n = static_cast<int64_t>(tokens.size());
-    uint64_t up = 0, down = 0;
-    if (held.resident(-1, model::DeviceExperts::kOutput)) {  // the output head: every token's row up, logits down
-      up += 4 * n * c.n_embd;
-      down += 4 * n * c.n_vocab;
-    }
-    for (int64_t l = 0; l < c.n_layer; ++l)
-      if (held.resident(l, model::DeviceExperts::kDense)) {  // a dense block's FFN: every token, both ways
-        up += 4 * n * c.n_embd;
-        down += 4 * n * c.n_embd;
+                                          {-1, 1'000'000, 2}})
+    for (const bool whole_pass : {false, true}) {
+      const int64_t critical = cs.critical;
+      const size_t budget = cs.budget;
+      auto dev = device::make_emulated_device({.capacity = 20'000'000});  // outlives the model that uses it
+      auto cpu_only = model::Model::load(out.string(), 2);
+      cpu_only->set_critical(critical);
+      auto on_device = model::Model::load(out.string(), 2);
+      on_device->set_critical(critical);
+      // 1 MB: the output head, the dense FFN, the shared experts and about half the routed ones (62 KB each).
+      // The pass's own weights (norms, attention, routers: about 1.07 MB) come out of the budget first.
+      on_device->attach_device(
+          *dev, {.budget_bytes = budget + (whole_pass ? 1'100'000 : 0), .move_rows = cs.move_rows, .move_slots = 2},
+          whole_pass);
+      ASSERT_EQ(on_device->pass_on_device(), whole_pass);
+      model::DeviceExperts& held = *on_device->device_experts();
+      if (cs.move_rows > 0) {
+        ASSERT_EQ(held.move_slots(), 2);
       }
-    for (const auto& [layer, ids] : trace.experts) {
-      const std::vector<float>& w = trace.weights.at(layer);
-      if (held.resident(layer, model::DeviceExperts::kShared)) {  // the shared experts: every token, both ways
-        up += 4 * n * c.n_embd;
-        down += 4 * n * c.n_embd;
+      ASSERT_GT(held.resident_experts(), 0);
+      if (budget < 2'000'000)
+        ASSERT_LT(held.resident_experts(), 32);
+      else
+        ASSERT_EQ(held.resident_experts(), 36);  // output head, the dense block's FFN, 2 x shared, 2 x 16 routed
+      EXPECT_TRUE(held.resident(-1, model::DeviceExperts::kOutput));  // the output head
+      EXPECT_TRUE(held.resident(0, model::DeviceExperts::kDense));    // the leading dense block's FFN
+      EXPECT_TRUE(held.resident(1, model::DeviceExperts::kShared));   // the first MoE block's shared experts
+      EXPECT_EQ(dev->transfers().to_device_bytes, held.resident_bytes() + on_device->pass_device_bytes());
+      held.take_moves();
+
+      // Prefill of 12 tokens, then one decode step.
+      model::KvCache c1 = cpu_only->make_cache(16), c2 = on_device->make_cache(16);
+      ASSERT_EQ(c2.device() != nullptr, whole_pass);
+      std::vector<float> want, got;
+      RoutingTrace trace;
+      cpu_only->forward(tokens, 0, c1, true, want);
+      const device::TransferStats before = dev->transfers();
+      on_device->forward(tokens, 0, c2, true, got, &trace);
+      const device::TransferStats after = dev->transfers();
+      const std::vector<std::pair<int64_t, int64_t>> moves = held.take_moves();
+      if (cs.move_rows > 0) {
+        EXPECT_FALSE(moves.empty());
       }
-      for (int64_t e = 0; e < c.n_expert; ++e) {
-        if (!held.resident(layer, e) && !moved(layer, e)) continue;
-        int64_t m = 0;
-        bool any_critical = false;
-        for (int64_t t = 0; t < n; ++t)
-          for (int64_t a = 0; a < nu; ++a) {
-            if (ids[t * nu + a] != e) continue;
-            ++m;
-            int64_t above = 0;
-            for (int64_t b = 0; b < nu; ++b)
-              above += w[t * nu + b] > w[t * nu + a] || (w[t * nu + b] == w[t * nu + a] && b < a);
-            any_critical |= above < (critical < 0 ? nu : critical);
+      auto moved = [&](int64_t layer, int64_t e) {
+        return std::find(moves.begin(), moves.end(), std::pair{layer, e}) != moves.end();
+      };
+      float scale = 0, diff = 0;
+      for (size_t j = 0; j < want.size(); ++j) {
+        scale = std::max(scale, std::abs(want[j]));
+        diff = std::max(diff, std::abs(want[j] - got[j]));
+      }
+      EXPECT_LE(diff, 2e-3f * scale) << "critical " << critical;
+
+      // The plan. Host pass: per MoE layer, the input rows of the items of resident experts (the shared experts
+      // included) go up and their down rows come back; experts with a critical item also send up the residual's gate
+      // and up rows and bring back the hidden rows. Device pass: the embeddings and the RoPE table go up once; per MoE
+      // layer the router's logits and the normed rows come down, the rows to gather, the combine's rows and weights
+      // and (when the CPU computed anything) the CPU's part go up, the residual rows as before; with a trace, the
+      // residual stream comes down after each layer.
+      const model::ModelConfig& c = on_device->config();
+      const int64_t nu = c.n_expert_used, n = static_cast<int64_t>(tokens.size()), E = c.n_embd;
+      uint64_t up = 0, down = 0;
+      if (whole_pass) {
+        up += 4 * n * (E + c.rope.n_dims);
+        down += 4 * n * E * c.n_layer;  // the trace's l_out
+      }
+      if (held.resident(-1, model::DeviceExperts::kOutput)) {  // the output head: every token's row up, logits down
+        up += whole_pass ? 0 : 4 * n * E;
+        down += 4 * n * c.n_vocab;
+      } else if (whole_pass) {
+        down += 4 * n * E;
+      }
+      for (int64_t l = 0; l < c.n_layer; ++l)
+        if (!c.is_moe_layer(l)) {
+          if (held.resident(l, model::DeviceExperts::kDense)) {  // a dense block's FFN: every token
+            up += whole_pass ? 4 * n + 2 * 4 * n : 4 * n * E;
+            down += whole_pass ? 0 : 4 * n * E;
+          } else if (whole_pass) {
+            up += 4 * n * E;
+            down += 4 * n * E;
           }
-        up += 4 * m * c.n_embd + (any_critical ? 2 * 4 * m * c.n_ff_exp : 0);
-        if (moved(layer, e)) {  // the expert's W^Q itself, copied in for the step
-          const cpu::WeightMatrix& g = on_device->ffn_weights(layer).moe.gate_exps;
-          const cpu::WeightMatrix& dn = on_device->ffn_weights(layer).moe.down_exps;
-          up += 2 * g.row_bytes * c.n_ff_exp + dn.row_bytes * c.n_embd;
         }
-        down += 4 * m * c.n_embd + (any_critical ? 4 * m * c.n_ff_exp : 0);
+      for (const auto& [layer, ids] : trace.experts) {
+        const std::vector<float>& w = trace.weights.at(layer);
+        int64_t rows = 0;  // rows of the layer's device work
+        bool cpu_work = false, residuals = false;
+        if (held.resident(layer, model::DeviceExperts::kShared)) {  // the shared experts: every token
+          rows += n;
+        } else {
+          cpu_work = true;
+        }
+        for (int64_t e = 0; e < c.n_expert; ++e) {
+          int64_t m = 0;
+          bool any_critical = false;
+          for (int64_t t = 0; t < n; ++t)
+            for (int64_t a = 0; a < nu; ++a) {
+              if (ids[t * nu + a] != e) continue;
+              ++m;
+              int64_t above = 0;
+              for (int64_t b = 0; b < nu; ++b)
+                above += w[t * nu + b] > w[t * nu + a] || (w[t * nu + b] == w[t * nu + a] && b < a);
+              any_critical |= above < (critical < 0 ? nu : critical);
+            }
+          if (!held.resident(layer, e) && !moved(layer, e)) {
+            cpu_work |= m > 0;
+            continue;
+          }
+          rows += m;
+          residuals |= any_critical;
+          up += any_critical ? 2 * 4 * m * c.n_ff_exp : 0;
+          if (moved(layer, e)) {  // the expert's W^Q itself, copied in for the step
+            const cpu::WeightMatrix& g = on_device->ffn_weights(layer).moe.gate_exps;
+            const cpu::WeightMatrix& dn = on_device->ffn_weights(layer).moe.down_exps;
+            up += 2 * g.row_bytes * c.n_ff_exp + dn.row_bytes * E;
+          }
+          down += any_critical ? 4 * m * c.n_ff_exp : 0;
+        }
+        if (!whole_pass) {
+          up += 4 * rows * E;
+          down += 4 * rows * E;
+          continue;
+        }
+        down += 4 * n * (c.n_expert + E);
+        if (rows == 0) {
+          up += 4 * n * E;  // all on the CPU: its result goes up
+          continue;
+        }
+        up += 4 * rows + 2 * 4 * n * (nu + 1) + (cpu_work || residuals ? 4 * n * E : 0);
       }
+      EXPECT_GT(up, 0u);
+      EXPECT_EQ(after.to_device_bytes - before.to_device_bytes, up) << "critical " << critical;
+      EXPECT_EQ(after.to_host_bytes - before.to_host_bytes, down) << "critical " << critical;
     }
-    EXPECT_GT(up, 0u);
-    EXPECT_EQ(after.to_device_bytes - before.to_device_bytes, up) << "critical " << critical;
-    EXPECT_EQ(after.to_host_bytes - before.to_host_bytes, down) << "critical " << critical;
-  }
 }
 
 }  // namespace

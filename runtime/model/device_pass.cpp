@@ -1,0 +1,56 @@
+#include "runtime/model/device_pass.h"
+
+#include <algorithm>
+
+#include "quant/ggml_type.h"
+
+namespace hetmoe::model {
+namespace {
+
+size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
+size_t DeviceWeights::add(const cpu::WeightMatrix& w) {
+  supported_ = supported_ && device_.supports(w.type);
+  items_.push_back({w, bytes_});
+  bytes_ += aligned(w.row_bytes * static_cast<size_t>(w.n_rows));
+  data_bytes_ += w.row_bytes * static_cast<size_t>(w.n_rows);
+  return items_.size() - 1;
+}
+
+size_t DeviceWeights::add(const float* values, int64_t n) {
+  return add(cpu::WeightMatrix{quant::GgmlType::F32, n, 1, static_cast<size_t>(n) * sizeof(float),
+                               reinterpret_cast<const uint8_t*>(values)});
+}
+
+void DeviceWeights::upload(int stream) {
+  memory_ = device::DeviceMemory(device_, bytes_);
+  auto* base = memory_.as<uint8_t>();
+  for (const Item& item : items_)
+    device_.copy_to_device(stream, base + item.offset, item.host.data,
+                           item.host.row_bytes * static_cast<size_t>(item.host.n_rows));
+  device_.synchronize(device_.record(stream));
+}
+
+device::DeviceMatrix DeviceWeights::matrix(size_t handle) const {
+  const Item& item = items_.at(handle);
+  return {item.host.type, item.host.n_cols, item.host.n_rows, item.host.row_bytes, memory_.as<uint8_t>() + item.offset};
+}
+
+const float* DeviceWeights::vector(size_t handle) const {
+  return reinterpret_cast<const float*>(memory_.as<uint8_t>() + items_.at(handle).offset);
+}
+
+float* DevicePass::scratch(size_t slot, size_t floats) {
+  if (buffers_.size() <= slot) buffers_.resize(slot + 1);
+  device::DeviceMemory& b = buffers_[slot];
+  if (b.bytes() < floats * sizeof(float)) {
+    device.synchronize();  // queued work may still use the old buffer
+    b.reset();
+    b = device::DeviceMemory(device, std::max<size_t>(floats, 1) * sizeof(float));
+  }
+  return b.as<float>();
+}
+
+}  // namespace hetmoe::model
