@@ -1,7 +1,11 @@
 // The CUDA implementation of gpu_kernels/gpu.h.
+#include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -198,6 +202,44 @@ __global__ void block_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols
       for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
       if (lane == 0) y[(t0 + t) * ldy + row] = v;
     }
+  }
+}
+
+// Dequantization into F32 rows for the batched path: one thread per block (GGUF) or per 32-value unit (low-bit).
+template <int kType>
+__global__ void dequantize_blocks_kernel(const uint8_t* w, int64_t rows, int64_t cols, size_t row_bytes, float* out) {
+  using Format = BlockFormat<kType>;
+  const int64_t per_row = cols / Format::kValues;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * per_row) return;
+  const int64_t r = i / per_row, blk = i % per_row;
+  float* o = out + r * cols + blk * Format::kValues;
+  Format::values(w + r * row_bytes + blk * Format::kBytes, [&](int j, float v) { o[j] = v; });
+}
+
+template <int kBits>
+__global__ void dequantize_lowbit_kernel(const uint8_t* w, int64_t rows, int64_t cols, size_t row_bytes, int group,
+                                         float* out) {
+  const int64_t units = cols / 32;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * units) return;
+  const int64_t r = i / units, u = i % units;
+  const uint8_t* base = w + r * row_bytes;
+  const auto* words = reinterpret_cast<const uint32_t*>(base);
+  const auto* scales = reinterpret_cast<const __half*>(base + cols * kBits / 8);
+  const __half* offsets = scales + cols / group;
+  const int64_t g = u * 32 / group;
+  const float d = __half2float(scales[g]), m = __half2float(offsets[g]);
+  float* o = out + r * cols + u * 32;
+  for (int j = 0; j < 32; ++j) {
+    int q;
+    if constexpr (kBits == 4) {
+      q = (words[u * kBits + j / 8] >> (4 * (j % 8))) & 15;
+    } else {
+      q = (words[u * kBits + j / 16] >> (2 * (j % 16))) & 3;
+      if constexpr (kBits == 3) q |= ((words[u * kBits + 2] >> j) & 1) << 2;
+    }
+    o[j] = d * static_cast<float>(q) + m;
   }
 }
 
@@ -405,11 +447,81 @@ void launch_host_func(Stream s, void (*fn)(void*), void* arg) {
   check(cudaLaunchHostFunc(stream_of(s), fn, arg), "cudaLaunchHostFunc");
 }
 
+namespace {
+
+// Batches of kGemmMinTokens rows or more: the weights are dequantized to F32 in chunks of rows into a workspace of
+// the stream and multiplied by cuBLAS SGEMM (the per-row kernels above re-read every weight row once per
+// kTokensPerPass tokens). One cuBLAS handle and one workspace per stream.
+constexpr int64_t kGemmMinTokens = 16;
+constexpr int64_t kWorkspaceFloats = int64_t{32} << 20;  // 128 MB of F32 rows per chunk at most
+
+struct StreamGemm {
+  cublasHandle_t handle = nullptr;
+  float* workspace = nullptr;
+  int64_t floats = 0;
+};
+
+StreamGemm& gemm_of(Stream s) {
+  static std::mutex mutex;
+  static std::map<Stream, StreamGemm> all;
+  std::lock_guard lock(mutex);
+  StreamGemm& g = all[s];
+  if (!g.handle) {
+    if (cublasCreate(&g.handle) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cuBLAS: cublasCreate failed");
+    if (cublasSetStream(g.handle, stream_of(s)) != CUBLAS_STATUS_SUCCESS)
+      throw std::runtime_error("cuBLAS: cublasSetStream failed");
+  }
+  return g;
+}
+
+// y[t * ldy + r] = W.row(r) . x[t * ldx ...] through chunks of dequantized rows; `dequantize(r0, count, out)` queues
+// the F32 rows [r0, r0 + count) into out.
+template <typename Dequantize>
+void gemm_by_chunks(int64_t rows, int64_t cols, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s,
+                    Dequantize dequantize) {
+  StreamGemm& g = gemm_of(s);
+  const int64_t chunk = std::max<int64_t>(1, std::min(rows, kWorkspaceFloats / cols));
+  if (g.floats < chunk * cols) {
+    check(cudaStreamSynchronize(stream_of(s)), "cudaStreamSynchronize");  // the old workspace may be in use
+    if (g.workspace) check(cudaFree(g.workspace), "cudaFree");
+    g.workspace = nullptr;
+    check(cudaMalloc(&g.workspace, chunk * cols * sizeof(float)), "cudaMalloc (GEMM workspace)");
+    g.floats = chunk * cols;
+  }
+  const float one = 1.0f, zero = 0.0f;
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t count = std::min(chunk, rows - r0);
+    dequantize(r0, count, g.workspace);
+    // Row-major W (count x cols), x (n x cols), y (n x count) are column-major W^T, x^T, y^T: y^T = W x^T.
+    const cublasStatus_t st = cublasSgemm(
+        g.handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(count), static_cast<int>(n), static_cast<int>(cols), &one,
+        g.workspace, static_cast<int>(cols), x, static_cast<int>(ldx), &zero, y + r0, static_cast<int>(ldy));
+    if (st != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cuBLAS: cublasSgemm failed");
+  }
+}
+
+}  // namespace
+
 void lowbit_matmul(int bits, int group, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
                    int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s) {
   if (rows == 0 || n == 0) return;
   const unsigned grid = blocks_for(rows, kWarpsPerBlock);
   const auto* wb = static_cast<const uint8_t*>(w);
+  if (n >= kGemmMinTokens) {
+    if (bits < 2 || bits > 4) throw std::runtime_error("lowbit_matmul: bits must be 2, 3 or 4");
+    return gemm_by_chunks(rows, cols, x, ldx, n, y, ldy, s, [&](int64_t r0, int64_t count, float* out) {
+      const int64_t units = count * (cols / 32);
+      const uint8_t* first = wb + r0 * row_bytes;
+      const unsigned g = blocks_for(units, 256);
+      if (bits == 2)
+        dequantize_lowbit_kernel<2><<<g, 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, group, out);
+      if (bits == 3)
+        dequantize_lowbit_kernel<3><<<g, 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, group, out);
+      if (bits == 4)
+        dequantize_lowbit_kernel<4><<<g, 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, group, out);
+      check(cudaGetLastError(), "dequantize_lowbit launch");
+    });
+  }
   switch (bits) {
     case 2:
       lowbit_matmul_kernel<2>
@@ -439,6 +551,36 @@ void block_matmul(uint32_t ggml_type, const void* w, int64_t rows, int64_t cols,
   const unsigned grid = blocks_for(rows, kWarpsPerBlock);
   const auto* wb = static_cast<const uint8_t*>(w);
   const unsigned threads = kWarp * kWarpsPerBlock;
+  if (n >= kGemmMinTokens && block_matmul_supports(ggml_type)) {
+    return gemm_by_chunks(rows, cols, x, ldx, n, y, ldy, s, [&](int64_t r0, int64_t count, float* out) {
+      const uint8_t* first = wb + r0 * row_bytes;
+      auto launch = [&](auto kernel, int values) {
+        const int64_t blocks = count * (cols / values);
+        kernel<<<blocks_for(blocks, 256), 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, out);
+      };
+      switch (ggml_type) {
+        case 0:
+          launch(dequantize_blocks_kernel<0>, BlockFormat<0>::kValues);
+          break;
+        case 1:
+          launch(dequantize_blocks_kernel<1>, BlockFormat<1>::kValues);
+          break;
+        case 6:
+          launch(dequantize_blocks_kernel<6>, BlockFormat<6>::kValues);
+          break;
+        case 8:
+          launch(dequantize_blocks_kernel<8>, BlockFormat<8>::kValues);
+          break;
+        case 12:
+          launch(dequantize_blocks_kernel<12>, BlockFormat<12>::kValues);
+          break;
+        case 14:
+          launch(dequantize_blocks_kernel<14>, BlockFormat<14>::kValues);
+          break;
+      }
+      check(cudaGetLastError(), "dequantize_blocks launch");
+    });
+  }
   switch (ggml_type) {
     case 0:
       block_matmul_kernel<0><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy);

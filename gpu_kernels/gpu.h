@@ -42,6 +42,7 @@ void stream_synchronize(Stream s);
 // fn(arg) on a host thread once the stream's earlier work is done; later work on the stream waits for it.
 void launch_host_func(Stream s, void (*fn)(void*), void* arg);
 
+// Batches of 16 rows or more dequantize the weights to F32 in chunks and multiply with cuBLAS SGEMM.
 // y[t][r] = W^Q row r . x[t] for t < n, r < rows: W^Q in a low-bit layout of quant/lowbit.h (bits 2-4, group 64 or
 // 128) with `row_bytes` per row of `cols` values; x [n][cols] and y [n][rows] floats in device memory.
 // Token t's activations at x + t * ldx, its outputs at y + t * ldy.

@@ -68,7 +68,8 @@ TEST(Cuda, LowBitMatmulAndSiluMatchTheReference) {
     ASSERT_TRUE(d->supports(type));
     for (int64_t cols : {128, 1408, 7168})
       for (int64_t rows : {1, 17, 97})
-        for (int64_t n : {1, 3, 9, 17}) test_support::check_matmul_and_silu(*d, s, type, cols, rows, n, 5e-5, seed++);
+        for (int64_t n : {1, 3, 9, 17, 40})  // 40 rows: the dequantize-and-cuBLAS path
+          test_support::check_matmul_and_silu(*d, s, type, cols, rows, n, 5e-5, seed++);
   }
   // The GGUF block formats of dense and shared weights, against F32 activations.
   for (quant::GgmlType type : {quant::GgmlType::F32, quant::GgmlType::F16, quant::GgmlType::Q8_0, quant::GgmlType::Q5_0,
@@ -76,20 +77,20 @@ TEST(Cuda, LowBitMatmulAndSiluMatchTheReference) {
     ASSERT_TRUE(d->supports(type));
     for (int64_t cols : {256, 2048})
       for (int64_t rows : {1, 17, 97})
-        for (int64_t n : {1, 9}) test_support::check_matmul_and_silu(*d, s, type, cols, rows, n, 5e-5, seed++);
+        for (int64_t n : {1, 9, 40}) test_support::check_matmul_and_silu(*d, s, type, cols, rows, n, 5e-5, seed++);
   }
   EXPECT_FALSE(d->supports(quant::GgmlType::Q2_K));
 }
 
-// A split model with its dense FFN, shared experts and every expert's W^Q on the GPU gives the CPU's logits to
-// float rounding and the activations' 8-bit conversion (the CPU converts them for Q4_K/Q6_K/Q8_0, the GPU does
-// not): within 2e-2 of the largest logit.
 // The op harness: every layer op against the CPU reference (the GPU sums in float where the CPU uses double).
 TEST(Cuda, LayerOpsMatchTheCpuReference) {
   REQUIRE_GPU(d);
   test_support::check_layer_ops(*d, d->create_stream(), 1e-4);
 }
 
+// A split model with its dense FFN, shared experts and every expert's W^Q on the GPU gives the CPU's logits to
+// float rounding and the activations' 8-bit conversion (the CPU converts them for Q4_K/Q6_K/Q8_0, the GPU does
+// not): within 2e-2 of the largest logit.
 TEST(Cuda, SplitModelOnTheGpuMatchesTheCpu) {
   REQUIRE_GPU(d);
   const fs::path src = fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-deepseek3-Q4_K_M.gguf";
