@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numbers>
+#include <numeric>
 #include <vector>
 
 #include "cpu_kernels/kernel_table.h"
@@ -130,6 +131,67 @@ void causal_attention(const AttentionShape& shape, const AttentionInput& in, int
       }
     }
   });
+}
+
+namespace {
+
+// Indices of the k largest values, largest first; ties go to the lower index.
+void top_k(const float* v, int64_t n, int64_t k, int32_t* out) {
+  std::span<int32_t> idx = cpu::scratch<int32_t, struct TopKSite>(n);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+  std::copy(idx.begin(), idx.begin() + k, out);
+}
+
+// Group-limited routing (DeepSeek-V3): a group scores the sum of its two best selection scores; only the best
+// n_group_used groups stay eligible, the others are masked to -inf.
+void mask_groups(const ExpertSelection& p, float* sel) {
+  const int64_t per_group = p.n_expert / p.n_group;
+  std::span<float> group_score = cpu::scratch<float, struct GroupScoreSite>(p.n_group);
+  for (int64_t g = 0; g < p.n_group; ++g) {
+    const float* s = sel + g * per_group;
+    int32_t best[2];
+    const int64_t take = std::min<int64_t>(2, per_group);
+    top_k(s, per_group, take, best);
+    float score = s[best[0]];
+    if (take > 1) score += s[best[1]];
+    group_score[g] = score;
+  }
+  std::span<int32_t> keep = cpu::scratch<int32_t, struct GroupKeepSite>(p.n_group_used);
+  top_k(group_score.data(), p.n_group, p.n_group_used, keep.data());
+  std::span<uint8_t> kept = cpu::scratch<uint8_t, struct GroupKeptSite>(p.n_group);
+  std::fill(kept.begin(), kept.end(), 0);
+  for (int32_t g : keep) kept[g] = 1;
+  for (int64_t g = 0; g < p.n_group; ++g)
+    if (!kept[g]) std::fill(sel + g * per_group, sel + (g + 1) * per_group, -std::numeric_limits<float>::infinity());
+}
+
+}  // namespace
+
+void select_experts(const ExpertSelection& p, float* logits, const float* bias, int32_t* ids, float* weights,
+                    float* raw, float* normed) {
+  const int64_t ne = p.n_expert, nu = p.n_used;
+  if (p.sigmoid) {
+    sigmoid(logits, ne);
+  } else {
+    softmax(logits, ne);
+  }
+  std::span<float> sel = scratch<float, struct SelectionSite>(ne);
+  for (int64_t e = 0; e < ne; ++e) sel[e] = bias ? logits[e] + bias[e] : logits[e];
+  if (p.n_group > 1) mask_groups(p, sel.data());
+  top_k(sel.data(), ne, nu, ids);
+  for (int64_t i = 0; i < nu; ++i) weights[i] = logits[ids[i]];
+  if (raw) std::copy(weights, weights + nu, raw);
+  if (p.norm) {
+    float sum = 0;
+    for (int64_t i = 0; i < nu; ++i) sum += weights[i];
+    sum = std::max(sum, 6.103515625e-5f);  // the smallest normal half: guards against a zero sum
+    for (int64_t i = 0; i < nu; ++i) weights[i] /= sum;
+    if (normed) std::copy(weights, weights + nu, normed);
+  }
+  if (p.scale != 0.0f && p.scale != 1.0f)
+    for (int64_t i = 0; i < nu; ++i) weights[i] *= p.scale;
 }
 
 }  // namespace hetmoe::cpu

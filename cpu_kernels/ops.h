@@ -22,6 +22,24 @@ inline float silu_times(float g, float u) { return (g / (1.0f + std::exp(-g))) *
 // out[i] = silu(gate[i]) * up[i]; out may alias gate.
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 
+// The router's choice for one token, in llama.cpp's order of operations: probabilities from the logits (softmax or
+// sigmoid), selection scores = probabilities + bias, group-limited masking (DeepSeek-V3: a group scores the sum of
+// its two best scores; only the best n_group_used groups stay eligible), the n_used best scores (ties: lower id), and
+// their probabilities as weights, divided by their sum when `norm` and multiplied by `scale` unless it is 0 or 1.
+struct ExpertSelection {
+  int64_t n_expert = 0;
+  int64_t n_used = 0;
+  bool sigmoid = false;
+  bool norm = false;
+  float scale = 0.0f;
+  int64_t n_group = 1;  // group-limited routing when > 1
+  int64_t n_group_used = 1;
+};
+// logits [n_expert] become the probabilities; bias [n_expert] may be null; ids and weights get n_used values.
+// raw (the weights before normalising) and normed (before scaling) are optional copies for tracing.
+void select_experts(const ExpertSelection& p, float* logits, const float* bias, int32_t* ids, float* weights,
+                    float* raw = nullptr, float* normed = nullptr);
+
 // Rotary position embedding with ggml's YaRN formulation.
 struct RopeParams {
   int n_dims = 0;     // rotated dimensions at the start of each head

@@ -342,6 +342,79 @@ __global__ void attention_kernel(AttentionArgs a, int64_t pos0, float* out) {
   }
 }
 
+// The router's choice, one thread per token, in cpu::select_experts' order of operations (softmax sums in double).
+// Selection ties go to the lower id: a scan in id order that replaces its best only on a strictly larger score.
+__global__ void select_experts_kernel(SelectionArgs a, float* logits, const float* bias, int64_t n, int32_t* ids,
+                                      float* weights) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= n) return;
+  float* p = logits + t * a.n_expert;
+  const int64_t ne = a.n_expert;
+  if (a.sigmoid) {
+    for (int64_t e = 0; e < ne; ++e) p[e] = 1.0f / (1.0f + expf(-p[e]));
+  } else {
+    float top = -INFINITY;
+    for (int64_t e = 0; e < ne; ++e) top = fmaxf(top, p[e]);
+    double sum = 0;
+    for (int64_t e = 0; e < ne; ++e) {
+      p[e] = expf(p[e] - top);
+      sum += p[e];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t e = 0; e < ne; ++e) p[e] *= inv;
+  }
+  float sel[kMaxSelectionExperts];
+  for (int64_t e = 0; e < ne; ++e) sel[e] = bias ? p[e] + bias[e] : p[e];
+  // The k best of v[0 .. count) by the rule above, skipping those already taken (bit i of taken).
+  auto best_of = [](const float* v, int64_t count, const uint32_t* taken) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < count; ++e)
+      if (!((taken[e / 32] >> (e % 32)) & 1) && (best < 0 || v[e] > v[best])) best = e;
+    return best;
+  };
+  uint32_t taken[kMaxSelectionExperts / 32] = {};
+  if (a.n_group > 1) {
+    const int64_t per_group = ne / a.n_group;
+    float group_score[64];
+    uint32_t none[kMaxSelectionExperts / 32] = {};
+    for (int64_t g = 0; g < a.n_group; ++g) {
+      const float* s = sel + g * per_group;
+      const int64_t first = best_of(s, per_group, none);
+      float score = s[first];
+      if (per_group > 1) {
+        uint32_t one[kMaxSelectionExperts / 32] = {};
+        one[first / 32] |= 1u << (first % 32);
+        score += s[best_of(s, per_group, one)];
+      }
+      group_score[g] = score;
+    }
+    uint32_t kept[2] = {};  // groups chosen so far (at most 64)
+    for (int64_t i = 0; i < a.n_group_used; ++i) {
+      const int64_t g = best_of(group_score, a.n_group, kept);
+      kept[g / 32] |= 1u << (g % 32);
+    }
+    for (int64_t g = 0; g < a.n_group; ++g)
+      if (!((kept[g / 32] >> (g % 32)) & 1))
+        for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) sel[e] = -INFINITY;
+  }
+  int32_t* id = ids + t * a.n_used;
+  float* w = weights + t * a.n_used;
+  for (int64_t i = 0; i < a.n_used; ++i) {
+    const int64_t e = best_of(sel, ne, taken);
+    taken[e / 32] |= 1u << (e % 32);
+    id[i] = static_cast<int32_t>(e);
+    w[i] = p[e];
+  }
+  if (a.norm) {
+    float sum = 0;
+    for (int64_t i = 0; i < a.n_used; ++i) sum += w[i];
+    sum = fmaxf(sum, 6.103515625e-5f);
+    for (int64_t i = 0; i < a.n_used; ++i) w[i] /= sum;
+  }
+  if (a.scale != 0.0f && a.scale != 1.0f)
+    for (int64_t i = 0; i < a.n_used; ++i) w[i] *= a.scale;
+}
+
 __global__ void gather_rows_kernel(const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * width) return;
@@ -646,6 +719,15 @@ void attention(const AttentionArgs& a, int64_t n_tokens, int64_t pos0, float* ou
   const dim3 grid(static_cast<unsigned>(a.n_head), static_cast<unsigned>(n_tokens));
   attention_kernel<<<grid, kWarp * kAttnWarps, shared, stream_of(s)>>>(a, pos0, out);
   check(cudaGetLastError(), "attention launch");
+}
+
+void select_experts(const SelectionArgs& a, float* logits, const float* bias, int64_t n, int32_t* ids, float* weights,
+                    Stream s) {
+  if (n == 0) return;
+  if (a.n_expert > kMaxSelectionExperts || a.n_group > 64 || a.n_used > a.n_expert)
+    throw std::runtime_error("select_experts: at most 512 experts in at most 64 groups");
+  select_experts_kernel<<<blocks_for(n, 64), 64, 0, stream_of(s)>>>(a, logits, bias, n, ids, weights);
+  check(cudaGetLastError(), "select_experts launch");
 }
 
 void copy_rows(const float* src, int64_t lds, int64_t n_rows, int64_t width, float* dst, int64_t ldd, Stream s) {

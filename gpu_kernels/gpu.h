@@ -74,6 +74,16 @@ struct AttentionArgs {
   int64_t v_stride;
 };
 void attention(const AttentionArgs& a, int64_t n_tokens, int64_t pos0, float* out, Stream s);
+// cpu::ExpertSelection in one; select_experts is cpu::select_experts for n tokens, one thread per token.
+struct SelectionArgs {
+  int64_t n_expert, n_used;
+  bool sigmoid, norm;
+  float scale;
+  int64_t n_group, n_group_used;
+};
+constexpr int64_t kMaxSelectionExperts = 512;
+void select_experts(const SelectionArgs& a, float* logits, const float* bias, int64_t n, int32_t* ids, float* weights,
+                    Stream s);
 void copy_rows(const float* src, int64_t lds, int64_t n_rows, int64_t width, float* dst, int64_t ldd, Stream s);
 void gather_rows(const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst, Stream s);
 void combine_rows(const float* src, int64_t width, const int32_t* index, const float* weights, int64_t n, int64_t k,

@@ -128,6 +128,11 @@ class CudaDevice final : public Device {
                                in.v_stride};
     gpu::attention(a, n_tokens, pos0, out, s(stream));
   }
+  void select_experts(int stream, const cpu::ExpertSelection& p, float* logits, const float* bias, int64_t n,
+                      int32_t* ids, float* weights) override {
+    const gpu::SelectionArgs a{p.n_expert, p.n_used, p.sigmoid, p.norm, p.scale, p.n_group, p.n_group_used};
+    gpu::select_experts(a, logits, bias, n, ids, weights, s(stream));
+  }
   void copy_rows(int stream, const float* src, int64_t lds, int64_t n_rows, int64_t width, float* dst,
                  int64_t ldd) override {
     gpu::copy_rows(src, lds, n_rows, width, dst, ldd, s(stream));

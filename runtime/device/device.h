@@ -90,6 +90,10 @@ class Device {
                          int64_t ldd) = 0;
   // dst[i] = src[rows[i]] for i < n: rows of `width` floats; `rows` (int32) in device memory.
   virtual void gather_rows(int stream, const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst) = 0;
+  // cpu::select_experts for n tokens: logits [n][n_expert] (overwritten with the probabilities), bias [n_expert] or
+  // null, ids [n][n_used] (int32) and weights [n][n_used].
+  virtual void select_experts(int stream, const cpu::ExpertSelection& p, float* logits, const float* bias, int64_t n,
+                              int32_t* ids, float* weights) = 0;
   // dst[t] = sum over j < k with index[t][j] >= 0 of weights[t][j] * src[index[t][j]] (rows of `width` floats, in
   // j order), for t < n; a row with no index is zero. The weighted sum of each token's expert outputs.
   virtual void combine_rows(int stream, const float* src, int64_t width, const int32_t* index, const float* weights,

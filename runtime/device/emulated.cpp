@@ -219,6 +219,13 @@ class EmulatedDevice final : public Device {
       }
     });
   }
+  void select_experts(int stream, const cpu::ExpertSelection& p, float* logits, const float* bias, int64_t n,
+                      int32_t* ids, float* weights) override {
+    worker(stream).enqueue([=] {
+      for (int64_t t = 0; t < n; ++t)
+        cpu::select_experts(p, logits + t * p.n_expert, bias, ids + t * p.n_used, weights + t * p.n_used);
+    });
+  }
   void host_callback(int stream, std::function<void()> fn) override { worker(stream).enqueue(std::move(fn)); }
 
   Event record(int stream) override { return {stream, worker(stream).queued()}; }

@@ -2,6 +2,7 @@
 // device_attention), router logits and the FFNs' device part run on the device's compute stream; the host routes,
 // runs the CPU's experts and residuals, and reads the logits.
 #include <algorithm>
+#include <cstring>
 
 #include "cpu_kernels/scratch.h"
 #include "quant/ref.h"
@@ -46,7 +47,11 @@ void Model::attach_device(device::Device& device, const DeviceExperts::Placement
     for (int64_t l = 0; l < config_.n_layer; ++l) {
       f.attn_norm.push_back(f.weights.add(attn_norm_[l], E));
       f.ffn_norm.push_back(f.weights.add(ffn_[l].norm, E));
-      f.router.push_back(config_.is_moe_layer(l) ? f.weights.add(ffn_[l].moe.gate_inp) : 0);
+      const bool moe = config_.is_moe_layer(l);
+      const float* bias = moe ? ffn_[l].moe.probs_bias : nullptr;
+      f.router.push_back(moe ? f.weights.add(ffn_[l].moe.gate_inp) : 0);
+      f.router_bias.push_back(bias ? f.weights.add(bias, config_.n_expert) : 0);
+      f.has_router_bias.push_back(bias != nullptr);
     }
     f.output_norm = f.weights.add(output_norm_, E);
     plan_device_attention(f.weights);
@@ -142,14 +147,32 @@ void Model::ffn_on_device(int64_t layer, const float* x, int64_t n, float* out) 
       device_experts_->run_dense(kernels_, *pool_, layer, w.gate.n_rows, nullptr, n, E, host_out.data(), io))
     return;
 
-  // The rows come down for the CPU: all of a dense FFN that is not resident; for an MoE layer, with the router's
-  // logits, for routing, the CPU's experts and the critical experts' residuals.
-  const int64_t ne = c.is_moe_layer(layer) ? c.n_expert : 0;
-  float* down = f.down.reserve(n * (E + ne));
+  // The rows come down for the CPU: all of a dense FFN that is not resident; for an MoE layer, for the CPU's experts
+  // and the critical experts' residuals, with the router's choice (made on the device; with a trace, the logits come
+  // down and the host routes, reporting every step of it).
+  const int64_t ne = c.is_moe_layer(layer) ? c.n_expert : 0, nu = c.n_expert_used;
+  const bool select_here = ne > 0 && !trace_;
+  const RoutingParams p{.n_expert = c.n_expert,
+                        .n_used = nu,
+                        .gating = c.gating,
+                        .norm = c.expert_weights_norm,
+                        .scale = c.expert_weights_scale,
+                        .n_group = c.n_group,
+                        .n_group_used = c.n_group_used};
+  const int64_t routing_floats = select_here ? 2 * n * nu : n * ne;
+  float* down = f.down.reserve(n * E + routing_floats);
   if (ne > 0) {
-    float* router_logits = f.pass.scratch(kRouterSlot, n * ne);
+    float* router_logits = f.pass.scratch(kRouterSlot, n * ne + 2 * n * nu);
     d.matmul(s, f.weights.matrix(f.router[layer]), x, n, router_logits);
-    d.copy_to_host(s, down + n * E, router_logits, n * ne * sizeof(float));
+    if (select_here) {
+      float* chosen = router_logits + n * ne;  // ids [n][nu] (int32), then weights [n][nu]
+      d.select_experts(s, p.selection(), router_logits,
+                       f.has_router_bias[layer] ? f.weights.vector(f.router_bias[layer]) : nullptr, n,
+                       reinterpret_cast<int32_t*>(chosen), chosen + n * nu);
+      d.copy_to_host(s, down + n * E, chosen, 2 * n * nu * sizeof(float));
+    } else {
+      d.copy_to_host(s, down + n * E, router_logits, n * ne * sizeof(float));
+    }
   }
   d.copy_to_host(s, down, x, n * E * sizeof(float));
   d.synchronize(d.record(s));
@@ -163,18 +186,18 @@ void Model::ffn_on_device(int64_t layer, const float* x, int64_t n, float* out) 
     d.synchronize(d.record(s));
     return;
   }
-  const RoutingParams p{.n_expert = c.n_expert,
-                        .n_used = c.n_expert_used,
-                        .gating = c.gating,
-                        .norm = c.expert_weights_norm,
-                        .scale = c.expert_weights_scale,
-                        .n_group = c.n_group,
-                        .n_group_used = c.n_group_used};
-  std::span<float> probs = cpu::scratch<float, struct DeviceRouterSite>(n * ne);
-  std::copy_n(down + n * E, n * ne, probs.data());
   thread_local Routing r;
-  route(p, probs.data(), w.moe.probs_bias, n, r, trace_, layer);
-  const RoutedItems items = group_items(w.moe, r, n, c.n_expert_used);
+  if (select_here) {
+    r.ids.resize(n * nu);
+    r.weights.resize(n * nu);
+    std::memcpy(r.ids.data(), down + n * E, n * nu * sizeof(int32_t));
+    std::copy_n(down + n * E + n * nu, n * nu, r.weights.data());
+  } else {
+    std::span<float> probs = cpu::scratch<float, struct DeviceRouterSite>(n * ne);
+    std::copy_n(down + n * E, n * ne, probs.data());
+    route(p, probs.data(), w.moe.probs_bias, n, r, trace_, layer);
+  }
+  const RoutedItems items = group_items(w.moe, r, n, nu);
   device_experts_->run(kernels_, *pool_, w.moe, r, items, layer, host_x.data(), n, E, host_out.data(), io);
 }
 

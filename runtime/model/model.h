@@ -142,7 +142,8 @@ class Model {
     DeviceForward(device::Device& device, int stream)
         : weights(device), pass(device, stream), up(device), down(device) {}
     DeviceWeights weights;
-    std::vector<size_t> attn_norm, ffn_norm, router;  // handles per layer (router: MoE layers only)
+    std::vector<size_t> attn_norm, ffn_norm, router, router_bias;  // handles per layer (router: MoE layers only)
+    std::vector<bool> has_router_bias;
     size_t output_norm = 0;
     DevicePass pass;
     device::HostMemory up, down;  // pinned: embeddings and RoPE table up; router logits and the normed rows down

@@ -10,80 +10,25 @@
 #include "runtime/model/device_experts.h"
 
 namespace hetmoe::model {
-namespace {
-
-// Indices of the k largest values, largest first; ties go to the lower index.
-void top_k(const float* v, int64_t n, int64_t k, int32_t* out) {
-  std::span<int32_t> idx = cpu::scratch<int32_t, struct TopKSite>(n);
-  std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                    [&](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
-  std::copy(idx.begin(), idx.begin() + k, out);
-}
-
-// Group-limited routing (DeepSeek-V3): a group scores the sum of its two best selection scores; only the best
-// n_group_used groups stay eligible, the others are masked to -inf.
-void mask_groups(const RoutingParams& p, float* sel) {
-  const int64_t per_group = p.n_expert / p.n_group;
-  std::span<float> group_score = cpu::scratch<float, struct GroupScoreSite>(p.n_group);
-  for (int64_t g = 0; g < p.n_group; ++g) {
-    const float* s = sel + g * per_group;
-    int32_t best[2];
-    const int64_t take = std::min<int64_t>(2, per_group);
-    top_k(s, per_group, take, best);
-    float score = s[best[0]];
-    if (take > 1) score += s[best[1]];
-    group_score[g] = score;
-  }
-  std::span<int32_t> keep = cpu::scratch<int32_t, struct GroupKeepSite>(p.n_group_used);
-  top_k(group_score.data(), p.n_group, p.n_group_used, keep.data());
-  std::span<uint8_t> kept = cpu::scratch<uint8_t, struct GroupKeptSite>(p.n_group);
-  std::fill(kept.begin(), kept.end(), 0);
-  for (int32_t g : keep) kept[g] = 1;
-  for (int64_t g = 0; g < p.n_group; ++g)
-    if (!kept[g]) std::fill(sel + g * per_group, sel + (g + 1) * per_group, -std::numeric_limits<float>::infinity());
-}
-
-}  // namespace
+namespace {}  // namespace
 
 void route(const RoutingParams& p, float* logits, const float* bias, int64_t n, Routing& out, Trace* trace,
            int64_t layer) {
-  const int64_t ne = p.n_expert, nu = p.n_used;
+  const int64_t nu = p.n_used;
   out.ids.resize(n * nu);
   out.weights.resize(n * nu);
-  std::span<float> sel = cpu::scratch<float, struct SelectionSite>(ne);
   const bool apply_scale = p.scale != 0.0f && p.scale != 1.0f;
   std::vector<float> w_raw, w_norm;
   if (trace) {
     w_raw.resize(n * nu);
     w_norm.resize(n * nu);
   }
-  for (int64_t t = 0; t < n; ++t) {
-    float* probs = logits + t * ne;
-    if (p.gating == Gating::kSigmoid) {
-      cpu::sigmoid(probs, ne);
-    } else {
-      cpu::softmax(probs, ne);
-    }
-    for (int64_t e = 0; e < ne; ++e) sel[e] = bias ? probs[e] + bias[e] : probs[e];
-    if (p.n_group > 1) mask_groups(p, sel.data());
-    int32_t* ids = out.ids.data() + t * nu;
-    top_k(sel.data(), ne, nu, ids);
-    float* w = out.weights.data() + t * nu;
-    for (int64_t i = 0; i < nu; ++i) w[i] = probs[ids[i]];
-    if (trace) std::copy(w, w + nu, w_raw.data() + t * nu);
-    if (p.norm) {
-      float sum = 0;
-      for (int64_t i = 0; i < nu; ++i) sum += w[i];
-      sum = std::max(sum, 6.103515625e-5f);  // the smallest normal half: guards against a zero sum
-      for (int64_t i = 0; i < nu; ++i) w[i] /= sum;
-      if (trace) std::copy(w, w + nu, w_norm.data() + t * nu);
-    }
-    if (apply_scale)
-      for (int64_t i = 0; i < nu; ++i) w[i] *= p.scale;
-  }
+  const cpu::ExpertSelection selection = p.selection();
+  for (int64_t t = 0; t < n; ++t)
+    cpu::select_experts(selection, logits + t * p.n_expert, bias, out.ids.data() + t * nu, out.weights.data() + t * nu,
+                        trace ? w_raw.data() + t * nu : nullptr, trace ? w_norm.data() + t * nu : nullptr);
   if (trace) {
-    trace->values(layer, "ffn_moe_probs", logits, n, ne);
+    trace->values(layer, "ffn_moe_probs", logits, n, p.n_expert);
     trace->ids(layer, "ffn_moe_topk", out.ids.data(), n, nu);
     trace->values(layer, "ffn_moe_weights", w_raw.data(), n, nu);
     if (p.norm) trace->values(layer, "ffn_moe_weights_norm", w_norm.data(), n, nu);

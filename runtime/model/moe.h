@@ -24,6 +24,16 @@ struct RoutingParams {
   float scale = 0.0f;   // multiply them by this unless 0 or 1
   int64_t n_group = 1;  // group-limited routing when > 1
   int64_t n_group_used = 1;
+
+  cpu::ExpertSelection selection() const {
+    return {.n_expert = n_expert,
+            .n_used = n_used,
+            .sigmoid = gating == Gating::kSigmoid,
+            .norm = norm,
+            .scale = scale,
+            .n_group = n_group,
+            .n_group_used = n_group_used};
+  }
 };
 
 // The selected experts of a batch: ids and mixing weights [n_tokens][n_used], in selection order.

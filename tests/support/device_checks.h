@@ -171,6 +171,34 @@ inline void check_layer_ops(device::Device& d, int s, double tol) {
                           n, pos0, want.data(), pool);
     EXPECT_LT(normalised_error(h.down(dout, want.size()), want), tol) << "attention heads " << c.n_head;
   }
+  // The router's selection: plain softmax top-k, and DeepSeek-V3's sigmoid with bias, groups, norm and scale.
+  for (const cpu::ExpertSelection& p :
+       {cpu::ExpertSelection{.n_expert = 32, .n_used = 4}, cpu::ExpertSelection{.n_expert = 32,
+                                                           .n_used = 4,
+                                                           .sigmoid = true,
+                                                           .norm = true,
+                                                           .scale = 2.5f,
+                                                           .n_group = 4,
+                                                           .n_group_used = 2}}) {
+    const int64_t n = 5;
+    std::vector<float> logits = random_values(n * p.n_expert, 11);
+    const std::vector<float> bias = random_values(p.n_expert, 12, 0.1f);
+    float* dl = h.up(logits);
+    const float* db = p.sigmoid ? h.up(bias) : nullptr;
+    int32_t* dids = h.up(std::vector<int32_t>(n * p.n_used, -1));
+    float* dw = h.zeros(n * p.n_used);
+    d.select_experts(s, p, dl, db, n, dids, dw);
+    std::vector<int32_t> ids(n * p.n_used), want_ids(n * p.n_used);
+    std::vector<float> want_w(n * p.n_used);
+    for (int64_t t = 0; t < n; ++t)
+      cpu::select_experts(p, &logits[t * p.n_expert], p.sigmoid ? bias.data() : nullptr, &want_ids[t * p.n_used],
+                          &want_w[t * p.n_used]);
+    EXPECT_LT(normalised_error(h.down(dw, want_w.size()), want_w), tol) << "select_experts weights";
+    EXPECT_LT(normalised_error(h.down(dl, logits.size()), logits), tol) << "select_experts probabilities";
+    d.copy_to_host(s, ids.data(), dids, ids.size() * sizeof(int32_t));
+    d.synchronize();
+    EXPECT_EQ(ids, want_ids) << "select_experts ids";
+  }
   {  // copy_rows, gather_rows, combine_rows
     const int64_t width = 13;
     const std::vector<float> src = random_values(6 * 20, 7);
