@@ -32,6 +32,7 @@ std::string cpu_model_name() {
 struct Run {
   double prefill_tok_s = 0, decode_tok_s = 0, bandwidth = 0, roofline_fraction = 0;
   double h2d_bytes_per_token = 0;  // with a device: bytes copied host to device per decoded token
+  double d2h_bytes_per_token = 0;  // and device to host
 };
 
 struct PolicyResult {
@@ -63,7 +64,7 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token) {
   std::span<const float> logits = session.eval(prompt);
   const auto t1 = std::chrono::steady_clock::now();
   const model::DeviceExperts* device = m.device_experts();
-  const uint64_t h2d_before = device ? device->device().transfers().to_device_bytes : 0;
+  const device::TransferStats before = device ? device->device().transfers() : device::TransferStats{};
   for (int i = 0; i < opt.gen; ++i) {
     const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     const int32_t one[1] = {next};
@@ -72,9 +73,11 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token) {
   const auto t2 = std::chrono::steady_clock::now();
   r.prefill_tok_s = opt.prompt / std::chrono::duration<double>(t1 - t0).count();
   r.decode_tok_s = opt.gen / std::chrono::duration<double>(t2 - t1).count();
-  if (device)
-    r.h2d_bytes_per_token =
-        static_cast<double>(device->device().transfers().to_device_bytes - h2d_before) / static_cast<double>(opt.gen);
+  if (device) {
+    const device::TransferStats after = device->device().transfers();
+    r.h2d_bytes_per_token = static_cast<double>(after.to_device_bytes - before.to_device_bytes) / opt.gen;
+    r.d2h_bytes_per_token = static_cast<double>(after.to_host_bytes - before.to_host_bytes) / opt.gen;
+  }
   // Measured after the run, with the same threads: the roofline of this run's memory system.
   r.bandwidth = cpu::measure_read_bandwidth(m.pool());
   r.roofline_fraction = r.decode_tok_s * bytes_per_token / r.bandwidth;
@@ -101,8 +104,8 @@ PolicyResult bench_cpu(model::Model& m, const BenchOptions& opt, int threads) {
     for (const Run& run : r.runs) v.push_back(run.*f);
     return median_of(v);
   };
-  r.median = {field(&Run::prefill_tok_s), field(&Run::decode_tok_s), field(&Run::bandwidth),
-              field(&Run::roofline_fraction), field(&Run::h2d_bytes_per_token)};
+  r.median = {field(&Run::prefill_tok_s),     field(&Run::decode_tok_s),        field(&Run::bandwidth),
+              field(&Run::roofline_fraction), field(&Run::h2d_bytes_per_token), field(&Run::d2h_bytes_per_token)};
   return r;
 }
 
@@ -140,7 +143,8 @@ int bench(const BenchOptions& opt) {
                spread(r, &Run::prefill_tok_s, 1, 1), spread(r, &Run::decode_tok_s, 1, 2),
                spread(r, &Run::bandwidth, 1e-9, 1), spread(r, &Run::roofline_fraction, 100, 0), r.device);
     if (m->device_experts())
-      fmt::print("{:<8} host-to-device per decoded token: {} KB\n", "", spread(r, &Run::h2d_bytes_per_token, 1e-3, 1));
+      fmt::print("{:<8} per decoded token: host to device {} KB, device to host {} KB\n", "",
+                 spread(r, &Run::h2d_bytes_per_token, 1e-3, 1), spread(r, &Run::d2h_bytes_per_token, 1e-3, 1));
   }
 
   if (!opt.json.empty()) {
@@ -155,7 +159,8 @@ int bench(const BenchOptions& opt) {
                         {"decode_tok_s", run.decode_tok_s},
                         {"dram_read_bytes_per_s", run.bandwidth},
                         {"roofline_fraction", run.roofline_fraction},
-                        {"h2d_bytes_per_token", run.h2d_bytes_per_token}});
+                        {"h2d_bytes_per_token", run.h2d_bytes_per_token},
+                        {"d2h_bytes_per_token", run.d2h_bytes_per_token}});
       // The agreed fields hold the medians; "runs" keeps every measurement.
       j["results"].push_back({{"policy", r.policy},
                               {"device", r.device},
@@ -166,6 +171,7 @@ int bench(const BenchOptions& opt) {
                               {"dram_read_bytes_per_s", r.median.bandwidth},
                               {"roofline_fraction", r.median.roofline_fraction},
                               {"h2d_bytes_per_token", r.median.h2d_bytes_per_token},
+                              {"d2h_bytes_per_token", r.median.d2h_bytes_per_token},
                               {"runs", runs}});
     }
     std::ofstream f(opt.json);
