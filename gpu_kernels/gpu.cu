@@ -469,12 +469,49 @@ size_t free_memory(int device) {
 
 void set_device(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
 
+namespace {
+
+// Device memory comes from the device's stream-ordered pool (CUDA 11.2+) where the device has one: released blocks
+// stay in the pool (release threshold: never) and serve later requests without a driver allocation or the
+// device-wide synchronization of cudaFree. Callers release only memory no queued work uses, so allocation and release
+// are ordered on the legacy default stream and waited for. Without pool support: cudaMalloc / cudaFree.
+bool uses_pool() {
+  int device = 0, supported = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  if (cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess || !supported) {
+    cudaGetLastError();
+    return false;
+  }
+  static std::mutex mutex;
+  static std::map<int, bool> configured;
+  std::lock_guard lock(mutex);
+  if (!configured[device]) {
+    cudaMemPool_t pool = nullptr;
+    check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
+    uint64_t keep = UINT64_MAX;
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+    configured[device] = true;
+  }
+  return true;
+}
+
+}  // namespace
+
 void* malloc_device(size_t bytes) {
   void* p = nullptr;
-  check(cudaMalloc(&p, bytes), "cudaMalloc");
+  if (!uses_pool()) {
+    check(cudaMalloc(&p, bytes), "cudaMalloc");
+    return p;
+  }
+  check(cudaMallocAsync(&p, bytes, nullptr), "cudaMallocAsync");
+  check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
   return p;
 }
-void free_device(void* ptr) { check(cudaFree(ptr), "cudaFree"); }
+void free_device(void* ptr) {
+  if (!uses_pool()) return check(cudaFree(ptr), "cudaFree");
+  check(cudaFreeAsync(ptr, nullptr), "cudaFreeAsync");
+  check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
+}
 void* malloc_pinned(size_t bytes) {
   void* p = nullptr;
   check(cudaMallocHost(&p, bytes), "cudaMallocHost");

@@ -19,6 +19,7 @@ size_t total_memory(int device);
 size_t free_memory(int device);
 void set_device(int device);
 
+// From the device's memory pool where it has one (released blocks are kept for reuse), else cudaMalloc.
 void* malloc_device(size_t bytes);
 void free_device(void* ptr);
 // Page-locked host memory: copies from it run asynchronously at full link speed.

@@ -86,8 +86,11 @@ bool DeviceExperts::runs(const cpu::WeightMatrix& gate, const cpu::WeightMatrix&
 }
 
 float* DeviceExperts::scratch(device::DeviceMemory& mem, size_t floats) {
-  if (mem.bytes() < floats * sizeof(float))
+  if (mem.bytes() < floats * sizeof(float)) {
+    device_.synchronize();  // no queued work may still use the old buffer
+    mem.reset();
     mem = device::DeviceMemory(device_, std::max<size_t>(1, floats) * sizeof(float));
+  }
   return mem.as<float>();
 }
 

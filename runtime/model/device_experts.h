@@ -113,7 +113,7 @@ class DeviceExperts {
   }
   // Whether the device runs all three matrices' types (an empty matrix needs nothing).
   bool runs(const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up, const cpu::WeightMatrix& down) const;
-  // A device buffer that grows to the largest request (earlier work on it must be finished).
+  // A device buffer that grows to the largest request (waiting for queued work before it replaces a buffer).
   float* scratch(device::DeviceMemory& mem, size_t floats);
 
   device::Device& device_;
