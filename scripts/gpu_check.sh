@@ -4,7 +4,7 @@
 #   2. build with CUDA (tests on), then the `gpu` tests and the CPU kernel tests (on an AMX host these run the AMX
 #      tier's tile kernels for real);
 #   3. a bench model (DeepSeek-V2-Lite dimensions, HETMOE_GPU_LAYERS blocks), split, and `hetmoe bench` on the CPU
-#      and with --device cuda.
+#      and with --device cuda (the forward pass on the GPU, and with --host-pass only the FFNs there).
 # Everything it prints also goes to $OUT/gpu_check.log when OUT is set (the device tool's result folder).
 # Usage: scripts/gpu_check.sh            (HETMOE_GPU_LAYERS=4 by default; JOBS=nproc)
 set -uo pipefail
@@ -53,5 +53,7 @@ bench() {
 bench -m "$model"
 bench -m "$split"
 bench -m "$split" --device cuda
+bench -m "$split" --device cuda --host-pass
 bench -m "$model" --device cuda
+bench -m "$model" --device cuda --prompt 512 --gen 16
 step done
