@@ -47,13 +47,14 @@ split=out/v2lite-${LAYERS}l.split.gguf
 step bench
 # Progress lines (carriage returns) dropped; errors and the device note kept.
 bench() {
-  ./build-gpu/tools/hetmoe bench --policies cpu --prompt 128 --gen 32 --repeat 3 -t "$JOBS" "$@" 2>&1 |
+  ./build-gpu/tools/hetmoe bench --policies cpu --repeat 3 -t "$JOBS" "$@" 2>&1 |
     tr '\r' '\n' | grep -v "run [0-9]"
 }
-bench -m "$model"
-bench -m "$split"
-bench -m "$split" --device cuda
-bench -m "$split" --device cuda --host-pass
-bench -m "$model" --device cuda
+short=(--prompt 128 --gen 32)
+bench -m "$model" "${short[@]}"
+bench -m "$split" "${short[@]}"
+bench -m "$split" --device cuda "${short[@]}"
+bench -m "$split" --device cuda --host-pass "${short[@]}"
+bench -m "$model" --device cuda "${short[@]}"
 bench -m "$model" --device cuda --prompt 512 --gen 16
 step done
