@@ -1,0 +1,47 @@
+#pragma once
+
+// What the scheduler decides for one layer's step, and what it decides from.
+
+#include <cstdint>
+#include <vector>
+
+namespace hetmoe::sched {
+
+// Where an activated expert runs in a step.
+enum class Action : uint8_t {
+  kGpuResident,  // its device part is on the device: x . W^Q there (+ x . W^R on the CPU for critical rows)
+  kMove,         // copied to the device for this step, computed there
+  kCpuInPlace,   // run on the CPU from the mapped weights
+};
+const char* action_name(Action a);
+
+// One layer's step as the router left it: the activated experts (ascending id) with their rows (tokens routed to
+// them), the rows for which they are critical (split models: among the token's largest mixing weights) and the sum
+// of their mixing weights.
+struct LayerRouting {
+  struct Expert {
+    int64_t expert = 0;
+    int64_t rows = 0;
+    int64_t critical_rows = 0;
+    double gate = 0;
+  };
+  int64_t layer = 0;
+  int64_t n_tokens = 0;
+  std::vector<Expert> experts;
+};
+
+struct ExpertStep {
+  int64_t expert = 0;
+  int64_t rows = 0;
+  int64_t critical_rows = 0;  // kGpuResident of a split model: rows whose residual the CPU adds
+  Action action = Action::kCpuInPlace;
+};
+
+struct LayerPlan {
+  int64_t layer = 0;
+  bool dense_on_device = false;     // attention, norms, router, shared experts and dense FFNs on the device
+  std::vector<ExpertStep> experts;  // in the routing's order
+  std::vector<int64_t> prefetch;    // experts of layer + 1 to copy in while the link is idle
+};
+
+}  // namespace hetmoe::sched

@@ -1,0 +1,114 @@
+#include "scheduler/policies.h"
+
+#include <stdexcept>
+
+namespace hetmoe::sched {
+namespace {
+
+class CpuPolicy final : public Policy {
+ public:
+  std::string name() const override { return "cpu"; }
+  bool uses_residency() const override { return false; }
+  bool adapts_residency() const override { return false; }
+  LayerPlan plan(const LayerRouting& r, const Residency*) const override {
+    LayerPlan p;
+    p.layer = r.layer;
+    for (const LayerRouting::Expert& x : r.experts) p.experts.push_back({x.expert, x.rows, 0, Action::kCpuInPlace});
+    return p;
+  }
+};
+
+// llama.cpp --cpu-moe: the batch, not the expert, decides.
+class StaticPolicy final : public Policy {
+ public:
+  explicit StaticPolicy(const PolicyOptions& o) : o_(o) {}
+  std::string name() const override { return "static"; }
+  bool uses_residency() const override { return false; }
+  bool adapts_residency() const override { return false; }
+  LayerPlan plan(const LayerRouting& r, const Residency*) const override {
+    LayerPlan p;
+    p.layer = r.layer;
+    p.dense_on_device = true;
+    const Action a = r.n_tokens >= o_.batch_threshold ? Action::kMove : Action::kCpuInPlace;
+    for (const LayerRouting::Expert& x : r.experts) p.experts.push_back({x.expert, x.rows, 0, a});
+    return p;
+  }
+
+ private:
+  PolicyOptions o_;
+};
+
+// KTransformers: a fixed set of experts on the device, a prefill threshold for the rest.
+class KtPolicy final : public Policy {
+ public:
+  explicit KtPolicy(const PolicyOptions& o) : o_(o) {}
+  std::string name() const override { return "kt"; }
+  bool uses_residency() const override { return true; }
+  bool adapts_residency() const override { return false; }
+  LayerPlan plan(const LayerRouting& r, const Residency* residency) const override {
+    LayerPlan p;
+    p.layer = r.layer;
+    p.dense_on_device = true;
+    for (const LayerRouting::Expert& x : r.experts) {
+      Action a = r.n_tokens >= o_.kt_prefill_tokens ? Action::kMove : Action::kCpuInPlace;
+      if (residency->resident(r.layer, x.expert)) a = Action::kGpuResident;
+      p.experts.push_back({x.expert, x.rows, 0, a});
+    }
+    return p;
+  }
+
+ private:
+  PolicyOptions o_;
+};
+
+// Per expert from the cost model; `split` adds the critical rows' residuals to resident experts.
+class CrossoverPolicy final : public Policy {
+ public:
+  CrossoverPolicy(const CostModel& cost, const ExpertShape& expert, const PolicyOptions& o, bool split)
+      : o_(o), split_(split), threshold_(cost.crossover(o.isa, expert)) {}
+  std::string name() const override { return split_ ? "split" : "crossover"; }
+  bool uses_residency() const override { return true; }
+  bool adapts_residency() const override { return true; }
+  LayerPlan plan(const LayerRouting& r, const Residency* residency) const override {
+    LayerPlan p;
+    p.layer = r.layer;
+    p.dense_on_device = true;
+    for (const LayerRouting::Expert& x : r.experts) {
+      if (residency->resident(r.layer, x.expert)) {
+        p.experts.push_back({x.expert, x.rows, split_ ? x.critical_rows : 0, Action::kGpuResident});
+        continue;
+      }
+      const bool move = threshold_ && x.rows >= *threshold_;
+      p.experts.push_back({x.expert, x.rows, 0, move ? Action::kMove : Action::kCpuInPlace});
+    }
+    if (r.layer + 1 < o_.n_layer) p.prefetch = residency->hottest_absent(r.layer + 1, o_.prefetch);
+    return p;
+  }
+
+ private:
+  PolicyOptions o_;
+  bool split_;
+  std::optional<int64_t> threshold_;  // nullopt: moving never pays
+};
+
+}  // namespace
+
+const std::vector<std::string>& policy_names() {
+  static const std::vector<std::string> names = {"cpu", "static", "kt", "crossover", "split"};
+  return names;
+}
+
+std::unique_ptr<Policy> make_policy(const std::string& name, const CostModel& cost, const ExpertShape& expert,
+                                    const PolicyOptions& options) {
+  cost.tier(options.isa);  // throws for a tier the model lacks
+  if (name == "cpu" ||
+      (!options.has_device && (name == "static" || name == "kt" || name == "crossover" || name == "split")))
+    return std::make_unique<CpuPolicy>();
+  if (name == "static") return std::make_unique<StaticPolicy>(options);
+  if (name == "kt") return std::make_unique<KtPolicy>(options);
+  if (name == "crossover") return std::make_unique<CrossoverPolicy>(cost, expert, options, false);
+  if (name == "split") return std::make_unique<CrossoverPolicy>(cost, expert, options, true);
+  throw std::invalid_argument("unknown policy '" + name + "' (use cpu, static, kt, crossover or split)");
+}
+
+}  // namespace hetmoe::sched

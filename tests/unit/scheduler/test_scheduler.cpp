@@ -1,0 +1,232 @@
+// The scheduler's pure logic: cost curves, the crossover of the cost model, the residency cache and each policy's
+// plans on crafted routings.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "scheduler/cost_model.h"
+#include "scheduler/policies.h"
+#include "scheduler/residency.h"
+
+namespace hetmoe::sched {
+namespace {
+
+TEST(Curve, InterpolatesAndExtendsItsEnds) {
+  const Curve c({1, 4, 8}, {1.0, 1.0, 3.0});
+  EXPECT_DOUBLE_EQ(c.at(0), 0.0);
+  EXPECT_DOUBLE_EQ(c.at(1), 1.0);
+  EXPECT_DOUBLE_EQ(c.at(2), 1.0);
+  EXPECT_DOUBLE_EQ(c.at(6), 2.0);
+  EXPECT_DOUBLE_EQ(c.at(12), 5.0);  // the last segment's slope: 0.5 per row
+  const Curve one({2}, {4.0});
+  EXPECT_DOUBLE_EQ(one.at(1), 4.0);  // below the first point: its time
+  EXPECT_DOUBLE_EQ(one.at(6), 12.0);
+  EXPECT_THROW(Curve({}, {}), std::invalid_argument);
+  EXPECT_THROW(Curve({1, 2}, {1.0}), std::invalid_argument);
+  EXPECT_THROW(Curve({2, 1}, {1.0, 2.0}), std::invalid_argument);
+}
+
+// An expert of 10 MB and 1e9 flops per row.
+ExpertShape expert_10mb() {
+  ExpertShape e;
+  e.bytes = e.device_bytes = 10e6;
+  e.n_embd = 1000;
+  e.n_ff = 1000000 / 6;  // 6 * n_embd * n_ff = 1e9 flops per row
+  return e;
+}
+
+// Modelled CPU tiers reading DRAM at 20 GB/s: avx2 at cpu_flops, amx at 8x that.
+CpuTier tier(const std::string& isa, double flops) {
+  CpuTier t;
+  t.isa = isa;
+  t.bytes_per_s = 20e9;
+  t.flops_per_s = flops;
+  return t;
+}
+
+CostModel model(double cpu_flops, double link_bytes_per_s, bool gpu = true) {
+  const std::vector<CpuTier> tiers = {tier("avx2", cpu_flops), tier("amx", cpu_flops * 8)};
+  std::optional<GpuRates> rates;
+  if (gpu) rates = GpuRates{.memory_bytes = 24e9, .bytes_per_s = 1e12, .flops_per_s = 100e12, .launch_s = 10e-6};
+  return CostModel(tiers, {.bytes_per_s = link_bytes_per_s, .latency_s = 10e-6}, rates);
+}
+
+TEST(CostModel, CrossoverIsTheFirstRowCountWhereMovingPays) {
+  const ExpertShape e = expert_10mb();
+  const CostModel m = model(1e12, 25e9);
+  // CPU: max(0.5 ms, r ms); move: 10 us + 0.4 ms; GPU: 10 us + max(10 us, r x 10 us).
+  // Moving pays from the r with r ms >= 0.42 ms + 10 us x r: r = 1 (1 ms >= 0.43 ms).
+  ASSERT_TRUE(m.crossover("avx2", e).has_value());
+  for (int64_t r = 1; r < *m.crossover("avx2", e); ++r)
+    EXPECT_GT(m.move_seconds(e.bytes) + m.gpu_seconds(e, r), m.cpu_seconds("avx2", e, r));
+  const int64_t t = *m.crossover("avx2", e);
+  EXPECT_LE(m.move_seconds(e.bytes) + m.gpu_seconds(e, t), m.cpu_seconds("avx2", e, t));
+  // A CPU 10x faster and a 5 GB/s link: r x 100 us >= 2.01 ms + 10 us + r x 10 us from r = 23.
+  const CostModel fast = model(10e12, 5e9);
+  const double move = fast.move_seconds(e.bytes);
+  int64_t want = 1;
+  while (move + fast.gpu_seconds(e, want) > fast.cpu_seconds("avx2", e, want)) ++want;
+  EXPECT_EQ(want, 23);
+  EXPECT_EQ(fast.crossover("avx2", e), want);
+  // The faster tier (AMX here, 8x) keeps far more rows on the CPU: r x 12.5 us >= 2.02 ms + r x 10 us from r = 808
+  // (or 809 by the rounding of the equality).
+  EXPECT_NEAR(static_cast<double>(fast.crossover("amx", e).value_or(0)), 808.5, 0.5);
+  // No device, or a link so slow that moving never pays: no crossover.
+  EXPECT_FALSE(model(1e12, 25e9, false).crossover("avx2", e).has_value());
+  EXPECT_FALSE(model(1e14, 1e3).crossover("avx2", e, 4096).has_value());
+  EXPECT_THROW(m.cpu_seconds("avx512", e, 1), std::invalid_argument);
+}
+
+TEST(CostModel, MeasuredCurvesScaleByBytesAndResidualsCostTheirBytes) {
+  CpuTier t;
+  t.isa = "avx2";
+  t.curve = Curve({1, 16}, {1e-3, 2e-3});
+  t.curve_bytes = 5e6;
+  const CostModel m({t}, {.bytes_per_s = 25e9, .latency_s = 0}, std::nullopt);
+  ExpertShape e = expert_10mb();
+  e.residual_bytes = 2.5e6;
+  EXPECT_DOUBLE_EQ(m.cpu_seconds("avx2", e, 1), 2e-3);        // twice the curve's expert
+  EXPECT_DOUBLE_EQ(m.residual_seconds("avx2", e, 16), 1e-3);  // half of it
+  EXPECT_DOUBLE_EQ(m.gpu_seconds(e, 4), 0.0);                 // no device
+  CpuTier empty;
+  empty.isa = "x";
+  EXPECT_THROW(CostModel({empty}, {}, std::nullopt), std::invalid_argument);
+}
+
+LayerRouting routing(int64_t layer, int64_t n_tokens, std::vector<LayerRouting::Expert> experts) {
+  return {.layer = layer, .n_tokens = n_tokens, .experts = std::move(experts)};
+}
+
+TEST(Residency, WarmStartTakesTheHottestExpertsOfAllLayers) {
+  Residency r(2, 4, {.slots = 3});
+  r.warm_start({{5, 0, 1, 9}, {7, 0, 0, 2}});
+  EXPECT_TRUE(r.resident(0, 3));
+  EXPECT_TRUE(r.resident(1, 0));
+  EXPECT_TRUE(r.resident(0, 0));
+  EXPECT_FALSE(r.resident(1, 3));
+  EXPECT_EQ(r.used(), 3);
+  EXPECT_EQ(r.hottest_absent(1, 5), (std::vector<int64_t>{3}));  // expert 1 and 2 never chosen there
+  EXPECT_EQ(r.hottest_absent(0, 1), (std::vector<int64_t>{2}));
+  EXPECT_THROW(r.warm_start({{1, 2, 3, 4}}), std::invalid_argument);
+}
+
+TEST(Residency, AdmitsByScoreWithHysteresisAndEvictsTheColdest) {
+  Residency r(1, 4, {.slots = 2, .decay = 1.0, .gate_weight = 0.0, .hysteresis = 0.5});
+  // Free slots: anything seen is admitted, at most one per step.
+  auto c = r.observe(routing(0, 4, {{0, 4, 0, 0}, {1, 2, 0, 0}}));
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_TRUE(c[0].admitted);
+  EXPECT_EQ(c[0].expert, 0);
+  c = r.observe(routing(0, 4, {{2, 1, 0, 0}}));
+  EXPECT_TRUE(r.resident(0, 2));  // the second free slot
+  // Full: expert 1 (score 2) does not beat the coldest (expert 2, score 1) by half... 2 > 1.5 does.
+  c = r.observe(routing(0, 1, {{1, 0, 0, 0}}));
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_FALSE(c[0].admitted);
+  EXPECT_EQ(c[0].expert, 2);
+  EXPECT_TRUE(c[1].admitted);
+  EXPECT_EQ(c[1].expert, 1);
+  // Expert 3 at score 2 does not beat the coldest resident (expert 1, score 2) by half: no change; at 4 it does.
+  EXPECT_TRUE(r.observe(routing(0, 2, {{3, 2, 0, 0}})).empty());
+  c = r.observe(routing(0, 2, {{3, 2, 0, 0}}));
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].expert, 1);
+  EXPECT_TRUE(r.resident(0, 3));
+  Residency fixed(1, 4, {.slots = 1, .adaptive = false});
+  fixed.warm_start({{0, 1, 0, 0}});
+  EXPECT_TRUE(fixed.observe(routing(0, 64, {{3, 64, 0, 0}})).empty());
+  EXPECT_TRUE(fixed.resident(0, 1));
+}
+
+TEST(Residency, ScoresDecay) {
+  Residency r(1, 2, {.slots = 1, .decay = 0.5, .gate_weight = 2.0});
+  r.observe(routing(0, 1, {{1, 1, 0, 0.25}}));
+  EXPECT_DOUBLE_EQ(r.score(0, 1), 1.5);
+  r.observe(routing(0, 1, {{0, 1, 0, 1.0}}));
+  EXPECT_DOUBLE_EQ(r.score(0, 1), 0.75);
+  EXPECT_DOUBLE_EQ(r.score(0, 0), 3.0);
+}
+
+// Actions of a plan in routing order.
+std::vector<Action> actions(const LayerPlan& p) {
+  std::vector<Action> a;
+  for (const ExpertStep& s : p.experts) a.push_back(s.action);
+  return a;
+}
+
+class Policies : public ::testing::Test {
+ protected:
+  ExpertShape e = expert_10mb();
+  CostModel cost = model(10e12, 5e9);  // crossover: 23 rows on avx2
+  PolicyOptions opt{.isa = "avx2", .n_layer = 2, .batch_threshold = 32, .kt_prefill_tokens = 400};
+  int64_t threshold() const { return *cost.crossover("avx2", e); }
+};
+
+TEST_F(Policies, CpuRunsEverythingOnTheCpu) {
+  auto p = make_policy("cpu", cost, e, opt);
+  const LayerPlan plan = p->plan(routing(0, 512, {{1, 300, 0, 1}, {2, 1, 0, 1}}), nullptr);
+  EXPECT_FALSE(plan.dense_on_device);
+  EXPECT_EQ(actions(plan), (std::vector<Action>{Action::kCpuInPlace, Action::kCpuInPlace}));
+}
+
+TEST_F(Policies, StaticMovesWholeBatchesOf32TokensOrMore) {
+  auto p = make_policy("static", cost, e, opt);
+  EXPECT_TRUE(p->plan(routing(0, 1, {{1, 1, 0, 1}}), nullptr).dense_on_device);
+  EXPECT_EQ(actions(p->plan(routing(0, 31, {{1, 31, 0, 1}, {2, 1, 0, 1}}), nullptr)),
+            (std::vector<Action>{Action::kCpuInPlace, Action::kCpuInPlace}));
+  EXPECT_EQ(actions(p->plan(routing(0, 32, {{1, 31, 0, 1}, {2, 1, 0, 1}}), nullptr)),
+            (std::vector<Action>{Action::kMove, Action::kMove}));
+}
+
+TEST_F(Policies, KtKeepsItsResidentExpertsAndMovesLongPrefills) {
+  auto p = make_policy("kt", cost, e, opt);
+  ASSERT_TRUE(p->uses_residency());
+  EXPECT_FALSE(p->adapts_residency());
+  Residency r(2, 4, {.slots = 1, .adaptive = false});
+  r.warm_start({{0, 0, 9, 0}, {0, 0, 0, 0}});
+  EXPECT_EQ(actions(p->plan(routing(0, 8, {{1, 8, 0, 1}, {2, 8, 0, 1}}), &r)),
+            (std::vector<Action>{Action::kCpuInPlace, Action::kGpuResident}));
+  EXPECT_EQ(actions(p->plan(routing(0, 400, {{1, 200, 0, 1}, {2, 200, 0, 1}}), &r)),
+            (std::vector<Action>{Action::kMove, Action::kGpuResident}));
+}
+
+TEST_F(Policies, CrossoverMovesAnExpertFromItsThreshold) {
+  auto p = make_policy("crossover", cost, e, opt);
+  const int64_t t = threshold();
+  Residency r(2, 4, {.slots = 1});
+  r.warm_start({{0, 0, 0, 5}, {0, 3, 7, 0}});  // expert 2 of layer 1 takes the slot
+  const LayerPlan plan = p->plan(routing(1, t, {{0, t - 1, 0, 1}, {1, t, 0, 1}, {2, 1, 1, 1}}), &r);
+  EXPECT_EQ(actions(plan), (std::vector<Action>{Action::kCpuInPlace, Action::kMove, Action::kGpuResident}));
+  EXPECT_EQ(plan.experts[2].critical_rows, 0);  // not a split policy: no residual rows
+  EXPECT_TRUE(plan.prefetch.empty());           // the last layer
+  EXPECT_EQ(p->plan(routing(0, 1, {{0, 1, 0, 1}}), &r).prefetch,
+            (std::vector<int64_t>{1}));  // layer 1's hottest absent
+}
+
+TEST_F(Policies, SplitAddsResidualsForCriticalRowsOfResidentExperts) {
+  auto p = make_policy("split", cost, e, opt);
+  EXPECT_EQ(p->name(), "split");
+  Residency r(2, 4, {.slots = 2});
+  r.warm_start({{1, 1, 0, 0}, {0, 0, 0, 0}});
+  const LayerPlan plan = p->plan(routing(0, 3, {{0, 3, 2, 1}, {1, 1, 0, 1}, {3, threshold(), 0, 1}}), &r);
+  EXPECT_EQ(actions(plan), (std::vector<Action>{Action::kGpuResident, Action::kGpuResident, Action::kMove}));
+  EXPECT_EQ(plan.experts[0].critical_rows, 2);
+}
+
+TEST_F(Policies, WithoutADeviceEveryPolicyPlansForTheCpu) {
+  PolicyOptions none = opt;
+  none.has_device = false;
+  for (const std::string& name : policy_names()) {
+    const LayerPlan plan = make_policy(name, cost, e, none)->plan(routing(0, 64, {{0, 64, 0, 1}}), nullptr);
+    EXPECT_EQ(actions(plan), std::vector<Action>{Action::kCpuInPlace}) << name;
+    EXPECT_FALSE(plan.dense_on_device) << name;
+  }
+  EXPECT_THROW(make_policy("fastest", cost, e, opt), std::invalid_argument);
+  PolicyOptions bad = opt;
+  bad.isa = "neon";
+  EXPECT_THROW(make_policy("cpu", cost, e, bad), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace hetmoe::sched
