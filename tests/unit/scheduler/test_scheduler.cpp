@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "scheduler/cost_model.h"
+#include "scheduler/machine.h"
 #include "scheduler/policies.h"
 #include "scheduler/residency.h"
 
@@ -226,6 +227,64 @@ TEST_F(Policies, WithoutADeviceEveryPolicyPlansForTheCpu) {
   PolicyOptions bad = opt;
   bad.isa = "neon";
   EXPECT_THROW(make_policy("cpu", cost, e, bad), std::invalid_argument);
+}
+
+// --- machine profiles ---------------------------------------------------------------------------------------------
+
+const char* kProfile = R"({
+  "format": "hetmoe-hw/1", "name": "test box", "assumptions": ["made up"],
+  "cpu": {"name": "cpu", "sockets": 2, "cores": 64, "dram_bytes_per_s": 4e11, "dram_bytes": 1e12,
+          "tiers": [{"isa": "avx2", "bytes_per_s": 2e11, "flops_per_s": 2e12},
+                    {"isa": "amx", "expert_bytes": 1e7, "rows": [1, 64], "seconds": [1e-3, 2e-3]}]},
+  "link": {"bytes_per_s": 25e9, "latency_s": 1e-5},
+  "gpu": {"name": "gpu", "memory_bytes": 24e9, "bytes_per_s": 1e12, "flops_per_s": 1e14, "launch_s": 5e-6}
+})";
+
+TEST(Machine, ReadsAHardwareProfileAndWritesItBack) {
+  const Machine m = parse_machine(kProfile, "test");
+  EXPECT_EQ(m.name, "test box");
+  EXPECT_EQ(m.sockets, 2);
+  ASSERT_EQ(m.tiers.size(), 2u);
+  EXPECT_EQ(m.best_tier().isa, "amx");
+  EXPECT_DOUBLE_EQ(m.best_tier().curve.at(32), 1e-3 + 31.0 / 63.0 * 1e-3);
+  ASSERT_TRUE(m.gpu && m.link);
+  EXPECT_DOUBLE_EQ(m.gpu->flops_per_s, 1e14);
+  EXPECT_TRUE(m.cost_model().crossover("avx2", expert_10mb()).has_value());
+  const Machine back = parse_machine(machine_json(m), "round trip");
+  EXPECT_EQ(machine_json(back), machine_json(m));
+}
+
+TEST(Machine, ReadsWhatCalibrateWrites) {
+  const Machine m = parse_machine(R"({"format": "hetmoe-profile/1", "model": "m.gguf", "threads": 2,
+    "bandwidth": [{"threads": 1, "bytes_per_s": 2e10}, {"threads": 2, "bytes_per_s": 3e10}],
+    "expert": {"bytes": 5e6, "layer": 1, "n_embd": 2048, "n_ff": 1408},
+    "expert_ffn": [{"isa": "ref", "rows": [1], "seconds": [1.0]},
+                   {"isa": "avx2", "rows": [1, 2], "seconds": [2e-4, 3e-4]}]})",
+                                  "calibrated");
+  EXPECT_DOUBLE_EQ(m.dram_bytes_per_s, 3e10);
+  ASSERT_EQ(m.tiers.size(), 1u);  // the scalar reference tier is not a placement choice
+  EXPECT_EQ(m.tiers[0].curve_bytes, 5e6);
+  EXPECT_FALSE(m.gpu.has_value());
+}
+
+TEST(Machine, RefusesBadProfilesWithTheFileAndField) {
+  auto error = [](const std::string& text) {
+    try {
+      parse_machine(text, "p.json");
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(error("{").find("p.json: not valid JSON"), std::string::npos);
+  EXPECT_NE(error(R"({"format": "x"})").find("unknown format"), std::string::npos);
+  EXPECT_NE(error(R"({"format": "hetmoe-hw/1", "cpu": {"tiers": []}})").find("dram_bytes_per_s"), std::string::npos);
+  EXPECT_NE(error(R"({"format": "hetmoe-hw/1", "cpu": {"dram_bytes_per_s": 1, "tiers": []}})").find("no CPU tier"),
+            std::string::npos);
+  std::string no_link = kProfile;
+  no_link.erase(no_link.find(R"("link")"), std::string(R"("link": {"bytes_per_s": 25e9, "latency_s": 1e-5},)").size());
+  EXPECT_NE(error(no_link).find("needs a 'link'"), std::string::npos);
+  EXPECT_THROW(load_machine("/nonexistent/profile.json"), std::runtime_error);
 }
 
 }  // namespace
