@@ -14,8 +14,10 @@
 #include "cpu_kernels/experts.h"
 #include "cpu_kernels/kernel_table.h"
 #include "cpu_kernels/thread_pool.h"
+#include "runtime/device/device.h"
 #include "runtime/error.h"
 #include "runtime/model/model.h"
+#include "scheduler/machine.h"
 #include "tools/commands.h"
 
 namespace hetmoe::cli {
@@ -33,6 +35,65 @@ double best_seconds(Fn fn) {
     spent += s;
   }
   return best;
+}
+
+// The link and the device as the cost model needs them: latency (a 4 KB copy) and bandwidth (64 MB) from pinned
+// memory, and the expert's FFN on the device at 1 and max_rows rows (weight streaming rate, arithmetic rate).
+nlohmann::json measure_device(device::Device& d, const cpu::ExpertFfn& e, int64_t n_embd, int64_t max_rows) {
+  const int s = d.create_stream();
+  const size_t big = size_t{64} << 20, small = 4096;
+  device::HostMemory host(d);
+  float* staged = host.reserve(big / sizeof(float));
+  std::fill(staged, staged + big / sizeof(float), 1.0f);
+  device::DeviceMemory target(d, big);
+  auto copy_seconds = [&](size_t bytes) {
+    return best_seconds([&] {
+      d.copy_to_device(s, target.get(), staged, bytes);
+      d.synchronize(d.record(s));
+    });
+  };
+  const double latency = copy_seconds(small);
+  const double bandwidth = static_cast<double>(big) / std::max(copy_seconds(big) - latency, 1e-9);
+  fmt::print("{}: link {:.1f} GB/s, {:.1f} us per copy\n", d.name(), bandwidth / 1e9, latency * 1e6);
+  nlohmann::json out = {{"link", {{"bytes_per_s", bandwidth}, {"latency_s", latency}}}};
+
+  for (const cpu::WeightMatrix* w : {&e.gate, &e.up, &e.down})
+    if (!d.supports(w->type)) {
+      fmt::print("{}: runs no {} weights: the expert's time there is not measured\n", d.name(),
+                 quant::type_info(w->type).name);
+      return out;
+    }
+  auto upload = [&](const cpu::WeightMatrix& w, device::DeviceMemory& mem) {
+    mem = device::DeviceMemory(d, w.row_bytes * w.n_rows);
+    d.copy_to_device(s, mem.get(), w.data, w.row_bytes * w.n_rows);
+    return device::DeviceMatrix{w.type, w.n_cols, w.n_rows, w.row_bytes, mem.get()};
+  };
+  device::DeviceMemory mg, mu, md;
+  const device::DeviceMatrix g = upload(e.gate, mg), u = upload(e.up, mu), dn = upload(e.down, md);
+  const int64_t ff = e.gate.n_rows;
+  device::DeviceMemory x(d, max_rows * n_embd * 4), hg(d, max_rows * ff * 4), hu(d, max_rows * ff * 4),
+      y(d, max_rows * n_embd * 4);
+  d.copy_to_device(s, x.get(), staged, max_rows * n_embd * 4);
+  auto ffn_seconds = [&](int64_t rows) {
+    return best_seconds([&] {
+      d.matmul(s, g, x.as<float>(), rows, hg.as<float>());
+      d.matmul(s, u, x.as<float>(), rows, hu.as<float>());
+      d.silu_mul(s, hg.as<float>(), hu.as<float>(), rows * ff, hg.as<float>());
+      d.matmul(s, dn, hg.as<float>(), rows, y.as<float>());
+      d.synchronize(d.record(s));
+    });
+  };
+  const double bytes = static_cast<double>(e.gate.row_bytes * e.gate.n_rows + e.up.row_bytes * e.up.n_rows +
+                                           e.down.row_bytes * e.down.n_rows);
+  const double t1 = ffn_seconds(1), tn = ffn_seconds(max_rows);
+  const double flops = 6.0 * static_cast<double>(n_embd * ff * max_rows);
+  fmt::print("{}: one expert FFN {:.3g} ms at 1 row, {:.3g} ms at {} rows\n", d.name(), t1 * 1e3, tn * 1e3, max_rows);
+  out["gpu"] = {{"name", d.name()},
+                {"memory_bytes", static_cast<double>(d.capacity())},
+                {"bytes_per_s", bytes / t1},
+                {"flops_per_s", flops / tn},
+                {"launch_s", 0.0}};
+  return out;
 }
 
 }  // namespace
@@ -100,10 +161,35 @@ int calibrate(const CalibrateOptions& opt) {
     profile["expert_ffn"].push_back(curve);
   }
 
+  if (device::Device* d = open_device(opt.device)) profile.update(measure_device(*d, e0, c.n_embd, opt.max_rows));
+
   std::ofstream f(opt.out);
   f << profile.dump(2) << "\n";
   if (!f) fail("cannot write {}", opt.out);
   fmt::print("profile written to {}\n", opt.out);
+
+  // The crossover of each tier: from how many rows moving this expert to the device pays.
+  sched::Machine machine = sched::parse_machine(profile.dump(), opt.out);
+  if (!opt.hw.empty()) {
+    const sched::Machine hw = sched::load_machine(opt.hw);
+    if (!hw.gpu) fail("{}: the hardware profile has no GPU to take the crossovers against", opt.hw);
+    machine.link = hw.link;
+    machine.gpu = hw.gpu;
+    machine.gpu_name = hw.gpu_name + " (" + opt.hw + ")";
+  }
+  if (!machine.gpu) {
+    fmt::print("crossover: needs a device (--device) or a hardware profile's GPU (--hw)\n");
+    return 0;
+  }
+  const sched::CostModel cost = machine.cost_model();
+  const sched::ExpertShape shape{
+      .bytes = expert_bytes, .device_bytes = expert_bytes, .residual_bytes = 0, .n_embd = c.n_embd, .n_ff = w.n_ff_exp};
+  fmt::print("crossover: rows from which moving one expert ({:.1f} MB) to {} and running it there beats the CPU\n",
+             expert_bytes / 1e6, machine.gpu_name);
+  for (const sched::CpuTier& t : cost.tiers()) {
+    const std::optional<int64_t> r = cost.crossover(t.isa, shape);
+    fmt::print("  {:<7} {}\n", t.isa, r ? fmt::format("{} rows", *r) : std::string("never (up to 65536 rows)"));
+  }
   return 0;
 }
 

@@ -35,9 +35,7 @@ void write_file(const std::string& path, const void* data, size_t size) {
 
 }  // namespace
 
-namespace {
-
-// The device a command asked for, kept until the process ends (models refer to it).
+// Kept until the process ends: models refer to it.
 device::Device* open_device(const DeviceOptions& opt) {
   static std::vector<std::unique_ptr<device::Device>> devices;
   if (opt.kind == "cpu" || (opt.kind == "auto" && device::cuda_device_count() == 0)) return nullptr;
@@ -55,8 +53,6 @@ device::Device* open_device(const DeviceOptions& opt) {
   devices.push_back(device::make_emulated_device(e));
   return devices.back().get();
 }
-
-}  // namespace
 
 std::unique_ptr<model::Model> load_model(const std::string& path, int threads, const std::string& critical,
                                          const DeviceOptions& device_opt) {

@@ -98,8 +98,10 @@ struct KlOptions {
 struct CalibrateOptions {
   std::string model;
   std::string out = "hetmoe-profile.json";
-  int64_t max_rows = 1024;   // expert FFN timed at 1, 2, 4, ... rows up to this
-  double max_seconds = 2.0;  // a tier stops growing the row count once one call takes longer
+  DeviceOptions device{.kind = "cpu"};  // with a device: its link and expert time are measured too
+  std::string hw;                       // or: the link and GPU of this hardware profile (hetmoe-hw/1)
+  int64_t max_rows = 1024;              // expert FFN timed at 1, 2, 4, ... rows up to this
+  double max_seconds = 2.0;             // a tier stops growing the row count once one call takes longer
   int threads = 0;
 };
 
@@ -122,6 +124,8 @@ using cpu::resolve_threads;
 // split model, and is an error for a model that is not split.
 // With a device other than the CPU, the routed experts go there as far as its memory lets them (the device lives
 // until the process ends); a note on stderr says which device and how much of the model it holds.
+// The device a command asked for (null for cpu, or auto without a GPU), kept until the process ends.
+device::Device* open_device(const DeviceOptions& opt);
 std::unique_ptr<model::Model> load_model(const std::string& path, int threads, const std::string& critical,
                                          const DeviceOptions& device = {});
 // "3,17,42" or "3 17 42" to ids; fails on anything else.

@@ -166,6 +166,15 @@ int main(int argc, char** argv) {
   c_calibrate->add_option("-o,--out", calibrate.out, "profile file");
   c_calibrate->add_option("--max-rows", calibrate.max_rows, "largest row count timed")->check(CLI::PositiveNumber);
   add_threads(c_calibrate, &calibrate.threads);
+  c_calibrate
+      ->add_option("--device", calibrate.device.kind,
+                   "also measure this device's link and expert time: "
+                   "emulated, cuda, auto")
+      ->capture_default_str();
+  c_calibrate->add_option("--link-gbs", calibrate.device.link_gb_s, "emulated: host-device bandwidth in GB/s");
+  c_calibrate->add_option("--link-latency-us", calibrate.device.link_latency_us, "emulated: latency per copy");
+  c_calibrate->add_option("--hw", calibrate.hw,
+                          "or take the link and GPU of this hardware profile (hetmoe-hw/1) for the crossovers");
 
   MakeModelOptions make;
   CLI::App* c_make = app.add_subcommand("make-model", "write a random-weight GGUF model of a real layout");

@@ -260,12 +260,16 @@ class EmulatedDevice final : public Device {
     worker(stream).enqueue([this, dst, src, bytes, to_device] {
       // One link per direction, shared by all streams (as PCIe is): copies the same way take turns.
       std::lock_guard link(to_device ? link_to_device_ : link_to_host_);
+      // The copy takes the modelled time (latency + bytes / bandwidth), the memcpy included: the thread sleeps what
+      // the memcpy left of it.
+      const auto start = std::chrono::steady_clock::now();
+      std::memcpy(dst, src, bytes);
       double seconds = 0;
       if (opt_.link_gb_s > 0) {
         seconds = opt_.link_latency_us * 1e-6 + static_cast<double>(bytes) / (opt_.link_gb_s * 1e9);
-        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+        std::this_thread::sleep_until(start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                  std::chrono::duration<double>(seconds)));
       }
-      std::memcpy(dst, src, bytes);
       std::lock_guard lock(mutex_);
       (to_device ? stats_.to_device_bytes : stats_.to_host_bytes) += bytes;
       ++(to_device ? stats_.to_device_copies : stats_.to_host_copies);
