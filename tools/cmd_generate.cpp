@@ -15,6 +15,7 @@
 #include "runtime/error.h"
 #include "runtime/model/model.h"
 #include "runtime/text/tokenizer.h"
+#include "scheduler/routing_trace.h"
 #include "tools/commands.h"
 
 namespace hetmoe::cli {
@@ -136,10 +137,57 @@ int logits(const LogitsOptions& opt) {
   return 0;
 }
 
+namespace {
+
+// Streams each MoE layer's routing to a file as hetmoe-routing/1 lines; a write that fails is reported once, at the
+// end.
+class RoutingWriter final : public model::RoutingObserver {
+ public:
+  RoutingWriter(const std::string& path, const model::ModelConfig& c)
+      : path_(path), file_(std::fopen(path.c_str(), "w")) {
+    if (!file_) fail("cannot open {} for the routing trace", path);
+    trace_.model = c.name;
+    trace_.n_layer = c.n_layer;
+    trace_.n_expert = c.n_expert;
+    trace_.n_used = c.n_expert_used;
+    write(trace_.header_line());
+  }
+  ~RoutingWriter() override {
+    if (file_) std::fclose(file_);
+  }
+  void routed(int64_t layer, int64_t n, int64_t n_used, const int32_t* ids, const float* weights) override {
+    const sched::RoutingStep step{.layer = layer,
+                                  .n_tokens = n,
+                                  .ids = std::vector<int32_t>(ids, ids + n * n_used),
+                                  .weights = std::vector<float>(weights, weights + n * n_used)};
+    write(trace_.step_line(step));
+  }
+  void finish() {
+    const bool closed = std::fclose(file_) == 0;
+    file_ = nullptr;
+    if (!ok_ || !closed) fail("cannot write the routing trace {}", path_);
+  }
+
+ private:
+  void write(const std::string& line) { ok_ = ok_ && std::fprintf(file_, "%s\n", line.c_str()) >= 0; }
+  std::string path_;
+  std::FILE* file_;
+  sched::RoutingTrace trace_;  // the header's fields
+  bool ok_ = true;
+};
+
+}  // namespace
+
 int run(const RunOptions& opt) {
   auto model = load_model(opt.model, resolve_threads(opt.threads), opt.critical, opt.device);
   const model::ModelConfig& c = model->config();
   if (opt.n_predict < 0) fail("-n must not be negative");
+  std::unique_ptr<RoutingWriter> routing;
+  if (!opt.trace_routing.empty()) {
+    if (c.n_expert == 0) fail("--trace-routing: {} has no routed experts", opt.model);
+    routing = std::make_unique<RoutingWriter>(opt.trace_routing, c);
+    model->set_routing_observer(routing.get());
+  }
 
   // A text prompt needs the tokenizer; ids need none (a file without one still runs with --tokens).
   std::unique_ptr<text::Tokenizer> tokenizer;
@@ -178,6 +226,10 @@ int run(const RunOptions& opt) {
   std::fflush(stdout);
   if (result.stop == engine::StopReason::kContextFull)
     fail("context full after {} tokens (context size {}); use a larger --ctx-size", session.n_past(), session.n_ctx());
+  if (routing) {
+    model->set_routing_observer(nullptr);
+    routing->finish();
+  }
   if (!opt.print_ids) {
     const engine::Session::Counters& k = session.counters();
     fmt::print(stderr, "prompt {} tokens, {:.1f} tok/s; generated {} tokens, {:.1f} tok/s\n", k.prefill_tokens,

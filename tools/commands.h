@@ -50,6 +50,7 @@ struct RunOptions {
   DeviceOptions device;
   std::string critical;  // split models: --critical R|all (empty: the default)
   int threads = 0;
+  std::string trace_routing;  // write every MoE layer's routing here (hetmoe-routing/1)
 };
 
 struct ChatOptions {

@@ -119,6 +119,8 @@ int main(int argc, char** argv) {
   c_run->add_flag("--ignore-eos", run.ignore_eos, "do not stop at the end-of-generation token");
   c_run->add_option("-c,--ctx-size", run.ctx_size, "context size (default: prompt + n)")->check(CLI::NonNegativeNumber);
   c_run->add_flag("--print-ids", run.print_ids, "print only the generated ids on stdout");
+  c_run->add_option("--trace-routing", run.trace_routing,
+                    "write the experts every MoE layer chose for every token to this file (JSON lines)");
   add_threads(c_run, &run.threads);
   add_critical(c_run, &run.critical);
   add_device(c_run, &run.device);

@@ -69,6 +69,9 @@ class Model {
   // The bytes of the pass's weights on the device (norms, attention, routers).
   size_t pass_device_bytes() const { return device_forward_ ? device_forward_->weights.data_bytes() : 0; }
 
+  // Every MoE layer's routing goes to `observer` from now on (null: to nobody). It must outlive its use.
+  void set_routing_observer(RoutingObserver* observer) { routing_observer_ = observer; }
+
   // A KV cache for n_ctx positions (at most the training context): on the device when the forward pass runs there
   // and the cache fits in what is left of the device's memory, else in host memory (the pass then runs attention on
   // the CPU for this cache; cache.device() tells which).
@@ -125,6 +128,7 @@ class Model {
   std::vector<const float*> attn_norm_;           // per layer [n_embd]
   std::vector<FfnWeights> ffn_;                   // per layer
   Trace* trace_ = nullptr;                        // set during forward
+  RoutingObserver* routing_observer_ = nullptr;
   size_t numa_bound_bytes_ = 0;
 
  private:

@@ -14,4 +14,13 @@ class Trace {
   virtual void ids(int64_t layer, std::string_view name, const int32_t* data, int64_t rows, int64_t cols) = 0;
 };
 
+// Sees each MoE layer's routing as it is decided, on the CPU or on a device: ids and final mixing weights
+// [n_tokens][n_used] (the routing traces of `hetmoe run --trace-routing`, and what a scheduler learns from). Unlike a
+// Trace it changes nothing of how the pass runs.
+class RoutingObserver {
+ public:
+  virtual ~RoutingObserver() = default;
+  virtual void routed(int64_t layer, int64_t n_tokens, int64_t n_used, const int32_t* ids, const float* weights) = 0;
+};
+
 }  // namespace hetmoe::model

@@ -9,6 +9,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "runtime/gguf/reader.h"
 #include "runtime/gguf/writer.h"
@@ -236,6 +237,45 @@ TEST_F(Cli, CalibrateWritesBandwidthAndExpertCurves) {
     EXPECT_NE(j.find(field), std::string::npos) << field << " missing in " << j;
   expect_error(hetmoe("calibrate -m " + (fs::path(HETMOE_TEST_DATA_DIR) / "models" / "nope.gguf").string()),
                "nope.gguf");
+}
+
+TEST_F(Cli, CalibratePrintsEachTiersCrossoverAgainstAHardwareProfilesGpu) {
+  const fs::path hw = dir_ / "hw.json", out = dir_ / "profile.json";
+  std::ofstream(hw) << R"({"format": "hetmoe-hw/1", "name": "box", "cpu": {"dram_bytes_per_s": 1e11, "tiers": [
+    {"isa": "avx2", "bytes_per_s": 1e11, "flops_per_s": 1e12}]},
+    "link": {"bytes_per_s": 2.5e10, "latency_s": 1e-5},
+    "gpu": {"name": "big gpu", "memory_bytes": 2.4e10, "bytes_per_s": 1e12, "flops_per_s": 1e14}})";
+  const Result r =
+      hetmoe("calibrate -m " + kModel.string() + " -o " + out.string() + " --max-rows 4 -t 1 --hw " + hw.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("crossover: rows from which moving one expert"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("big gpu"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" rows\n"), std::string::npos) << r.out;
+  std::ofstream(hw) << "{}";
+  expect_error(
+      hetmoe("calibrate -m " + kModel.string() + " -o " + out.string() + " --max-rows 2 -t 1 --hw " + hw.string()),
+      "unknown format");
+}
+
+TEST_F(Cli, RunWritesTheRoutingTraceOnTheCpuAndWithTheDevicePass) {
+  for (const std::string device : {"cpu", "emulated"}) {
+    const fs::path trace = dir_ / ("routing-" + device + ".jsonl");
+    const Result r = hetmoe("run -m " + kModel.string() + " --tokens 3,17,42 -n 2 --temp 0 --print-ids --device " +
+                            device + " --trace-routing " + trace.string());
+    ASSERT_EQ(r.status, 0) << r.err;
+    std::ifstream f(trace);
+    std::string line;
+    std::vector<std::string> lines;
+    while (std::getline(f, line)) lines.push_back(line);
+    // The header, then per forward call (prompt, then one decode step; the last token is not evaluated) the two MoE
+    // layers of the tiny DeepSeek-V3 (layer 0 is dense).
+    ASSERT_EQ(lines.size(), 1u + 2u * 2u) << device;
+    EXPECT_NE(lines[0].find("\"format\":\"hetmoe-routing/1\""), std::string::npos) << lines[0];
+    EXPECT_NE(lines[1].find("\"layer\":1,\"n\":3"), std::string::npos) << lines[1];
+    EXPECT_NE(lines[4].find("\"layer\":2,\"n\":1"), std::string::npos) << lines[4];
+  }
+  expect_error(hetmoe("run -m " + kModel.string() + " --tokens 3 -n 1 --trace-routing /nonexistent/dir/t.jsonl"),
+               "routing trace");
 }
 
 TEST_F(Cli, LogitsWritesOneRowPerToken) {

@@ -3,12 +3,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
 #include <stdexcept>
 
 #include "scheduler/cost_model.h"
 #include "scheduler/machine.h"
 #include "scheduler/policies.h"
 #include "scheduler/residency.h"
+#include "scheduler/routing_trace.h"
 
 namespace hetmoe::sched {
 namespace {
@@ -285,6 +289,72 @@ TEST(Machine, RefusesBadProfilesWithTheFileAndField) {
   no_link.erase(no_link.find(R"("link")"), std::string(R"("link": {"bytes_per_s": 25e9, "latency_s": 1e-5},)").size());
   EXPECT_NE(error(no_link).find("needs a 'link'"), std::string::npos);
   EXPECT_THROW(load_machine("/nonexistent/profile.json"), std::runtime_error);
+}
+
+// --- routing traces -----------------------------------------------------------------------------------------------
+
+TEST(RoutingTrace, SavesLoadsAndCounts) {
+  RoutingTrace t;
+  t.model = "m";
+  t.n_layer = 3;
+  t.n_expert = 4;
+  t.n_used = 2;
+  t.steps.push_back({.layer = 1, .n_tokens = 2, .ids = {0, 3, 3, 1}, .weights = {0.7f, 0.3f, 0.5f, 0.5f}});
+  t.steps.push_back({.layer = 2, .n_tokens = 1, .ids = {2, 3}, .weights = {0.1f, 0.9f}});
+  const std::string path = (std::filesystem::temp_directory_path() / "hetmoe_trace_test.jsonl").string();
+  t.save(path);
+  const RoutingTrace back = RoutingTrace::load(path);
+  EXPECT_EQ(back.n_expert, 4);
+  ASSERT_EQ(back.steps.size(), 2u);
+  EXPECT_EQ(back.steps[0].ids, t.steps[0].ids);
+  EXPECT_EQ(back.steps[1].weights, t.steps[1].weights);
+  const auto c = back.counts();
+  EXPECT_EQ(c[1], (std::vector<double>{1, 1, 0, 2}));
+  EXPECT_EQ(c[0], (std::vector<double>{0, 0, 0, 0}));
+
+  // Layer 1: expert 3 has two rows, critical (largest weight, ties to the earlier slot) in one of them.
+  const LayerRouting r = layer_routing(t.steps[0], 2, 1);
+  ASSERT_EQ(r.experts.size(), 3u);
+  EXPECT_EQ(r.experts[0].expert, 0);
+  EXPECT_EQ(r.experts[0].critical_rows, 1);
+  EXPECT_EQ(r.experts[2].expert, 3);
+  EXPECT_EQ(r.experts[2].rows, 2);
+  EXPECT_EQ(r.experts[2].critical_rows, 1);
+  EXPECT_FLOAT_EQ(static_cast<float>(r.experts[2].gate), 0.8f);
+
+  std::ofstream(path) << t.header_line() << "\n{\"layer\": 1, \"n\": 1, \"ids\": [0, 9], \"weights\": [1, 0]}\n";
+  try {
+    RoutingTrace::load(path);
+    ADD_FAILURE() << "loaded an id out of range";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(":2: expert id 9 out of range"), std::string::npos) << e.what();
+  }
+  std::ofstream(path) << "{\"format\": \"other\"}\n";
+  EXPECT_THROW(RoutingTrace::load(path), std::runtime_error);
+  std::filesystem::remove(path);
+  EXPECT_THROW(RoutingTrace::load(path), std::runtime_error);
+}
+
+TEST(RoutingTrace, ZipfSkewsTheChoiceAndKeepsTokensValid) {
+  const RoutingTrace uniform = RoutingTrace::zipf(3, 1, 64, 6, 0.0, 20, 16, 1);
+  const RoutingTrace skewed = RoutingTrace::zipf(3, 1, 64, 6, 1.2, 20, 16, 1);
+  ASSERT_EQ(skewed.steps.size(), 40u);  // 20 steps x 2 MoE layers
+  for (const RoutingStep& s : skewed.steps)
+    for (int64_t t = 0; t < s.n_tokens; ++t) {
+      std::set<int32_t> distinct(s.ids.begin() + t * 6, s.ids.begin() + (t + 1) * 6);
+      EXPECT_EQ(distinct.size(), 6u);
+      float sum = 0;
+      for (int k = 0; k < 6; ++k) sum += s.weights[static_cast<size_t>(t * 6 + k)];
+      EXPECT_NEAR(sum, 1.0f, 1e-5f);
+    }
+  // 1920 choices per layer: uniform puts 30 on each expert; with s = 1.2 the hottest takes several times that.
+  auto hottest = [](const RoutingTrace& t) {
+    const auto c = t.counts();
+    return *std::max_element(c[1].begin(), c[1].end());
+  };
+  EXPECT_LT(hottest(uniform), 60);
+  EXPECT_GT(hottest(skewed), 150);
+  EXPECT_TRUE(uniform.counts()[0] == std::vector<double>(64, 0.0));  // the dense layer
 }
 
 }  // namespace

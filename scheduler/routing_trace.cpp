@@ -1,0 +1,153 @@
+#include "scheduler/routing_trace.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+
+namespace hetmoe::sched {
+
+using nlohmann::json;
+
+std::vector<std::vector<double>> RoutingTrace::counts() const {
+  std::vector<std::vector<double>> c(static_cast<size_t>(n_layer), std::vector<double>(static_cast<size_t>(n_expert)));
+  for (const RoutingStep& s : steps)
+    for (int32_t id : s.ids) c[static_cast<size_t>(s.layer)][static_cast<size_t>(id)] += 1;
+  return c;
+}
+
+std::string RoutingTrace::header_line() const {
+  return json{{"format", "hetmoe-routing/1"},
+              {"model", model},
+              {"n_layer", n_layer},
+              {"n_expert", n_expert},
+              {"n_used", n_used}}
+      .dump();
+}
+
+std::string RoutingTrace::step_line(const RoutingStep& step) const {
+  return json{{"layer", step.layer}, {"n", step.n_tokens}, {"ids", step.ids}, {"weights", step.weights}}.dump();
+}
+
+void RoutingTrace::save(const std::string& path) const {
+  std::ofstream f(path);
+  f << header_line() << "\n";
+  for (const RoutingStep& s : steps) f << step_line(s) << "\n";
+  if (!f) throw std::runtime_error(path + ": cannot write the routing trace");
+}
+
+RoutingTrace RoutingTrace::load(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error(path + ": cannot open the routing trace");
+  RoutingTrace t;
+  std::string line;
+  int64_t number = 0;
+  auto bad = [&](const std::string& what) {
+    throw std::runtime_error(path + ":" + std::to_string(number) + ": " + what);
+  };
+  while (std::getline(f, line)) {
+    ++number;
+    if (line.empty()) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception&) {
+      bad("not a JSON line");
+    }
+    try {
+      if (number == 1) {
+        if (j.value("format", std::string()) != "hetmoe-routing/1") bad("not a hetmoe-routing/1 trace");
+        t.model = j.value("model", std::string());
+        t.n_layer = j.at("n_layer").get<int64_t>();
+        t.n_expert = j.at("n_expert").get<int64_t>();
+        t.n_used = j.at("n_used").get<int64_t>();
+        if (t.n_layer <= 0 || t.n_expert <= 0 || t.n_used <= 0 || t.n_used > t.n_expert) bad("impossible shape");
+        continue;
+      }
+      RoutingStep s;
+      s.layer = j.at("layer").get<int64_t>();
+      s.n_tokens = j.at("n").get<int64_t>();
+      s.ids = j.at("ids").get<std::vector<int32_t>>();
+      s.weights = j.at("weights").get<std::vector<float>>();
+      if (s.layer < 0 || s.layer >= t.n_layer || s.n_tokens <= 0 ||
+          static_cast<int64_t>(s.ids.size()) != s.n_tokens * t.n_used || s.weights.size() != s.ids.size())
+        bad("a step of the wrong layer or size");
+      for (int32_t id : s.ids)
+        if (id < 0 || id >= t.n_expert) bad("expert id " + std::to_string(id) + " out of range");
+      t.steps.push_back(std::move(s));
+    } catch (const json::exception& e) {
+      bad(std::string("a field is missing or of the wrong type (") + e.what() + ")");
+    }
+  }
+  if (number == 0) throw std::runtime_error(path + ": the routing trace is empty");
+  return t;
+}
+
+RoutingTrace RoutingTrace::zipf(int64_t n_layer, int64_t first_moe_layer, int64_t n_expert, int64_t n_used, double s,
+                                int64_t steps, int64_t tokens, uint64_t seed) {
+  if (n_used > n_expert || n_used <= 0 || first_moe_layer < 0 || first_moe_layer >= n_layer || s < 0)
+    throw std::invalid_argument("zipf routing: impossible shape or a negative exponent");
+  RoutingTrace t;
+  t.model = "zipf:" + std::to_string(s);
+  t.n_layer = n_layer;
+  t.n_expert = n_expert;
+  t.n_used = n_used;
+  std::mt19937_64 rng(seed);
+  // Per layer: a random ranking of the experts, and the Zipf weights of the ranks.
+  std::vector<std::vector<int32_t>> rank(static_cast<size_t>(n_layer));
+  std::vector<double> law(static_cast<size_t>(n_expert));
+  for (int64_t i = 0; i < n_expert; ++i) law[static_cast<size_t>(i)] = 1.0 / std::pow(static_cast<double>(i + 1), s);
+  for (int64_t l = first_moe_layer; l < n_layer; ++l) {
+    rank[static_cast<size_t>(l)].resize(static_cast<size_t>(n_expert));
+    std::iota(rank[static_cast<size_t>(l)].begin(), rank[static_cast<size_t>(l)].end(), 0);
+    std::shuffle(rank[static_cast<size_t>(l)].begin(), rank[static_cast<size_t>(l)].end(), rng);
+  }
+  for (int64_t step = 0; step < steps; ++step)
+    for (int64_t l = first_moe_layer; l < n_layer; ++l) {
+      RoutingStep st{.layer = l, .n_tokens = tokens, .ids = {}, .weights = {}};
+      for (int64_t tok = 0; tok < tokens; ++tok) {
+        std::vector<double> w = law;
+        double sum = 0;
+        for (int64_t k = 0; k < n_used; ++k) {
+          std::discrete_distribution<int64_t> pick(w.begin(), w.end());
+          const int64_t r = pick(rng);
+          w[static_cast<size_t>(r)] = 0;  // distinct experts per token
+          st.ids.push_back(rank[static_cast<size_t>(l)][static_cast<size_t>(r)]);
+          const float weight = 1.0f / static_cast<float>(k + 2);
+          st.weights.push_back(weight);
+          sum += weight;
+        }
+        for (int64_t k = 0; k < n_used; ++k)
+          st.weights[st.weights.size() - static_cast<size_t>(n_used - k)] /= static_cast<float>(sum);
+      }
+      t.steps.push_back(std::move(st));
+    }
+  return t;
+}
+
+LayerRouting layer_routing(const RoutingStep& step, int64_t n_used, int64_t n_critical) {
+  std::map<int64_t, LayerRouting::Expert> by_id;
+  for (int64_t t = 0; t < step.n_tokens; ++t)
+    for (int64_t a = 0; a < n_used; ++a) {
+      const size_t i = static_cast<size_t>(t * n_used + a);
+      int64_t above = 0;  // slots of this token that rank before slot a
+      for (int64_t b = 0; b < n_used; ++b) {
+        const float wa = step.weights[i], wb = step.weights[static_cast<size_t>(t * n_used + b)];
+        above += wb > wa || (wb == wa && b < a);
+      }
+      LayerRouting::Expert& x = by_id[step.ids[i]];
+      x.expert = step.ids[i];
+      x.rows += 1;
+      x.critical_rows += above < n_critical ? 1 : 0;
+      x.gate += step.weights[i];
+    }
+  LayerRouting r{.layer = step.layer, .n_tokens = step.n_tokens, .experts = {}};
+  for (const auto& [id, x] : by_id) r.experts.push_back(x);
+  return r;
+}
+
+}  // namespace hetmoe::sched
