@@ -30,10 +30,14 @@ double Curve::at(int64_t rows) const {
 }
 
 double CpuTier::seconds(const ExpertShape& e, double bytes, int64_t rows) const {
+  // A residual has the expert's whole shape: the same flops per row, fewer bytes.
+  return stream_seconds(bytes, e.flops_per_row(), rows);
+}
+
+double CpuTier::stream_seconds(double bytes, double flops_per_row, int64_t rows) const {
   if (rows <= 0) return 0;
   if (!curve.empty()) return curve.at(rows) * bytes / curve_bytes;
-  // Modelled: the flops scale with the share of the expert these bytes are (the residual is the whole shape too).
-  return overhead_s + std::max(bytes / bytes_per_s, e.flops_per_row() * static_cast<double>(rows) / flops_per_s);
+  return overhead_s + std::max(bytes / bytes_per_s, flops_per_row * static_cast<double>(rows) / flops_per_s);
 }
 
 double GpuRates::seconds(double weight_bytes, double flops) const {

@@ -49,6 +49,9 @@ struct CpuTier {
   double curve_bytes = 0;
   double bytes_per_s = 0, flops_per_s = 0, overhead_s = 0;  // the modelled form (when the curve is empty)
   double seconds(const ExpertShape& e, double bytes, int64_t rows) const;
+  // Any weights streamed for `rows` rows at flops_per_row each (a dense layer, attention): the measured curve scaled
+  // by bytes (the expert's mix of reading and arithmetic stands for every matrix), or the modelled form.
+  double stream_seconds(double bytes, double flops_per_row, int64_t rows) const;
 };
 
 // The host-device link: latency + bytes / bandwidth per copy.

@@ -8,6 +8,7 @@ namespace {
 class CpuPolicy final : public Policy {
  public:
   std::string name() const override { return "cpu"; }
+  bool dense_on_device() const override { return false; }
   bool uses_residency() const override { return false; }
   bool adapts_residency() const override { return false; }
   LayerPlan plan(const LayerRouting& r, const Residency*) const override {
@@ -23,6 +24,7 @@ class StaticPolicy final : public Policy {
  public:
   explicit StaticPolicy(const PolicyOptions& o) : o_(o) {}
   std::string name() const override { return "static"; }
+  bool dense_on_device() const override { return true; }
   bool uses_residency() const override { return false; }
   bool adapts_residency() const override { return false; }
   LayerPlan plan(const LayerRouting& r, const Residency*) const override {
@@ -43,6 +45,7 @@ class KtPolicy final : public Policy {
  public:
   explicit KtPolicy(const PolicyOptions& o) : o_(o) {}
   std::string name() const override { return "kt"; }
+  bool dense_on_device() const override { return true; }
   bool uses_residency() const override { return true; }
   bool adapts_residency() const override { return false; }
   LayerPlan plan(const LayerRouting& r, const Residency* residency) const override {
@@ -67,6 +70,7 @@ class CrossoverPolicy final : public Policy {
   CrossoverPolicy(const CostModel& cost, const ExpertShape& expert, const PolicyOptions& o, bool split)
       : o_(o), split_(split), threshold_(cost.crossover(o.isa, expert)) {}
   std::string name() const override { return split_ ? "split" : "crossover"; }
+  bool dense_on_device() const override { return true; }
   bool uses_residency() const override { return true; }
   bool adapts_residency() const override { return true; }
   LayerPlan plan(const LayerRouting& r, const Residency* residency) const override {

@@ -43,6 +43,8 @@ class Policy {
   // it as the routing goes (observe() admissions and evictions).
   virtual bool uses_residency() const = 0;
   virtual bool adapts_residency() const = 0;
+  // Whether its plans put attention, norms, router, shared experts and dense FFNs on the device.
+  virtual bool dense_on_device() const = 0;
   // The plan of one layer's step. residency: required when uses_residency(), else ignored (may be null).
   virtual LayerPlan plan(const LayerRouting& routing, const Residency* residency) const = 0;
 };

@@ -87,45 +87,58 @@ RoutingTrace RoutingTrace::load(const std::string& path) {
   return t;
 }
 
+ZipfRouter::ZipfRouter(int64_t n_expert, int64_t n_used, double s, uint64_t ranking_seed, uint64_t draw_seed)
+    : n_expert_(n_expert), n_used_(n_used), ranking_seed_(ranking_seed), rng_(draw_seed) {
+  if (n_used > n_expert || n_used <= 0 || s < 0)
+    throw std::invalid_argument("zipf routing: more experts per token than experts, or a negative exponent");
+  for (int64_t i = 0; i < n_expert; ++i) law_.push_back(1.0 / std::pow(static_cast<double>(i + 1), s));
+}
+
+const std::vector<int32_t>& ZipfRouter::ranking(int64_t layer) {
+  if (rankings_.size() <= static_cast<size_t>(layer)) rankings_.resize(static_cast<size_t>(layer) + 1);
+  std::vector<int32_t>& r = rankings_[static_cast<size_t>(layer)];
+  if (r.empty()) {
+    r.resize(static_cast<size_t>(n_expert_));
+    std::iota(r.begin(), r.end(), 0);
+    std::mt19937_64 shuffle(ranking_seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(layer));
+    std::shuffle(r.begin(), r.end(), shuffle);
+  }
+  return r;
+}
+
+RoutingStep ZipfRouter::draw(int64_t layer, int64_t n_tokens) {
+  const std::vector<int32_t>& rank = ranking(layer);
+  RoutingStep st{.layer = layer, .n_tokens = n_tokens, .ids = {}, .weights = {}};
+  for (int64_t tok = 0; tok < n_tokens; ++tok) {
+    std::vector<double> w = law_;
+    double sum = 0;
+    for (int64_t k = 0; k < n_used_; ++k) {
+      std::discrete_distribution<int64_t> pick(w.begin(), w.end());
+      const int64_t r = pick(rng_);
+      w[static_cast<size_t>(r)] = 0;  // distinct experts per token
+      st.ids.push_back(rank[static_cast<size_t>(r)]);
+      const float weight = 1.0f / static_cast<float>(k + 2);
+      st.weights.push_back(weight);
+      sum += weight;
+    }
+    for (int64_t k = 0; k < n_used_; ++k)
+      st.weights[st.weights.size() - static_cast<size_t>(n_used_ - k)] /= static_cast<float>(sum);
+  }
+  return st;
+}
+
 RoutingTrace RoutingTrace::zipf(int64_t n_layer, int64_t first_moe_layer, int64_t n_expert, int64_t n_used, double s,
                                 int64_t steps, int64_t tokens, uint64_t seed) {
-  if (n_used > n_expert || n_used <= 0 || first_moe_layer < 0 || first_moe_layer >= n_layer || s < 0)
-    throw std::invalid_argument("zipf routing: impossible shape or a negative exponent");
+  if (first_moe_layer < 0 || first_moe_layer >= n_layer)
+    throw std::invalid_argument("zipf routing: the first MoE layer is outside the model");
   RoutingTrace t;
   t.model = "zipf:" + std::to_string(s);
   t.n_layer = n_layer;
   t.n_expert = n_expert;
   t.n_used = n_used;
-  std::mt19937_64 rng(seed);
-  // Per layer: a random ranking of the experts, and the Zipf weights of the ranks.
-  std::vector<std::vector<int32_t>> rank(static_cast<size_t>(n_layer));
-  std::vector<double> law(static_cast<size_t>(n_expert));
-  for (int64_t i = 0; i < n_expert; ++i) law[static_cast<size_t>(i)] = 1.0 / std::pow(static_cast<double>(i + 1), s);
-  for (int64_t l = first_moe_layer; l < n_layer; ++l) {
-    rank[static_cast<size_t>(l)].resize(static_cast<size_t>(n_expert));
-    std::iota(rank[static_cast<size_t>(l)].begin(), rank[static_cast<size_t>(l)].end(), 0);
-    std::shuffle(rank[static_cast<size_t>(l)].begin(), rank[static_cast<size_t>(l)].end(), rng);
-  }
+  ZipfRouter router(n_expert, n_used, s, seed, seed);
   for (int64_t step = 0; step < steps; ++step)
-    for (int64_t l = first_moe_layer; l < n_layer; ++l) {
-      RoutingStep st{.layer = l, .n_tokens = tokens, .ids = {}, .weights = {}};
-      for (int64_t tok = 0; tok < tokens; ++tok) {
-        std::vector<double> w = law;
-        double sum = 0;
-        for (int64_t k = 0; k < n_used; ++k) {
-          std::discrete_distribution<int64_t> pick(w.begin(), w.end());
-          const int64_t r = pick(rng);
-          w[static_cast<size_t>(r)] = 0;  // distinct experts per token
-          st.ids.push_back(rank[static_cast<size_t>(l)][static_cast<size_t>(r)]);
-          const float weight = 1.0f / static_cast<float>(k + 2);
-          st.weights.push_back(weight);
-          sum += weight;
-        }
-        for (int64_t k = 0; k < n_used; ++k)
-          st.weights[st.weights.size() - static_cast<size_t>(n_used - k)] /= static_cast<float>(sum);
-      }
-      t.steps.push_back(std::move(st));
-    }
+    for (int64_t l = first_moe_layer; l < n_layer; ++l) t.steps.push_back(router.draw(l, tokens));
   return t;
 }
 

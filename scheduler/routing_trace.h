@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -37,11 +38,28 @@ struct RoutingTrace {
   std::string header_line() const;
   std::string step_line(const RoutingStep& step) const;
 
-  // Synthetic routing: each MoE layer (layers first_moe_layer .. n_layer - 1) draws each token's n_used distinct
-  // experts by a Zipf law of exponent s over a random per-layer ranking of the experts (s = 0: uniform); weights
-  // decrease with the draw order and sum to 1. `steps` steps of `tokens` tokens per layer.
+  // Synthetic routing (ZipfRouter, both seeds `seed`): `steps` steps of `tokens` tokens for each MoE layer
+  // (first_moe_layer .. n_layer - 1), layer by layer within a step.
   static RoutingTrace zipf(int64_t n_layer, int64_t first_moe_layer, int64_t n_expert, int64_t n_used, double s,
                            int64_t steps, int64_t tokens, uint64_t seed);
+};
+
+// Zipf-skewed routing drawn step by step: each layer ranks its experts once (a random order from `ranking_seed`),
+// and each token draws n_used distinct experts with probability proportional to 1 / rank^s (s = 0: uniform) from a
+// stream of `draw_seed`; weights decrease with the draw order (1/2, 1/3, ...) and are normalised to sum to 1. Two
+// routers with the same ranking seed and different draw seeds model a warm-up and a run of one workload.
+class ZipfRouter {
+ public:
+  ZipfRouter(int64_t n_expert, int64_t n_used, double s, uint64_t ranking_seed, uint64_t draw_seed);
+  RoutingStep draw(int64_t layer, int64_t n_tokens);
+
+ private:
+  const std::vector<int32_t>& ranking(int64_t layer);
+  int64_t n_expert_, n_used_;
+  uint64_t ranking_seed_;
+  std::vector<double> law_;
+  std::vector<std::vector<int32_t>> rankings_;
+  std::mt19937_64 rng_;
 };
 
 // One step as the scheduler sees it: rows per activated expert (ascending id), the rows where it is among the token's

@@ -85,6 +85,23 @@ struct BenchOptions {
   int repeat = 3;  // measured runs per policy (after one warm-up run); medians are reported
 };
 
+struct SimulateOptions {
+  std::string hw;                            // hardware profile (hetmoe-hw/1) or calibrate's profile
+  std::string model_config = "deepseek-v3";  // a make-model preset
+  std::string type = "Q4_K_M";               // its file type
+  std::vector<std::string> policies{"cpu", "static", "kt", "crossover", "split"};
+  int64_t prompt = 500;
+  int64_t gen = 128;
+  std::string isa;                      // empty: the profile's best CPU tier
+  double zipf = 1.0;                    // synthetic routing's skew
+  std::string trace;                    // or replay this routing trace
+  int64_t kt_experts = -1;              // kt: experts on the device (-1: as many as fit)
+  int64_t critical = 2;                 // split: residuals per token
+  int gpu_bits = 2, residual_bits = 4;  // split: the formats
+  uint64_t seed = 1;
+  std::string json;
+};
+
 struct KlOptions {
   std::string base;                   // the reference model
   std::string model;                  // the model compared with it (a split model, say)
@@ -107,6 +124,7 @@ struct CalibrateOptions {
 };
 
 int inspect(const InspectOptions& opt);
+int simulate(const SimulateOptions& opt);
 // Writes the split file; with `report`, a table of each tensor's relative error.
 int split(const SplitOptions& opt, bool report);
 int calibrate(const CalibrateOptions& opt);

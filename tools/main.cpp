@@ -82,6 +82,31 @@ int main(int argc, char** argv) {
   c_split->add_flag("--report", split_report, "print each tensor's relative error of W^Q and of W^Q + W^R");
   add_threads(c_split, &split.threads);
 
+  cli::SimulateOptions simulate;
+  CLI::App* c_simulate =
+      app.add_subcommand("simulate", "predict the policies' speed and memory for a model on a hardware profile");
+  c_simulate->add_option("--hw", simulate.hw, "hardware profile (hetmoe-hw/1) or a calibrate profile")->required();
+  c_simulate->add_option("--model-config", simulate.model_config, "a make-model preset (deepseek-v3, ...)")
+      ->capture_default_str();
+  c_simulate->add_option("--type", simulate.type, "its file type")->capture_default_str();
+  c_simulate->add_option("--policies", simulate.policies, "cpu, static, kt, crossover, split")->delimiter(',');
+  c_simulate->add_option("--prompt", simulate.prompt, "prompt tokens")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  c_simulate->add_option("--gen", simulate.gen, "generated tokens")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c_simulate->add_option("--isa", simulate.isa, "the CPU tier of the profile (default: its best)");
+  c_simulate->add_option("--zipf", simulate.zipf, "synthetic routing's skew s")->capture_default_str();
+  c_simulate->add_option("--trace", simulate.trace, "replay this routing trace (hetmoe run --trace-routing)");
+  c_simulate->add_option("--kt-experts", simulate.kt_experts, "kt: routed experts on the device (-1: all that fit)")
+      ->capture_default_str();
+  c_simulate->add_option("--critical", simulate.critical, "split: residuals per token")->capture_default_str();
+  c_simulate->add_option("--gpu-bits", simulate.gpu_bits, "split: W^Q bits")->capture_default_str();
+  c_simulate->add_option("--residual-bits", simulate.residual_bits, "split: W^R bits")->capture_default_str();
+  c_simulate->add_option("--seed", simulate.seed, "synthetic routing's seed")->capture_default_str();
+  c_simulate->add_option("--json", simulate.json, "also write the predictions here");
+
   cli::KlOptions kl;
   std::string kl_tokens;
   CLI::App* c_kl = app.add_subcommand("kl", "KL divergence of a model's next-token distributions from a base model's");
@@ -221,6 +246,7 @@ int main(int argc, char** argv) {
     if (c_chat->parsed()) return cli::chat(chat);
     if (c_bench->parsed()) return cli::bench(bench);
     if (c_calibrate->parsed()) return cli::calibrate(calibrate);
+    if (c_simulate->parsed()) return cli::simulate(simulate);
     if (c_tokenize->parsed()) return cli::tokenize(tokenize);
     if (c_make->parsed()) {
       make.threads = cli::resolve_threads(make_threads);

@@ -226,6 +226,7 @@ TEST_F(Policies, WithoutADeviceEveryPolicyPlansForTheCpu) {
     const LayerPlan plan = make_policy(name, cost, e, none)->plan(routing(0, 64, {{0, 64, 0, 1}}), nullptr);
     EXPECT_EQ(actions(plan), std::vector<Action>{Action::kCpuInPlace}) << name;
     EXPECT_FALSE(plan.dense_on_device) << name;
+    EXPECT_FALSE(make_policy(name, cost, e, none)->dense_on_device()) << name;
   }
   EXPECT_THROW(make_policy("fastest", cost, e, opt), std::invalid_argument);
   PolicyOptions bad = opt;

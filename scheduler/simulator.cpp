@@ -1,0 +1,242 @@
+#include "scheduler/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace hetmoe::sched {
+namespace {
+
+// Where the routing of each layer step comes from: a trace cycled step by step per layer, or Zipf draws.
+class RoutingSource {
+ public:
+  // draw_seed: the synthetic router's draws (the ranking of experts always comes from o.seed).
+  RoutingSource(const SimModel& m, const SimOptions& o, uint64_t draw_seed)
+      : m_(m), o_(o), zipf_(m.n_expert, m.n_used, o.zipf, o.seed, draw_seed) {
+    if (o.trace) {
+      if (o.trace->n_layer != m.n_layer || o.trace->n_expert != m.n_expert || o.trace->n_used != m.n_used)
+        throw std::invalid_argument("the routing trace has another model's shape (layers, experts or experts used)");
+      per_layer_.resize(static_cast<size_t>(m.n_layer));
+      for (const RoutingStep& s : o.trace->steps) per_layer_[static_cast<size_t>(s.layer)].push_back(&s);
+      next_.assign(static_cast<size_t>(m.n_layer), 0);
+    }
+  }
+  // The next step of `layer` with n tokens.
+  RoutingStep next(int64_t layer, int64_t n) {
+    if (!o_.trace) return zipf_.draw(layer, n);
+    // Replay: the layer's recorded steps in order (cycled), their tokens concatenated until n are taken.
+    const std::vector<const RoutingStep*>& steps = per_layer_[static_cast<size_t>(layer)];
+    if (steps.empty())
+      throw std::invalid_argument("the routing trace has no step of MoE layer " + std::to_string(layer));
+    RoutingStep out{.layer = layer, .n_tokens = n, .ids = {}, .weights = {}};
+    size_t& at = next_[static_cast<size_t>(layer)];
+    int64_t token = token_in_step_.size() > static_cast<size_t>(layer) ? token_in_step_[static_cast<size_t>(layer)] : 0;
+    while (static_cast<int64_t>(out.ids.size()) < n * m_.n_used) {
+      const RoutingStep& s = *steps[at % steps.size()];
+      if (token >= s.n_tokens) {
+        ++at;
+        token = 0;
+        continue;
+      }
+      out.ids.insert(out.ids.end(), s.ids.begin() + token * m_.n_used, s.ids.begin() + (token + 1) * m_.n_used);
+      out.weights.insert(out.weights.end(), s.weights.begin() + token * m_.n_used,
+                         s.weights.begin() + (token + 1) * m_.n_used);
+      ++token;
+    }
+    if (token_in_step_.size() <= static_cast<size_t>(layer)) token_in_step_.resize(static_cast<size_t>(layer) + 1);
+    token_in_step_[static_cast<size_t>(layer)] = token;
+    return out;
+  }
+
+ private:
+  const SimModel& m_;
+  const SimOptions& o_;
+  std::vector<std::vector<const RoutingStep*>> per_layer_;
+  std::vector<size_t> next_;
+  std::vector<int64_t> token_in_step_;
+  ZipfRouter zipf_;
+};
+
+struct StepCost {
+  double seconds = 0, h2d_bytes = 0, dram_bytes = 0;
+};
+
+class Run {
+ public:
+  Run(const Machine& machine, const SimModel& m, const SimOptions& o, const std::string& policy)
+      : machine_(machine), cost_(machine.cost_model()), m_(m), o_(o), name_(policy) {
+    isa_ = o.isa.empty() ? machine.best_tier().isa : o.isa;
+    split_ = policy == "split";
+    shape_.bytes = m.expert_bytes;
+    shape_.device_bytes = split_ ? m.split_device_bytes : m.expert_bytes;
+    shape_.residual_bytes = split_ ? m.split_residual_bytes : 0;
+    if (split_) shape_.bytes = m.split_device_bytes + m.split_residual_bytes;
+    shape_.n_embd = m.n_embd;
+    shape_.n_ff = m.n_ff_exp;
+    PolicyOptions po = o.policy;
+    po.isa = isa_;
+    po.has_device = machine.gpu.has_value();
+    po.n_layer = m.n_layer;
+    policy_ = make_policy(policy, cost_, shape_, po);
+    // Device memory: the pass's weights and the KV cache first, then expert slots.
+    dense_on_device_ = policy_->dense_on_device() && machine.gpu;
+    if (dense_on_device_) {
+      const double kv = static_cast<double>(m.n_layer * (o.prompt + o.gen) * m.kv_width) * o.kv_bytes_per_value;
+      vram_ = m.n_layer * m.attention_bytes + (m.n_layer - m.n_leading_dense) * m.shared_bytes +
+              m.n_leading_dense * m.dense_bytes + m.output_bytes + kv;
+    }
+    if (policy_->uses_residency() && machine.gpu) {
+      const double room = std::max(0.0, machine.gpu->memory_bytes - o.vram_reserve_bytes - vram_);
+      int64_t slots = static_cast<int64_t>(room / shape_.device_bytes);
+      slots = std::min(slots, (m.n_layer - m.n_leading_dense) * m.n_expert);
+      if (policy == "kt" && o.kt_resident_experts >= 0) slots = std::min(slots, o.kt_resident_experts);
+      residency_.emplace(m.n_layer, m.n_expert,
+                         Residency::Options{.slots = slots, .adaptive = policy_->adapts_residency()});
+      vram_ += static_cast<double>(slots) * shape_.device_bytes;
+    }
+    const std::optional<int64_t> x = cost_.crossover(isa_, shape_);
+    crossover_ = x ? *x : -1;
+  }
+
+  // Warm start from routing counts (a warm-up trace): the hottest experts fill the slots.
+  void warm_start(const std::vector<std::vector<double>>& counts) {
+    if (residency_) residency_->warm_start(counts);
+  }
+
+  StepCost step(RoutingSource& routing, int64_t n, int64_t ctx) {
+    StepCost c;
+    const CpuTier& tier = cost_.tier(isa_);
+    // The dense parts: on the device or on the CPU.
+    auto dense = [&](double bytes, double params, double extra_flops) {
+      const double flops = 2 * params * static_cast<double>(n) + extra_flops;
+      if (dense_on_device_) return machine_.gpu->seconds(bytes, flops);
+      c.dram_bytes += bytes;
+      return tier.stream_seconds(bytes, flops / static_cast<double>(n), n);
+    };
+    const double attention_flops = 4.0 * static_cast<double>(m_.n_head * m_.attn_dim) * static_cast<double>(n) *
+                                   (static_cast<double>(ctx) - static_cast<double>(n) / 2);
+    for (int64_t l = 0; l < m_.n_layer; ++l) {
+      c.seconds += dense(m_.attention_bytes, m_.attention_params, attention_flops);
+      if (l < m_.n_leading_dense) {
+        c.seconds += dense(m_.dense_bytes, m_.dense_params, 0);
+        continue;
+      }
+      const RoutingStep step = routing.next(l, n);
+      const LayerRouting r = layer_routing(step, m_.n_used, split_ ? o_.n_critical : 0);
+      const LayerPlan plan = policy_->plan(r, residency_ ? &*residency_ : nullptr);
+      double cpu = 0, link = 0, gpu_resident = 0, gpu_moved = 0;
+      if (dense_on_device_) {
+        gpu_resident += machine_.gpu->seconds(m_.shared_bytes, 2 * m_.shared_params * static_cast<double>(n));
+      } else {
+        cpu += dense(m_.shared_bytes, m_.shared_params, 0);
+      }
+      ExpertShape whole = shape_;
+      whole.device_bytes = shape_.bytes;
+      bool cpu_work = false;
+      for (const ExpertStep& s : plan.experts) {
+        switch (s.action) {
+          case Action::kCpuInPlace:
+            cpu += cost_.cpu_seconds(isa_, shape_, s.rows);
+            c.dram_bytes += shape_.bytes;
+            cpu_work = true;
+            break;
+          case Action::kGpuResident:
+            gpu_resident += cost_.gpu_seconds(shape_, s.rows);
+            if (s.critical_rows > 0) {
+              cpu += cost_.residual_seconds(isa_, shape_, s.critical_rows);
+              c.dram_bytes += shape_.residual_bytes;
+              cpu_work = true;
+            }
+            break;
+          case Action::kMove:
+            link += cost_.move_seconds(shape_.bytes);
+            c.h2d_bytes += shape_.bytes;
+            gpu_moved += cost_.gpu_seconds(whole, s.rows);
+            break;
+        }
+      }
+      if (residency_ && policy_->adapts_residency())
+        for (const Residency::Change& ch : residency_->observe(r))
+          if (ch.admitted) {
+            link += cost_.move_seconds(shape_.device_bytes);
+            c.h2d_bytes += shape_.device_bytes;
+          }
+      double layer = std::max(cpu, std::max(gpu_resident, link) + gpu_moved);
+      if (dense_on_device_) {
+        layer += o_.host_sync_s;
+        if (cpu_work) {  // the normed rows down, the CPU's part up
+          const double rows_bytes = 4.0 * static_cast<double>(n * m_.n_embd);
+          layer += 2 * cost_.move_seconds(rows_bytes);
+          c.h2d_bytes += rows_bytes;
+        }
+      }
+      c.seconds += layer;
+    }
+    c.seconds += dense(m_.output_bytes, m_.output_params, 0) / static_cast<double>(n);  // the last row's logits
+    return c;
+  }
+
+  SimResult result(double prefill_s, double decode_s, double h2d, double dram) const {
+    SimResult r;
+    r.policy = name_;
+    r.prefill_tok_s = static_cast<double>(o_.prompt) / prefill_s;
+    r.decode_tok_s = o_.gen > 0 ? static_cast<double>(o_.gen) / decode_s : 0;
+    r.ttft_s = prefill_s;
+    r.h2d_bytes_per_token = o_.gen > 0 ? h2d / static_cast<double>(o_.gen) : 0;
+    r.dram_bytes_per_token = o_.gen > 0 ? dram / static_cast<double>(o_.gen) : 0;
+    r.dram_bytes = split_ ? m_.file_bytes - static_cast<double>((m_.n_layer - m_.n_leading_dense) * m_.n_expert) *
+                                                (m_.expert_bytes - shape_.bytes)
+                          : m_.file_bytes;
+    r.vram_bytes = vram_;
+    r.resident_experts = residency_ ? residency_->used() : 0;
+    r.crossover_rows = crossover_;
+    return r;
+  }
+
+ private:
+  const Machine& machine_;
+  CostModel cost_;
+  const SimModel& m_;
+  const SimOptions& o_;
+  std::string name_, isa_;
+  bool split_ = false, dense_on_device_ = false;
+  ExpertShape shape_;
+  std::unique_ptr<Policy> policy_;
+  std::optional<Residency> residency_;
+  double vram_ = 0;
+  int64_t crossover_ = -1;
+};
+
+}  // namespace
+
+std::vector<SimResult> simulate(const Machine& machine, const SimModel& model, const SimOptions& options) {
+  if (model.n_expert <= 0 || model.n_used <= 0 || model.n_layer <= model.n_leading_dense)
+    throw std::invalid_argument("simulate: the model has no MoE layers");
+  if (options.prompt <= 0 || options.gen < 0) throw std::invalid_argument("simulate: --prompt must be positive");
+  std::vector<SimResult> results;
+  for (const std::string& name : options.policies) {
+    Run run(machine, model, options, name);
+    {
+      // The warm-up that warm-starts residency: the same workload (expert ranking), other draws.
+      RoutingSource warm(model, options, options.seed + 1);
+      std::vector<std::vector<double>> counts(static_cast<size_t>(model.n_layer),
+                                              std::vector<double>(static_cast<size_t>(model.n_expert)));
+      for (int64_t l = model.n_leading_dense; l < model.n_layer; ++l)
+        for (int32_t id : warm.next(l, 64).ids) counts[static_cast<size_t>(l)][static_cast<size_t>(id)] += 1;
+      run.warm_start(counts);
+    }
+    RoutingSource routing(model, options, options.seed);
+    const StepCost prefill = run.step(routing, options.prompt, options.prompt);
+    double decode = 0, h2d = 0, dram = 0;
+    for (int64_t t = 0; t < options.gen; ++t) {
+      const StepCost s = run.step(routing, 1, options.prompt + t + 1);
+      decode += s.seconds;
+      h2d += s.h2d_bytes;
+      dram += s.dram_bytes;
+    }
+    results.push_back(run.result(prefill.seconds, decode, h2d, dram));
+  }
+  return results;
+}
+
+}  // namespace hetmoe::sched
