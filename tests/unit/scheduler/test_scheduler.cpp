@@ -13,6 +13,7 @@
 #include "scheduler/policies.h"
 #include "scheduler/residency.h"
 #include "scheduler/routing_trace.h"
+#include "scheduler/simulator.h"
 
 namespace hetmoe::sched {
 namespace {
@@ -356,6 +357,98 @@ TEST(RoutingTrace, ZipfSkewsTheChoiceAndKeepsTokensValid) {
   EXPECT_LT(hottest(uniform), 60);
   EXPECT_GT(hottest(skewed), 150);
   EXPECT_TRUE(uniform.counts()[0] == std::vector<double>(64, 0.0));  // the dense layer
+}
+
+// --- the simulator --------------------------------------------------------------------------------------------------
+
+// A small MoE: 4 layers (1 dense), 16 experts of 10 MB, 4 used.
+SimModel small_model() {
+  SimModel m;
+  m.name = "small";
+  m.n_layer = 4;
+  m.n_leading_dense = 1;
+  m.n_expert = 16;
+  m.n_used = 4;
+  m.n_embd = 1000;
+  m.n_ff_exp = 1000000 / 6;
+  m.n_head = 8;
+  m.attn_dim = 128;
+  m.kv_width = 128;
+  m.attention_bytes = m.attention_params = 20e6;
+  m.shared_bytes = m.shared_params = 10e6;
+  m.dense_bytes = m.dense_params = 40e6;
+  m.output_bytes = m.output_params = 50e6;
+  m.expert_bytes = 10e6;
+  m.split_device_bytes = 3e6;
+  m.split_residual_bytes = 6e6;
+  m.file_bytes = 4 * 20e6 + 3 * 10e6 + 40e6 + 50e6 + 3 * 16 * 10e6;
+  return m;
+}
+
+Machine small_machine(double gpu_memory) {
+  Machine m = parse_machine(kProfile, "test");
+  m.gpu->memory_bytes = gpu_memory;
+  return m;
+}
+
+SimOptions sim_options(std::vector<std::string> policies) {
+  SimOptions o;
+  o.policies = std::move(policies);
+  o.prompt = 64;
+  o.gen = 8;
+  o.isa = "avx2";
+  o.vram_reserve_bytes = 0;
+  return o;
+}
+
+TEST(Simulator, PoliciesOrderAsTheirPlansPredict) {
+  const SimModel m = small_model();
+  const std::vector<SimResult> r =
+      simulate(small_machine(0.3e9), m, sim_options({"cpu", "static", "kt", "crossover", "split"}));
+  ASSERT_EQ(r.size(), 5u);
+  const SimResult &cpu = r[0], &stat = r[1], &kt = r[2], &cross = r[3], &split = r[4];
+  EXPECT_EQ(cpu.vram_bytes, 0);
+  EXPECT_EQ(cpu.h2d_bytes_per_token, 0);
+  // cpu reads every chosen expert and the dense weights per decoded token.
+  EXPECT_GT(cpu.dram_bytes_per_token, 3 * 4 * 10e6);
+  // Attention on the device helps; experts resident on it help more.
+  EXPECT_GT(stat.decode_tok_s, cpu.decode_tok_s);
+  EXPECT_GT(kt.decode_tok_s, stat.decode_tok_s);
+  EXPECT_GT(kt.resident_experts, 0);
+  EXPECT_LE(kt.vram_bytes, 0.3e9);
+  // A 64-token prefill moves experts under static (batch >= 32) and where the crossover says under crossover.
+  EXPECT_GT(stat.prefill_tok_s, cpu.prefill_tok_s);
+  EXPECT_GE(cross.prefill_tok_s, kt.prefill_tok_s * 0.99);
+  // split: W^Q is 3 MB of the expert's 10, so three times as many fit (the pass's weights take 200 MB of 300, the
+  // KV cache a little more: 9 whole experts fit in what is left).
+  EXPECT_EQ(cross.resident_experts, 9);
+  EXPECT_EQ(split.resident_experts, 33);
+  EXPECT_DOUBLE_EQ(split.dram_bytes, cpu.dram_bytes - 48 * 1e6);  // W^Q + W^R: 9 MB where W took 10
+  for (const SimResult& x : r) {
+    EXPECT_GT(x.prefill_tok_s, 0) << x.policy;
+    EXPECT_GT(x.decode_tok_s, 0) << x.policy;
+  }
+}
+
+TEST(Simulator, WithoutADeviceEveryPolicyIsTheCpusAndTracesMustFitTheModel) {
+  Machine none = small_machine(1e9);
+  none.gpu.reset();
+  const std::vector<SimResult> r = simulate(none, small_model(), sim_options({"cpu", "crossover"}));
+  EXPECT_DOUBLE_EQ(r[0].decode_tok_s, r[1].decode_tok_s);
+  EXPECT_EQ(r[1].crossover_rows, -1);
+
+  RoutingTrace other = RoutingTrace::zipf(4, 1, 8, 4, 1.0, 2, 4, 1);
+  SimOptions o = sim_options({"cpu"});
+  o.trace = &other;
+  EXPECT_THROW(simulate(none, small_model(), o), std::invalid_argument);
+  // A trace of the right shape replays: the same trace gives the same prediction twice.
+  RoutingTrace same = RoutingTrace::zipf(4, 1, 16, 4, 1.0, 3, 4, 7);
+  o.trace = &same;
+  o.policies = {"crossover"};
+  EXPECT_DOUBLE_EQ(simulate(small_machine(1e9), small_model(), o)[0].decode_tok_s,
+                   simulate(small_machine(1e9), small_model(), o)[0].decode_tok_s);
+  o.policies = {"fastest"};
+  EXPECT_THROW(simulate(small_machine(1e9), small_model(), o), std::invalid_argument);
 }
 
 }  // namespace
