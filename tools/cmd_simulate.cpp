@@ -26,8 +26,10 @@ sched::SimModel sim_model(const SimulateOptions& opt) {
   const ModelPreset* preset = find_model_preset(opt.model_config);
   if (!preset) fail("--model-config {}: not a preset (see hetmoe make-model --help)", opt.model_config);
   // The real model's depth (make-model's default block count is smaller for the large presets).
-  const ModelPlan plan =
-      plan_model({.preset = opt.model_config, .out_path = "", .type = opt.type, .layers = preset->max_layers});
+  const ModelPlan plan = plan_model({.preset = opt.model_config,
+                                     .out_path = "",
+                                     .type = opt.type,
+                                     .layers = opt.layers > 0 ? opt.layers : preset->max_layers});
   const ModelPreset& p = *plan.preset;
   sched::SimModel m;
   m.name = fmt::format("{} {}", p.name, opt.type);
@@ -96,6 +98,7 @@ int simulate(const SimulateOptions& opt) {
   so.seed = opt.seed;
   so.trace = trace ? &*trace : nullptr;
   so.kt_resident_experts = opt.kt_experts;
+  so.policy.kt_prefill_tokens = opt.kt_prefill_tokens;
   so.n_critical = opt.critical;
   const std::vector<sched::SimResult> results = sched::simulate(machine, model, so);
 

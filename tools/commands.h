@@ -89,6 +89,7 @@ struct SimulateOptions {
   std::string hw;                            // hardware profile (hetmoe-hw/1) or calibrate's profile
   std::string model_config = "deepseek-v3";  // a make-model preset
   std::string type = "Q4_K_M";               // its file type
+  int layers = -1;                           // blocks (-1: the real model's depth)
   std::vector<std::string> policies{"cpu", "static", "kt", "crossover", "split"};
   int64_t prompt = 500;
   int64_t gen = 128;
@@ -96,6 +97,7 @@ struct SimulateOptions {
   double zipf = 1.0;                    // synthetic routing's skew
   std::string trace;                    // or replay this routing trace
   int64_t kt_experts = -1;              // kt: experts on the device (-1: as many as fit)
+  int64_t kt_prefill_tokens = 1024;     // kt: a prefill of this many tokens moves its experts to the device
   int64_t critical = 2;                 // split: residuals per token
   int gpu_bits = 2, residual_bits = 4;  // split: the formats
   uint64_t seed = 1;

@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
   c_simulate->add_option("--model-config", simulate.model_config, "a make-model preset (deepseek-v3, ...)")
       ->capture_default_str();
   c_simulate->add_option("--type", simulate.type, "its file type")->capture_default_str();
+  c_simulate->add_option("--layers", simulate.layers, "blocks (default: the real model's depth)");
   c_simulate->add_option("--policies", simulate.policies, "cpu, static, kt, crossover, split")->delimiter(',');
   c_simulate->add_option("--prompt", simulate.prompt, "prompt tokens")
       ->check(CLI::PositiveNumber)
@@ -100,6 +101,10 @@ int main(int argc, char** argv) {
   c_simulate->add_option("--zipf", simulate.zipf, "synthetic routing's skew s")->capture_default_str();
   c_simulate->add_option("--trace", simulate.trace, "replay this routing trace (hetmoe run --trace-routing)");
   c_simulate->add_option("--kt-experts", simulate.kt_experts, "kt: routed experts on the device (-1: all that fit)")
+      ->capture_default_str();
+  c_simulate
+      ->add_option("--kt-prefill-tokens", simulate.kt_prefill_tokens,
+                   "kt: prompts of this many tokens move their experts to the device")
       ->capture_default_str();
   c_simulate->add_option("--critical", simulate.critical, "split: residuals per token")->capture_default_str();
   c_simulate->add_option("--gpu-bits", simulate.gpu_bits, "split: W^Q bits")->capture_default_str();
