@@ -278,6 +278,24 @@ TEST_F(Cli, RunWritesTheRoutingTraceOnTheCpuAndWithTheDevicePass) {
                "routing trace");
 }
 
+TEST_F(Cli, SimulatePredictsEveryPolicyOnAShippedProfile) {
+  const fs::path json = dir_ / "sim.json";
+  const fs::path hw = fs::path(HETMOE_SOURCE_DIR) / "profiles" / "ktransformers-2x6454s-4090d.json";
+  const Result r = hetmoe("simulate --hw " + hw.string() +
+                          " --model-config deepseek-v2-lite --prompt 64 --gen 4 --json " + json.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* policy : {"cpu ", "static ", "kt ", "crossover ", "split "})
+    EXPECT_NE(r.out.find(std::string("\n") + policy), std::string::npos) << policy << " missing in " << r.out;
+  EXPECT_NE(r.out.find("assumes: "), std::string::npos) << r.out;
+  const std::string j = read_all(json);
+  for (const char* field : {"\"results\"", "\"policy\": \"kt\"", "\"prefill_tok_s\"", "\"decode_tok_s\"",
+                            "\"dram_bytes\"", "\"vram_bytes\"", "\"predicted\": true"})
+    EXPECT_NE(j.find(field), std::string::npos) << field << " missing in " << j;
+  expect_error(hetmoe("simulate --hw " + (dir_ / "none.json").string()), "cannot open the machine profile");
+  expect_error(hetmoe("simulate --hw " + hw.string() + " --model-config gpt-5"), "not a preset");
+  expect_error(hetmoe("simulate --hw " + hw.string() + " --policies fastest"), "unknown policy");
+}
+
 TEST_F(Cli, LogitsWritesOneRowPerToken) {
   const fs::path out = dir_ / "logits.bin";
   const Result r = hetmoe("logits -m " + kModel.string() + " --tokens 3,17,42 --out " + out.string());
