@@ -15,7 +15,7 @@ class Residency {
  public:
   struct Options {
     int64_t slots = 0;           // experts the device holds, over all layers
-    double decay = 0.9;          // each step of a layer multiplies its experts' scores by this
+    double decay = 0.98;         // each step of a layer multiplies its experts' scores by this
     double gate_weight = 1.0;    // a step adds rows + gate_weight * (sum of mixing weights) to an expert's score
     double hysteresis = 0.25;    // an expert is admitted when its score beats the coldest resident's by this share
     int64_t max_admissions = 1;  // per layer step (each one is a copy over the link)

@@ -113,6 +113,7 @@ class Run {
       c.dram_bytes += bytes;
       return tier.stream_seconds(bytes, flops / static_cast<double>(n), n);
     };
+    double background = 0;  // admission copies still queued on the link
     const double attention_flops = 4.0 * static_cast<double>(m_.n_head * m_.attn_dim) * static_cast<double>(n) *
                                    (static_cast<double>(ctx) - static_cast<double>(n) / 2);
     for (int64_t l = 0; l < m_.n_layer; ++l) {
@@ -155,13 +156,16 @@ class Run {
             break;
         }
       }
+      // Admissions copy in the background: an admitted expert is first used at the next step, so its copy waits for
+      // the link's idle time (below) instead of holding up this layer.
       if (residency_ && policy_->adapts_residency())
         for (const Residency::Change& ch : residency_->observe(r))
           if (ch.admitted) {
-            link += cost_.move_seconds(shape_.device_bytes);
+            background += cost_.move_seconds(shape_.device_bytes);
             c.h2d_bytes += shape_.device_bytes;
           }
       double layer = std::max(cpu, std::max(gpu_resident, link) + gpu_moved);
+      background = std::max(0.0, background - (layer - link));
       if (dense_on_device_) {
         layer += o_.host_sync_s;
         if (cpu_work) {  // the normed rows down, the CPU's part up
@@ -173,6 +177,7 @@ class Run {
       c.seconds += layer;
     }
     c.seconds += dense(m_.output_bytes, m_.output_params, 0) / static_cast<double>(n);  // the last row's logits
+    c.seconds += background;  // copies the link had no idle time for finish before the next step
     return c;
   }
 
