@@ -14,8 +14,12 @@
 namespace hetmoe::gpu {
 namespace {
 
+// A failed call is also the thread's "last error" until someone reads it: cleared here, so that a failure the caller
+// handles (an allocation that falls back to the host) is not reported again by the next launch check.
 void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+  if (e == cudaSuccess) return;
+  cudaGetLastError();
+  throw std::runtime_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
 }
 
 cudaStream_t stream_of(Stream s) { return static_cast<cudaStream_t>(s); }
@@ -293,8 +297,8 @@ __global__ void rope_kernel(const float* table, float* x, int64_t n_tokens, int6
 constexpr int kAttnWarps = 4;
 
 __global__ void attention_kernel(AttentionArgs a, int64_t pos0, float* out) {
-  const int h = static_cast<int>(blockIdx.x);
-  const int64_t t = blockIdx.y;
+  const int64_t t = blockIdx.x;  // tokens on x: a prompt may exceed grid.y's 65535
+  const int h = static_cast<int>(blockIdx.y);
   const int g = h / (a.n_head / a.n_head_kv);
   const int lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp;
   extern __shared__ float smem[];
@@ -509,6 +513,8 @@ void* malloc_device(size_t bytes) {
 }
 void free_device(void* ptr) {
   if (!uses_pool()) return check(cudaFree(ptr), "cudaFree");
+  // As cudaFree would: nothing queued on any stream may still use the block the pool hands out next.
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   check(cudaFreeAsync(ptr, nullptr), "cudaFreeAsync");
   check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
 }
@@ -593,9 +599,9 @@ void gemm_by_chunks(int64_t rows, int64_t cols, const float* x, int64_t ldx, int
   const int64_t chunk = std::max<int64_t>(1, std::min(rows, kWorkspaceFloats / cols));
   if (g.floats < chunk * cols) {
     check(cudaStreamSynchronize(stream_of(s)), "cudaStreamSynchronize");  // the old workspace may be in use
-    if (g.workspace) check(cudaFree(g.workspace), "cudaFree");
+    if (g.workspace) free_device(g.workspace);
     g.workspace = nullptr;
-    check(cudaMalloc(&g.workspace, chunk * cols * sizeof(float)), "cudaMalloc (GEMM workspace)");
+    g.workspace = static_cast<float*>(malloc_device(chunk * cols * sizeof(float)));
     g.floats = chunk * cols;
   }
   const float one = 1.0f, zero = 0.0f;
@@ -747,13 +753,8 @@ void rope(const float* table, float* x, int64_t n_tokens, int64_t n_heads, int64
 void attention(const AttentionArgs& a, int64_t n_tokens, int64_t pos0, float* out, Stream s) {
   if (n_tokens == 0) return;
   const size_t shared = (a.head_dim_k + kAttnWarps * a.head_dim_v + 2 * kAttnWarps) * sizeof(float);
-  static bool raised = false;  // more than the default 48 KB of shared memory for wide heads (MLA: 576 + 4 x 512)
-  if (!raised) {
-    check(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024),
-          "cudaFuncSetAttribute");
-    raised = true;
-  }
-  const dim3 grid(static_cast<unsigned>(a.n_head), static_cast<unsigned>(n_tokens));
+  // At most (576 + 4 x 512 + 8) floats (MLA's latent head): 10.5 KB, within the default 48 KB.
+  const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(a.n_head));
   attention_kernel<<<grid, kWarp * kAttnWarps, shared, stream_of(s)>>>(a, pos0, out);
   check(cudaGetLastError(), "attention launch");
 }

@@ -107,11 +107,15 @@ class Run {
     StepCost c;
     const CpuTier& tier = cost_.tier(isa_);
     // The dense parts: on the device or on the CPU.
-    auto dense = [&](double bytes, double params, double extra_flops) {
-      const double flops = 2 * params * static_cast<double>(n) + extra_flops;
+    // Weights read once for `rows` rows.
+    auto dense_rows = [&](double bytes, double params, double extra_flops, int64_t rows) {
+      const double flops = 2 * params * static_cast<double>(rows) + extra_flops;
       if (dense_on_device_) return machine_.gpu->seconds(bytes, flops);
       c.dram_bytes += bytes;
-      return tier.stream_seconds(bytes, flops / static_cast<double>(n), n);
+      return tier.stream_seconds(bytes, flops / static_cast<double>(rows), rows);
+    };
+    auto dense = [&](double bytes, double params, double extra_flops) {
+      return dense_rows(bytes, params, extra_flops, n);
     };
     double background = 0;  // admission copies still queued on the link
     const double attention_flops = 4.0 * static_cast<double>(m_.n_head * m_.attn_dim) * static_cast<double>(n) *
@@ -176,7 +180,7 @@ class Run {
       }
       c.seconds += layer;
     }
-    c.seconds += dense(m_.output_bytes, m_.output_params, 0) / static_cast<double>(n);  // the last row's logits
+    c.seconds += dense_rows(m_.output_bytes, m_.output_params, 0, 1);  // the last token's logits
     c.seconds += background;  // copies the link had no idle time for finish before the next step
     return c;
   }
@@ -221,8 +225,10 @@ std::vector<SimResult> simulate(const Machine& machine, const SimModel& model, c
   std::vector<SimResult> results;
   for (const std::string& name : options.policies) {
     Run run(machine, model, options, name);
-    {
-      // The warm-up that warm-starts residency: the same workload (expert ranking), other draws.
+    if (options.trace) {
+      run.warm_start(options.trace->counts());  // a recorded trace warm-starts residency with all of its counts
+    } else {
+      // Synthetic routing: a warm-up of the same workload (expert ranking), other draws.
       RoutingSource warm(model, options, options.seed + 1);
       std::vector<std::vector<double>> counts(static_cast<size_t>(model.n_layer),
                                               std::vector<double>(static_cast<size_t>(model.n_expert)));

@@ -43,12 +43,13 @@ struct SimOptions {
   int64_t n_critical = 2;  // split: residuals per token
   double zipf = 1.0;       // synthetic routing's skew (when no trace is given)
   uint64_t seed = 1;
-  const RoutingTrace* trace = nullptr;  // replayed (cycled) instead of synthetic routing; layers and experts must match
-  int64_t kt_resident_experts = -1;     // kt: experts placed on the device (-1: as many as fit)
-  double vram_reserve_bytes = 1e9;      // device memory kept for working buffers
-  double kv_bytes_per_value = 2;        // the KV cache's precision (f16)
-  double host_sync_s = 20e-6;           // per MoE layer with the pass on the device: routing down and back
-  PolicyOptions policy;                 // thresholds (isa and n_layer are set by the simulator)
+  // Replayed (cycled) instead of synthetic routing, and its counts warm-start residency; layers and experts must match.
+  const RoutingTrace* trace = nullptr;
+  int64_t kt_resident_experts = -1;  // kt: experts placed on the device (-1: as many as fit)
+  double vram_reserve_bytes = 1e9;   // device memory kept for working buffers
+  double kv_bytes_per_value = 4;     // the KV cache's precision (F32, as hetmoe's)
+  double host_sync_s = 20e-6;        // per MoE layer with the pass on the device: routing down and back
+  PolicyOptions policy;              // thresholds (isa and n_layer are set by the simulator)
 };
 
 struct SimResult {

@@ -42,9 +42,11 @@ double best_seconds(Fn fn) {
 nlohmann::json measure_device(device::Device& d, const cpu::ExpertFfn& e, int64_t n_embd, int64_t max_rows) {
   const int s = d.create_stream();
   const size_t big = size_t{64} << 20, small = 4096;
+  // Staging for the link test and the expert's input rows, whichever is larger.
+  const size_t floats = std::max(big / sizeof(float), static_cast<size_t>(max_rows * n_embd));
   device::HostMemory host(d);
-  float* staged = host.reserve(big / sizeof(float));
-  std::fill(staged, staged + big / sizeof(float), 1.0f);
+  float* staged = host.reserve(floats);
+  std::fill(staged, staged + floats, 1.0f);
   device::DeviceMemory target(d, big);
   auto copy_seconds = [&](size_t bytes) {
     return best_seconds([&] {

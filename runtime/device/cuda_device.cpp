@@ -133,6 +133,9 @@ class CudaDevice final : public Device {
     const gpu::SelectionArgs a{p.n_expert, p.n_used, p.sigmoid, p.norm, p.scale, p.n_group, p.n_group_used};
     gpu::select_experts(a, logits, bias, n, ids, weights, s(stream));
   }
+  bool selects_experts(int64_t n_expert, int64_t n_group) const override {
+    return n_expert <= gpu::kMaxSelectionExperts && n_group <= 64;
+  }
   void copy_rows(int stream, const float* src, int64_t lds, int64_t n_rows, int64_t width, float* dst,
                  int64_t ldd) override {
     gpu::copy_rows(src, lds, n_rows, width, dst, ldd, s(stream));

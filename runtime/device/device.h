@@ -94,6 +94,8 @@ class Device {
   // null, ids [n][n_used] (int32) and weights [n][n_used].
   virtual void select_experts(int stream, const cpu::ExpertSelection& p, float* logits, const float* bias, int64_t n,
                               int32_t* ids, float* weights) = 0;
+  // Whether select_experts takes a router of this many experts and groups (the CUDA kernel: up to 512 and 64).
+  virtual bool selects_experts(int64_t n_expert, int64_t n_group) const = 0;
   // dst[t] = sum over j < k with index[t][j] >= 0 of weights[t][j] * src[index[t][j]] (rows of `width` floats, in
   // j order), for t < n; a row with no index is zero. The weighted sum of each token's expert outputs.
   virtual void combine_rows(int stream, const float* src, int64_t width, const int32_t* index, const float* weights,

@@ -226,6 +226,7 @@ class EmulatedDevice final : public Device {
         cpu::select_experts(p, logits + t * p.n_expert, bias, ids + t * p.n_used, weights + t * p.n_used);
     });
   }
+  bool selects_experts(int64_t, int64_t) const override { return true; }
   void host_callback(int stream, std::function<void()> fn) override { worker(stream).enqueue(std::move(fn)); }
 
   Event record(int stream) override { return {stream, worker(stream).queued()}; }

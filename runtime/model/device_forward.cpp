@@ -81,6 +81,11 @@ void Model::forward_on_device(std::span<const int32_t> tokens, int64_t pos0, KvC
   const int s = f.pass.stream;
   const int64_t n = static_cast<int64_t>(tokens.size()), E = c.n_embd, nd = c.rope.n_dims;
   trace_ = trace;
+  // trace_ is cleared however the pass ends.
+  struct ClearTrace {
+    Trace*& trace;
+    ~ClearTrace() { trace = nullptr; }
+  } clear_trace{trace_};
   // Up: the embedding rows and the RoPE table of the batch's positions (the YaRN arithmetic stays on the host, in
   // cpu::rope_cache).
   float* up = f.up.reserve(n * (E + nd));
@@ -100,7 +105,6 @@ void Model::forward_on_device(std::span<const int32_t> tokens, int64_t pos0, KvC
   for (int64_t l = 0; l < c.n_layer; ++l) {
     if (cancel && cancel->load(std::memory_order_relaxed)) {
       d.synchronize();  // the staging buffers are reused by the next call
-      trace_ = nullptr;
       throw Cancelled();
     }
     d.rms_norm(s, x, E, f.weights.vector(f.attn_norm[l]), n, E, c.rms_eps, xn, E);
@@ -131,7 +135,6 @@ void Model::forward_on_device(std::span<const int32_t> tokens, int64_t pos0, KvC
     matmul(output_, normed.data(), n_out, logits.data(), c.n_vocab);
   }
   d.synchronize(d.record(s));
-  trace_ = nullptr;
 }
 
 void Model::ffn_on_device(int64_t layer, const float* x, int64_t n, float* out) {
@@ -151,7 +154,7 @@ void Model::ffn_on_device(int64_t layer, const float* x, int64_t n, float* out) 
   // and the critical experts' residuals, with the router's choice (made on the device; with a trace, the logits come
   // down and the host routes, reporting every step of it).
   const int64_t ne = c.is_moe_layer(layer) ? c.n_expert : 0, nu = c.n_expert_used;
-  const bool select_here = ne > 0 && !trace_;
+  const bool select_here = ne > 0 && !trace_ && d.selects_experts(c.n_expert, c.n_group);
   const RoutingParams p{.n_expert = c.n_expert,
                         .n_used = nu,
                         .gating = c.gating,

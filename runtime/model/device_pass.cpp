@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "quant/ggml_type.h"
+#include "runtime/error.h"
 
 namespace hetmoe::model {
 namespace {
@@ -48,7 +49,15 @@ float* DevicePass::scratch(size_t slot, size_t floats) {
   if (b.bytes() < floats * sizeof(float)) {
     device.synchronize();  // queued work may still use the old buffer
     b.reset();
-    b = device::DeviceMemory(device, std::max<size_t>(floats, 1) * sizeof(float));
+    try {
+      b = device::DeviceMemory(device, std::max<size_t>(floats, 1) * sizeof(float));
+    } catch (const Error&) {
+      fail(
+          "{}: the forward pass needs {:.1f} MB more device memory than is free ({:.1f} of {:.1f} GB in use); use a "
+          "smaller --ctx-size or --device-memory, or --host-pass",
+          device.name(), static_cast<double>(floats * sizeof(float)) / 1e6, static_cast<double>(device.used()) / 1e9,
+          static_cast<double>(device.capacity()) / 1e9);
+    }
   }
   return b.as<float>();
 }

@@ -215,10 +215,17 @@ KvCache Model::make_cache(int64_t n_ctx) const {
   if (n_ctx > config_.n_ctx_train)
     fail("context size {} exceeds the model's training context of {}", n_ctx, config_.n_ctx_train);
   if (device_forward_) {
-    try {
-      return KvCache(device_forward_->pass.device, config_.n_layer, n_ctx, cache_k_width(), cache_v_width());
-    } catch (const Error&) {
-      // no room on the device: a host cache, with attention on the CPU
+    // On the device when it fits and leaves room for the pass's working buffers (an eighth of the device, at most
+    // 1 GB); else a host cache, with attention on the CPU.
+    device::Device& d = device_forward_->pass.device;
+    const size_t bytes = static_cast<size_t>(config_.n_layer * n_ctx * (cache_k_width() + cache_v_width())) * 4;
+    const size_t keep = std::min(d.capacity() / 8, size_t{1} << 30);
+    if (d.used() + bytes + keep <= d.capacity()) {
+      try {
+        return KvCache(d, config_.n_layer, n_ctx, cache_k_width(), cache_v_width());
+      } catch (const Error&) {
+        // the allocation failed after all: the host cache below
+      }
     }
   }
   return KvCache(config_.n_layer, n_ctx, cache_k_width(), cache_v_width());
