@@ -101,6 +101,7 @@ struct SimulateOptions {
   int64_t critical = 2;                 // split: residuals per token
   int gpu_bits = 2, residual_bits = 4;  // split: the formats
   uint64_t seed = 1;
+  std::string svg;  // and the picture (policies, crossover curves)
   std::string json;
 };
 

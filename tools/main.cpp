@@ -111,6 +111,7 @@ int main(int argc, char** argv) {
   c_simulate->add_option("--residual-bits", simulate.residual_bits, "split: W^R bits")->capture_default_str();
   c_simulate->add_option("--seed", simulate.seed, "synthetic routing's seed")->capture_default_str();
   c_simulate->add_option("--json", simulate.json, "also write the predictions here");
+  c_simulate->add_option("--svg", simulate.svg, "and draw them with the crossover curves (SVG)");
 
   cli::KlOptions kl;
   std::string kl_tokens;

@@ -281,9 +281,15 @@ TEST_F(Cli, RunWritesTheRoutingTraceOnTheCpuAndWithTheDevicePass) {
 TEST_F(Cli, SimulatePredictsEveryPolicyOnAShippedProfile) {
   const fs::path json = dir_ / "sim.json";
   const fs::path hw = fs::path(HETMOE_SOURCE_DIR) / "profiles" / "ktransformers-2x6454s-4090d.json";
-  const Result r = hetmoe("simulate --hw " + hw.string() +
-                          " --model-config deepseek-v2-lite --prompt 64 --gen 4 --json " + json.string());
+  const fs::path svg = dir_ / "sim.svg";
+  const Result r =
+      hetmoe("simulate --hw " + hw.string() + " --model-config deepseek-v2-lite --prompt 64 --gen 4 --json " +
+             json.string() + " --svg " + svg.string());
   ASSERT_EQ(r.status, 0) << r.err;
+  const std::string picture = read_all(svg);
+  EXPECT_EQ(picture.rfind("<svg ", 0), 0u);
+  for (const char* part : {"prefill tokens/s", "decode tokens/s", "CPU avx512", "CPU amx", "move + RTX 4090D", ">kt<"})
+    EXPECT_NE(picture.find(part), std::string::npos) << part;
   for (const char* policy : {"cpu ", "static ", "kt ", "crossover ", "split "})
     EXPECT_NE(r.out.find(std::string("\n") + policy), std::string::npos) << policy << " missing in " << r.out;
   EXPECT_NE(r.out.find("assumes: "), std::string::npos) << r.out;

@@ -1,0 +1,30 @@
+#pragma once
+
+// The picture `bench --svg` and `simulate --svg` write: the policies' prefill and decode tokens/s side by side, and
+// the CPU/GPU crossover curves of one expert (time against rows per CPU tier, and moving it plus the device's time),
+// with each tier's crossover marked. Plain SVG 1.1, no scripts.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hetmoe::cli {
+
+struct PolicyBar {
+  std::string policy;
+  double prefill_tok_s = 0, decode_tok_s = 0;
+};
+
+struct CostCurve {
+  std::string label;
+  std::vector<int64_t> rows;
+  std::vector<double> seconds;
+  int64_t crossover = -1;  // a CPU tier's crossover row count, marked on its curve (-1: none)
+};
+
+std::string policies_svg(const std::string& title, const std::vector<PolicyBar>& bars,
+                         const std::vector<CostCurve>& curves);
+// Writes the picture to `path` (fails with hetmoe::Error when it cannot).
+void write_svg(const std::string& path, const std::string& svg);
+
+}  // namespace hetmoe::cli
