@@ -67,8 +67,8 @@ class KtPolicy final : public Policy {
 // Per expert from the cost model; `split` adds the critical rows' residuals to resident experts.
 class CrossoverPolicy final : public Policy {
  public:
-  CrossoverPolicy(const CostModel& cost, const ExpertShape& expert, const PolicyOptions& o, bool split)
-      : o_(o), split_(split), threshold_(cost.crossover(o.isa, expert)) {}
+  CrossoverPolicy(const CostModel* cost, const ExpertShape& expert, const PolicyOptions& o, bool split)
+      : o_(o), split_(split), threshold_(o.fixed_crossover ? o.fixed_crossover : cost->crossover(o.isa, expert)) {}
   std::string name() const override { return split_ ? "split" : "crossover"; }
   bool dense_on_device() const override { return true; }
   bool uses_residency() const override { return true; }
@@ -104,15 +104,20 @@ const std::vector<std::string>& policy_names() {
 
 std::unique_ptr<Policy> make_policy(const std::string& name, const CostModel& cost, const ExpertShape& expert,
                                     const PolicyOptions& options) {
-  cost.tier(options.isa);  // throws for a tier the model lacks
-  if (name == "cpu" ||
-      (!options.has_device && (name == "static" || name == "kt" || name == "crossover" || name == "split")))
-    return std::make_unique<CpuPolicy>();
+  return make_policy(name, &cost, expert, options);
+}
+
+std::unique_ptr<Policy> make_policy(const std::string& name, const CostModel* cost, const ExpertShape& expert,
+                                    const PolicyOptions& options) {
+  const bool known = name == "cpu" || name == "static" || name == "kt" || name == "crossover" || name == "split";
+  if (!known) throw std::invalid_argument("unknown policy '" + name + "' (use cpu, static, kt, crossover or split)");
+  if (cost) cost->tier(options.isa);  // throws for a tier the model lacks
+  if (name == "cpu" || !options.has_device) return std::make_unique<CpuPolicy>();
   if (name == "static") return std::make_unique<StaticPolicy>(options);
   if (name == "kt") return std::make_unique<KtPolicy>(options);
-  if (name == "crossover") return std::make_unique<CrossoverPolicy>(cost, expert, options, false);
-  if (name == "split") return std::make_unique<CrossoverPolicy>(cost, expert, options, true);
-  throw std::invalid_argument("unknown policy '" + name + "' (use cpu, static, kt, crossover or split)");
+  if (!cost && !options.fixed_crossover)
+    throw std::invalid_argument("policy '" + name + "' needs a cost model (a profile) or a fixed crossover");
+  return std::make_unique<CrossoverPolicy>(cost, expert, options, name == "split");
 }
 
 }  // namespace hetmoe::sched

@@ -33,6 +33,8 @@ struct PolicyOptions {
   int64_t batch_threshold = 32;      // static: llama.cpp's rule
   int64_t kt_prefill_tokens = 1024;  // kt: KTransformers' hand-set threshold (400-4096 in its configurations)
   int64_t prefetch = 1;              // crossover, split: experts of the next layer prefetched per step
+  // crossover, split: this threshold instead of the cost model's crossover (the runtime without a profile).
+  std::optional<int64_t> fixed_crossover;
 };
 
 class Policy {
@@ -51,6 +53,9 @@ class Policy {
 
 // Throws std::invalid_argument for an unknown name or an ISA tier the cost model lacks.
 std::unique_ptr<Policy> make_policy(const std::string& name, const CostModel& cost, const ExpertShape& expert,
+                                    const PolicyOptions& options);
+// The same where there may be no cost model (null): crossover and split then need options.fixed_crossover.
+std::unique_ptr<Policy> make_policy(const std::string& name, const CostModel* cost, const ExpertShape& expert,
                                     const PolicyOptions& options);
 const std::vector<std::string>& policy_names();
 

@@ -165,7 +165,14 @@ class Policies : public ::testing::Test {
  protected:
   ExpertShape e = expert_10mb();
   CostModel cost = model(10e12, 5e9);  // crossover: 23 rows on avx2
-  PolicyOptions opt{.isa = "avx2", .n_layer = 2, .batch_threshold = 32, .kt_prefill_tokens = 400};
+  PolicyOptions opt = [] {
+    PolicyOptions o;
+    o.isa = "avx2";
+    o.n_layer = 2;
+    o.batch_threshold = 32;
+    o.kt_prefill_tokens = 400;
+    return o;
+  }();
   int64_t threshold() const { return *cost.crossover("avx2", e); }
 };
 
@@ -233,6 +240,13 @@ TEST_F(Policies, WithoutADeviceEveryPolicyPlansForTheCpu) {
   PolicyOptions bad = opt;
   bad.isa = "neon";
   EXPECT_THROW(make_policy("cpu", cost, e, bad), std::invalid_argument);
+  // Without a cost model: crossover needs a fixed threshold, and then uses it.
+  EXPECT_THROW(make_policy("crossover", nullptr, e, opt), std::invalid_argument);
+  PolicyOptions fixed = opt;
+  fixed.fixed_crossover = 5;
+  Residency r(2, 4, {.slots = 0});
+  EXPECT_EQ(actions(make_policy("crossover", nullptr, e, fixed)->plan(routing(0, 8, {{0, 4, 0, 1}, {1, 5, 0, 1}}), &r)),
+            (std::vector<Action>{Action::kCpuInPlace, Action::kMove}));
 }
 
 // --- machine profiles ---------------------------------------------------------------------------------------------
