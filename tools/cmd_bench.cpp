@@ -11,10 +11,14 @@
 
 #include "cpu_kernels/bandwidth.h"
 #include "cpu_kernels/kernel_table.h"
+#include "runtime/device/device.h"
 #include "runtime/engine/session.h"
 #include "runtime/error.h"
+#include "runtime/gguf/reader.h"
 #include "runtime/model/config.h"
 #include "runtime/model/model.h"
+#include "runtime/model/split.h"
+#include "scheduler/policies.h"
 #include "tools/commands.h"
 
 namespace hetmoe::cli {
@@ -31,14 +35,17 @@ std::string cpu_model_name() {
 // One measured run: prefill of the prompt, then greedy decoding, then the DRAM bandwidth with the same threads.
 struct Run {
   double prefill_tok_s = 0, decode_tok_s = 0, bandwidth = 0, roofline_fraction = 0;
-  double h2d_bytes_per_token = 0;  // with a device: bytes copied host to device per decoded token
-  double d2h_bytes_per_token = 0;  // and device to host
+  double h2d_bytes_per_token = 0;         // with a device: bytes copied host to device per decoded token
+  double d2h_bytes_per_token = 0;         // and device to host
+  double ttft_s = 0;                      // the prompt's evaluation: time to the first token's logits
+  double cpu_expert_bytes_per_token = 0;  // with a device: routed-expert weights the CPU read per decoded token
 };
 
 struct PolicyResult {
   std::string policy, device;
   int threads = 0;
   double bytes_per_token = 0;
+  double device_bytes = 0;  // device memory in use (0: no device)
   std::vector<Run> runs;
   Run median;  // of each field separately
 };
@@ -65,6 +72,7 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token) {
   const auto t1 = std::chrono::steady_clock::now();
   const model::DeviceExperts* device = m.device_experts();
   const device::TransferStats before = device ? device->device().transfers() : device::TransferStats{};
+  const uint64_t cpu_bytes_before = device ? device->cpu_expert_bytes() : 0;
   for (int i = 0; i < opt.gen; ++i) {
     const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     const int32_t one[1] = {next};
@@ -73,7 +81,9 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token) {
   const auto t2 = std::chrono::steady_clock::now();
   r.prefill_tok_s = opt.prompt / std::chrono::duration<double>(t1 - t0).count();
   r.decode_tok_s = opt.gen / std::chrono::duration<double>(t2 - t1).count();
+  r.ttft_s = std::chrono::duration<double>(t1 - t0).count();
   if (device) {
+    r.cpu_expert_bytes_per_token = static_cast<double>(device->cpu_expert_bytes() - cpu_bytes_before) / opt.gen;
     const device::TransferStats after = device->device().transfers();
     r.h2d_bytes_per_token = static_cast<double>(after.to_device_bytes - before.to_device_bytes) / opt.gen;
     r.d2h_bytes_per_token = static_cast<double>(after.to_host_bytes - before.to_host_bytes) / opt.gen;
@@ -86,17 +96,18 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token) {
 
 // A warm-up run (the mapped weights fault in, scratch buffers size themselves; not counted), then opt.repeat
 // measured runs. Shared machines vary from run to run, so the result is the median with the spread kept.
-PolicyResult bench_cpu(model::Model& m, const BenchOptions& opt, int threads) {
+PolicyResult bench_policy(model::Model& m, const BenchOptions& opt, int threads, const std::string& policy) {
   PolicyResult r;
-  r.policy = "cpu";
+  r.policy = policy;
   r.threads = threads;
   r.device = fmt::format("{} ({} kernels)", cpu_model_name(), cpu::isa_name(cpu::kernels().isa));
   if (const model::DeviceExperts* d = m.device_experts()) r.device += fmt::format(" + {}", d->device().name());
   r.bytes_per_token = model::active_bytes_per_token(m.file(), m.config());
+  fmt::print(stderr, "\r  {}: warm-up run   ", r.policy);
   run_cpu(m, opt, r.bytes_per_token);
   for (int i = 0; i < opt.repeat; ++i) {
+    fmt::print(stderr, "\r  {}: run {}/{}      ", r.policy, i + 1, opt.repeat);
     r.runs.push_back(run_cpu(m, opt, r.bytes_per_token));
-    fmt::print(stderr, "\r  {} run {}/{}", r.policy, i + 1, opt.repeat);
   }
   fmt::print(stderr, "\n");
   auto field = [&](double Run::*f) {
@@ -104,8 +115,14 @@ PolicyResult bench_cpu(model::Model& m, const BenchOptions& opt, int threads) {
     for (const Run& run : r.runs) v.push_back(run.*f);
     return median_of(v);
   };
-  r.median = {field(&Run::prefill_tok_s),     field(&Run::decode_tok_s),        field(&Run::bandwidth),
-              field(&Run::roofline_fraction), field(&Run::h2d_bytes_per_token), field(&Run::d2h_bytes_per_token)};
+  r.median = {field(&Run::prefill_tok_s),
+              field(&Run::decode_tok_s),
+              field(&Run::bandwidth),
+              field(&Run::roofline_fraction),
+              field(&Run::h2d_bytes_per_token),
+              field(&Run::d2h_bytes_per_token),
+              field(&Run::ttft_s),
+              field(&Run::cpu_expert_bytes_per_token)};
   return r;
 }
 
@@ -126,25 +143,49 @@ int bench(const BenchOptions& opt) {
   if (opt.prompt < 1 || opt.gen < 1) fail("--prompt and --gen must be at least 1");
   if (opt.repeat < 1) fail("--repeat must be at least 1");
   for (const std::string& p : opt.policies)
-    if (p != "cpu") fail("unknown policy '{}' (available: cpu)", p);
+    if (std::find(sched::policy_names().begin(), sched::policy_names().end(), p) == sched::policy_names().end())
+      fail("unknown policy '{}' (use cpu, static, kt, crossover or split)", p);
   const int threads = resolve_threads(opt.threads);
-  auto m = load_model(opt.model, threads, opt.critical, opt.device);
+  // What the policies need, checked before anything is loaded.
+  const bool device_policies =
+      std::any_of(opt.policies.begin(), opt.policies.end(), [](const std::string& p) { return p != "cpu"; });
+  if (device_policies && (opt.device.kind == "cpu" || (opt.device.kind == "auto" && device::cuda_device_count() == 0)))
+    fail("policies other than cpu need a device: --device emulated, or --device cuda on a machine with a GPU");
+  if (std::find(opt.policies.begin(), opt.policies.end(), "split") != opt.policies.end() &&
+      !gguf::GgufFile::open(opt.model).find(model::kSplitVersionKey))
+    fail("policy split needs a split model (hetmoe split writes one)");
 
+  // Each policy on a freshly loaded model (the file stays mapped by the OS cache): cpu without a device, the others
+  // with the device of --device, placed and run by their plans.
   std::vector<PolicyResult> results;
-  for (const std::string& policy : opt.policies)
-    if (policy == "cpu") results.push_back(bench_cpu(*m, opt, threads));
+  std::unique_ptr<model::Model> m;
+  for (const std::string& policy : opt.policies) {
+    DeviceOptions d = opt.device;
+    d.policy = policy;
+    if (policy == "cpu") d.kind = "cpu";
+    m.reset();
+    m = load_model(opt.model, threads, opt.critical, d);
+    PolicyResult r = bench_policy(*m, opt, threads, policy);
+    if (const model::DeviceExperts* dev = m->device_experts())
+      r.device_bytes = static_cast<double>(dev->device().used());
+    results.push_back(std::move(r));
+  }
+  fmt::print(stderr, "\n");
 
   fmt::print("model {}  ({:.2f} GB file, {:.3f} GB read per decoded token), median [min-max] of {} runs\n", opt.model,
              static_cast<double>(m->file().file_size()) / 1e9, results.front().bytes_per_token / 1e9, opt.repeat);
-  fmt::print("{:<8} {:>7}  {:<26} {:<24} {:<18} {:<12}  {}\n", "policy", "threads", "prefill tok/s", "decode tok/s",
-             "DRAM GB/s", "roofline %", "device");
+  fmt::print("{:<9} {:>7}  {:<26} {:<24} {:<10} {:<18} {:<12}  {}\n", "policy", "threads", "prefill tok/s",
+             "decode tok/s", "TTFT s", "DRAM GB/s", "roofline %", "device");
   for (const PolicyResult& r : results) {
-    fmt::print("{:<8} {:>7}  {:<26} {:<24} {:<18} {:<12}  {}\n", r.policy, r.threads,
-               spread(r, &Run::prefill_tok_s, 1, 1), spread(r, &Run::decode_tok_s, 1, 2),
+    fmt::print("{:<9} {:>7}  {:<26} {:<24} {:<10.3f} {:<18} {:<12}  {}\n", r.policy, r.threads,
+               spread(r, &Run::prefill_tok_s, 1, 1), spread(r, &Run::decode_tok_s, 1, 2), r.median.ttft_s,
                spread(r, &Run::bandwidth, 1e-9, 1), spread(r, &Run::roofline_fraction, 100, 0), r.device);
-    if (m->device_experts())
-      fmt::print("{:<8} per decoded token: host to device {} KB, device to host {} KB\n", "",
-                 spread(r, &Run::h2d_bytes_per_token, 1e-3, 1), spread(r, &Run::d2h_bytes_per_token, 1e-3, 1));
+    if (r.device_bytes > 0)
+      fmt::print(
+          "{:<9} per decoded token: host to device {} KB, device to host {} KB, CPU expert weights {} MB; "
+          "device memory {:.2f} GB\n",
+          "", spread(r, &Run::h2d_bytes_per_token, 1e-3, 1), spread(r, &Run::d2h_bytes_per_token, 1e-3, 1),
+          spread(r, &Run::cpu_expert_bytes_per_token, 1e-6, 1), r.device_bytes / 1e9);
   }
 
   if (!opt.json.empty()) {
@@ -160,7 +201,9 @@ int bench(const BenchOptions& opt) {
                         {"dram_read_bytes_per_s", run.bandwidth},
                         {"roofline_fraction", run.roofline_fraction},
                         {"h2d_bytes_per_token", run.h2d_bytes_per_token},
-                        {"d2h_bytes_per_token", run.d2h_bytes_per_token}});
+                        {"d2h_bytes_per_token", run.d2h_bytes_per_token},
+                        {"ttft_s", run.ttft_s},
+                        {"cpu_expert_bytes_per_token", run.cpu_expert_bytes_per_token}});
       // The agreed fields hold the medians; "runs" keeps every measurement.
       j["results"].push_back({{"policy", r.policy},
                               {"device", r.device},
@@ -172,6 +215,9 @@ int bench(const BenchOptions& opt) {
                               {"roofline_fraction", r.median.roofline_fraction},
                               {"h2d_bytes_per_token", r.median.h2d_bytes_per_token},
                               {"d2h_bytes_per_token", r.median.d2h_bytes_per_token},
+                              {"ttft_s", r.median.ttft_s},
+                              {"cpu_expert_bytes_per_token", r.median.cpu_expert_bytes_per_token},
+                              {"device_memory_bytes", r.device_bytes},
                               {"runs", runs}});
     }
     std::ofstream f(opt.json);

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 
+#include "cpu_kernels/kernel_table.h"
 #include "runtime/device/device.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/sampler.h"
@@ -15,6 +16,7 @@
 #include "runtime/error.h"
 #include "runtime/model/model.h"
 #include "runtime/text/tokenizer.h"
+#include "scheduler/machine.h"
 #include "scheduler/routing_trace.h"
 #include "tools/commands.h"
 
@@ -65,10 +67,32 @@ std::unique_ptr<model::Model> load_model(const std::string& path, int threads, c
     if (device_opt.memory_gb > 0) budget = std::min(budget, static_cast<size_t>(device_opt.memory_gb * 1e9));
     if (device_opt.move_rows < 0 || device_opt.move_slots < 0)
       fail("--move-rows and --move-slots must not be negative");
+    // The cost model (and its CPU tier: the one this build runs) from a profile; warm counts from a routing trace.
+    std::optional<sched::Machine> machine;
+    std::optional<sched::CostModel> cost;
+    std::string isa(cpu::isa_name(cpu::kernels().isa));
+    if (!device_opt.profile.empty()) {
+      machine = sched::load_machine(device_opt.profile);
+      if (!machine->gpu) {
+        // calibrate without --device measured no link and no device: no crossover to take.
+        fail("{}: the profile has no device; run hetmoe calibrate with --device (or use a hetmoe-hw/1 profile)",
+             device_opt.profile);
+      }
+      cost.emplace(machine->cost_model());
+      bool has = false;
+      for (const sched::CpuTier& t : cost->tiers()) has = has || t.isa == isa;
+      if (!has) isa = machine->best_tier().isa;
+    }
+    std::vector<std::vector<double>> warm;
+    if (!device_opt.warm_trace.empty()) warm = sched::RoutingTrace::load(device_opt.warm_trace).counts();
     model->attach_device(*d,
                          {.budget_bytes = budget - std::min(budget / 4, size_t{1} << 30),
                           .move_rows = device_opt.move_rows,
-                          .move_slots = device_opt.move_slots},
+                          .move_slots = device_opt.move_slots,
+                          .policy = device_opt.policy,
+                          .cost = cost ? &*cost : nullptr,
+                          .isa = isa,
+                          .warm_counts = std::move(warm)},
                          !device_opt.host_pass);
     const model::DeviceExperts& on = *model->device_experts();
     if (model->pass_on_device())

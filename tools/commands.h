@@ -16,12 +16,15 @@ namespace hetmoe::cli {
 // build has it and a GPU is present, else cpu).
 struct DeviceOptions {
   std::string kind = "auto";
-  double memory_gb = 0;        // emulated: its capacity (default 24 GB); any device: the experts' budget
-  double link_gb_s = 0;        // emulated: throttle copies to this host-device bandwidth (0: no throttle)
-  double link_latency_us = 0;  // emulated: and this latency per copy
-  int64_t move_rows = 32;      // experts not resident but with this many rows in a step are copied in (0: never)
-  int move_slots = 2;          // how many such experts a step may copy in
-  bool host_pass = false;      // norms, attention, routers and the KV cache stay on the CPU
+  double memory_gb = 0;              // emulated: its capacity (default 24 GB); any device: the experts' budget
+  double link_gb_s = 0;              // emulated: throttle copies to this host-device bandwidth (0: no throttle)
+  double link_latency_us = 0;        // emulated: and this latency per copy
+  int64_t move_rows = 32;            // experts not resident but with this many rows in a step are copied in (0: never)
+  int move_slots = 2;                // how many such experts a step may copy in
+  bool host_pass = false;            // norms, attention, routers and the KV cache stay on the CPU
+  std::string policy = "crossover";  // the scheduler's policy for routed experts (static, kt, crossover, split)
+  std::string profile{};             // a machine profile for the cost model (calibrate's or hetmoe-hw/1)
+  std::string warm_trace{};          // a routing trace whose counts place the routed experts
 };
 
 struct InspectOptions {

@@ -34,6 +34,12 @@ void add_device(CLI::App* cmd, cli::DeviceOptions* d) {
   cmd->add_option("--move-rows", d->move_rows, "copy a non-resident expert to the device for a step of this many rows")
       ->capture_default_str();
   cmd->add_option("--move-slots", d->move_slots, "experts a step may copy in")->capture_default_str();
+  cmd->add_option("--policy", d->policy, "offload policy for routed experts: static, kt, crossover, split")
+      ->capture_default_str();
+  cmd->add_option("--profile", d->profile,
+                  "machine profile for the crossover (hetmoe calibrate's, or a hetmoe-hw/1 file); "
+                  "without one, --move-rows is the threshold");
+  cmd->add_option("--warm-trace", d->warm_trace, "routing trace whose hottest experts go to the device first");
   cmd->add_flag("--host-pass", d->host_pass,
                 "keep norms, attention and the KV cache on the CPU (only FFN weights go to the device)");
 }
@@ -182,7 +188,8 @@ int main(int argc, char** argv) {
   cli::BenchOptions bench;
   CLI::App* c_bench = app.add_subcommand("bench", "prefill and decode speed against the DRAM roofline");
   c_bench->add_option("-m,--model", bench.model, "GGUF file")->required();
-  c_bench->add_option("--policies", bench.policies, "offload policies to compare (available: cpu)")->delimiter(',');
+  c_bench->add_option("--policies", bench.policies, "offload policies to compare: cpu, static, kt, crossover, split")
+      ->delimiter(',');
   c_bench->add_option("--prompt", bench.prompt, "prefill tokens")->check(CLI::PositiveNumber);
   c_bench->add_option("--gen", bench.gen, "decoded tokens")->check(CLI::PositiveNumber);
   c_bench->add_option("--json", bench.json, "also write the results as JSON");

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <stdexcept>
 
 #include "cpu_kernels/experts.h"
 #include "cpu_kernels/scratch.h"
@@ -29,6 +31,19 @@ device::DeviceMatrix upload(device::Device& device, int stream, const cpu::Weigh
   return {w.type, w.n_cols, w.n_rows, w.row_bytes, dst};
 }
 
+// Weight bytes the CPU reads for routed expert e in a step: W (or W^Q, plus W^R when any item is critical) when
+// it runs there whole; W^R only for a device expert's critical items (whole = false).
+uint64_t routed_bytes(const MoeWeights& w, const RoutedItems& items, int64_t e, int64_t n_embd, bool whole) {
+  bool critical = false;
+  for (int64_t o = items.begin(e); o < items.end[e] && w.split(); ++o) critical |= items.critical[items.order[o]] != 0;
+  auto part = [&](const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up, const cpu::WeightMatrix& down) {
+    return gate.row_bytes * w.n_ff_exp + up.row_bytes * w.n_ff_exp + down.row_bytes * n_embd;
+  };
+  uint64_t bytes = whole ? part(w.gate_exps, w.up_exps, w.down_exps) : 0;
+  if (critical) bytes += part(w.gate_exps_r, w.up_exps_r, w.down_exps_r);
+  return bytes;
+}
+
 }  // namespace
 
 DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement, std::span<const Expert> experts)
@@ -44,27 +59,86 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
       gather_host_(device),
       combine_host_(device),
       cpu_part_host_(device) {
-  std::vector<const Expert*> chosen;
-  size_t total = 0;
+  // The policy over the routed experts: their count and the shape of the largest the device runs.
+  int64_t n_layer = 0, n_expert = 0;
+  sched::ExpertShape shape;
+  for (const Expert& e : experts) {
+    if (e.expert < 0) continue;
+    n_layer = std::max(n_layer, e.layer + 1);
+    n_expert = std::max(n_expert, e.expert + 1);
+    if (!runs(e.gate, e.up, e.down)) continue;
+    const size_t b = expert_bytes(e.gate, e.up, e.down);
+    if (b > move_slot_bytes_) {
+      move_slot_bytes_ = b;
+      shape.bytes = shape.device_bytes = static_cast<double>(bytes_of(e.gate) + bytes_of(e.up) + bytes_of(e.down));
+      shape.n_embd = e.gate.n_cols;
+      shape.n_ff = e.gate.n_rows;
+    }
+  }
+  policy_name_ = placement.policy;
+  bool can_move = false;
+  if (n_expert > 0) {
+    sched::PolicyOptions po;
+    po.isa = placement.isa;
+    po.n_layer = n_layer;
+    // Without a cost model, crossover and split move from move_rows rows (0: never).
+    if (!placement.cost)
+      po.fixed_crossover = placement.move_rows > 0 ? placement.move_rows : std::numeric_limits<int64_t>::max();
+    try {
+      policy_ = sched::make_policy(placement.policy, placement.cost, shape, po);
+    } catch (const std::invalid_argument& e) {
+      fail("{}", e.what());
+    }
+    can_move = placement.policy == "static" || placement.policy == "kt" || placement.cost || placement.move_rows > 0;
+  }
   // The move slots first: the largest routed expert the device runs, times the slots that fit the budget.
-  for (const Expert& e : experts)
-    if (e.expert >= 0 && runs(e.gate, e.up, e.down))
-      move_slot_bytes_ = std::max(move_slot_bytes_, expert_bytes(e.gate, e.up, e.down));
-  if (placement.move_rows > 0 && placement.move_slots > 0 && move_slot_bytes_ > 0) {
+  if (can_move && placement.move_slots > 0 && move_slot_bytes_ > 0) {
     const size_t n = std::min({static_cast<size_t>(placement.move_slots), budget_ / move_slot_bytes_, moving_.size()});
     if (n > 0) {
       move_memory_ = device::DeviceMemory(device_, n * move_slot_bytes_);
       for (size_t i = 0; i < n; ++i) move_slots_.push_back(move_memory_.as<uint8_t>() + i * move_slot_bytes_);
-      move_threshold_ = placement.move_rows;
     }
   }
+  // Then, in order while they fit: the output head, dense FFNs and shared experts as given, then the routed experts
+  // the policy keeps on the device (none for static), the hottest of the warm-up counts first (ties: layer order).
+  std::vector<const Expert*> order;
+  for (const Expert& e : experts)
+    if (e.expert < 0) order.push_back(&e);
+  if (placement.policy != "static" && placement.policy != "cpu") {
+    auto warm = [&](const Expert* e) {
+      const auto& c = placement.warm_counts;
+      return static_cast<size_t>(e->layer) < c.size() && static_cast<size_t>(e->expert) < c[e->layer].size()
+                 ? c[e->layer][e->expert]
+                 : 0.0;
+    };
+    std::vector<const Expert*> routed;
+    for (const Expert& e : experts)
+      if (e.expert >= 0) routed.push_back(&e);
+    std::stable_sort(routed.begin(), routed.end(), [&](const Expert* a, const Expert* b) { return warm(a) > warm(b); });
+    order.insert(order.end(), routed.begin(), routed.end());
+  }
+  std::vector<const Expert*> chosen;
+  size_t total = 0;
   const size_t room = budget_ - move_slots_.size() * move_slot_bytes_;
-  for (const Expert& e : experts) {
-    if (!runs(e.gate, e.up, e.down)) continue;
-    const size_t b = expert_bytes(e.gate, e.up, e.down);
-    if (total + b > room) break;  // in order: the first experts that fit, layer by layer
+  for (const Expert* e : order) {
+    if (!runs(e->gate, e->up, e->down)) continue;
+    const size_t b = expert_bytes(e->gate, e->up, e->down);
+    if (total + b > room) break;  // in order: the first experts that fit
     total += b;
-    chosen.push_back(&e);
+    chosen.push_back(e);
+  }
+  // The policy sees the routed experts' placement as a residency.
+  if (n_expert > 0) {
+    std::vector<std::vector<double>> held(static_cast<size_t>(n_layer),
+                                          std::vector<double>(static_cast<size_t>(n_expert)));
+    int64_t count = 0;
+    for (const Expert* e : chosen)
+      if (e->expert >= 0) {
+        held[static_cast<size_t>(e->layer)][static_cast<size_t>(e->expert)] = 1;
+        ++count;
+      }
+    residency_.emplace(n_layer, n_expert, sched::Residency::Options{.slots = count, .adaptive = false});
+    residency_->warm_start(held);
   }
   if (chosen.empty()) return;
   weights_ = device::DeviceMemory(device_, total);
@@ -103,13 +177,28 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   work.clear();
   thread_local cpu::ExpertBatch batch;
   batch.clear(n, nu + (w.has_shared ? 1 : 0));
-  // Experts to move in for this step: not resident, at least move_threshold_ rows, the largest first (ties: lower
-  // id), as many as there are slots.
+  // The policy's plan for this step; experts it moves go into the move slots, the largest first (ties: lower id),
+  // as many as there are slots (the others run on the CPU).
+  thread_local sched::LayerRouting routing;
+  routing.layer = layer;
+  routing.n_tokens = n;
+  routing.experts.clear();
+  for (int64_t e = 0; e < w.n_expert; ++e) {
+    const int64_t o0 = items.begin(e), o1 = items.end[e];
+    if (o0 == o1) continue;
+    sched::LayerRouting::Expert x{.expert = e, .rows = o1 - o0, .critical_rows = 0, .gate = 0};
+    for (int64_t o = o0; o < o1; ++o) {
+      x.critical_rows += w.split() && items.critical[items.order[o]] ? 1 : 0;
+      x.gate += r.weights[items.order[o]];
+    }
+    routing.experts.push_back(x);
+  }
+  const sched::LayerPlan plan = policy_->plan(routing, &*residency_);
   thread_local std::vector<int64_t> moved;
   moved.clear();
   if (!move_slots_.empty() && runs(w.gate_exps, w.up_exps, w.down_exps)) {
-    for (int64_t e = 0; e < w.n_expert; ++e)
-      if (!resident(layer, e) && items.end[e] - items.begin(e) >= move_threshold_) moved.push_back(e);
+    for (const sched::ExpertStep& step : plan.experts)
+      if (step.action == sched::Action::kMove && !resident(layer, step.expert)) moved.push_back(step.expert);
     std::stable_sort(moved.begin(), moved.end(), [&](int64_t a, int64_t b) {
       return items.end[a] - items.begin(a) > items.end[b] - items.begin(b);
     });
@@ -122,6 +211,7 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
     const auto slot = std::find(moved.begin(), moved.end(), e);
     if (!resident(layer, e) && slot == moved.end()) {
       add_routed_expert(batch, w, items, r, e, nu, n_embd);
+      cpu_expert_bytes_ += routed_bytes(w, items, e, n_embd, true);
       continue;
     }
     Work d{e, o0, o1, rows, hidden, ff, false};
@@ -137,6 +227,7 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
       moves_.emplace_back(layer, e);
     }
     for (int64_t o = o0; o < o1 && w.split(); ++o) d.any_critical |= items.critical[items.order[o]] != 0;
+    if (d.any_critical) cpu_expert_bytes_ += routed_bytes(w, items, e, n_embd, false);
     work.push_back(d);
     rows += d.m();
     hidden += d.m() * ff;

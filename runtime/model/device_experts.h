@@ -3,6 +3,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -12,6 +13,8 @@
 #include "cpu_kernels/matmul.h"
 #include "cpu_kernels/thread_pool.h"
 #include "runtime/device/device.h"
+#include "scheduler/policies.h"
+#include "scheduler/residency.h"
 
 namespace hetmoe::model {
 
@@ -55,6 +58,15 @@ class DeviceExperts {
     size_t budget_bytes = 0;
     int64_t move_rows = 0;
     int move_slots = 0;  // each the size of the largest routed expert, set aside before the resident experts
+    // The scheduler's policy (scheduler/policies.h) for routed experts: each step runs its plan, GPU_RESIDENT on
+    // the device, MOVE through the move slots (at most move_slots per step, the rest on the CPU), CPU_IN_PLACE on
+    // the CPU. static keeps routed experts off the device; kt, crossover and split place them at load, the hottest
+    // of warm_counts first (empty: layer order), and keep that placement (admission and eviction run in the
+    // simulator only, so far). Without a cost model crossover and split move from move_rows rows.
+    std::string policy = "crossover";
+    const sched::CostModel* cost = nullptr;
+    std::string isa{};                               // the cost model's CPU tier
+    std::vector<std::vector<double>> warm_counts{};  // [layer][expert] routing counts (a routing trace)
   };
 
   // Places the experts, in the order given, while the budget lasts (less the move slots) and the device runs their
@@ -67,6 +79,9 @@ class DeviceExperts {
   // The (layer, expert) pairs moved in since the last call, in order; clears the record.
   std::vector<std::pair<int64_t, int64_t>> take_moves() { return std::exchange(moves_, {}); }
   size_t resident_bytes() const { return resident_bytes_; }
+  // Weight bytes the CPU streamed for routed experts (whole, or their residuals) since construction.
+  uint64_t cpu_expert_bytes() const { return cpu_expert_bytes_; }
+  const std::string& policy() const { return policy_name_; }
   // Resident FFNs: routed experts, shared experts and dense FFNs.
   int64_t resident_experts() const { return static_cast<int64_t>(slots_.size()); }
   device::Device& device() const { return device_; }
@@ -128,7 +143,10 @@ class DeviceExperts {
   std::vector<uint8_t*> move_slots_;
   size_t move_slot_bytes_ = 0;
   std::array<Slot, 64> moving_{};  // the matrices in each move slot this step
-  int64_t move_threshold_ = 0;
+  std::string policy_name_;
+  std::unique_ptr<sched::Policy> policy_;      // null for a model without routed experts
+  std::optional<sched::Residency> residency_;  // routed experts' placement as the policy sees it
+  uint64_t cpu_expert_bytes_ = 0;
   std::vector<std::pair<int64_t, int64_t>> moves_;
   device::DeviceMemory x_, g_, u_, gr_, ur_, h_, y_, cpu_part_, gather_, combine_;
   // Pinned host staging of the step's rows: inputs, residual gate/up, hidden rows back, down rows back; with the

@@ -227,6 +227,26 @@ TEST_F(Cli, BenchWritesTheAgreedJsonFields) {
   expect_error(hetmoe("bench -m " + kModel.string() + " --repeat 0"), "repeat");
 }
 
+TEST_F(Cli, BenchComparesPoliciesOnTheEmulatedDevice) {
+  const fs::path json = dir_ / "bench.json";
+  const Result r = hetmoe("bench -m " + kModel.string() +
+                          " --policies cpu,static,kt,crossover --device emulated --prompt 8 --gen 2 -t 1 --repeat 1 "
+                          "--json " +
+                          json.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* policy : {"\ncpu ", "\nstatic ", "\nkt ", "\ncrossover "})
+    EXPECT_NE(r.out.find(policy), std::string::npos) << policy << " missing in " << r.out;
+  EXPECT_NE(r.out.find("CPU expert weights"), std::string::npos) << r.out;
+  const std::string j = read_all(json);
+  for (const char* field : {"\"policy\": \"kt\"", "\"ttft_s\"", "\"device_memory_bytes\"",
+                            "\"cpu_expert_bytes_per_token\"", "\"h2d_bytes_per_token\""})
+    EXPECT_NE(j.find(field), std::string::npos) << field << " missing in " << j;
+  expect_error(hetmoe("bench -m " + kModel.string() + " --policies static --device cpu --prompt 4 --gen 1"),
+               "need a device");
+  expect_error(hetmoe("bench -m " + kModel.string() + " --policies split --device emulated --prompt 4 --gen 1"),
+               "needs a split model");
+}
+
 TEST_F(Cli, CalibrateWritesBandwidthAndExpertCurves) {
   const fs::path out = dir_ / "profile.json";
   const Result r = hetmoe("calibrate -m " + kModel.string() + " -o " + out.string() + " --max-rows 8 -t 1");

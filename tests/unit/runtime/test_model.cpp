@@ -347,6 +347,64 @@ TEST(DevicePass, EmulatedDeviceGivesTheCpuLogitsForEveryArchitecture) {
   }
 }
 
+// The scheduler's policies executed: static keeps routed experts off the device, kt places the hottest of a routing
+// trace's counts first, crossover moves experts from its threshold; every one gives the CPU's logits.
+TEST(DevicePass, PoliciesPlaceAndMoveExpertsAsTheirPlansSay) {
+  const fs::path file = fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-deepseek3-Q4_K_M.gguf";
+  const std::vector<int32_t> tokens = {3, 17, 42, 100, 7, 255, 256, 300, 11, 64, 128};
+  auto cpu = model::Model::load(file.string(), 2);
+  const std::vector<float> want = logits_of(*cpu, tokens, {8, 1, 1, 1});
+  // Warm counts: layer 2's expert 9 is the hottest, then layer 1's expert 4.
+  std::vector<std::vector<double>> warm(3, std::vector<double>(16, 0.0));
+  warm[2][9] = 10;
+  warm[1][4] = 5;
+  struct Case {
+    std::string policy;
+    size_t budget;
+    int64_t move_rows;
+  };
+  for (const Case& c : {Case{"static", 10'000'000, 0}, Case{"kt", 2'600'000, 0}, Case{"crossover", 2'600'000, 1}}) {
+    auto dev = device::make_emulated_device({.capacity = 20'000'000});
+    auto m = model::Model::load(file.string(), 2);
+    m->attach_device(*dev, {.budget_bytes = c.budget,
+                            .move_rows = c.move_rows,
+                            .move_slots = 2,
+                            .policy = c.policy,
+                            .cost = nullptr,
+                            .isa = "",
+                            .warm_counts = warm});
+    model::DeviceExperts& held = *m->device_experts();
+    EXPECT_EQ(held.policy(), c.policy);
+    EXPECT_TRUE(held.resident(1, model::DeviceExperts::kShared)) << c.policy;
+    int64_t routed = 0;
+    for (int64_t l = 1; l < 3; ++l)
+      for (int64_t e = 0; e < 16; ++e) routed += held.resident(l, e);
+    if (c.policy == "static") {
+      EXPECT_EQ(routed, 0);  // llama.cpp --cpu-moe
+    } else {
+      EXPECT_GT(routed, 0) << c.policy;
+      EXPECT_LT(routed, 32) << c.policy;
+      EXPECT_TRUE(held.resident(2, 9)) << c.policy;  // the hottest first, then the next
+      EXPECT_TRUE(held.resident(1, 4)) << c.policy;
+    }
+    held.take_moves();
+    const std::vector<float> got = logits_of(*m, tokens, {8, 1, 1, 1});
+    // static moves nothing below 32 tokens; crossover from 1 row moves two experts per step into its slots.
+    EXPECT_EQ(held.take_moves().empty(), c.policy != "crossover") << c.policy;
+    EXPECT_GT(held.cpu_expert_bytes(), 0u) << c.policy;
+    ASSERT_EQ(got.size(), want.size());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      num += (got[i] - want[i]) * double(got[i] - want[i]);
+      den += double(want[i]) * want[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-4) << c.policy;
+  }
+  auto dev = device::make_emulated_device({});
+  auto m = model::Model::load(file.string(), 2);
+  EXPECT_THROW(m->attach_device(*dev, {.budget_bytes = 1'000'000, .policy = "fastest"}), Error);
+}
+
 // A device too small for the pass's weights keeps the pass on the host, and a cache that does not fit next to them
 // stays in host memory: both still give the CPU's logits.
 TEST(DevicePass, FallsBackToTheHostWhenTheDeviceIsTooSmall) {
