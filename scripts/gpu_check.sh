@@ -4,7 +4,8 @@
 #   2. build with CUDA (tests on), then the `gpu` tests and the CPU kernel tests (on an AMX host these run the AMX
 #      tier's tile kernels for real);
 #   3. a bench model (DeepSeek-V2-Lite dimensions, HETMOE_GPU_LAYERS blocks), split, and `hetmoe bench` on the CPU
-#      and with --device cuda (the forward pass on the GPU, and with --host-pass only the FFNs there).
+#      and with --device cuda for each policy (the forward pass on the GPU, and with --host-pass only the FFNs there);
+#   4. calibrate against the GPU: the link, one expert there and each ISA tier's crossover.
 # Everything it prints also goes to $OUT/gpu_check.log when OUT is set (the device tool's result folder).
 # Usage: scripts/gpu_check.sh            (HETMOE_GPU_LAYERS=4 by default; JOBS=nproc)
 set -uo pipefail
@@ -51,10 +52,13 @@ bench() {
     tr '\r' '\n' | grep -v "run [0-9]"
 }
 short=(--prompt 128 --gen 32)
-bench -m "$model" "${short[@]}"
-bench -m "$split" "${short[@]}"
-bench -m "$split" --device cuda "${short[@]}"
-bench -m "$split" --device cuda --host-pass "${short[@]}"
-bench -m "$model" --device cuda "${short[@]}"
-bench -m "$model" --device cuda --prompt 512 --gen 16
+bench -m "$model" --policies cpu "${short[@]}"
+bench -m "$split" --policies cpu "${short[@]}"
+bench -m "$split" --device cuda --policies static,kt,crossover,split "${short[@]}"
+bench -m "$split" --device cuda --policies crossover --host-pass "${short[@]}"
+bench -m "$model" --device cuda --policies static,kt,crossover "${short[@]}"
+bench -m "$model" --device cuda --policies crossover --prompt 512 --gen 16
+
+step "calibrate against the GPU (link, one expert there, crossover per ISA tier)"
+./build-gpu/tools/hetmoe calibrate -m "$model" --device cuda --max-rows 256 -t "$JOBS" -o "${OUT:-/tmp}/profile-gpu.json"
 step done
