@@ -186,7 +186,9 @@ int main(int argc, char** argv) {
   add_threads(c_tokenize, &tokenize_threads);
 
   cli::BenchOptions bench;
-  CLI::App* c_bench = app.add_subcommand("bench", "prefill and decode speed against the DRAM roofline");
+  CLI::App* c_bench = app.add_subcommand(
+      "bench",
+      "offload policies side by side: prefill and decode speed, time to first token, bytes moved, DRAM roofline");
   c_bench->add_option("-m,--model", bench.model, "GGUF file")->required();
   c_bench->add_option("--policies", bench.policies, "offload policies to compare: cpu, static, kt, crossover, split")
       ->delimiter(',');
