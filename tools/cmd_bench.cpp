@@ -20,6 +20,7 @@
 #include "runtime/model/split.h"
 #include "scheduler/policies.h"
 #include "tools/commands.h"
+#include "tools/energy.h"
 
 namespace hetmoe::cli {
 namespace {
@@ -39,6 +40,7 @@ struct Run {
   double d2h_bytes_per_token = 0;         // and device to host
   double ttft_s = 0;                      // the prompt's evaluation: time to the first token's logits
   double cpu_expert_bytes_per_token = 0;  // with a device: routed-expert weights the CPU read per decoded token
+  double joules_per_token = 0;            // decode: measured (RAPL, NVML) or modelled (see PolicyResult)
 };
 
 struct PolicyResult {
@@ -56,7 +58,7 @@ double median_of(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token) {
+Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token, EnergyMeter& energy) {
   Run r;
   const model::ModelConfig& c = m.config();
 
@@ -73,12 +75,14 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token) {
   const model::DeviceExperts* device = m.device_experts();
   const device::TransferStats before = device ? device->device().transfers() : device::TransferStats{};
   const uint64_t cpu_bytes_before = device ? device->cpu_expert_bytes() : 0;
+  const double joules_before = energy.joules();
   for (int i = 0; i < opt.gen; ++i) {
     const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     const int32_t one[1] = {next};
     logits = session.eval(one);
   }
   const auto t2 = std::chrono::steady_clock::now();
+  const double joules = energy.joules() - joules_before;
   r.prefill_tok_s = opt.prompt / std::chrono::duration<double>(t1 - t0).count();
   r.decode_tok_s = opt.gen / std::chrono::duration<double>(t2 - t1).count();
   r.ttft_s = std::chrono::duration<double>(t1 - t0).count();
@@ -88,6 +92,10 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token) {
     r.h2d_bytes_per_token = static_cast<double>(after.to_device_bytes - before.to_device_bytes) / opt.gen;
     r.d2h_bytes_per_token = static_cast<double>(after.to_host_bytes - before.to_host_bytes) / opt.gen;
   }
+  // Without counters: the modelled figure, from the bytes the CPU read per token (all of them without a device).
+  const double dram = device ? r.cpu_expert_bytes_per_token : bytes_per_token;
+  r.joules_per_token =
+      energy.measured() ? joules / opt.gen : modelled_joules_per_token(m.pool().size(), 1.0 / r.decode_tok_s, dram);
   // Measured after the run, with the same threads: the roofline of this run's memory system.
   r.bandwidth = cpu::measure_read_bandwidth(m.pool());
   r.roofline_fraction = r.decode_tok_s * bytes_per_token / r.bandwidth;
@@ -96,7 +104,8 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token) {
 
 // A warm-up run (the mapped weights fault in, scratch buffers size themselves; not counted), then opt.repeat
 // measured runs. Shared machines vary from run to run, so the result is the median with the spread kept.
-PolicyResult bench_policy(model::Model& m, const BenchOptions& opt, int threads, const std::string& policy) {
+PolicyResult bench_policy(model::Model& m, const BenchOptions& opt, int threads, const std::string& policy,
+                          EnergyMeter& energy) {
   PolicyResult r;
   r.policy = policy;
   r.threads = threads;
@@ -104,10 +113,10 @@ PolicyResult bench_policy(model::Model& m, const BenchOptions& opt, int threads,
   if (const model::DeviceExperts* d = m.device_experts()) r.device += fmt::format(" + {}", d->device().name());
   r.bytes_per_token = model::active_bytes_per_token(m.file(), m.config());
   fmt::print(stderr, "\r  {}: warm-up run   ", r.policy);
-  run_cpu(m, opt, r.bytes_per_token);
+  run_cpu(m, opt, r.bytes_per_token, energy);
   for (int i = 0; i < opt.repeat; ++i) {
     fmt::print(stderr, "\r  {}: run {}/{}      ", r.policy, i + 1, opt.repeat);
-    r.runs.push_back(run_cpu(m, opt, r.bytes_per_token));
+    r.runs.push_back(run_cpu(m, opt, r.bytes_per_token, energy));
   }
   fmt::print(stderr, "\n");
   auto field = [&](double Run::*f) {
@@ -122,7 +131,8 @@ PolicyResult bench_policy(model::Model& m, const BenchOptions& opt, int threads,
               field(&Run::h2d_bytes_per_token),
               field(&Run::d2h_bytes_per_token),
               field(&Run::ttft_s),
-              field(&Run::cpu_expert_bytes_per_token)};
+              field(&Run::cpu_expert_bytes_per_token),
+              field(&Run::joules_per_token)};
   return r;
 }
 
@@ -159,13 +169,14 @@ int bench(const BenchOptions& opt) {
   // with the device of --device, placed and run by their plans.
   std::vector<PolicyResult> results;
   std::unique_ptr<model::Model> m;
+  EnergyMeter energy;
   for (const std::string& policy : opt.policies) {
     DeviceOptions d = opt.device;
     d.policy = policy;
     if (policy == "cpu") d.kind = "cpu";
     m.reset();
     m = load_model(opt.model, threads, opt.critical, d);
-    PolicyResult r = bench_policy(*m, opt, threads, policy);
+    PolicyResult r = bench_policy(*m, opt, threads, policy, energy);
     if (const model::DeviceExperts* dev = m->device_experts())
       r.device_bytes = static_cast<double>(dev->device().used());
     results.push_back(std::move(r));
@@ -180,6 +191,8 @@ int bench(const BenchOptions& opt) {
     fmt::print("{:<9} {:>7}  {:<26} {:<24} {:<10.3f} {:<18} {:<12}  {}\n", r.policy, r.threads,
                spread(r, &Run::prefill_tok_s, 1, 1), spread(r, &Run::decode_tok_s, 1, 2), r.median.ttft_s,
                spread(r, &Run::bandwidth, 1e-9, 1), spread(r, &Run::roofline_fraction, 100, 0), r.device);
+    fmt::print("{:<9} energy per decoded token: {} J ({})\n", "", spread(r, &Run::joules_per_token, 1, 2),
+               energy.source());
     if (r.device_bytes > 0)
       fmt::print(
           "{:<9} per decoded token: host to device {} KB, device to host {} KB, CPU expert weights {} MB; "
@@ -203,7 +216,8 @@ int bench(const BenchOptions& opt) {
                         {"h2d_bytes_per_token", run.h2d_bytes_per_token},
                         {"d2h_bytes_per_token", run.d2h_bytes_per_token},
                         {"ttft_s", run.ttft_s},
-                        {"cpu_expert_bytes_per_token", run.cpu_expert_bytes_per_token}});
+                        {"cpu_expert_bytes_per_token", run.cpu_expert_bytes_per_token},
+                        {"energy_j_per_token", run.joules_per_token}});
       // The agreed fields hold the medians; "runs" keeps every measurement.
       j["results"].push_back({{"policy", r.policy},
                               {"device", r.device},
@@ -218,6 +232,8 @@ int bench(const BenchOptions& opt) {
                               {"ttft_s", r.median.ttft_s},
                               {"cpu_expert_bytes_per_token", r.median.cpu_expert_bytes_per_token},
                               {"device_memory_bytes", r.device_bytes},
+                              {"energy_j_per_token", r.median.joules_per_token},
+                              {"energy_source", energy.source()},
                               {"runs", runs}});
     }
     std::ofstream f(opt.json);

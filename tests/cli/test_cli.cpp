@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -237,10 +238,18 @@ TEST_F(Cli, BenchComparesPoliciesOnTheEmulatedDevice) {
   for (const char* policy : {"\ncpu ", "\nstatic ", "\nkt ", "\ncrossover "})
     EXPECT_NE(r.out.find(policy), std::string::npos) << policy << " missing in " << r.out;
   EXPECT_NE(r.out.find("CPU expert weights"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("energy per decoded token"), std::string::npos) << r.out;
   const std::string j = read_all(json);
-  for (const char* field : {"\"policy\": \"kt\"", "\"ttft_s\"", "\"device_memory_bytes\"",
-                            "\"cpu_expert_bytes_per_token\"", "\"h2d_bytes_per_token\""})
+  for (const char* field :
+       {"\"policy\": \"kt\"", "\"ttft_s\"", "\"device_memory_bytes\"", "\"cpu_expert_bytes_per_token\"",
+        "\"h2d_bytes_per_token\"", "\"energy_j_per_token\"", "\"energy_source\""})
     EXPECT_NE(j.find(field), std::string::npos) << field << " missing in " << j;
+  // Every median is filled in: speeds, time to first token and energy are positive for every policy.
+  const nlohmann::json parsed = nlohmann::json::parse(j);
+  ASSERT_EQ(parsed["results"].size(), 4u);
+  for (const nlohmann::json& x : parsed["results"])
+    for (const char* field : {"prefill_tok_s", "decode_tok_s", "ttft_s", "energy_j_per_token"})
+      EXPECT_GT(x[field].get<double>(), 0) << x["policy"] << " " << field;
   expect_error(hetmoe("bench -m " + kModel.string() + " --policies static --device cpu --prompt 4 --gen 1"),
                "need a device");
   expect_error(hetmoe("bench -m " + kModel.string() + " --policies split --device emulated --prompt 4 --gen 1"),
