@@ -18,9 +18,11 @@
 #include "runtime/model/config.h"
 #include "runtime/model/model.h"
 #include "runtime/model/split.h"
+#include "scheduler/machine.h"
 #include "scheduler/policies.h"
 #include "tools/commands.h"
 #include "tools/energy.h"
+#include "tools/svg_report.h"
 
 namespace hetmoe::cli {
 namespace {
@@ -201,6 +203,22 @@ int bench(const BenchOptions& opt) {
           spread(r, &Run::cpu_expert_bytes_per_token, 1e-6, 1), r.device_bytes / 1e9);
   }
 
+  if (!opt.svg.empty()) {
+    std::vector<PolicyBar> bars;
+    for (const PolicyResult& r : results) bars.push_back({r.policy, r.median.prefill_tok_s, r.median.decode_tok_s});
+    std::vector<CostCurve> curves;
+    if (!opt.device.profile.empty()) {
+      // One routed expert of the model (its first MoE layer) against --profile's link and device.
+      const model::ModelConfig& c = m->config();
+      const model::MoeWeights& w = m->ffn_weights(c.n_leading_dense).moe;
+      const double bytes =
+          static_cast<double>(w.gate_exps.row_bytes * w.n_ff_exp * 2 + w.down_exps.row_bytes * c.n_embd);
+      curves = crossover_curves(
+          sched::load_machine(opt.device.profile),
+          {.bytes = bytes, .device_bytes = bytes, .residual_bytes = 0, .n_embd = c.n_embd, .n_ff = w.n_ff_exp});
+    }
+    write_svg(opt.svg, policies_svg(fmt::format("{} (measured, median of {})", opt.model, opt.repeat), bars, curves));
+  }
   if (!opt.json.empty()) {
     nlohmann::json j = {{"model", opt.model},
                         {"prompt_tokens", opt.prompt},

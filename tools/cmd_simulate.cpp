@@ -78,33 +78,6 @@ sched::SimModel sim_model(const SimulateOptions& opt) {
   return m;
 }
 
-// One expert of the model on each CPU tier and, with a device, moved and run there: seconds at 1, 2, 4, ... 4096 rows.
-std::vector<CostCurve> crossover_curves(const sched::Machine& machine, const sched::SimModel& model) {
-  if (!machine.gpu) return {};
-  const sched::CostModel cost = machine.cost_model();
-  const sched::ExpertShape e{.bytes = model.expert_bytes,
-                             .device_bytes = model.expert_bytes,
-                             .residual_bytes = 0,
-                             .n_embd = model.n_embd,
-                             .n_ff = model.n_ff_exp};
-  std::vector<CostCurve> curves;
-  for (const sched::CpuTier& t : cost.tiers()) {
-    CostCurve c{.label = "CPU " + t.isa, .rows = {}, .seconds = {}, .crossover = cost.crossover(t.isa, e).value_or(-1)};
-    for (int64_t r = 1; r <= 4096; r *= 2) {
-      c.rows.push_back(r);
-      c.seconds.push_back(cost.cpu_seconds(t.isa, e, r));
-    }
-    curves.push_back(std::move(c));
-  }
-  CostCurve moved{.label = "move + " + machine.gpu_name, .rows = {}, .seconds = {}, .crossover = -1};
-  for (int64_t r = 1; r <= 4096; r *= 2) {
-    moved.rows.push_back(r);
-    moved.seconds.push_back(cost.move_seconds(e.bytes) + cost.gpu_seconds(e, r));
-  }
-  curves.push_back(std::move(moved));
-  return curves;
-}
-
 }  // namespace
 
 int simulate(const SimulateOptions& opt) {
@@ -150,7 +123,11 @@ int simulate(const SimulateOptions& opt) {
     std::vector<PolicyBar> bars;
     for (const sched::SimResult& r : results) bars.push_back({r.policy, r.prefill_tok_s, r.decode_tok_s});
     write_svg(opt.svg, policies_svg(fmt::format("{} on {} (predicted)", model.name, machine.name), bars,
-                                    crossover_curves(machine, model)));
+                                    crossover_curves(machine, {.bytes = model.expert_bytes,
+                                                               .device_bytes = model.expert_bytes,
+                                                               .residual_bytes = 0,
+                                                               .n_embd = model.n_embd,
+                                                               .n_ff = model.n_ff_exp})));
   }
   if (!opt.json.empty()) {
     nlohmann::json j = {{"machine", machine.name}, {"model", model.name}, {"prompt_tokens", opt.prompt},

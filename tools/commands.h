@@ -82,6 +82,7 @@ struct BenchOptions {
   int prompt = 128;  // prefill tokens
   int gen = 32;      // decoded tokens
   std::string json;  // also write the results here
+  std::string svg;   // and draw them (with the crossover curves of --profile's cost model)
   DeviceOptions device;
   std::string critical;  // split models: --critical R|all (empty: the default)
   int threads = 0;

@@ -122,6 +122,29 @@ std::string policies_svg(const std::string& title, const std::vector<PolicyBar>&
   return svg + "</svg>\n";
 }
 
+std::vector<CostCurve> crossover_curves(const sched::Machine& machine, const sched::ExpertShape& e) {
+  if (!machine.gpu) return {};
+  const sched::CostModel cost = machine.cost_model();
+  std::vector<CostCurve> curves;
+  for (const sched::CpuTier& t : cost.tiers()) {
+    CostCurve c{.label = "CPU " + t.isa, .rows = {}, .seconds = {}, .crossover = cost.crossover(t.isa, e).value_or(-1)};
+    for (int64_t r = 1; r <= 4096; r *= 2) {
+      c.rows.push_back(r);
+      c.seconds.push_back(cost.cpu_seconds(t.isa, e, r));
+    }
+    curves.push_back(std::move(c));
+  }
+  sched::ExpertShape whole = e;
+  whole.device_bytes = e.bytes;
+  CostCurve moved{.label = "move + " + machine.gpu_name, .rows = {}, .seconds = {}, .crossover = -1};
+  for (int64_t r = 1; r <= 4096; r *= 2) {
+    moved.rows.push_back(r);
+    moved.seconds.push_back(cost.move_seconds(e.bytes) + cost.gpu_seconds(whole, r));
+  }
+  curves.push_back(std::move(moved));
+  return curves;
+}
+
 void write_svg(const std::string& path, const std::string& svg) {
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (!f) fail("cannot open {} for writing", path);

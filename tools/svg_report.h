@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "scheduler/machine.h"
+
 namespace hetmoe::cli {
 
 struct PolicyBar {
@@ -24,6 +26,9 @@ struct CostCurve {
 
 std::string policies_svg(const std::string& title, const std::vector<PolicyBar>& bars,
                          const std::vector<CostCurve>& curves);
+// One expert of shape `e` on each CPU tier of the machine and, with a device, moved and run there: seconds at 1, 2,
+// 4, ... 4096 rows, each tier's crossover marked (no curves without a device).
+std::vector<CostCurve> crossover_curves(const sched::Machine& machine, const sched::ExpertShape& e);
 // Writes the picture to `path` (fails with hetmoe::Error when it cannot).
 void write_svg(const std::string& path, const std::string& svg);
 

@@ -230,11 +230,16 @@ TEST_F(Cli, BenchWritesTheAgreedJsonFields) {
 
 TEST_F(Cli, BenchComparesPoliciesOnTheEmulatedDevice) {
   const fs::path json = dir_ / "bench.json";
+  const fs::path svg = dir_ / "bench.svg";
+  const fs::path profile = fs::path(HETMOE_SOURCE_DIR) / "profiles" / "xeon-amx-4090.json";
   const Result r = hetmoe("bench -m " + kModel.string() +
                           " --policies cpu,static,kt,crossover --device emulated --prompt 8 --gen 2 -t 1 --repeat 1 "
                           "--json " +
-                          json.string());
+                          json.string() + " --svg " + svg.string() + " --profile " + profile.string());
   ASSERT_EQ(r.status, 0) << r.err;
+  const std::string picture = read_all(svg);
+  for (const char* part : {"<svg ", ">crossover<", "CPU amx", "move + RTX 4090"})
+    EXPECT_NE(picture.find(part), std::string::npos) << part;
   for (const char* policy : {"\ncpu ", "\nstatic ", "\nkt ", "\ncrossover "})
     EXPECT_NE(r.out.find(policy), std::string::npos) << policy << " missing in " << r.out;
   EXPECT_NE(r.out.find("CPU expert weights"), std::string::npos) << r.out;
