@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -20,6 +22,7 @@
 #include "runtime/model/split.h"
 #include "scheduler/machine.h"
 #include "scheduler/policies.h"
+#include "scheduler/routing_trace.h"
 #include "tools/commands.h"
 #include "tools/energy.h"
 #include "tools/svg_report.h"
@@ -138,6 +141,34 @@ PolicyResult bench_policy(model::Model& m, const BenchOptions& opt, int threads,
   return r;
 }
 
+// --synthetic zipf:S: every MoE layer's routing drawn from a Zipf law over a fixed ranking of its experts (one
+// workload: the same ranking for the warm-up counts that place experts and for the runs).
+class ZipfRouting final : public model::RoutingOverride {
+ public:
+  ZipfRouting(int64_t n_expert, int64_t n_used, double s) : router_(n_expert, n_used, s, 1, 2) {}
+  void reroute(int64_t layer, int64_t n, int64_t n_used, int32_t* ids, float* weights) override {
+    const sched::RoutingStep step = router_.draw(layer, n);
+    std::copy_n(step.ids.begin(), n * n_used, ids);
+    std::copy_n(step.weights.begin(), n * n_used, weights);
+  }
+
+ private:
+  sched::ZipfRouter router_;
+};
+
+// The exponent of "zipf:S"; fails for anything else.
+double zipf_exponent(const std::string& spec) {
+  double s = -1;
+  if (spec.rfind("zipf:", 0) == 0) {
+    const char* begin = spec.c_str() + 5;
+    char* end = nullptr;
+    s = std::strtod(begin, &end);
+    if (end == begin || *end != '\0') s = -1;
+  }
+  if (!(s >= 0)) fail("--synthetic {}: use zipf:S with an exponent S >= 0 (zipf:0 is uniform)", spec);
+  return s;
+}
+
 // "median [min-max]" of one field over the runs.
 std::string spread(const PolicyResult& r, double Run::*f, double scale, int decimals) {
   double lo = 1e300, hi = -1e300;
@@ -167,6 +198,22 @@ int bench(const BenchOptions& opt) {
       !gguf::GgufFile::open(opt.model).find(model::kSplitVersionKey))
     fail("policy split needs a split model (hetmoe split writes one)");
 
+  // Synthetic routing: the override for the runs and warm-up counts of the same workload for the placement.
+  std::optional<double> zipf;
+  if (!opt.synthetic.empty()) zipf = zipf_exponent(opt.synthetic);
+  std::vector<std::vector<double>> warm;
+  int64_t n_expert = 0, n_used = 0;
+  if (zipf) {
+    const model::ModelConfig c = model::read_config(gguf::GgufFile::open(opt.model));
+    if (c.n_expert == 0) fail("--synthetic: {} has no routed experts", opt.model);
+    n_expert = c.n_expert;
+    n_used = c.n_expert_used;
+    sched::ZipfRouter warm_up(n_expert, n_used, *zipf, 1, 3);
+    warm.assign(static_cast<size_t>(c.n_layer), std::vector<double>(static_cast<size_t>(n_expert)));
+    for (int64_t l = c.n_leading_dense; l < c.n_layer; ++l)
+      for (int32_t id : warm_up.draw(l, 256).ids) warm[static_cast<size_t>(l)][static_cast<size_t>(id)] += 1;
+  }
+
   // Each policy on a freshly loaded model (the file stays mapped by the OS cache): cpu without a device, the others
   // with the device of --device, placed and run by their plans.
   std::vector<PolicyResult> results;
@@ -176,15 +223,23 @@ int bench(const BenchOptions& opt) {
     DeviceOptions d = opt.device;
     d.policy = policy;
     if (policy == "cpu") d.kind = "cpu";
+    if (zipf && d.warm_trace.empty()) d.warm_counts = warm;
     m.reset();
     m = load_model(opt.model, threads, opt.critical, d);
+    std::optional<ZipfRouting> routing;
+    if (zipf) {
+      routing.emplace(n_expert, n_used, *zipf);
+      m->set_routing_override(&*routing);
+    }
     PolicyResult r = bench_policy(*m, opt, threads, policy, energy);
+    m->set_routing_override(nullptr);
     if (const model::DeviceExperts* dev = m->device_experts())
       r.device_bytes = static_cast<double>(dev->device().used());
     results.push_back(std::move(r));
   }
   fmt::print(stderr, "\n");
 
+  if (zipf) fmt::print("routing: synthetic, Zipf s = {} (the model's outputs are not its own)\n", *zipf);
   fmt::print("model {}  ({:.2f} GB file, {:.3f} GB read per decoded token), median [min-max] of {} runs\n", opt.model,
              static_cast<double>(m->file().file_size()) / 1e9, results.front().bytes_per_token / 1e9, opt.repeat);
   fmt::print("{:<9} {:>7}  {:<26} {:<24} {:<10} {:<18} {:<12}  {}\n", "policy", "threads", "prefill tok/s",

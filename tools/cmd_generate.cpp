@@ -83,7 +83,7 @@ std::unique_ptr<model::Model> load_model(const std::string& path, int threads, c
       for (const sched::CpuTier& t : cost->tiers()) has = has || t.isa == isa;
       if (!has) isa = machine->best_tier().isa;
     }
-    std::vector<std::vector<double>> warm;
+    std::vector<std::vector<double>> warm = device_opt.warm_counts;
     if (!device_opt.warm_trace.empty()) warm = sched::RoutingTrace::load(device_opt.warm_trace).counts();
     model->attach_device(*d,
                          {.budget_bytes = budget - std::min(budget / 4, size_t{1} << 30),

@@ -25,6 +25,7 @@ struct DeviceOptions {
   std::string policy = "crossover";  // the scheduler's policy for routed experts (static, kt, crossover, split)
   std::string profile{};             // a machine profile for the cost model (calibrate's or hetmoe-hw/1)
   std::string warm_trace{};          // a routing trace whose counts place the routed experts
+  std::vector<std::vector<double>> warm_counts{};  // or these counts (bench's synthetic routing)
 };
 
 struct InspectOptions {
@@ -86,7 +87,8 @@ struct BenchOptions {
   DeviceOptions device;
   std::string critical;  // split models: --critical R|all (empty: the default)
   int threads = 0;
-  int repeat = 3;  // measured runs per policy (after one warm-up run); medians are reported
+  int repeat = 3;         // measured runs per policy (after one warm-up run); medians are reported
+  std::string synthetic;  // "zipf:S": replace the model's routing by Zipf-skewed routing of exponent S
 };
 
 struct SimulateOptions {

@@ -196,6 +196,8 @@ int main(int argc, char** argv) {
   c_bench->add_option("--gen", bench.gen, "decoded tokens")->check(CLI::PositiveNumber);
   c_bench->add_option("--json", bench.json, "also write the results as JSON");
   c_bench->add_option("--svg", bench.svg, "draw the policies and --profile's crossover curves (SVG)");
+  c_bench->add_option("--synthetic", bench.synthetic,
+                      "zipf:S: replace the routing by Zipf-skewed routing (exponent S) to compare policies on a skew");
   c_bench->add_option("--repeat", bench.repeat, "measured runs per policy after a warm-up (median and spread)");
   add_threads(c_bench, &bench.threads);
   add_critical(c_bench, &bench.critical);

@@ -200,6 +200,7 @@ void Model::ffn_on_device(int64_t layer, const float* x, int64_t n, float* out) 
     std::copy_n(down + n * E, n * ne, probs.data());
     route(p, probs.data(), w.moe.probs_bias, n, r, trace_, layer);
   }
+  if (routing_override_) routing_override_->reroute(layer, n, nu, r.ids.data(), r.weights.data());
   if (routing_observer_) routing_observer_->routed(layer, n, nu, r.ids.data(), r.weights.data());
   const RoutedItems items = group_items(w.moe, r, n, nu);
   device_experts_->run(kernels_, *pool_, w.moe, r, items, layer, host_x.data(), n, E, host_out.data(), io);

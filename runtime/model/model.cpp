@@ -251,7 +251,7 @@ void Model::ffn(int64_t layer, const float* x, int64_t n, float* out) {
                   .scale = config_.expert_weights_scale,
                   .n_group = config_.n_group,
                   .n_group_used = config_.n_group_used};
-  moe_ffn(kernels_, *pool_, f.moe, p, x, n, config_.n_embd, out, trace_, layer, routing_observer_);
+  moe_ffn(kernels_, *pool_, f.moe, p, x, n, config_.n_embd, out, trace_, layer, routing_observer_, routing_override_);
 }
 
 void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,

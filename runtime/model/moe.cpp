@@ -98,12 +98,13 @@ void swiglu_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const cpu::Wei
 
 void moe_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const RoutingParams& p,
              const float* x, int64_t n, int64_t n_embd, float* out, Trace* trace, int64_t layer,
-             RoutingObserver* observer) {
+             RoutingObserver* observer, RoutingOverride* override_routing) {
   const int64_t nu = p.n_used;
   std::span<float> logits = cpu::scratch<float, struct RouterLogitsSite>(n * p.n_expert);
   cpu::matmul(k, pool, w.gate_inp, x, n, logits.data(), p.n_expert);
   thread_local Routing r;
   route(p, logits.data(), w.probs_bias, n, r, trace, layer);
+  if (override_routing) override_routing->reroute(layer, n, nu, r.ids.data(), r.weights.data());
   if (observer) observer->routed(layer, n, nu, r.ids.data(), r.weights.data());
 
   // Every (token, slot) item grouped by expert; the shared experts come last in each token's sum, as llama.cpp adds

@@ -92,10 +92,10 @@ void run_experts_on_cpu(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
 
 // out[n][n_embd] = sum over selected experts of weight * down(silu(gate x) * up x), plus the shared experts.
 // Tokens are grouped by expert so each expert's rows are read once per batch.
-// `observer` (may be null) sees the routing.
+// `override_routing` (may be null) replaces the routing, then `observer` (may be null) sees it.
 void moe_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const RoutingParams& p,
              const float* x, int64_t n, int64_t n_embd, float* out, Trace* trace, int64_t layer,
-             RoutingObserver* observer = nullptr);
+             RoutingObserver* observer = nullptr, RoutingOverride* override_routing = nullptr);
 
 // out[n][n_embd] = down(silu(gate x) * up x).
 void swiglu_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const cpu::WeightMatrix& gate,

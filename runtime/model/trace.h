@@ -23,4 +23,13 @@ class RoutingObserver {
   virtual void routed(int64_t layer, int64_t n_tokens, int64_t n_used, const int32_t* ids, const float* weights) = 0;
 };
 
+// Replaces each MoE layer's routing before its experts run, in place: ids and weights [n_tokens][n_used] (benchmarks
+// on a chosen routing skew, `hetmoe bench --synthetic zipf:S`). The model's outputs are then no longer its own; only
+// its speed means something.
+class RoutingOverride {
+ public:
+  virtual ~RoutingOverride() = default;
+  virtual void reroute(int64_t layer, int64_t n_tokens, int64_t n_used, int32_t* ids, float* weights) = 0;
+};
+
 }  // namespace hetmoe::model

@@ -255,6 +255,14 @@ TEST_F(Cli, BenchComparesPoliciesOnTheEmulatedDevice) {
   for (const nlohmann::json& x : parsed["results"])
     for (const char* field : {"prefill_tok_s", "decode_tok_s", "ttft_s", "energy_j_per_token"})
       EXPECT_GT(x[field].get<double>(), 0) << x["policy"] << " " << field;
+  // Synthetic Zipf routing: runs, says so, and refuses a spec it cannot read.
+  const Result zipf =
+      hetmoe("bench -m " + kModel.string() +
+             " --policies kt --device emulated --synthetic zipf:1.2 --prompt 8 --gen 2 -t 1 --repeat 1");
+  ASSERT_EQ(zipf.status, 0) << zipf.err;
+  EXPECT_NE(zipf.out.find("routing: synthetic, Zipf s = 1.2"), std::string::npos) << zipf.out;
+  expect_error(hetmoe("bench -m " + kModel.string() + " --synthetic zipf:-1"), "zipf:S");
+  expect_error(hetmoe("bench -m " + kModel.string() + " --synthetic pareto"), "zipf:S");
   expect_error(hetmoe("bench -m " + kModel.string() + " --policies static --device cpu --prompt 4 --gen 1"),
                "need a device");
   expect_error(hetmoe("bench -m " + kModel.string() + " --policies split --device emulated --prompt 4 --gen 1"),

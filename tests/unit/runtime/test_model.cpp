@@ -405,6 +405,47 @@ TEST(DevicePass, PoliciesPlaceAndMoveExpertsAsTheirPlansSay) {
   EXPECT_THROW(m->attach_device(*dev, {.budget_bytes = 1'000'000, .policy = "fastest"}), Error);
 }
 
+// A routing override replaces the router's choice before the experts run, on the CPU and in the device pass, and an
+// observer sees the replaced routing.
+TEST(DevicePass, RoutingOverrideReplacesTheChoiceEverywhere) {
+  struct Fixed : model::RoutingOverride {
+    void reroute(int64_t, int64_t n, int64_t nu, int32_t* ids, float* weights) override {
+      for (int64_t i = 0; i < n * nu; ++i) {
+        ids[i] = static_cast<int32_t>(i % nu);
+        weights[i] = 1.0f / static_cast<float>(nu);
+      }
+    }
+  };
+  struct Seen : model::RoutingObserver {
+    std::vector<int32_t> ids;
+    void routed(int64_t, int64_t n, int64_t nu, const int32_t* i, const float*) override {
+      ids.insert(ids.end(), i, i + n * nu);
+    }
+  };
+  const fs::path file = fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-deepseek3-Q4_K_M.gguf";
+  const std::vector<int32_t> tokens = {3, 17, 42, 100};
+  std::vector<std::vector<float>> logits;
+  for (const bool on_device : {false, true}) {
+    auto dev = device::make_emulated_device({});
+    auto m = model::Model::load(file.string(), 2);
+    if (on_device) m->attach_device(*dev, {.budget_bytes = 10'000'000});
+    Fixed fixed;
+    Seen seen;
+    m->set_routing_override(&fixed);
+    m->set_routing_observer(&seen);
+    logits.push_back(logits_of(*m, tokens, {3, 1}));
+    ASSERT_EQ(seen.ids.size(), 2u * 4u * 4u);  // 2 MoE layers x 4 tokens x 4 experts
+    for (size_t i = 0; i < seen.ids.size(); ++i) EXPECT_EQ(seen.ids[i], static_cast<int32_t>(i % 4));
+  }
+  // The same replaced routing gives the same logits on the CPU and on the device.
+  double num = 0, den = 0;
+  for (size_t i = 0; i < logits[0].size(); ++i) {
+    num += (logits[1][i] - logits[0][i]) * double(logits[1][i] - logits[0][i]);
+    den += double(logits[0][i]) * logits[0][i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 1e-4);
+}
+
 // A device too small for the pass's weights keeps the pass on the host, and a cache that does not fit next to them
 // stays in host memory: both still give the CPU's logits.
 TEST(DevicePass, FallsBackToTheHostWhenTheDeviceIsTooSmall) {
