@@ -150,6 +150,20 @@ class DeviceMemory {
   size_t bytes_ = 0;
 };
 
+// `mem` with room for at least `bytes` (and 1): when it has to grow, queued work is waited for first (it may still use
+// the old buffer) and the contents are not kept. Fails with hetmoe::Error when the device is full.
+inline DeviceMemory& grow(Device& device, DeviceMemory& mem, size_t bytes) {
+  if (mem.bytes() < bytes || mem.get() == nullptr) {
+    device.synchronize();
+    mem.reset();
+    mem = DeviceMemory(device, std::max<size_t>(bytes, 1));
+  }
+  return mem;
+}
+
+// Bytes rounded up to the 256-byte boundary each matrix of a shared device allocation starts on.
+inline size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
 // Work queued on a device that host memory (staging buffers, a caller's arrays) must outlive: wait() waits for it
 // and reports its failure; if the scope is left early (an exception on the host side), the destructor still waits,
 // so nothing the device copies from or to is freed under it.

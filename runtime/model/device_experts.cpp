@@ -14,7 +14,7 @@ namespace hetmoe::model {
 namespace {
 
 size_t bytes_of(const cpu::WeightMatrix& w) { return w.row_bytes * w.n_rows; }
-size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }  // each matrix on a 256-byte boundary
+using device::aligned;  // each matrix on a 256-byte boundary
 
 // Device bytes of an expert's three matrices, each aligned.
 size_t expert_bytes(const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up, const cpu::WeightMatrix& down) {
@@ -104,7 +104,7 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
   std::vector<const Expert*> order;
   for (const Expert& e : experts)
     if (e.expert < 0) order.push_back(&e);
-  if (placement.policy != "static" && placement.policy != "cpu") {
+  if (policy_ && policy_->uses_residency()) {
     auto warm = [&](const Expert* e) {
       const auto& c = placement.warm_counts;
       return static_cast<size_t>(e->layer) < c.size() && static_cast<size_t>(e->expert) < c[e->layer].size()
@@ -160,12 +160,7 @@ bool DeviceExperts::runs(const cpu::WeightMatrix& gate, const cpu::WeightMatrix&
 }
 
 float* DeviceExperts::scratch(device::DeviceMemory& mem, size_t floats) {
-  if (mem.bytes() < floats * sizeof(float)) {
-    device_.synchronize();  // no queued work may still use the old buffer
-    mem.reset();
-    mem = device::DeviceMemory(device_, std::max<size_t>(1, floats) * sizeof(float));
-  }
-  return mem.as<float>();
+  return device::grow(device_, mem, floats * sizeof(float)).as<float>();
 }
 
 void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const Routing& r,
@@ -177,26 +172,27 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   work.clear();
   thread_local cpu::ExpertBatch batch;
   batch.clear(n, nu + (w.has_shared ? 1 : 0));
-  // The policy's plan for this step; experts it moves go into the move slots, the largest first (ties: lower id),
-  // as many as there are slots (the others run on the CPU).
-  thread_local sched::LayerRouting routing;
-  routing.layer = layer;
-  routing.n_tokens = n;
-  routing.experts.clear();
-  for (int64_t e = 0; e < w.n_expert; ++e) {
-    const int64_t o0 = items.begin(e), o1 = items.end[e];
-    if (o0 == o1) continue;
-    sched::LayerRouting::Expert x{.expert = e, .rows = o1 - o0, .critical_rows = 0, .gate = 0};
-    for (int64_t o = o0; o < o1; ++o) {
-      x.critical_rows += w.split() && items.critical[items.order[o]] ? 1 : 0;
-      x.gate += r.weights[items.order[o]];
-    }
-    routing.experts.push_back(x);
-  }
-  const sched::LayerPlan plan = policy_->plan(routing, &*residency_);
+  // The policy's plan for this step, when there is somewhere to move experts (resident experts run on the device and
+  // the rest on the CPU whatever the plan says otherwise): the experts it moves go into the move slots, the largest
+  // first (ties: lower id), as many as there are slots (the others run on the CPU).
   thread_local std::vector<int64_t> moved;
   moved.clear();
   if (!move_slots_.empty() && runs(w.gate_exps, w.up_exps, w.down_exps)) {
+    thread_local sched::LayerRouting routing;
+    routing.layer = layer;
+    routing.n_tokens = n;
+    routing.experts.clear();
+    for (int64_t e = 0; e < w.n_expert; ++e) {
+      const int64_t o0 = items.begin(e), o1 = items.end[e];
+      if (o0 == o1) continue;
+      sched::LayerRouting::Expert x{.expert = e, .rows = o1 - o0, .critical_rows = 0, .gate = 0};
+      for (int64_t o = o0; o < o1; ++o) {
+        x.critical_rows += w.split() && items.critical[items.order[o]] ? 1 : 0;
+        x.gate += r.weights[items.order[o]];
+      }
+      routing.experts.push_back(x);
+    }
+    const sched::LayerPlan plan = policy_->plan(routing, &*residency_);
     for (const sched::ExpertStep& step : plan.experts)
       if (step.action == sched::Action::kMove && !resident(layer, step.expert)) moved.push_back(step.expert);
     std::stable_sort(moved.begin(), moved.end(), [&](int64_t a, int64_t b) {

@@ -98,6 +98,8 @@ class DeviceExperts {
   // (or, with x_device, already on the device). False when the device has no room for the step's rows (nothing done:
   // the caller runs it on the CPU).
   bool run_matrix(int64_t layer, int64_t id, const float* x, int64_t n, float* y, const float* x_device = nullptr);
+  // Copies a host result [n][n_embd] computed on the CPU to io.out, and waits (nothing when io.out is null).
+  void upload_result(const float* out, int64_t n, int64_t n_embd, const StepOnDevice& io);
   // A dense layer's FFN (n_ff wide) on the device, when resident(layer, kDense); false as run_matrix.
   bool run_dense(const cpu::KernelTable& k, cpu::ThreadPool& pool, int64_t layer, int64_t n_ff, const float* x,
                  int64_t n, int64_t n_embd, float* out, const StepOnDevice& io = {});
@@ -121,8 +123,6 @@ class DeviceExperts {
   bool execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights* moe, const Routing* routing,
                const RoutedItems* routed, int64_t layer, const std::vector<Work>& work, const cpu::ExpertBatch& batch,
                const float* x, int64_t n, int64_t n_embd, float* out, const StepOnDevice& io);
-  // Copies a host result [n][n_embd] computed on the CPU to io.out (the whole step ran on the CPU).
-  void upload_result(const float* out, int64_t n, int64_t n_embd, const StepOnDevice& io);
   const Slot& slot_of(int64_t layer, const Work& d) const {
     return d.move_slot >= 0 ? moving_[static_cast<size_t>(d.move_slot)] : slots_.at({layer, d.expert});
   }

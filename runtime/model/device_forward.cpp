@@ -51,7 +51,6 @@ void Model::attach_device(device::Device& device, const DeviceExperts::Placement
       const float* bias = moe ? ffn_[l].moe.probs_bias : nullptr;
       f.router.push_back(moe ? f.weights.add(ffn_[l].moe.gate_inp) : 0);
       f.router_bias.push_back(bias ? f.weights.add(bias, config_.n_expert) : 0);
-      f.has_router_bias.push_back(bias != nullptr);
     }
     f.output_norm = f.weights.add(output_norm_, E);
     plan_device_attention(f.weights);
@@ -155,13 +154,7 @@ void Model::ffn_on_device(int64_t layer, const float* x, int64_t n, float* out) 
   // down and the host routes, reporting every step of it).
   const int64_t ne = c.is_moe_layer(layer) ? c.n_expert : 0, nu = c.n_expert_used;
   const bool select_here = ne > 0 && !trace_ && d.selects_experts(c.n_expert, c.n_group);
-  const RoutingParams p{.n_expert = c.n_expert,
-                        .n_used = nu,
-                        .gating = c.gating,
-                        .norm = c.expert_weights_norm,
-                        .scale = c.expert_weights_scale,
-                        .n_group = c.n_group,
-                        .n_group_used = c.n_group_used};
+  const RoutingParams p = routing_params();
   const int64_t routing_floats = select_here ? 2 * n * nu : n * ne;
   float* down = f.down.reserve(n * E + routing_floats);
   if (ne > 0) {
@@ -170,7 +163,7 @@ void Model::ffn_on_device(int64_t layer, const float* x, int64_t n, float* out) 
     if (select_here) {
       float* chosen = router_logits + n * ne;  // ids [n][nu] (int32), then weights [n][nu]
       d.select_experts(s, p.selection(), router_logits,
-                       f.has_router_bias[layer] ? f.weights.vector(f.router_bias[layer]) : nullptr, n,
+                       w.moe.probs_bias ? f.weights.vector(f.router_bias[layer]) : nullptr, n,
                        reinterpret_cast<int32_t*>(chosen), chosen + n * nu);
       d.copy_to_host(s, down + n * E, chosen, 2 * n * nu * sizeof(float));
     } else {
@@ -179,14 +172,10 @@ void Model::ffn_on_device(int64_t layer, const float* x, int64_t n, float* out) 
   }
   d.copy_to_host(s, down, x, n * E * sizeof(float));
   d.synchronize(d.record(s));
-  std::span<float> host_x = cpu::scratch<float, struct DeviceFfnInSite>(n * E);
-  std::copy_n(down, n * E, host_x.data());
+  const float* host_x = down;  // the pinned rows are read where they came down (nothing reuses them this step)
   if (ne == 0) {
-    swiglu_ffn(kernels_, *pool_, w.gate, w.up, w.down, host_x.data(), n, host_out.data());
-    float* staged = f.up.reserve(n * E);
-    std::copy_n(host_out.data(), n * E, staged);
-    d.copy_to_device(s, out, staged, n * E * sizeof(float));
-    d.synchronize(d.record(s));
+    swiglu_ffn(kernels_, *pool_, w.gate, w.up, w.down, host_x, n, host_out.data());
+    device_experts_->upload_result(host_out.data(), n, E, io);
     return;
   }
   thread_local Routing r;
@@ -196,14 +185,12 @@ void Model::ffn_on_device(int64_t layer, const float* x, int64_t n, float* out) 
     std::memcpy(r.ids.data(), down + n * E, n * nu * sizeof(int32_t));
     std::copy_n(down + n * E + n * nu, n * nu, r.weights.data());
   } else {
-    std::span<float> probs = cpu::scratch<float, struct DeviceRouterSite>(n * ne);
-    std::copy_n(down + n * E, n * ne, probs.data());
-    route(p, probs.data(), w.moe.probs_bias, n, r, trace_, layer);
+    route(p, down + n * E, w.moe.probs_bias, n, r, trace_, layer);  // the logits become probabilities in place
   }
   if (routing_override_) routing_override_->reroute(layer, n, nu, r.ids.data(), r.weights.data());
   if (routing_observer_) routing_observer_->routed(layer, n, nu, r.ids.data(), r.weights.data());
   const RoutedItems items = group_items(w.moe, r, n, nu);
-  device_experts_->run(kernels_, *pool_, w.moe, r, items, layer, host_x.data(), n, E, host_out.data(), io);
+  device_experts_->run(kernels_, *pool_, w.moe, r, items, layer, host_x, n, E, host_out.data(), io);
 }
 
 }  // namespace hetmoe::model

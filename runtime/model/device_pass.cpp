@@ -6,11 +6,7 @@
 #include "runtime/error.h"
 
 namespace hetmoe::model {
-namespace {
-
-size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-}  // namespace
+using device::aligned;
 
 size_t DeviceWeights::add(const cpu::WeightMatrix& w) {
   supported_ = supported_ && device_.supports(w.type);
@@ -45,21 +41,15 @@ const float* DeviceWeights::vector(size_t handle) const {
 
 float* DevicePass::scratch(size_t slot, size_t floats) {
   if (buffers_.size() <= slot) buffers_.resize(slot + 1);
-  device::DeviceMemory& b = buffers_[slot];
-  if (b.bytes() < floats * sizeof(float)) {
-    device.synchronize();  // queued work may still use the old buffer
-    b.reset();
-    try {
-      b = device::DeviceMemory(device, std::max<size_t>(floats, 1) * sizeof(float));
-    } catch (const Error&) {
-      fail(
-          "{}: the forward pass needs {:.1f} MB more device memory than is free ({:.1f} of {:.1f} GB in use); use a "
-          "smaller --ctx-size or --device-memory, or --host-pass",
-          device.name(), static_cast<double>(floats * sizeof(float)) / 1e6, static_cast<double>(device.used()) / 1e9,
-          static_cast<double>(device.capacity()) / 1e9);
-    }
+  try {
+    return device::grow(device, buffers_[slot], floats * sizeof(float)).as<float>();
+  } catch (const Error&) {
+    fail(
+        "{}: the forward pass needs {:.1f} MB more device memory than is free ({:.1f} of {:.1f} GB in use); use a "
+        "smaller --ctx-size or --device-memory, or --host-pass",
+        device.name(), static_cast<double>(floats * sizeof(float)) / 1e6, static_cast<double>(device.used()) / 1e9,
+        static_cast<double>(device.capacity()) / 1e9);
   }
-  return b.as<float>();
 }
 
 }  // namespace hetmoe::model

@@ -235,6 +235,16 @@ void Model::matmul(const cpu::WeightMatrix& w, const float* x, int64_t n, float*
   cpu::matmul(kernels_, *pool_, w, x, n, y, ldy);
 }
 
+RoutingParams Model::routing_params() const {
+  return {.n_expert = config_.n_expert,
+          .n_used = config_.n_expert_used,
+          .gating = config_.gating,
+          .norm = config_.expert_weights_norm,
+          .scale = config_.expert_weights_scale,
+          .n_group = config_.n_group,
+          .n_group_used = config_.n_group_used};
+}
+
 void Model::ffn(int64_t layer, const float* x, int64_t n, float* out) {
   const FfnWeights& f = ffn_[layer];
   if (!config_.is_moe_layer(layer)) {
@@ -244,14 +254,8 @@ void Model::ffn(int64_t layer, const float* x, int64_t n, float* out) {
     swiglu_ffn(kernels_, *pool_, f.gate, f.up, f.down, x, n, out);
     return;
   }
-  RoutingParams p{.n_expert = config_.n_expert,
-                  .n_used = config_.n_expert_used,
-                  .gating = config_.gating,
-                  .norm = config_.expert_weights_norm,
-                  .scale = config_.expert_weights_scale,
-                  .n_group = config_.n_group,
-                  .n_group_used = config_.n_group_used};
-  moe_ffn(kernels_, *pool_, f.moe, p, x, n, config_.n_embd, out, trace_, layer, routing_observer_, routing_override_);
+  moe_ffn(kernels_, *pool_, f.moe, routing_params(), x, n, config_.n_embd, out, trace_, layer, routing_observer_,
+          routing_override_);
 }
 
 void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,

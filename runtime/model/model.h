@@ -136,6 +136,8 @@ class Model {
 
  private:
   void ffn(int64_t layer, const float* x, int64_t n, float* out);
+  // The router's rules as the config sets them.
+  RoutingParams routing_params() const;
   // The forward pass with its residual stream on the device (pass_on_device() and a device cache).
   void forward_on_device(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,
                          std::vector<float>& logits, Trace* trace, const std::atomic<bool>* cancel);
@@ -149,8 +151,8 @@ class Model {
     DeviceForward(device::Device& device, int stream)
         : weights(device), pass(device, stream), up(device), down(device) {}
     DeviceWeights weights;
-    std::vector<size_t> attn_norm, ffn_norm, router, router_bias;  // handles per layer (router: MoE layers only)
-    std::vector<bool> has_router_bias;
+    // Handles per layer (router: MoE layers only; router_bias: those with exp_probs_b).
+    std::vector<size_t> attn_norm, ffn_norm, router, router_bias;
     size_t output_norm = 0;
     DevicePass pass;
     device::HostMemory up, down;  // pinned: embeddings and RoPE table up; router logits and the normed rows down

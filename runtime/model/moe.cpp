@@ -1,8 +1,6 @@
 #include "runtime/model/moe.h"
 
 #include <algorithm>
-#include <limits>
-#include <numeric>
 
 #include "cpu_kernels/experts.h"
 #include "cpu_kernels/ops.h"
@@ -10,7 +8,6 @@
 #include "runtime/model/device_experts.h"
 
 namespace hetmoe::model {
-namespace {}  // namespace
 
 void route(const RoutingParams& p, float* logits, const float* bias, int64_t n, Routing& out, Trace* trace,
            int64_t layer) {
