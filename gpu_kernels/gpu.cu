@@ -28,6 +28,16 @@ constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kTokensPerPass = 8;  // activation rows one warp carries at once
 
+// Code j (0..31) of one 32-value unit of the low-bit layout (quant/lowbit.h, version 1) from the unit's kBits words:
+// 4 bits: eight codes per word; 2 bits: sixteen per word; 3 bits: the 2-bit codes of words 0-1 plus bit j of word 2.
+template <int kBits>
+__device__ int lowbit_code(const uint32_t* unit, int j) {
+  if constexpr (kBits == 4) return (unit[j / 8] >> (4 * (j % 8))) & 15;
+  int q = (unit[j / 16] >> (2 * (j % 16))) & 3;
+  if constexpr (kBits == 3) q |= ((unit[2] >> j) & 1) << 2;
+  return q;
+}
+
 // One warp per weight row: lane l takes the row's 32-value units l, l + 32, ..., unpacks each unit's codes from
 // its `kBits` words (quant/lowbit.h layout version 1), and adds d * sum(q x) + m * sum(x) per token; the lanes'
 // sums meet by shuffles. Rows of the low-bit layout are whole groups, and every part starts on 4 bytes.
@@ -54,13 +64,7 @@ __global__ void lowbit_matmul_kernel(const uint8_t* w, int64_t rows, int64_t col
       float sq[kTokensPerPass] = {}, sx[kTokensPerPass] = {};
 #pragma unroll 8
       for (int j = 0; j < 32; ++j) {
-        int q;
-        if constexpr (kBits == 4) {
-          q = (wd[j / 8] >> (4 * (j % 8))) & 15;
-        } else {
-          q = (wd[j / 16] >> (2 * (j % 16))) & 3;
-          if constexpr (kBits == 3) q |= ((wd[2] >> j) & 1) << 2;
-        }
+        const int q = lowbit_code<kBits>(wd, j);
         for (int t = 0; t < nt; ++t) {
           const float xv = x[(t0 + t) * ldx + u * 32 + j];
           sq[t] += static_cast<float>(q) * xv;
@@ -236,13 +240,7 @@ __global__ void dequantize_lowbit_kernel(const uint8_t* w, int64_t rows, int64_t
   const float d = __half2float(scales[g]), m = __half2float(offsets[g]);
   float* o = out + r * cols + u * 32;
   for (int j = 0; j < 32; ++j) {
-    int q;
-    if constexpr (kBits == 4) {
-      q = (words[u * kBits + j / 8] >> (4 * (j % 8))) & 15;
-    } else {
-      q = (words[u * kBits + j / 16] >> (2 * (j % 16))) & 3;
-      if constexpr (kBits == 3) q |= ((words[u * kBits + 2] >> j) & 1) << 2;
-    }
+    const int q = lowbit_code<kBits>(words + u * kBits, j);
     o[j] = d * static_cast<float>(q) + m;
   }
 }
