@@ -80,14 +80,17 @@ double CostModel::gpu_seconds(const ExpertShape& e, int64_t rows) const {
 
 std::optional<int64_t> CostModel::crossover(const std::string& isa, const ExpertShape& e, int64_t max_rows) const {
   if (!gpu_) return std::nullopt;
-  // Moving the whole expert: its device part is then the expert itself.
-  ExpertShape whole = e;
-  whole.device_bytes = e.bytes;
   // The first row count that pays, by a scan: measured curves need not be convex (a tier's batch kernels start at
   // some row count), so bisection could miss it.
   for (int64_t r = 1; r <= max_rows; ++r)
-    if (move_seconds(e.bytes) + gpu_seconds(whole, r) <= cpu_seconds(isa, e, r)) return r;
+    if (moved_seconds(e, r) <= cpu_seconds(isa, e, r)) return r;
   return std::nullopt;
+}
+
+double CostModel::moved_gpu_seconds(const ExpertShape& e, int64_t rows) const {
+  ExpertShape whole = e;  // once moved, the device holds the whole expert
+  whole.device_bytes = e.bytes;
+  return gpu_seconds(whole, rows);
 }
 
 }  // namespace hetmoe::sched

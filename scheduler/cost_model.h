@@ -87,6 +87,11 @@ class CostModel {
   double move_seconds(double bytes) const { return link_.seconds(bytes); }
   // The expert's device part (its W^Q for a split model) on the device for `rows` rows.
   double gpu_seconds(const ExpertShape& e, int64_t rows) const;
+  // A MOVE: the whole expert (W, or W^Q + W^R) copied over, then run on the device; and the device's share alone.
+  double moved_seconds(const ExpertShape& e, int64_t rows) const {
+    return move_seconds(e.bytes) + moved_gpu_seconds(e, rows);
+  }
+  double moved_gpu_seconds(const ExpertShape& e, int64_t rows) const;
 
   // The crossover of an ISA tier: the smallest row count r <= max_rows with move + GPU time <= CPU time, moving the
   // whole expert (W for an unsplit model). nullopt without a device or when moving never pays up to max_rows.

@@ -13,7 +13,6 @@ enum class Action : uint8_t {
   kMove,         // copied to the device for this step, computed there
   kCpuInPlace,   // run on the CPU from the mapped weights
 };
-const char* action_name(Action a);
 
 // One layer's step as the router left it: the activated experts (ascending id) with their rows (tokens routed to
 // them), the rows for which they are critical (split models: among the token's largest mixing weights) and the sum

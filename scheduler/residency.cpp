@@ -7,18 +7,6 @@
 
 namespace hetmoe::sched {
 
-const char* action_name(Action a) {
-  switch (a) {
-    case Action::kGpuResident:
-      return "GPU_RESIDENT";
-    case Action::kMove:
-      return "MOVE";
-    case Action::kCpuInPlace:
-      return "CPU_IN_PLACE";
-  }
-  return "?";
-}
-
 Residency::Residency(int64_t n_layer, int64_t n_expert, const Options& options)
     : n_layer_(n_layer),
       n_expert_(n_expert),

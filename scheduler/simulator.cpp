@@ -135,8 +135,6 @@ class Run {
       } else {
         cpu += dense(m_.shared_bytes, m_.shared_params, 0);
       }
-      ExpertShape whole = shape_;
-      whole.device_bytes = shape_.bytes;
       bool cpu_work = false;
       for (const ExpertStep& s : plan.experts) {
         switch (s.action) {
@@ -156,7 +154,7 @@ class Run {
           case Action::kMove:
             link += cost_.move_seconds(shape_.bytes);
             c.h2d_bytes += shape_.bytes;
-            gpu_moved += cost_.gpu_seconds(whole, s.rows);
+            gpu_moved += cost_.moved_gpu_seconds(shape_, s.rows);
             break;
         }
       }

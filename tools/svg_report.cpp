@@ -134,12 +134,10 @@ std::vector<CostCurve> crossover_curves(const sched::Machine& machine, const sch
     }
     curves.push_back(std::move(c));
   }
-  sched::ExpertShape whole = e;
-  whole.device_bytes = e.bytes;
   CostCurve moved{.label = "move + " + machine.gpu_name, .rows = {}, .seconds = {}, .crossover = -1};
   for (int64_t r = 1; r <= 4096; r *= 2) {
     moved.rows.push_back(r);
-    moved.seconds.push_back(cost.move_seconds(e.bytes) + cost.gpu_seconds(whole, r));
+    moved.seconds.push_back(cost.moved_seconds(e, r));
   }
   curves.push_back(std::move(moved));
   return curves;
