@@ -192,7 +192,7 @@ int bench(const BenchOptions& opt) {
   // What the policies need, checked before anything is loaded.
   const bool device_policies =
       std::any_of(opt.policies.begin(), opt.policies.end(), [](const std::string& p) { return p != "cpu"; });
-  if (device_policies && (opt.device.kind == "cpu" || (opt.device.kind == "auto" && device::cuda_device_count() == 0)))
+  if (device_policies && !wants_device(opt.device))
     fail("policies other than cpu need a device: --device emulated, or --device cuda on a machine with a GPU");
   if (std::find(opt.policies.begin(), opt.policies.end(), "split") != opt.policies.end() &&
       !gguf::GgufFile::open(opt.model).find(model::kSplitVersionKey))
@@ -214,16 +214,23 @@ int bench(const BenchOptions& opt) {
       for (int32_t id : warm_up.draw(l, 256).ids) warm[static_cast<size_t>(l)][static_cast<size_t>(id)] += 1;
   }
 
+  // A warm trace is read once for all the policies.
+  DeviceOptions device_options = opt.device;
+  if (!device_options.warm_trace.empty()) {
+    device_options.warm_counts = sched::RoutingTrace::load(device_options.warm_trace).counts();
+    device_options.warm_trace.clear();
+  }
+
   // Each policy on a freshly loaded model (the file stays mapped by the OS cache): cpu without a device, the others
   // with the device of --device, placed and run by their plans.
   std::vector<PolicyResult> results;
   std::unique_ptr<model::Model> m;
   EnergyMeter energy;
   for (const std::string& policy : opt.policies) {
-    DeviceOptions d = opt.device;
+    DeviceOptions d = device_options;
     d.policy = policy;
     if (policy == "cpu") d.kind = "cpu";
-    if (zipf && d.warm_trace.empty()) d.warm_counts = warm;
+    if (zipf && opt.device.warm_trace.empty()) d.warm_counts = warm;
     m.reset();
     m = load_model(opt.model, threads, opt.critical, d);
     std::optional<ZipfRouting> routing;

@@ -38,10 +38,14 @@ void write_file(const std::string& path, const void* data, size_t size) {
 
 }  // namespace
 
+bool wants_device(const DeviceOptions& opt) {
+  return opt.kind != "cpu" && !(opt.kind == "auto" && device::cuda_device_count() == 0);
+}
+
 // Kept until the process ends: models refer to it.
 device::Device* open_device(const DeviceOptions& opt) {
   static std::vector<std::unique_ptr<device::Device>> devices;
-  if (opt.kind == "cpu" || (opt.kind == "auto" && device::cuda_device_count() == 0)) return nullptr;
+  if (!wants_device(opt)) return nullptr;
   if (opt.kind == "cuda" || opt.kind == "auto") {
     devices.push_back(device::make_cuda_device(0));
     return devices.back().get();

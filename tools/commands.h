@@ -152,7 +152,9 @@ using cpu::resolve_threads;
 // split model, and is an error for a model that is not split.
 // With a device other than the CPU, the routed experts go there as far as its memory lets them (the device lives
 // until the process ends); a note on stderr says which device and how much of the model it holds.
-// The device a command asked for (null for cpu, or auto without a GPU), kept until the process ends.
+// Whether the options ask for a device: not cpu, and not auto on a machine without a GPU.
+bool wants_device(const DeviceOptions& opt);
+// The device a command asked for (null when !wants_device), kept until the process ends.
 device::Device* open_device(const DeviceOptions& opt);
 std::unique_ptr<model::Model> load_model(const std::string& path, int threads, const std::string& critical,
                                          const DeviceOptions& device = {});
