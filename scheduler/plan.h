@@ -29,6 +29,14 @@ struct LayerRouting {
   std::vector<Expert> experts;
 };
 
+// Whether slot `slot` of a token's n_used mixing weights is among its n_critical largest (ties: the earlier slot):
+// the rule that picks the experts whose residual a split model adds, for the runtime and the simulator alike.
+inline bool is_critical(const float* weights, int64_t n_used, int64_t slot, int64_t n_critical) {
+  int64_t above = 0;  // slots that rank before this one
+  for (int64_t b = 0; b < n_used; ++b) above += weights[b] > weights[slot] || (weights[b] == weights[slot] && b < slot);
+  return above < n_critical;
+}
+
 struct ExpertStep {
   int64_t expert = 0;
   int64_t rows = 0;

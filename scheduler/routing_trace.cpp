@@ -147,15 +147,10 @@ LayerRouting layer_routing(const RoutingStep& step, int64_t n_used, int64_t n_cr
   for (int64_t t = 0; t < step.n_tokens; ++t)
     for (int64_t a = 0; a < n_used; ++a) {
       const size_t i = static_cast<size_t>(t * n_used + a);
-      int64_t above = 0;  // slots of this token that rank before slot a
-      for (int64_t b = 0; b < n_used; ++b) {
-        const float wa = step.weights[i], wb = step.weights[static_cast<size_t>(t * n_used + b)];
-        above += wb > wa || (wb == wa && b < a);
-      }
       LayerRouting::Expert& x = by_id[step.ids[i]];
       x.expert = step.ids[i];
       x.rows += 1;
-      x.critical_rows += above < n_critical ? 1 : 0;
+      x.critical_rows += is_critical(step.weights.data() + t * n_used, n_used, a, n_critical) ? 1 : 0;
       x.gate += step.weights[i];
     }
   LayerRouting r{.layer = step.layer, .n_tokens = step.n_tokens, .experts = {}};

@@ -6,6 +6,7 @@
 #include "cpu_kernels/ops.h"
 #include "cpu_kernels/scratch.h"
 #include "runtime/model/device_experts.h"
+#include "scheduler/plan.h"
 
 namespace hetmoe::model {
 
@@ -47,14 +48,8 @@ RoutedItems group_items(const MoeWeights& w, const Routing& r, int64_t n, int64_
   if (w.split()) {
     const int64_t keep = w.n_critical < 0 ? nu : std::min(w.n_critical, nu);
     for (int64_t t = 0; t < n; ++t)
-      for (int64_t a = 0; a < nu; ++a) {
-        int64_t above = 0;  // slots that rank before slot a
-        for (int64_t b = 0; b < nu; ++b) {
-          const float wa = r.weights[t * nu + a], wb = r.weights[t * nu + b];
-          above += wb > wa || (wb == wa && b < a);
-        }
-        critical[t * nu + a] = above < keep;
-      }
+      for (int64_t a = 0; a < nu; ++a)
+        critical[t * nu + a] = sched::is_critical(r.weights.data() + t * nu, nu, a, keep);
   }
   return {next.first(w.n_expert), order.first(n * nu), critical.first(w.split() ? n * nu : 0)};
 }
