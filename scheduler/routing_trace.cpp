@@ -127,6 +127,13 @@ RoutingStep ZipfRouter::draw(int64_t layer, int64_t n_tokens) {
   return st;
 }
 
+std::vector<std::vector<double>> ZipfRouter::counts(int64_t n_layer, int64_t first_moe_layer, int64_t tokens) {
+  std::vector<std::vector<double>> c(static_cast<size_t>(n_layer), std::vector<double>(static_cast<size_t>(n_expert_)));
+  for (int64_t l = first_moe_layer; l < n_layer; ++l)
+    for (int32_t id : draw(l, tokens).ids) c[static_cast<size_t>(l)][static_cast<size_t>(id)] += 1;
+  return c;
+}
+
 RoutingTrace RoutingTrace::zipf(int64_t n_layer, int64_t first_moe_layer, int64_t n_expert, int64_t n_used, double s,
                                 int64_t steps, int64_t tokens, uint64_t seed) {
   if (first_moe_layer < 0 || first_moe_layer >= n_layer)

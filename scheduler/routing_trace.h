@@ -52,6 +52,9 @@ class ZipfRouter {
  public:
   ZipfRouter(int64_t n_expert, int64_t n_used, double s, uint64_t ranking_seed, uint64_t draw_seed);
   RoutingStep draw(int64_t layer, int64_t n_tokens);
+  // How often each expert is chosen when `tokens` tokens are drawn for each MoE layer (first_moe_layer ..
+  // n_layer - 1, in order): [n_layer][n_expert], the warm-up counts that place experts for this workload.
+  std::vector<std::vector<double>> counts(int64_t n_layer, int64_t first_moe_layer, int64_t tokens);
 
  private:
   const std::vector<int32_t>& ranking(int64_t layer);

@@ -227,12 +227,8 @@ std::vector<SimResult> simulate(const Machine& machine, const SimModel& model, c
       run.warm_start(options.trace->counts());  // a recorded trace warm-starts residency with all of its counts
     } else {
       // Synthetic routing: a warm-up of the same workload (expert ranking), other draws.
-      RoutingSource warm(model, options, options.seed + 1);
-      std::vector<std::vector<double>> counts(static_cast<size_t>(model.n_layer),
-                                              std::vector<double>(static_cast<size_t>(model.n_expert)));
-      for (int64_t l = model.n_leading_dense; l < model.n_layer; ++l)
-        for (int32_t id : warm.next(l, 64).ids) counts[static_cast<size_t>(l)][static_cast<size_t>(id)] += 1;
-      run.warm_start(counts);
+      ZipfRouter warm(model.n_expert, model.n_used, options.zipf, options.seed, options.seed + 1);
+      run.warm_start(warm.counts(model.n_layer, model.n_leading_dense, 64));
     }
     RoutingSource routing(model, options, options.seed);
     const StepCost prefill = run.step(routing, options.prompt, options.prompt);

@@ -208,10 +208,7 @@ int bench(const BenchOptions& opt) {
     if (c.n_expert == 0) fail("--synthetic: {} has no routed experts", opt.model);
     n_expert = c.n_expert;
     n_used = c.n_expert_used;
-    sched::ZipfRouter warm_up(n_expert, n_used, *zipf, 1, 3);
-    warm.assign(static_cast<size_t>(c.n_layer), std::vector<double>(static_cast<size_t>(n_expert)));
-    for (int64_t l = c.n_leading_dense; l < c.n_layer; ++l)
-      for (int32_t id : warm_up.draw(l, 256).ids) warm[static_cast<size_t>(l)][static_cast<size_t>(id)] += 1;
+    warm = sched::ZipfRouter(n_expert, n_used, *zipf, 1, 3).counts(c.n_layer, c.n_leading_dense, 256);
   }
 
   // A warm trace is read once for all the policies.
