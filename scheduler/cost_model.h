@@ -38,6 +38,10 @@ struct ExpertShape {
   int64_t n_embd = 0, n_ff = 0;
   // Multiply-adds of gate, up and down for one row, times two: floating-point operations per row.
   double flops_per_row() const { return 6.0 * static_cast<double>(n_embd) * static_cast<double>(n_ff); }
+  // An unsplit expert of `bytes`: it runs, and moves, whole.
+  static ExpertShape whole(double bytes, int64_t n_embd, int64_t n_ff) {
+    return {.bytes = bytes, .device_bytes = bytes, .residual_bytes = 0, .n_embd = n_embd, .n_ff = n_ff};
+  }
 };
 
 // The CPU's expert FFN time on one ISA tier: a measured curve for an expert of curve_bytes (hetmoe calibrate), scaled

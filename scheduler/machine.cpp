@@ -67,6 +67,20 @@ Machine from_calibration(const json& j, const std::string& where) {
   return m;
 }
 
+// The optional "link" and "gpu" objects, the same in a hardware profile and in calibrate's profile.
+void read_link_and_gpu(const json& j, const std::string& where, Machine& m) {
+  if (j.contains("link")) {
+    m.link = Link{positive(j["link"], "bytes_per_s", where + ": link"), optional_number(j["link"], "latency_s", 0)};
+  }
+  if (j.contains("gpu")) {
+    const json& g = j["gpu"];
+    m.gpu_name = g.value("name", std::string("a GPU"));
+    m.gpu = GpuRates{positive(g, "memory_bytes", where + ": gpu"), positive(g, "bytes_per_s", where + ": gpu"),
+                     positive(g, "flops_per_s", where + ": gpu"), optional_number(g, "launch_s", 0)};
+    if (!m.link) bad(where, "a profile with a 'gpu' needs a 'link'");
+  }
+}
+
 Machine from_profile(const json& j, const std::string& where) {
   Machine m;
   m.name = j.value("name", std::string("unnamed machine"));
@@ -80,16 +94,7 @@ Machine from_profile(const json& j, const std::string& where) {
   m.dram_bytes_per_s = positive(c, "dram_bytes_per_s", where + ": cpu");
   m.dram_bytes = optional_number(c, "dram_bytes", 0);
   for (const json& t : c.value("tiers", json::array())) m.tiers.push_back(tier_of(t, where, 0));
-  if (j.contains("link")) {
-    m.link = Link{positive(j["link"], "bytes_per_s", where + ": link"), optional_number(j["link"], "latency_s", 0)};
-  }
-  if (j.contains("gpu")) {
-    const json& g = j["gpu"];
-    m.gpu_name = g.value("name", std::string("a GPU"));
-    m.gpu = GpuRates{positive(g, "memory_bytes", where + ": gpu"), positive(g, "bytes_per_s", where + ": gpu"),
-                     positive(g, "flops_per_s", where + ": gpu"), optional_number(g, "launch_s", 0)};
-    if (!m.link) bad(where, "a profile with a 'gpu' needs a 'link'");
-  }
+  read_link_and_gpu(j, where, m);
   return m;
 }
 
@@ -111,16 +116,7 @@ Machine parse_machine(const std::string& text, const std::string& where) {
       m = from_profile(j, where);
     } else if (format == "hetmoe-profile/1") {
       m = from_calibration(j, where);
-      // calibrate with a device also records the link and the device (same fields as a hardware profile).
-      if (j.contains("link") || j.contains("gpu")) {
-        json rest = {{"cpu", {{"dram_bytes_per_s", std::max(m.dram_bytes_per_s, 1.0)}}}};
-        if (j.contains("link")) rest["link"] = j["link"];
-        if (j.contains("gpu")) rest["gpu"] = j["gpu"];
-        const Machine dev = from_profile(rest, where);
-        m.link = dev.link;
-        m.gpu = dev.gpu;
-        m.gpu_name = dev.gpu_name;
-      }
+      read_link_and_gpu(j, where, m);  // calibrate with a device also records them
     } else {
       bad(where, "unknown format '" + format + "' (expected hetmoe-hw/1 or hetmoe-profile/1)");
     }

@@ -51,4 +51,13 @@ struct LayerPlan {
   std::vector<int64_t> prefetch;    // experts of layer + 1 to copy in while the link is idle
 };
 
+// The experts to prefetch after a step: the plan's list when the step left the link idle (it moved nothing and the
+// residency admitted nothing), else none. One rule for the executor and the simulator.
+inline std::vector<int64_t> prefetch_after(const LayerPlan& plan, bool admitted) {
+  if (admitted) return {};
+  for (const ExpertStep& s : plan.experts)
+    if (s.action == Action::kMove) return {};
+  return plan.prefetch;
+}
+
 }  // namespace hetmoe::sched

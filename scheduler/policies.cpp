@@ -1,5 +1,6 @@
 #include "scheduler/policies.h"
 
+#include <cmath>
 #include <stdexcept>
 
 namespace hetmoe::sched {
@@ -78,14 +79,18 @@ class CrossoverPolicy final : public Policy {
     p.layer = r.layer;
     p.dense_on_device = true;
     for (const LayerRouting::Expert& x : r.experts) {
-      if (residency->resident(r.layer, x.expert)) {
+      if (residency->resident(r.layer, x.expert) || residency->prefetched(r.layer, x.expert)) {
         p.experts.push_back({x.expert, x.rows, split_ ? x.critical_rows : 0, Action::kGpuResident});
         continue;
       }
       const bool move = threshold_ && x.rows >= *threshold_;
       p.experts.push_back({x.expert, x.rows, 0, move ? Action::kMove : Action::kCpuInPlace});
     }
-    if (r.layer + 1 < o_.n_layer) p.prefetch = residency->hottest_absent(r.layer + 1, o_.prefetch);
+    if (r.layer + 1 < o_.n_layer)
+      for (int64_t e : residency->hottest_absent(r.layer + 1, o_.prefetch)) {
+        const double miss = std::pow(1.0 - residency->share(r.layer + 1, e), static_cast<double>(r.n_tokens));
+        if (1.0 - miss >= o_.prefetch_min_probability) p.prefetch.push_back(e);
+      }
     return p;
   }
 

@@ -7,9 +7,11 @@
 //              CPU; a step of batch_threshold tokens or more (32) moves its experts to the device.
 //   kt         KTransformers: as static, plus the experts warm_start placed on the device (fixed), and a prefill
 //              of kt_prefill_tokens tokens or more moves the rest.
-//   crossover  per expert and step: resident experts run on the device; an absent one moves when its rows reach
-//              the crossover of the CPU's ISA tier (cost model), else runs on the CPU; the residency cache admits
-//              and evicts; the next layer's hottest absent experts are prefetched.
+//   crossover  per expert and step: resident (and prefetched) experts run on the device; an absent one moves when
+//              its rows reach the crossover of the CPU's ISA tier (cost model), else runs on the CPU; the residency
+//              cache admits and evicts; the plan names the next layer's hottest absent experts that its next step
+//              likely routes to, which the executor prefetches when the step left the link idle (no moves, no
+//              admissions).
 //   split      crossover over a split model: the residency holds W^Q (small, so many more experts fit) and the CPU
 //              adds W^R for the critical rows of resident experts; absent experts run whole (W^Q + W^R) by the
 //              same crossover rule.
@@ -33,6 +35,9 @@ struct PolicyOptions {
   int64_t batch_threshold = 32;      // static: llama.cpp's rule
   int64_t kt_prefill_tokens = 1024;  // kt: KTransformers' hand-set threshold (400-4096 in its configurations)
   int64_t prefetch = 1;              // crossover, split: experts of the next layer prefetched per step
+  // crossover, split: and only those that the next step (as many tokens as this one) routes to with at least this
+  // probability, from their share of recent tokens (a copy the router then ignores only costs link time and power).
+  double prefetch_min_probability = 0.5;
   // crossover, split: this threshold instead of the cost model's crossover (the runtime without a profile).
   std::optional<int64_t> fixed_crossover;
 };

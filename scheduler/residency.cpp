@@ -4,6 +4,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace hetmoe::sched {
 
@@ -12,7 +13,10 @@ Residency::Residency(int64_t n_layer, int64_t n_expert, const Options& options)
       n_expert_(n_expert),
       options_(options),
       score_(static_cast<size_t>(n_layer * n_expert), 0.0),
-      resident_(static_cast<size_t>(n_layer * n_expert), 0) {
+      resident_(static_cast<size_t>(n_layer * n_expert), 0),
+      rows_(static_cast<size_t>(n_layer * n_expert), 0.0),
+      tokens_(static_cast<size_t>(std::max<int64_t>(n_layer, 0)), 0.0),
+      excluded_(static_cast<size_t>(std::max<int64_t>(n_layer, 0)), 0) {
   if (n_layer <= 0 || n_expert <= 0 || options.slots < 0 || options.decay <= 0 || options.decay > 1 ||
       options.hysteresis < 0 || options.max_admissions < 0)
     throw std::invalid_argument("residency: layers and experts must be positive, slots and limits not negative");
@@ -42,6 +46,7 @@ void Residency::warm_start(const std::vector<std::vector<double>>& counts) {
   used_ = 0;
   for (size_t i : order) {
     if (used_ == options_.slots || score_[i] <= 0) break;
+    if (excluded_[i / static_cast<size_t>(n_expert_)]) continue;
     resident_[i] = 1;
     ++used_;
   }
@@ -56,11 +61,18 @@ int64_t Residency::coldest() const {
 
 std::vector<Residency::Change> Residency::observe(const LayerRouting& routing) {
   const int64_t l = routing.layer;
-  for (int64_t e = 0; e < n_expert_; ++e) score_[index(l, e)] *= options_.decay;
-  for (const LayerRouting::Expert& x : routing.experts)
+  for (int64_t e = 0; e < n_expert_; ++e) {
+    score_[index(l, e)] *= options_.decay;
+    rows_[index(l, e)] *= options_.decay;
+  }
+  tokens_[static_cast<size_t>(l)] =
+      tokens_[static_cast<size_t>(l)] * options_.decay + static_cast<double>(routing.n_tokens);
+  for (const LayerRouting::Expert& x : routing.experts) {
     score_[index(l, x.expert)] += static_cast<double>(x.rows) + options_.gate_weight * x.gate;
+    rows_[index(l, x.expert)] += static_cast<double>(x.rows);
+  }
   std::vector<Change> changes;
-  if (!options_.adaptive || options_.slots == 0) return changes;
+  if (!options_.adaptive || options_.slots == 0 || excluded_[static_cast<size_t>(l)]) return changes;
   // Candidates: this step's absent experts, best score first.
   std::vector<int64_t> candidates;
   for (const LayerRouting::Expert& x : routing.experts)
@@ -89,11 +101,32 @@ std::vector<Residency::Change> Residency::observe(const LayerRouting& routing) {
 std::vector<int64_t> Residency::hottest_absent(int64_t layer, int64_t k) const {
   std::vector<int64_t> absent;
   for (int64_t e = 0; e < n_expert_; ++e)
-    if (!resident(layer, e) && score(layer, e) > 0) absent.push_back(e);
+    if (!resident(layer, e) && !prefetched(layer, e) && score(layer, e) > 0 && !excluded_[static_cast<size_t>(layer)])
+      absent.push_back(e);
   std::stable_sort(absent.begin(), absent.end(),
                    [&](int64_t a, int64_t b) { return score(layer, a) > score(layer, b); });
   if (static_cast<int64_t>(absent.size()) > k) absent.resize(static_cast<size_t>(std::max<int64_t>(k, 0)));
   return absent;
+}
+
+double Residency::share(int64_t layer, int64_t expert) const {
+  const double tokens = tokens_[index(layer, expert) / static_cast<size_t>(n_expert_)];
+  return tokens > 0 ? rows_[index(layer, expert)] / tokens : 0.0;
+}
+
+void Residency::set_prefetched(int64_t layer, std::vector<int64_t> experts) {
+  for (int64_t e : experts) index(layer, e);  // throws for an expert the model lacks
+  prefetched_layer_ = experts.empty() ? -1 : layer;
+  prefetched_ = std::move(experts);
+}
+
+void Residency::exclude(int64_t layer) {
+  index(layer, 0);
+  excluded_[static_cast<size_t>(layer)] = 1;
+  for (int64_t e = 0; e < n_expert_; ++e) {
+    used_ -= resident_[index(layer, e)];
+    resident_[index(layer, e)] = 0;
+  }
 }
 
 }  // namespace hetmoe::sched

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <random>
 #include <stdexcept>
+#include <string>
 
 namespace hetmoe::sched {
 
@@ -147,6 +148,37 @@ RoutingTrace RoutingTrace::zipf(int64_t n_layer, int64_t first_moe_layer, int64_
   for (int64_t step = 0; step < steps; ++step)
     for (int64_t l = first_moe_layer; l < n_layer; ++l) t.steps.push_back(router.draw(l, tokens));
   return t;
+}
+
+TraceReplay::TraceReplay(const RoutingTrace& trace)
+    : trace_(trace),
+      per_layer_(static_cast<size_t>(trace.n_layer)),
+      step_(static_cast<size_t>(trace.n_layer), 0),
+      token_(static_cast<size_t>(trace.n_layer), 0) {
+  for (const RoutingStep& s : trace.steps)
+    if (s.n_tokens > 0) per_layer_[static_cast<size_t>(s.layer)].push_back(&s);
+}
+
+RoutingStep TraceReplay::next(int64_t layer, int64_t n) {
+  if (layer < 0 || layer >= trace_.n_layer || per_layer_[static_cast<size_t>(layer)].empty())
+    throw std::invalid_argument("the routing trace has no token of MoE layer " + std::to_string(layer));
+  const std::vector<const RoutingStep*>& steps = per_layer_[static_cast<size_t>(layer)];
+  const int64_t nu = trace_.n_used;
+  RoutingStep out{.layer = layer, .n_tokens = n, .ids = {}, .weights = {}};
+  size_t& at = step_[static_cast<size_t>(layer)];
+  int64_t& token = token_[static_cast<size_t>(layer)];
+  while (static_cast<int64_t>(out.ids.size()) < n * nu) {
+    const RoutingStep& s = *steps[at % steps.size()];
+    if (token >= s.n_tokens) {
+      ++at;
+      token = 0;
+      continue;
+    }
+    out.ids.insert(out.ids.end(), s.ids.begin() + token * nu, s.ids.begin() + (token + 1) * nu);
+    out.weights.insert(out.weights.end(), s.weights.begin() + token * nu, s.weights.begin() + (token + 1) * nu);
+    ++token;
+  }
+  return out;
 }
 
 LayerRouting layer_routing(const RoutingStep& step, int64_t n_used, int64_t n_critical) {

@@ -65,6 +65,21 @@ class ZipfRouter {
   std::mt19937_64 rng_;
 };
 
+// A trace's routing replayed: each layer's recorded steps in order, cycled, their tokens concatenated into steps of
+// the size asked for (a prefill and decode of other lengths than the recording's). The trace must outlive it.
+class TraceReplay {
+ public:
+  explicit TraceReplay(const RoutingTrace& trace);
+  // The next n tokens' routing of `layer`; throws std::invalid_argument when the trace has no token of that layer.
+  RoutingStep next(int64_t layer, int64_t n);
+
+ private:
+  const RoutingTrace& trace_;
+  std::vector<std::vector<const RoutingStep*>> per_layer_;
+  std::vector<size_t> step_;    // per layer: the step replayed now
+  std::vector<int64_t> token_;  // and its next token
+};
+
 // One step as the scheduler sees it: rows per activated expert (ascending id), the rows where it is among the token's
 // n_critical largest weights (ties: the earlier slot), and its weights' sum.
 LayerRouting layer_routing(const RoutingStep& step, int64_t n_used, int64_t n_critical);

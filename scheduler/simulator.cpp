@@ -2,58 +2,31 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 namespace hetmoe::sched {
 namespace {
 
-// Where the routing of each layer step comes from: a trace cycled step by step per layer, or Zipf draws.
+// Where the routing of each layer step comes from: a trace replayed, or Zipf draws.
 class RoutingSource {
  public:
   // draw_seed: the synthetic router's draws (the ranking of experts always comes from o.seed).
   RoutingSource(const SimModel& m, const SimOptions& o, uint64_t draw_seed)
-      : m_(m), o_(o), zipf_(m.n_expert, m.n_used, o.zipf, o.seed, draw_seed) {
+      : zipf_(m.n_expert, m.n_used, o.zipf, o.seed, draw_seed) {
     if (o.trace) {
       if (o.trace->n_layer != m.n_layer || o.trace->n_expert != m.n_expert || o.trace->n_used != m.n_used)
         throw std::invalid_argument("the routing trace has another model's shape (layers, experts or experts used)");
-      per_layer_.resize(static_cast<size_t>(m.n_layer));
-      for (const RoutingStep& s : o.trace->steps) per_layer_[static_cast<size_t>(s.layer)].push_back(&s);
-      next_.assign(static_cast<size_t>(m.n_layer), 0);
+      replay_.emplace(*o.trace);
     }
   }
   // The next step of `layer` with n tokens.
-  RoutingStep next(int64_t layer, int64_t n) {
-    if (!o_.trace) return zipf_.draw(layer, n);
-    // Replay: the layer's recorded steps in order (cycled), their tokens concatenated until n are taken.
-    const std::vector<const RoutingStep*>& steps = per_layer_[static_cast<size_t>(layer)];
-    if (steps.empty())
-      throw std::invalid_argument("the routing trace has no step of MoE layer " + std::to_string(layer));
-    RoutingStep out{.layer = layer, .n_tokens = n, .ids = {}, .weights = {}};
-    size_t& at = next_[static_cast<size_t>(layer)];
-    int64_t token = token_in_step_.size() > static_cast<size_t>(layer) ? token_in_step_[static_cast<size_t>(layer)] : 0;
-    while (static_cast<int64_t>(out.ids.size()) < n * m_.n_used) {
-      const RoutingStep& s = *steps[at % steps.size()];
-      if (token >= s.n_tokens) {
-        ++at;
-        token = 0;
-        continue;
-      }
-      out.ids.insert(out.ids.end(), s.ids.begin() + token * m_.n_used, s.ids.begin() + (token + 1) * m_.n_used);
-      out.weights.insert(out.weights.end(), s.weights.begin() + token * m_.n_used,
-                         s.weights.begin() + (token + 1) * m_.n_used);
-      ++token;
-    }
-    if (token_in_step_.size() <= static_cast<size_t>(layer)) token_in_step_.resize(static_cast<size_t>(layer) + 1);
-    token_in_step_[static_cast<size_t>(layer)] = token;
-    return out;
-  }
+  RoutingStep next(int64_t layer, int64_t n) { return replay_ ? replay_->next(layer, n) : zipf_.draw(layer, n); }
 
  private:
-  const SimModel& m_;
-  const SimOptions& o_;
-  std::vector<std::vector<const RoutingStep*>> per_layer_;
-  std::vector<size_t> next_;
-  std::vector<int64_t> token_in_step_;
+  std::optional<TraceReplay> replay_;
   ZipfRouter zipf_;
 };
 
@@ -160,14 +133,23 @@ class Run {
       }
       // Admissions copy in the background: an admitted expert is first used at the next step, so its copy waits for
       // the link's idle time (below) instead of holding up this layer.
+      bool admitted = false;
       if (residency_ && policy_->adapts_residency())
         for (const Residency::Change& ch : residency_->observe(r))
           if (ch.admitted) {
             background += cost_.move_seconds(shape_.device_bytes);
             c.h2d_bytes += shape_.device_bytes;
+            admitted = true;
           }
       double layer = std::max(cpu, std::max(gpu_resident, link) + gpu_moved);
       background = std::max(0.0, background - (layer - link));
+      if (residency_) {
+        // The next layer's likely experts, copied while the link is idle: they run on the device at its step.
+        std::vector<int64_t> next = background > 0 ? std::vector<int64_t>{} : prefetch_after(plan, admitted);
+        background += static_cast<double>(next.size()) * cost_.move_seconds(shape_.device_bytes);
+        c.h2d_bytes += static_cast<double>(next.size()) * shape_.device_bytes;
+        residency_->set_prefetched(l + 1, std::move(next));
+      }
       if (dense_on_device_) {
         layer += o_.host_sync_s;
         if (cpu_work) {  // the normed rows down, the CPU's part up

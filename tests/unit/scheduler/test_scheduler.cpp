@@ -145,6 +145,27 @@ TEST(Residency, AdmitsByScoreWithHysteresisAndEvictsTheColdest) {
   EXPECT_TRUE(fixed.resident(0, 1));
 }
 
+TEST(Residency, ExcludedLayersAndPrefetchedExperts) {
+  Residency r(2, 4, {.slots = 2});
+  r.exclude(0);  // the device cannot run layer 0's experts
+  r.warm_start({{9, 9, 0, 0}, {0, 1, 2, 0}});
+  EXPECT_FALSE(r.resident(0, 0));
+  EXPECT_TRUE(r.resident(1, 2));
+  EXPECT_TRUE(r.resident(1, 1));
+  EXPECT_TRUE(r.observe(routing(0, 64, {{3, 64, 0, 1}})).empty());
+  EXPECT_TRUE(r.hottest_absent(0, 4).empty());
+  // Prefetched: one layer's set at a time, not listed as absent.
+  r.observe(routing(1, 1, {{3, 1, 0, 0}}));
+  EXPECT_EQ(r.hottest_absent(1, 4), (std::vector<int64_t>{3}));
+  r.set_prefetched(1, {3});
+  EXPECT_TRUE(r.prefetched(1, 3));
+  EXPECT_FALSE(r.prefetched(0, 3));
+  EXPECT_TRUE(r.hottest_absent(1, 4).empty());
+  r.set_prefetched(0, {});
+  EXPECT_FALSE(r.prefetched(1, 3));
+  EXPECT_THROW(r.set_prefetched(1, {4}), std::out_of_range);
+}
+
 TEST(Residency, ScoresDecay) {
   Residency r(1, 2, {.slots = 1, .decay = 0.5, .gate_weight = 2.0});
   r.observe(routing(0, 1, {{1, 1, 0, 0.25}}));
@@ -213,8 +234,37 @@ TEST_F(Policies, CrossoverMovesAnExpertFromItsThreshold) {
   EXPECT_EQ(actions(plan), (std::vector<Action>{Action::kCpuInPlace, Action::kMove, Action::kGpuResident}));
   EXPECT_EQ(plan.experts[2].critical_rows, 0);  // not a split policy: no residual rows
   EXPECT_TRUE(plan.prefetch.empty());           // the last layer
-  EXPECT_EQ(p->plan(routing(0, 1, {{0, 1, 0, 1}}), &r).prefetch,
-            (std::vector<int64_t>{1}));  // layer 1's hottest absent
+  // Layer 1's hottest absent expert is prefetched once the routing shows that a token likely picks it: expert 1 had
+  // 3 rows of 4 tokens (share 0.75); one token's step picks it with probability 0.75, expert 3 (0.25) is too unlikely.
+  EXPECT_TRUE(p->plan(routing(0, 1, {{0, 1, 0, 1}}), &r).prefetch.empty());  // nothing observed yet
+  r.observe(routing(1, 4, {{1, 3, 0, 1}, {2, 4, 0, 1}, {3, 1, 0, 1}}));
+  EXPECT_DOUBLE_EQ(r.share(1, 1), 0.75);
+  EXPECT_EQ(p->plan(routing(0, 1, {{0, 1, 0, 1}}), &r).prefetch, (std::vector<int64_t>{1}));
+  PolicyOptions two = opt;
+  two.prefetch = 2;
+  EXPECT_EQ(make_policy("crossover", cost, e, two)->plan(routing(0, 1, {{0, 1, 0, 1}}), &r).prefetch,
+            (std::vector<int64_t>{1}));
+  // A step of 4 tokens picks expert 3 with probability 1 - 0.75^4 = 0.68.
+  EXPECT_EQ(make_policy("crossover", cost, e, two)->plan(routing(0, 4, {{0, 4, 0, 1}}), &r).prefetch,
+            (std::vector<int64_t>{1, 3}));
+}
+
+TEST_F(Policies, CrossoverRunsPrefetchedExpertsOnTheDeviceAndPrefetchesOnlyOverAnIdleLink) {
+  auto p = make_policy("crossover", cost, e, opt);
+  Residency r(2, 4, {.slots = 1});
+  r.warm_start({{0, 0, 0, 5}, {0, 3, 7, 0}});
+  r.set_prefetched(1, {1});
+  const LayerPlan plan = p->plan(routing(1, 2, {{0, 1, 0, 1}, {1, 1, 0, 1}}), &r);
+  EXPECT_EQ(actions(plan), (std::vector<Action>{Action::kCpuInPlace, Action::kGpuResident}));
+  r.set_prefetched(0, {});                   // layer 0's step: nothing prefetched for it
+  r.observe(routing(1, 1, {{1, 1, 0, 1}}));  // layer 1's tokens pick expert 1
+  const LayerPlan idle = p->plan(routing(0, 1, {{0, 1, 0, 1}}), &r);
+  EXPECT_EQ(prefetch_after(idle, false), (std::vector<int64_t>{1}));
+  EXPECT_TRUE(prefetch_after(idle, true).empty());  // an admission holds the link
+  const int64_t t = threshold();
+  const LayerPlan busy = p->plan(routing(0, t, {{0, t, 0, 1}}), &r);
+  ASSERT_EQ(actions(busy), std::vector<Action>{Action::kMove});
+  EXPECT_TRUE(prefetch_after(busy, false).empty());  // a move holds the link
 }
 
 TEST_F(Policies, SplitAddsResidualsForCriticalRowsOfResidentExperts) {
