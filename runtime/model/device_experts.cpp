@@ -59,28 +59,37 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
       gather_host_(device),
       combine_host_(device),
       cpu_part_host_(device) {
-  // The policy over the routed experts: their count and the shape of the largest the device runs.
-  int64_t n_layer = 0, n_expert = 0;
+  // The routed experts: their count, their matrices, and the shape of the largest the device runs (the size of an
+  // expert slot and of a move slot).
   sched::ExpertShape shape;
   for (const Expert& e : experts) {
     if (e.expert < 0) continue;
-    n_layer = std::max(n_layer, e.layer + 1);
-    n_expert = std::max(n_expert, e.expert + 1);
-    if (!runs(e.gate, e.up, e.down)) continue;
+    n_layer_ = std::max(n_layer_, e.layer + 1);
+    n_expert_ = std::max(n_expert_, e.expert + 1);
+  }
+  routed_.resize(static_cast<size_t>(n_layer_ * n_expert_));
+  std::vector<uint8_t> layer_runs(static_cast<size_t>(n_layer_), 1);
+  for (const Expert& e : experts) {
+    if (e.expert < 0) continue;
+    routed_[static_cast<size_t>(e.layer * n_expert_ + e.expert)] = e;
+    if (!runs(e.gate, e.up, e.down)) {
+      layer_runs[static_cast<size_t>(e.layer)] = 0;
+      continue;
+    }
     const size_t b = expert_bytes(e.gate, e.up, e.down);
-    if (b > move_slot_bytes_) {
-      move_slot_bytes_ = b;
-      shape.bytes = shape.device_bytes = static_cast<double>(bytes_of(e.gate) + bytes_of(e.up) + bytes_of(e.down));
-      shape.n_embd = e.gate.n_cols;
-      shape.n_ff = e.gate.n_rows;
+    if (b > slot_bytes_) {
+      slot_bytes_ = b;
+      shape = sched::ExpertShape::whole(static_cast<double>(bytes_of(e.gate) + bytes_of(e.up) + bytes_of(e.down)),
+                                        e.gate.n_cols, e.gate.n_rows);
     }
   }
   policy_name_ = placement.policy;
   bool can_move = false;
-  if (n_expert > 0) {
+  if (n_expert_ > 0) {
     sched::PolicyOptions po;
     po.isa = placement.isa;
-    po.n_layer = n_layer;
+    po.n_layer = n_layer_;
+    po.prefetch = placement.prefetch;
     // Without a cost model, crossover and split move from move_rows rows (0: never).
     if (!placement.cost)
       po.fixed_crossover = placement.move_rows > 0 ? placement.move_rows : std::numeric_limits<int64_t>::max();
@@ -92,65 +101,148 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
     can_move = placement.policy == "static" || placement.policy == "kt" || placement.cost || placement.move_rows > 0;
   }
   // The move slots first: the largest routed expert the device runs, times the slots that fit the budget.
-  if (can_move && placement.move_slots > 0 && move_slot_bytes_ > 0) {
-    const size_t n = std::min({static_cast<size_t>(placement.move_slots), budget_ / move_slot_bytes_, moving_.size()});
+  if (can_move && placement.move_slots > 0 && slot_bytes_ > 0) {
+    const size_t n = std::min(static_cast<size_t>(placement.move_slots), budget_ / slot_bytes_);
     if (n > 0) {
-      move_memory_ = device::DeviceMemory(device_, n * move_slot_bytes_);
-      for (size_t i = 0; i < n; ++i) move_slots_.push_back(move_memory_.as<uint8_t>() + i * move_slot_bytes_);
+      move_memory_ = device::DeviceMemory(device_, n * slot_bytes_);
+      for (size_t i = 0; i < n; ++i) move_slots_.push_back(move_memory_.as<uint8_t>() + i * slot_bytes_);
     }
   }
-  // Then, in order while they fit: the output head, dense FFNs and shared experts as given, then the routed experts
-  // the policy keeps on the device (none for static), the hottest of the warm-up counts first (ties: layer order).
-  std::vector<const Expert*> order;
-  for (const Expert& e : experts)
-    if (e.expert < 0) order.push_back(&e);
-  if (policy_ && policy_->uses_residency()) {
-    auto warm = [&](const Expert* e) {
-      const auto& c = placement.warm_counts;
-      return static_cast<size_t>(e->layer) < c.size() && static_cast<size_t>(e->expert) < c[e->layer].size()
-                 ? c[e->layer][e->expert]
-                 : 0.0;
-    };
-    std::vector<const Expert*> routed;
-    for (const Expert& e : experts)
-      if (e.expert >= 0) routed.push_back(&e);
-    std::stable_sort(routed.begin(), routed.end(), [&](const Expert* a, const Expert* b) { return warm(a) > warm(b); });
-    order.insert(order.end(), routed.begin(), routed.end());
-  }
-  std::vector<const Expert*> chosen;
+  prefetch_ = std::min<int64_t>(std::max<int64_t>(placement.prefetch, 0), static_cast<int64_t>(move_slots_.size()) / 2);
+  // Then, in order while they fit: the output head, dense FFNs and shared experts as given.
+  std::vector<const Expert*> fixed;
   size_t total = 0;
-  const size_t room = budget_ - move_slots_.size() * move_slot_bytes_;
-  for (const Expert* e : order) {
-    if (!runs(e->gate, e->up, e->down)) continue;
-    const size_t b = expert_bytes(e->gate, e->up, e->down);
-    if (total + b > room) break;  // in order: the first experts that fit
+  size_t room = budget_ - move_slots_.size() * slot_bytes_;
+  bool full = false;
+  for (const Expert& e : experts) {
+    if (e.expert >= 0 || !runs(e.gate, e.up, e.down)) continue;
+    const size_t b = expert_bytes(e.gate, e.up, e.down);
+    if (total + b > room) {  // in order: the first that fit
+      full = true;
+      break;
+    }
     total += b;
-    chosen.push_back(e);
+    fixed.push_back(&e);
   }
-  // The policy sees the routed experts' placement as a residency.
-  if (n_expert > 0) {
-    std::vector<std::vector<double>> held(static_cast<size_t>(n_layer),
-                                          std::vector<double>(static_cast<size_t>(n_expert)));
-    int64_t count = 0;
-    for (const Expert* e : chosen)
-      if (e->expert >= 0) {
-        held[static_cast<size_t>(e->layer)][static_cast<size_t>(e->expert)] = 1;
-        ++count;
+  room -= total;
+  // Then the expert slots of the policies that keep routed experts on the device (not static), as many as the rest
+  // holds, filled by the residency's warm start: the hottest of the warm-up counts (ties: layer order).
+  int64_t n_slots = 0;
+  if (policy_ && policy_->uses_residency() && !full && slot_bytes_ > 0) {
+    int64_t eligible = 0;
+    for (int64_t l = 0; l < n_layer_; ++l)
+      for (int64_t e = 0; e < n_expert_ && layer_runs[static_cast<size_t>(l)]; ++e)
+        eligible += routed(l, e).gate.data != nullptr;
+    n_slots = std::min(static_cast<int64_t>(room / slot_bytes_), eligible);
+  }
+  if (n_expert_ > 0) {
+    residency_.emplace(n_layer_, n_expert_,
+                       sched::Residency::Options{.slots = n_slots,
+                                                 .max_admissions = std::max<int64_t>(placement.admissions, 0),
+                                                 .adaptive = policy_->adapts_residency() && placement.admissions > 0});
+    std::vector<std::vector<double>> counts(static_cast<size_t>(n_layer_),
+                                            std::vector<double>(static_cast<size_t>(n_expert_)));
+    const auto& warm = placement.warm_counts;
+    for (int64_t l = 0; l < n_layer_; ++l) {
+      if (!layer_runs[static_cast<size_t>(l)]) residency_->exclude(l);
+      for (int64_t e = 0; e < n_expert_; ++e) {
+        if (!routed(l, e).gate.data) continue;  // a dense layer
+        const bool counted = static_cast<size_t>(l) < warm.size() && static_cast<size_t>(e) < warm[l].size();
+        // A tiny count for every expert: without counts, the slots fill in layer order.
+        counts[l][e] = (counted ? warm[l][e] : 0.0) + 1e-9;
       }
-    residency_.emplace(n_layer, n_expert, sched::Residency::Options{.slots = count, .adaptive = false});
-    residency_->warm_start(held);
+    }
+    residency_->warm_start(counts);
   }
-  if (chosen.empty()) return;
-  weights_ = device::DeviceMemory(device_, total);
-  auto* base = static_cast<uint8_t*>(weights_.get());
+  if (total > 0) weights_ = device::DeviceMemory(device_, total);
   size_t offset = 0;
-  for (const Expert* e : chosen) {
+  for (const Expert* e : fixed) {
+    auto* base = static_cast<uint8_t*>(weights_.get());
     const Slot slot{upload(device_, copy_, e->gate, base, offset), upload(device_, copy_, e->up, base, offset),
                     upload(device_, copy_, e->down, base, offset)};
     slots_[{e->layer, e->expert}] = slot;
     resident_bytes_ += bytes_of(e->gate) + bytes_of(e->up) + bytes_of(e->down);
   }
+  if (n_slots > 0) {
+    pool_memory_ = device::DeviceMemory(device_, static_cast<size_t>(n_slots) * slot_bytes_);
+    for (int64_t i = 0; i < n_slots; ++i) pool_slots_.push_back(pool_memory_.as<uint8_t>() + i * slot_bytes_);
+    int next = 0;
+    for (int64_t l = 0; l < n_layer_; ++l)
+      for (int64_t e = 0; e < n_expert_; ++e) {
+        if (!residency_->resident(l, e)) continue;
+        Slot slot = copy_expert(l, e, pool_slots_[static_cast<size_t>(next)]);
+        slot.pool = next++;
+        slots_[{l, e}] = slot;
+        const Expert& x = routed(l, e);
+        resident_bytes_ += bytes_of(x.gate) + bytes_of(x.up) + bytes_of(x.down);
+      }
+    for (int i = static_cast<int>(n_slots) - 1; i >= next; --i) free_pool_.push_back(i);
+  }
   device_.synchronize(device_.record(copy_));
+  for (auto& [key, slot] : slots_) slot.filling = false;
+}
+
+DeviceExperts::~DeviceExperts() {
+  try {
+    device_.synchronize();
+  } catch (const std::exception&) {  // a failed copy has nothing left to report to
+  }
+}
+
+DeviceExperts::Slot DeviceExperts::copy_expert(int64_t layer, int64_t expert, uint8_t* base) {
+  const Expert& e = routed(layer, expert);
+  size_t offset = 0;
+  Slot slot{upload(device_, copy_, e.gate, base, offset), upload(device_, copy_, e.up, base, offset),
+            upload(device_, copy_, e.down, base, offset)};
+  slot.filling = true;
+  slot.filled = device_.record(copy_);
+  return slot;
+}
+
+void DeviceExperts::queue_move(int64_t layer, size_t j) {
+  const size_t r = ring_.size();
+  if (j >= r) device_.wait(copy_, move_done_[j - r]);  // the slot's previous expert of the step is done
+  moving_[j] = copy_expert(layer, moved_[j], move_slots_[static_cast<size_t>(ring_[j % r])]);
+  moves_.emplace_back(layer, moved_[j]);
+  ++traffic_.moves;
+}
+
+void DeviceExperts::after_step(const sched::LayerRouting& routing, const sched::LayerPlan& plan) {
+  const int64_t layer = routing.layer;
+  // The residency sees the step; its evictions free expert slots and its admissions fill them, on the copy stream
+  // once the device is done with the step (the experts are used from the layer's next step).
+  const std::vector<sched::Residency::Change> changes = residency_->observe(routing);
+  if (!changes.empty()) device_.wait(copy_, device_.record(compute_));
+  bool admitted = false;
+  for (const sched::Residency::Change& ch : changes) {
+    const Expert& e = routed(ch.layer, ch.expert);
+    const size_t bytes = bytes_of(e.gate) + bytes_of(e.up) + bytes_of(e.down);
+    if (!ch.admitted) {
+      const auto it = slots_.find({ch.layer, ch.expert});
+      free_pool_.push_back(it->second.pool);
+      slots_.erase(it);
+      resident_bytes_ -= bytes;
+      ++traffic_.evictions;
+    } else {
+      const int p = free_pool_.back();
+      free_pool_.pop_back();
+      Slot slot = copy_expert(ch.layer, ch.expert, pool_slots_[static_cast<size_t>(p)]);
+      slot.pool = p;
+      slots_[{ch.layer, ch.expert}] = slot;
+      resident_bytes_ += bytes;
+      ++traffic_.admissions;
+      admitted = true;
+    }
+    changes_.push_back(ch);
+  }
+  // The next layer's likely experts into free move slots, when this step left the link idle.
+  std::vector<int64_t> next = prefetch_ > 0 ? sched::prefetch_after(plan, admitted) : std::vector<int64_t>{};
+  if (static_cast<int64_t>(next.size()) > prefetch_) next.resize(static_cast<size_t>(prefetch_));
+  if (!next.empty()) device_.wait(copy_, device_.record(compute_));
+  for (size_t i = 0; i < next.size(); ++i) {
+    prefetched_.push_back({layer + 1, next[i], static_cast<int>(i), copy_expert(layer + 1, next[i], move_slots_[i])});
+    ++traffic_.prefetches;
+  }
 }
 
 bool DeviceExperts::runs(const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up,
@@ -167,18 +259,25 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
                         const RoutedItems& items, int64_t layer, const float* x, int64_t n, int64_t n_embd, float* out,
                         const StepOnDevice& io) {
   const int64_t nu = static_cast<int64_t>(r.ids.size()) / n, ff = w.n_ff_exp;
-  // Resident experts go to the device, the rest (and the shared experts unless resident) to the CPU engine.
   thread_local std::vector<Work> work;
   work.clear();
   thread_local cpu::ExpertBatch batch;
   batch.clear(n, nu + (w.has_shared ? 1 : 0));
-  // The policy's plan for this step, when there is somewhere to move experts (resident experts run on the device and
-  // the rest on the CPU whatever the plan says otherwise): the experts it moves go into the move slots, the largest
-  // first (ties: lower id), as many as there are slots (the others run on the CPU).
-  thread_local std::vector<int64_t> moved;
-  moved.clear();
-  if (!move_slots_.empty() && runs(w.gate_exps, w.up_exps, w.down_exps)) {
-    thread_local sched::LayerRouting routing;
+  // Prefetched experts serve their layer's next step only: this one, or none.
+  std::erase_if(prefetched_, [&](const Prefetched& p) { return p.layer != layer; });
+  auto prefetched = [&](int64_t e) {
+    return std::find_if(prefetched_.begin(), prefetched_.end(), [&](const Prefetched& p) { return p.expert == e; });
+  };
+  // The policy's plan for this step, where the layer's experts can be on the device (resident and prefetched experts
+  // run there, the rest on the CPU, whatever the plan says otherwise): the experts it moves go through the ring of
+  // move slots, the largest first (ties: lower id).
+  const bool planned =
+      policy_ && runs(w.gate_exps, w.up_exps, w.down_exps) && (!move_slots_.empty() || residency_->slots() > 0);
+  thread_local sched::LayerRouting routing;
+  thread_local sched::LayerPlan plan;
+  moved_.clear();
+  ring_.clear();
+  if (planned) {
     routing.layer = layer;
     routing.n_tokens = n;
     routing.experts.clear();
@@ -192,57 +291,86 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
       }
       routing.experts.push_back(x);
     }
-    const sched::LayerPlan plan = policy_->plan(routing, &*residency_);
+    std::vector<int64_t> staged;
+    for (const Prefetched& p : prefetched_) staged.push_back(p.expert);
+    residency_->set_prefetched(layer, std::move(staged));
+    plan = policy_->plan(routing, &*residency_);
+    // The ring: the move slots that no prefetched expert of this step holds.
+    for (int i = 0; i < static_cast<int>(move_slots_.size()); ++i)
+      if (std::none_of(prefetched_.begin(), prefetched_.end(), [&](const Prefetched& p) {
+            return p.move_slot == i && items.begin(p.expert) != items.end[p.expert];
+          }))
+        ring_.push_back(i);
     for (const sched::ExpertStep& step : plan.experts)
-      if (step.action == sched::Action::kMove && !resident(layer, step.expert)) moved.push_back(step.expert);
-    std::stable_sort(moved.begin(), moved.end(), [&](int64_t a, int64_t b) {
+      if (step.action == sched::Action::kMove && !resident(layer, step.expert) &&
+          prefetched(step.expert) == prefetched_.end() && !ring_.empty())
+        moved_.push_back(step.expert);
+    std::stable_sort(moved_.begin(), moved_.end(), [&](int64_t a, int64_t b) {
       return items.end[a] - items.begin(a) > items.end[b] - items.begin(b);
     });
-    if (moved.size() > move_slots_.size()) moved.resize(move_slots_.size());
   }
+  // The device's experts (resident, then prefetched ones), then the moved ones; the rest on the CPU.
   int64_t rows = 0, hidden = 0;
+  auto add_work = [&](Work d) {
+    d.row0 = rows;
+    d.h0 = hidden;
+    for (int64_t o = d.o0; o < d.o1 && w.split() && d.expert >= 0; ++o)
+      d.any_critical |= items.critical[items.order[o]] != 0;
+    if (d.any_critical) cpu_expert_bytes_ += routed_bytes(w, items, d.expert, n_embd, false);
+    work.push_back(d);
+    rows += d.m();
+    hidden += d.m() * d.width;
+  };
   for (int64_t e = 0; e < w.n_expert; ++e) {
     const int64_t o0 = items.begin(e), o1 = items.end[e];
-    if (o0 == o1) continue;
-    const auto slot = std::find(moved.begin(), moved.end(), e);
-    if (!resident(layer, e) && slot == moved.end()) {
+    if (o0 == o1 || std::find(moved_.begin(), moved_.end(), e) != moved_.end()) continue;
+    Slot* slot = nullptr;
+    if (const auto it = slots_.find({layer, e}); it != slots_.end()) {
+      slot = &it->second;
+    } else if (const auto p = prefetched(e); p != prefetched_.end()) {
+      slot = &p->slot;
+      ++traffic_.prefetch_hits;
+    }
+    if (!slot) {
       add_routed_expert(batch, w, items, r, e, nu, n_embd);
       cpu_expert_bytes_ += routed_bytes(w, items, e, n_embd, true);
       continue;
     }
-    Work d{e, o0, o1, rows, hidden, ff, false};
-    if (slot != moved.end()) {
-      // The expert goes into its slot on the copy stream; the compute stream waits for the copies before phase 1.
-      d.move_slot = static_cast<int>(slot - moved.begin());
-      uint8_t* dst = move_slots_[static_cast<size_t>(d.move_slot)];
-      size_t offset = 0;
-      Slot& s = moving_[static_cast<size_t>(d.move_slot)];
-      s.gate = upload(device_, copy_, w.gate_exps.rows(e * ff, ff), dst, offset);
-      s.up = upload(device_, copy_, w.up_exps.rows(e * ff, ff), dst, offset);
-      s.down = upload(device_, copy_, w.down_exps.rows(e * n_embd, n_embd), dst, offset);
-      moves_.emplace_back(layer, e);
+    if (slot->filling) {  // admitted or prefetched: the step waits for its copy
+      device_.wait(compute_, slot->filled);
+      slot->filling = false;
     }
-    for (int64_t o = o0; o < o1 && w.split(); ++o) d.any_critical |= items.critical[items.order[o]] != 0;
-    if (d.any_critical) cpu_expert_bytes_ += routed_bytes(w, items, e, n_embd, false);
-    work.push_back(d);
-    rows += d.m();
-    hidden += d.m() * ff;
+    add_work({.expert = e, .o0 = o0, .o1 = o1, .width = ff, .slot = slot});
   }
   if (w.has_shared && resident(layer, kShared)) {
-    work.push_back({kShared, 0, n, rows, hidden, w.gate_shexp.n_rows, false});
+    add_work({.expert = kShared, .o0 = 0, .o1 = n, .width = w.gate_shexp.n_rows, .slot = &slots_.at({layer, kShared})});
   } else {
     add_shared_experts(batch, w, n, nu);
   }
+  moving_.assign(moved_.size(), Slot{});
+  move_done_.assign(moved_.size(), device::Event{});
+  for (size_t j = 0; j < moved_.size(); ++j) {
+    const int64_t e = moved_[j];
+    add_work({.expert = e, .o0 = items.begin(e), .o1 = items.end[e], .width = ff, .move = static_cast<int>(j)});
+  }
+  // The first moves' copies start now, while the device and the CPU work on the rest.
+  for (size_t j = 0; j < std::min(moved_.size(), ring_.size()); ++j) queue_move(layer, j);
+  bool done = false;
   if (work.empty()) {
     cpu::run_experts(k, pool, batch, x, n_embd, out);
-    return upload_result(out, n, n_embd, io);
+    upload_result(out, n, n_embd, io);
+    done = true;
+  } else {
+    done = execute(k, pool, &w, &r, &items, layer, work, batch, x, n, n_embd, out, io);
   }
-  if (!moved.empty()) device_.wait(compute_, device_.record(copy_));
-  if (execute(k, pool, &w, &r, &items, layer, work, batch, x, n, n_embd, out, io)) return;
-  // No room on the device for this step's rows: all of it on the CPU (the moves just copied are left unused).
-  device_.synchronize();
-  run_experts_on_cpu(k, pool, w, r, items, x, n, n_embd, out);
-  upload_result(out, n, n_embd, io);
+  if (!done) {
+    // No room on the device for this step's rows: all of it on the CPU (the moves just copied are left unused).
+    device_.synchronize();
+    run_experts_on_cpu(k, pool, w, r, items, x, n, n_embd, out);
+    upload_result(out, n, n_embd, io);
+  }
+  prefetched_.clear();
+  if (planned) after_step(routing, plan);
 }
 
 void DeviceExperts::upload_result(const float* out, int64_t n, int64_t n_embd, const StepOnDevice& io) {
@@ -301,7 +429,7 @@ bool DeviceExperts::run_matrix(int64_t layer, int64_t id, const float* x, int64_
 bool DeviceExperts::run_dense(const cpu::KernelTable& k, cpu::ThreadPool& pool, int64_t layer, int64_t n_ff,
                               const float* x, int64_t n, int64_t n_embd, float* out, const StepOnDevice& io) {
   thread_local std::vector<Work> work;
-  work.assign(1, Work{kDense, 0, n, 0, 0, n_ff, false});
+  work.assign(1, Work{.expert = kDense, .o0 = 0, .o1 = n, .width = n_ff, .slot = &slots_.at({layer, kDense})});
   thread_local cpu::ExpertBatch batch;
   batch.clear(n, 1);  // nothing for the CPU: the executor returns zeros and the device's rows are added
   return execute(k, pool, nullptr, nullptr, nullptr, layer, work, batch, x, n, n_embd, out, io);
@@ -363,11 +491,18 @@ bool DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, co
   } else {
     device_.copy_to_device(compute_, dx, xs.data(), xs.size() * sizeof(float));
   }
-  for (const Work& d : work) {
-    const Slot& s = slot_of(layer, d);
+  // Gate and up of an expert's rows; the experts already on the device go first (the moved ones follow their copies).
+  auto gate_up = [&](const Work& d) {
+    const Slot& s = slot_of(d);
     device_.matmul(compute_, s.gate, dx + d.row0 * n_embd, d.m(), dg + d.h0);
     device_.matmul(compute_, s.up, dx + d.row0 * n_embd, d.m(), du + d.h0);
-  }
+  };
+  auto add_residual = [&](const Work& d, float* dgr, float* dur) {
+    device_.add(compute_, dgr + d.h0, d.m() * ff, dg + d.h0);
+    device_.add(compute_, dur + d.h0, d.m() * ff, du + d.h0);
+  };
+  for (const Work& d : work)
+    if (d.move < 0) gate_up(d);
 
   // Meanwhile on the CPU: the residual's gate and up for the critical items (zero rows for the others), sent to
   // the device to be added before the SiLU.
@@ -398,14 +533,28 @@ bool DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, co
     }
     device_.copy_to_device(compute_, dgr + d.h0, gr.data() + d.h0, d.m() * ff * sizeof(float));
     device_.copy_to_device(compute_, dur + d.h0, ur.data() + d.h0, d.m() * ff * sizeof(float));
-    device_.add(compute_, dgr + d.h0, d.m() * ff, dg + d.h0);
-    device_.add(compute_, dur + d.h0, d.m() * ff, du + d.h0);
+    if (d.move < 0) add_residual(d, dgr, dur);
   }
-  // Phase 2 on the device: SiLU, down, and back: the down rows of every item, the hidden rows of critical experts.
+  // Phase 2 on the device: SiLU and down of the experts on the device (their hidden rows come first), then each moved
+  // expert's whole FFN once its copy is in, freeing its ring slot for the next; then back: the down rows of every
+  // item, the hidden rows of critical experts.
   std::span<float> hs(hs_.reserve(hidden), hidden);
   std::span<float> ys(ys_.reserve(rows * n_embd), rows * n_embd);
-  device_.silu_mul(compute_, dg, du, hidden, dh);
-  for (const Work& d : work) device_.matmul(compute_, slot_of(layer, d).down, dh + d.h0, d.m(), dy + d.row0 * n_embd);
+  const auto first_move = std::find_if(work.begin(), work.end(), [](const Work& d) { return d.move >= 0; });
+  const int64_t on_device = first_move == work.end() ? hidden : first_move->h0;
+  if (on_device > 0) device_.silu_mul(compute_, dg, du, on_device, dh);
+  for (auto d = work.begin(); d != first_move; ++d)
+    device_.matmul(compute_, d->slot->down, dh + d->h0, d->m(), dy + d->row0 * n_embd);
+  for (auto d = first_move; d != work.end(); ++d) {
+    const auto j = static_cast<size_t>(d->move);
+    if (j >= ring_.size()) queue_move(layer, j);
+    device_.wait(compute_, moving_[j].filled);
+    gate_up(*d);
+    if (d->any_critical) add_residual(*d, dgr, dur);
+    device_.silu_mul(compute_, dg + d->h0, du + d->h0, d->m() * d->width, dh + d->h0);
+    device_.matmul(compute_, moving_[j].down, dh + d->h0, d->m(), dy + d->row0 * n_embd);
+    move_done_[j] = device_.record(compute_);
+  }
   for (const Work& d : work)
     if (d.any_critical) device_.copy_to_host(compute_, hs.data() + d.h0, dh + d.h0, d.m() * ff * sizeof(float));
   if (io.out) {

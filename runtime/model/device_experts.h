@@ -1,6 +1,5 @@
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -31,10 +30,12 @@ struct StepOnDevice {
 };
 
 // FFNs on a device: routed experts' W^Q (the whole expert for an unsplit model), each layer's shared experts and
-// the dense layers' FFNs, uploaded once at load in layer order while the budget lasts and where the device runs
-// their types; and the step that uses them: the device runs gate, up, SiLU and down of its experts while the CPU runs
-// the residuals of their critical items and whatever did not fit; the results meet by mixing weight. Residency is
-// decided at load (first come, first served by layer and expert) until the scheduler of issue 6 owns placement.
+// the dense layers' FFNs, where the device runs their types; and the step that uses them: the device runs gate, up,
+// SiLU and down of its experts while the CPU runs the residuals of their critical items and whatever is not on the
+// device; the results meet by mixing weight. The output head, dense FFNs and shared experts are placed once at load
+// in one allocation; routed experts live in slots of one size (the largest routed expert), placed and then admitted
+// and evicted by the scheduler's residency cache, plus a ring of move slots for the experts a step moves and the
+// next layer's prefetched experts.
 class DeviceExperts {
  public:
   // The expert ids of a layer's shared experts (one SwiGLU of n_expert_shared x n_ff_exp rows) and of a dense
@@ -50,34 +51,52 @@ class DeviceExperts {
     cpu::WeightMatrix gate, up, down;
   };
 
-  // How much of the device the weights may take, and the move slots: routed experts that are not resident but get
-  // at least `move_rows` rows in a step are copied in for that step (largest first, as many as there are slots)
-  // instead of running on the CPU; 0 never moves. A fixed row threshold until issue 6's scheduler decides per expert
-  // from the cost model.
+  // How much of the device the weights may take, and how routed experts are scheduled.
   struct Placement {
     size_t budget_bytes = 0;
+    // Without a cost model, crossover and split move an expert that is not resident from this many rows in a step
+    // (0: never).
     int64_t move_rows = 0;
-    int move_slots = 0;  // each the size of the largest routed expert, set aside before the resident experts
+    // The ring of move slots, each the size of the largest routed expert, set aside before the resident experts: a
+    // step copies the experts it moves into them in turn (a slot is reused once the device is done with its last
+    // expert), so a step can move more experts than there are slots.
+    int move_slots = 0;
     // The scheduler's policy (scheduler/policies.h) for routed experts: each step runs its plan, GPU_RESIDENT on
-    // the device, MOVE through the move slots (at most move_slots per step, the rest on the CPU), CPU_IN_PLACE on
-    // the CPU. static keeps routed experts off the device; kt, crossover and split place them at load, the hottest
-    // of warm_counts first (empty: layer order), and keep that placement (admission and eviction run in the
-    // simulator only, so far). Without a cost model crossover and split move from move_rows rows.
+    // the device, MOVE through the move slots, CPU_IN_PLACE on the CPU. static keeps routed experts off the device;
+    // kt, crossover and split fill the expert slots at load, the hottest of warm_counts first (empty or all zero:
+    // layer order); kt keeps that placement, crossover and split admit and evict as the routing goes.
     std::string policy = "crossover";
     const sched::CostModel* cost = nullptr;
     std::string isa{};                               // the cost model's CPU tier
     std::vector<std::vector<double>> warm_counts{};  // [layer][expert] routing counts (a routing trace)
+    int64_t admissions = 1;  // crossover, split: experts admitted per step at most (0: the placement at load stays)
+    int64_t prefetch = 1;    // crossover, split: next-layer experts prefetched per step (at most half the move slots)
   };
 
-  // Places the experts, in the order given, while the budget lasts (less the move slots) and the device runs their
-  // types: one device allocation for all of them (no allocator per expert), filled by asynchronous copies, waited
-  // for once.
+  // What the scheduler did since construction: experts moved for a step, admitted into and evicted from the expert
+  // slots, prefetched, and prefetched experts the next step used.
+  struct Traffic {
+    uint64_t moves = 0, admissions = 0, evictions = 0, prefetches = 0, prefetch_hits = 0;
+  };
+
+  // Places the experts while the budget lasts (less the move slots) and the device runs their types: the output
+  // head, dense FFNs and shared experts in the order given, in one allocation; then as many expert slots as the rest
+  // of the budget holds (one allocation), filled as the policy says. Asynchronous copies, waited for once.
   DeviceExperts(device::Device& device, const Placement& placement, std::span<const Expert> experts);
+  // Waits for the copies still queued (admissions and prefetches run past the step that made them).
+  ~DeviceExperts();
+  DeviceExperts(const DeviceExperts&) = delete;
+  DeviceExperts& operator=(const DeviceExperts&) = delete;
   bool resident(int64_t layer, int64_t expert) const { return slots_.count({layer, expert}) != 0; }
 
   int move_slots() const { return static_cast<int>(move_slots_.size()); }
   // The (layer, expert) pairs moved in since the last call, in order; clears the record.
   std::vector<std::pair<int64_t, int64_t>> take_moves() { return std::exchange(moves_, {}); }
+  // The residency's admissions and evictions since the last call, in order; clears the record.
+  std::vector<sched::Residency::Change> take_changes() { return std::exchange(changes_, {}); }
+  const Traffic& traffic() const { return traffic_; }
+  // Routed experts the expert slots hold at most.
+  int64_t expert_slots() const { return static_cast<int64_t>(pool_slots_.size()); }
   size_t resident_bytes() const { return resident_bytes_; }
   // Weight bytes the CPU streamed for routed experts (whole, or their residuals) since construction.
   uint64_t cpu_expert_bytes() const { return cpu_expert_bytes_; }
@@ -105,17 +124,30 @@ class DeviceExperts {
                  int64_t n, int64_t n_embd, float* out, const StepOnDevice& io = {});
 
  private:
+  // An FFN's matrices on the device; a routed expert's expert slot (pool) and, after an admission, the copy that
+  // fills it (steps that use it wait for it first).
   struct Slot {
     device::DeviceMatrix gate, up, down;
+    int pool = -1;
+    bool filling = false;
+    device::Event filled{};
   };
   // One expert of a step that runs on the device: a routed expert's items order[o0 .. o1), or the shared experts or
   // a dense FFN (one item per token, o0 = 0, o1 = n); their rows [row0, row0 + m) of the n_embd-wide buffers and
-  // the floats [h0, h0 + m * width) of the hidden-wide ones, and whether any item is critical.
+  // the floats [h0, h0 + m * width) of the hidden-wide ones, and whether any item is critical. Experts on the device
+  // (resident or prefetched) come first, then the moved ones in the order they go through the ring.
   struct Work {
     int64_t expert = 0, o0 = 0, o1 = 0, row0 = 0, h0 = 0, width = 0;
     bool any_critical = false;
-    int move_slot = -1;  // >= 0: not resident, copied into this move slot for the step
+    const Slot* slot = nullptr;  // an expert on the device
+    int move = -1;               // >= 0: the step's move number (its matrices: moving_[move])
     int64_t m() const { return o1 - o0; }
+  };
+  // An expert of the next layer copied into a move slot while the link was idle.
+  struct Prefetched {
+    int64_t layer = 0, expert = 0;
+    int move_slot = 0;
+    Slot slot{};
   };
   // The device's part of a step (`work`: experts with their items) and the CPU's (`batch`), at the same time.
   // Reserves the step's device and host buffers; false when the device memory is too full (nothing queued).
@@ -123,8 +155,17 @@ class DeviceExperts {
   bool execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights* moe, const Routing* routing,
                const RoutedItems* routed, int64_t layer, const std::vector<Work>& work, const cpu::ExpertBatch& batch,
                const float* x, int64_t n, int64_t n_embd, float* out, const StepOnDevice& io);
-  const Slot& slot_of(int64_t layer, const Work& d) const {
-    return d.move_slot >= 0 ? moving_[static_cast<size_t>(d.move_slot)] : slots_.at({layer, d.expert});
+  const Slot& slot_of(const Work& d) const { return d.move >= 0 ? moving_[static_cast<size_t>(d.move)] : *d.slot; }
+  // Queues the copy of the step's move j (routed expert moved_[j] of `layer`) into its ring slot on the copy stream,
+  // after the device is done with the slot's previous expert of the step; moving_[j].filled marks its end.
+  void queue_move(int64_t layer, size_t j);
+  // Queues the copy of a routed expert's matrices to `base` on the copy stream; `filled` marks its end.
+  Slot copy_expert(int64_t layer, int64_t expert, uint8_t* base);
+  // After a planned step: the residency's admissions and evictions, then the next layer's prefetch when the step left
+  // the link idle.
+  void after_step(const sched::LayerRouting& routing, const sched::LayerPlan& plan);
+  const Expert& routed(int64_t layer, int64_t expert) const {
+    return routed_[static_cast<size_t>(layer * n_expert_ + expert)];
   }
   // Whether the device runs all three matrices' types (an empty matrix needs nothing).
   bool runs(const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up, const cpu::WeightMatrix& down) const;
@@ -136,18 +177,32 @@ class DeviceExperts {
   size_t resident_bytes_ = 0;
   int compute_ = 0, copy_ = 0;
   std::map<std::pair<int64_t, int64_t>, Slot> slots_;
-  device::DeviceMemory weights_;
-  // Move slots: room for whole routed experts that are not resident, copied in for a step on the copy stream while
-  // the compute stream works, then used like resident ones.
+  device::DeviceMemory weights_;  // output head, dense FFNs, shared experts
+  int64_t n_layer_ = 0, n_expert_ = 0;
+  std::vector<Expert> routed_;  // [layer * n_expert + expert]: every routed expert's host matrices
+  // Expert slots: routed experts resident on the device, one size each; the free ones.
+  device::DeviceMemory pool_memory_;
+  std::vector<uint8_t*> pool_slots_;
+  std::vector<int> free_pool_;
+  size_t slot_bytes_ = 0;
+  // The ring of move slots: whole routed experts that are not resident, copied in for a step on the copy stream
+  // while the compute stream works, then used like resident ones. Per step: the ring (the slots no prefetched expert
+  // of the step holds), each move's matrices, the copies' and the computes' events.
   device::DeviceMemory move_memory_;
   std::vector<uint8_t*> move_slots_;
-  size_t move_slot_bytes_ = 0;
-  std::array<Slot, 64> moving_{};  // the matrices in each move slot this step
+  std::vector<int> ring_;
+  std::vector<int64_t> moved_;
+  std::vector<Slot> moving_;
+  std::vector<device::Event> move_done_;
+  std::vector<Prefetched> prefetched_;  // for the next step of their layer
   std::string policy_name_;
   std::unique_ptr<sched::Policy> policy_;      // null for a model without routed experts
   std::optional<sched::Residency> residency_;  // routed experts' placement as the policy sees it
+  int64_t prefetch_ = 0;
   uint64_t cpu_expert_bytes_ = 0;
   std::vector<std::pair<int64_t, int64_t>> moves_;
+  std::vector<sched::Residency::Change> changes_;
+  Traffic traffic_;
   device::DeviceMemory x_, g_, u_, gr_, ur_, h_, y_, cpu_part_, gather_, combine_;
   // Pinned host staging of the step's rows: inputs, residual gate/up, hidden rows back, down rows back; with the
   // input and output on the device: the rows to gather, the combine's rows and weights, the CPU's part.

@@ -10,6 +10,7 @@
 #include "cpu_kernels/thread_pool.h"
 #include "runtime/model/config.h"
 #include "runtime/model/trace.h"
+#include "scheduler/cost_model.h"
 
 namespace hetmoe::model {
 
@@ -69,6 +70,13 @@ struct MoeWeights {
   DeviceExperts* device = nullptr;
 
   bool split() const { return gate_exps_r.data != nullptr; }
+  // Expert 0's gate, up and down (W^Q of a split model) as the scheduler sizes an expert: moved and run whole.
+  sched::ExpertShape expert_shape() const {
+    const int64_t n_embd = gate_exps.n_cols;
+    return sched::ExpertShape::whole(
+        static_cast<double>((gate_exps.row_bytes + up_exps.row_bytes) * n_ff_exp + down_exps.row_bytes * n_embd),
+        n_embd, n_ff_exp);
+  }
 };
 
 // A batch's routed items (token t, slot k) as index t * n_used + k, grouped by expert: expert e's items are

@@ -15,6 +15,7 @@
 #include "runtime/device/device.h"
 #include "runtime/error.h"
 #include "runtime/model/model.h"
+#include "tests/support/compare.h"
 #include "tests/support/device_checks.h"
 #include "tests/support/temp_dir.h"
 #include "tools/split_model.h"
@@ -146,12 +147,8 @@ TEST(Cuda, WholePassOnTheGpuMatchesTheCpu) {
         pos += len;
       }
     }
-    double num = 0, den = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-      num += (got[i] - want[i]) * double(got[i] - want[i]);
-      den += double(want[i]) * want[i];
-    }
-    EXPECT_LT(std::sqrt(num / den), 2e-2) << name;  // the GPU takes activations in F32, the CPU in Q8_K / Q8_0
+    EXPECT_LT(test_support::relative_rms(got, want), 2e-2)
+        << name;  // the GPU takes activations in F32, the CPU in Q8_K / Q8_0
   }
   EXPECT_GE(ran, 2);
 }

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <numeric>
+#include <set>
 
 #include "quant/ref.h"
 #include "runtime/device/device.h"
@@ -19,6 +20,7 @@
 #include "runtime/model/model.h"
 #include "runtime/model/moe.h"
 #include "runtime/model/trace.h"
+#include "tests/support/compare.h"
 #include "tests/support/temp_dir.h"
 #include "tools/make_model.h"
 
@@ -303,12 +305,7 @@ TEST(Deepseek2, LegacyFusedKvbMatchesTheSplitLayout) {
   const std::vector<float> a = logits_of(*split, tokens, {6, 1, 1, 1});
   const std::vector<float> b = logits_of(*legacy, tokens, {6, 1, 1, 1});
   ASSERT_EQ(a.size(), b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (a[i] - b[i]) * double(a[i] - b[i]);
-    den += double(a[i]) * a[i];
-  }
-  EXPECT_LT(std::sqrt(num / den), 1e-5) << "absorbed and decompressed attention are the same function";
+  EXPECT_LT(test_support::relative_rms(a, b), 1e-5) << "absorbed and decompressed attention are the same function";
 }
 
 // --- the forward pass on a device ------------------------------------------------------------------------------
@@ -333,12 +330,7 @@ TEST(DevicePass, EmulatedDeviceGivesTheCpuLogitsForEveryArchitecture) {
     const std::vector<float> want = logits_of(*cpu, tokens, chunks);
     const std::vector<float> got = logits_of(*on_device, tokens, chunks);
     ASSERT_EQ(got.size(), want.size());
-    double num = 0, den = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-      num += (got[i] - want[i]) * double(got[i] - want[i]);
-      den += double(want[i]) * want[i];
-    }
-    EXPECT_LT(std::sqrt(num / den), 1e-4) << file;
+    EXPECT_LT(test_support::relative_rms(got, want), 1e-4) << file;
     // The device's cache: a model without the pass refuses it, with a clear error.
     model::KvCache cache = on_device->make_cache(8);
     EXPECT_EQ(cache.device(), dev.get());
@@ -389,16 +381,16 @@ TEST(DevicePass, PoliciesPlaceAndMoveExpertsAsTheirPlansSay) {
     }
     held.take_moves();
     const std::vector<float> got = logits_of(*m, tokens, {8, 1, 1, 1});
-    // static moves nothing below 32 tokens; crossover from 1 row moves two experts per step into its slots.
+    // static moves nothing below 32 tokens; crossover from 1 row moves every expert that is not resident through
+    // its two move slots in turn, so the CPU reads no routed expert.
     EXPECT_EQ(held.take_moves().empty(), c.policy != "crossover") << c.policy;
-    EXPECT_GT(held.cpu_expert_bytes(), 0u) << c.policy;
-    ASSERT_EQ(got.size(), want.size());
-    double num = 0, den = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-      num += (got[i] - want[i]) * double(got[i] - want[i]);
-      den += double(want[i]) * want[i];
+    if (c.policy == "crossover") {
+      EXPECT_EQ(held.cpu_expert_bytes(), 0u);
+    } else {
+      EXPECT_GT(held.cpu_expert_bytes(), 0u) << c.policy;
     }
-    EXPECT_LT(std::sqrt(num / den), 1e-4) << c.policy;
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_LT(test_support::relative_rms(got, want), 1e-4) << c.policy;
   }
   auto dev = device::make_emulated_device({});
   auto m = model::Model::load(file.string(), 2);
@@ -438,12 +430,104 @@ TEST(DevicePass, RoutingOverrideReplacesTheChoiceEverywhere) {
     for (size_t i = 0; i < seen.ids.size(); ++i) EXPECT_EQ(seen.ids[i], static_cast<int32_t>(i % 4));
   }
   // The same replaced routing gives the same logits on the CPU and on the device.
-  double num = 0, den = 0;
-  for (size_t i = 0; i < logits[0].size(); ++i) {
-    num += (logits[1][i] - logits[0][i]) * double(logits[1][i] - logits[0][i]);
-    den += double(logits[0][i]) * logits[0][i];
-  }
-  EXPECT_LT(std::sqrt(num / den), 1e-4);
+  EXPECT_LT(test_support::relative_rms(logits[1], logits[0]), 1e-4);
+}
+
+// The residency cache at run time: experts placed from warm counts give way to the ones the routing now prefers
+// (admitted by score with hysteresis, the coldest evicted, copied in the background), a step that leaves the link idle
+// prefetches the next layer's hottest absent experts, which that layer's step then runs on the device; the logits stay
+// the CPU's.
+TEST(DevicePass, ResidencyAdmitsEvictsAndPrefetchesAsTheRoutingGoes) {
+  struct Hot : model::RoutingOverride {  // every token: layer 1 to experts 8..11, layer 2 to experts 12..15
+    void reroute(int64_t layer, int64_t n, int64_t nu, int32_t* ids, float*) override {
+      for (int64_t i = 0; i < n * nu; ++i) ids[i] = static_cast<int32_t>((layer == 1 ? 8 : 12) + i % nu);
+    }
+  };
+  const fs::path file = fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-deepseek3-Q4_K_M.gguf";
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 16; ++i) tokens.push_back((i * 37 + 5) % 500);
+  const std::vector<int> decode(16, 1);
+  Hot hot;
+  auto cpu = model::Model::load(file.string(), 2);
+  cpu->set_routing_override(&hot);
+  const std::vector<float> want = logits_of(*cpu, tokens, decode);
+  // The warm-up preferred experts 0..7 of both layers.
+  std::vector<std::vector<double>> warm(3, std::vector<double>(16, 0.0));
+  for (int64_t l = 1; l < 3; ++l)
+    for (int64_t e = 0; e < 8; ++e) warm[l][e] = 1;
+  auto dev = device::make_emulated_device({.capacity = 20'000'000});
+  auto m = model::Model::load(file.string(), 2);
+  m->set_routing_override(&hot);
+  m->attach_device(*dev, {.budget_bytes = 2'500'000,
+                          .move_rows = 1000,  // decode steps move nothing: the link is idle for prefetches
+                          .move_slots = 2,
+                          .policy = "crossover",
+                          .warm_counts = warm});
+  model::DeviceExperts& held = *m->device_experts();
+  const int64_t slots = held.expert_slots();
+  ASSERT_GE(slots, 3);
+  ASSERT_LE(slots, 7);                                                        // fewer than the 8 hot experts
+  for (int64_t e = 0; e < slots; ++e) EXPECT_TRUE(held.resident(1, e)) << e;  // warm start: ties in layer order
+  const uint64_t up_before = dev->transfers().to_device_bytes;
+  const std::vector<float> got = logits_of(*m, tokens, decode);
+
+  const model::DeviceExperts::Traffic& t = held.traffic();
+  EXPECT_GE(t.admissions, static_cast<uint64_t>(slots));  // every slot now holds a hot expert
+  EXPECT_EQ(t.evictions, t.admissions);
+  EXPECT_EQ(t.moves, 0u);
+  int64_t hot_resident = 0;
+  for (int64_t l = 1; l < 3; ++l)
+    for (int64_t e = 0; e < 16; ++e) {
+      if (!held.resident(l, e)) continue;
+      EXPECT_GE(e, l == 1 ? 8 : 12) << "layer " << l;  // only hot experts stay
+      ++hot_resident;
+    }
+  EXPECT_EQ(hot_resident, slots);
+  const std::vector<sched::Residency::Change> changes = held.take_changes();
+  ASSERT_EQ(changes.size(), t.admissions + t.evictions);
+  EXPECT_FALSE(changes[0].admitted);  // an eviction makes the room for each admission
+  EXPECT_TRUE(changes[1].admitted);
+  // Hot experts that found no slot are prefetched before their layer's step, and used there.
+  EXPECT_GT(t.prefetches, 0u);
+  EXPECT_GT(t.prefetch_hits, 0u);
+  EXPECT_LE(t.prefetch_hits, t.prefetches);
+  // What went up: per step the rows and the combine (as in the plan test), plus one expert per admission or
+  // prefetch: at least those experts' bytes.
+  const cpu::WeightMatrix& g = m->ffn_weights(1).moe.gate_exps;
+  const cpu::WeightMatrix& d = m->ffn_weights(1).moe.down_exps;
+  const uint64_t expert = 2 * g.row_bytes * g.n_rows / 16 + d.row_bytes * d.n_rows / 16;
+  EXPECT_GE(dev->transfers().to_device_bytes - up_before, (t.admissions + t.prefetches) * expert);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_LT(test_support::relative_rms(got, want), 1e-4);
+}
+
+// llama.cpp's rule under the static policy: a batch of 32 tokens or more moves every expert it routes to, through a
+// ring of two move slots (each reused once the device is done with its expert), so the CPU reads no routed expert.
+TEST(DevicePass, StaticMovesEveryExpertOfALargeBatchThroughTheRing) {
+  const fs::path file = fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-deepseek3-Q4_K_M.gguf";
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 40; ++i) tokens.push_back((i * 53 + 7) % 500);
+  auto cpu = model::Model::load(file.string(), 2);
+  const std::vector<float> want = logits_of(*cpu, tokens, {40});
+  auto dev = device::make_emulated_device({.capacity = 20'000'000});
+  auto m = model::Model::load(file.string(), 2);
+  m->attach_device(*dev, {.budget_bytes = 10'000'000, .move_slots = 2, .policy = "static"});
+  model::DeviceExperts& held = *m->device_experts();
+  ASSERT_EQ(held.move_slots(), 2);
+  EXPECT_EQ(held.expert_slots(), 0);
+  RoutingRecord routing;
+  const std::vector<float> got = logits_of(*m, tokens, {40}, &routing);
+  std::set<std::pair<int64_t, int64_t>> routed;  // (layer, expert) the batch chose
+  for (const auto& [key, chosen] : routing.experts)
+    for (int32_t e : chosen) routed.insert({key.second, e});
+  const std::vector<std::pair<int64_t, int64_t>> moves = held.take_moves();
+  const std::set<std::pair<int64_t, int64_t>> moved(moves.begin(), moves.end());
+  EXPECT_EQ(moved, routed);
+  EXPECT_EQ(moves.size(), routed.size());  // each once
+  EXPECT_GT(moves.size(), 2u);             // more than the slots
+  EXPECT_EQ(held.cpu_expert_bytes(), 0u);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_LT(test_support::relative_rms(got, want), 1e-4);
 }
 
 // A device too small for the pass's weights keeps the pass on the host, and a cache that does not fit next to them

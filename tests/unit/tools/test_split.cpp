@@ -254,7 +254,12 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
       // 1 MB: the output head, the dense FFN, the shared experts and about half the routed ones (62 KB each).
       // The pass's own weights (norms, attention, routers: about 1.07 MB) come out of the budget first.
       on_device->attach_device(
-          *dev, {.budget_bytes = budget + (whole_pass ? 1'100'000 : 0), .move_rows = cs.move_rows, .move_slots = 2},
+          *dev,
+          {.budget_bytes = budget + (whole_pass ? 1'100'000 : 0),
+           .move_rows = cs.move_rows,
+           .move_slots = 2,
+           .admissions = 0,  // the placement at load stays (the residency's own test: DevicePass.Residency...)
+           .prefetch = 0},
           whole_pass);
       ASSERT_EQ(on_device->pass_on_device(), whole_pass);
       model::DeviceExperts& held = *on_device->device_experts();
