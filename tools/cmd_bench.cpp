@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -52,7 +53,8 @@ struct PolicyResult {
   std::string policy, device;
   int threads = 0;
   double bytes_per_token = 0;
-  double device_bytes = 0;  // device memory in use (0: no device)
+  double device_bytes = 0;                // device memory in use (0: no device)
+  model::DeviceExperts::Traffic traffic;  // the scheduler's work over all the runs (the warm-up included)
   std::vector<Run> runs;
   Run median;  // of each field separately
 };
@@ -63,7 +65,9 @@ double median_of(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token, EnergyMeter& energy) {
+// `label` names the run on the progress line, which shows the phase (prefill, decode with its token count).
+Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token, EnergyMeter& energy,
+            const std::string& label) {
   Run r;
   const model::ModelConfig& c = m.config();
 
@@ -74,6 +78,7 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token, En
   for (int32_t& t : prompt) t = id(rng);
 
   engine::Session session(m, opt.prompt + opt.gen + 1);
+  fmt::print(stderr, "\r  {}: prefill of {} tokens        ", label, opt.prompt);
   const auto t0 = std::chrono::steady_clock::now();
   std::span<const float> logits = session.eval(prompt);
   const auto t1 = std::chrono::steady_clock::now();
@@ -82,6 +87,7 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token, En
   const uint64_t cpu_bytes_before = device ? device->cpu_expert_bytes() : 0;
   const double joules_before = energy.joules();
   for (int i = 0; i < opt.gen; ++i) {
+    if (i % 8 == 0) fmt::print(stderr, "\r  {}: decode {}/{}               ", label, i, opt.gen);
     const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     const int32_t one[1] = {next};
     logits = session.eval(one);
@@ -117,13 +123,12 @@ PolicyResult bench_policy(model::Model& m, const BenchOptions& opt, int threads,
   r.device = fmt::format("{} ({} kernels)", cpu_model_name(), cpu::isa_name(cpu::kernels().isa));
   if (const model::DeviceExperts* d = m.device_experts()) r.device += fmt::format(" + {}", d->device().name());
   r.bytes_per_token = model::active_bytes_per_token(m.file(), m.config());
-  fmt::print(stderr, "\r  {}: warm-up run   ", r.policy);
-  run_cpu(m, opt, r.bytes_per_token, energy);
-  for (int i = 0; i < opt.repeat; ++i) {
-    fmt::print(stderr, "\r  {}: run {}/{}      ", r.policy, i + 1, opt.repeat);
-    r.runs.push_back(run_cpu(m, opt, r.bytes_per_token, energy));
-  }
-  fmt::print(stderr, "\n");
+  run_cpu(m, opt, r.bytes_per_token, energy, fmt::format("{}: warm-up run", r.policy));
+  for (int i = 0; i < opt.repeat; ++i)
+    r.runs.push_back(
+        run_cpu(m, opt, r.bytes_per_token, energy, fmt::format("{}: run {}/{}", r.policy, i + 1, opt.repeat)));
+  fmt::print(stderr, "\r  {}: done{:40}\n", r.policy, "");
+  if (const model::DeviceExperts* d = m.device_experts()) r.traffic = d->traffic();
   auto field = [&](double Run::*f) {
     std::vector<double> v;
     for (const Run& run : r.runs) v.push_back(run.*f);
@@ -141,19 +146,21 @@ PolicyResult bench_policy(model::Model& m, const BenchOptions& opt, int threads,
   return r;
 }
 
-// --synthetic zipf:S: every MoE layer's routing drawn from a Zipf law over a fixed ranking of its experts (one
-// workload: the same ranking for the warm-up counts that place experts and for the runs).
-class ZipfRouting final : public model::RoutingOverride {
+// Every MoE layer's routing replaced by the steps of a source: Zipf draws (--synthetic zipf:S: a fixed ranking of
+// each layer's experts, one workload for the warm-up counts that place experts and for the runs) or a trace replayed
+// (--trace FILE).
+class ReplacedRouting final : public model::RoutingOverride {
  public:
-  ZipfRouting(int64_t n_expert, int64_t n_used, double s) : router_(n_expert, n_used, s, 1, 2) {}
+  using Source = std::function<sched::RoutingStep(int64_t layer, int64_t n_tokens)>;
+  explicit ReplacedRouting(Source source) : source_(std::move(source)) {}
   void reroute(int64_t layer, int64_t n, int64_t n_used, int32_t* ids, float* weights) override {
-    const sched::RoutingStep step = router_.draw(layer, n);
+    const sched::RoutingStep step = source_(layer, n);
     std::copy_n(step.ids.begin(), n * n_used, ids);
     std::copy_n(step.weights.begin(), n * n_used, weights);
   }
 
  private:
-  sched::ZipfRouter router_;
+  Source source_;
 };
 
 // The exponent of "zipf:S"; fails for anything else.
@@ -198,17 +205,36 @@ int bench(const BenchOptions& opt) {
       !gguf::GgufFile::open(opt.model).find(model::kSplitVersionKey))
     fail("policy split needs a split model (hetmoe split writes one)");
 
-  // Synthetic routing: the override for the runs and warm-up counts of the same workload for the placement.
+  // Synthetic or replayed routing: the override for the runs, and warm-up counts of the same workload (Zipf: another
+  // draw of it; a trace: its own counts) for the placement.
+  if (!opt.synthetic.empty() && !opt.trace.empty()) fail("--synthetic and --trace: use one of them");
   std::optional<double> zipf;
   if (!opt.synthetic.empty()) zipf = zipf_exponent(opt.synthetic);
+  std::optional<sched::RoutingTrace> trace;
   std::vector<std::vector<double>> warm;
   int64_t n_expert = 0, n_used = 0;
-  if (zipf) {
+  if (zipf || !opt.trace.empty()) {
     const model::ModelConfig c = model::read_config(gguf::GgufFile::open(opt.model));
-    if (c.n_expert == 0) fail("--synthetic: {} has no routed experts", opt.model);
+    if (c.n_expert == 0) fail("{}: {} has no routed experts", zipf ? "--synthetic" : "--trace", opt.model);
     n_expert = c.n_expert;
     n_used = c.n_expert_used;
-    warm = sched::ZipfRouter(n_expert, n_used, *zipf, 1, 3).counts(c.n_layer, c.n_leading_dense, 256);
+    if (zipf) {
+      warm = sched::ZipfRouter(n_expert, n_used, *zipf, 1, 3).counts(c.n_layer, c.n_leading_dense, 256);
+    } else {
+      try {
+        trace = sched::RoutingTrace::load(opt.trace);
+      } catch (const std::exception& e) {
+        fail("--trace: {}", e.what());
+      }
+      if (trace->n_layer != c.n_layer || trace->n_expert != n_expert || trace->n_used != n_used)
+        fail("--trace {}: recorded for {} layers, {} experts, {} used; {} has {}, {}, {}", opt.trace, trace->n_layer,
+             trace->n_expert, trace->n_used, opt.model, c.n_layer, n_expert, n_used);
+      for (int64_t l = c.n_leading_dense; l < c.n_layer; ++l)
+        if (std::none_of(trace->steps.begin(), trace->steps.end(),
+                         [&](const sched::RoutingStep& s) { return s.layer == l && s.n_tokens > 0; }))
+          fail("--trace {}: no token routed in MoE layer {}", opt.trace, l);
+      warm = trace->counts();
+    }
   }
 
   // A warm trace is read once for all the policies.
@@ -227,14 +253,19 @@ int bench(const BenchOptions& opt) {
     DeviceOptions d = device_options;
     d.policy = policy;
     if (policy == "cpu") d.kind = "cpu";
-    if (zipf && opt.device.warm_trace.empty()) d.warm_counts = warm;
+    if (!warm.empty() && opt.device.warm_trace.empty()) d.warm_counts = warm;
     m.reset();
     m = load_model(opt.model, threads, opt.critical, d);
-    std::optional<ZipfRouting> routing;
-    if (zipf) {
-      routing.emplace(n_expert, n_used, *zipf);
-      m->set_routing_override(&*routing);
-    }
+    // Each policy meets the same routing from its start.
+    std::optional<ReplacedRouting> routing;
+    if (zipf)
+      routing.emplace([router = sched::ZipfRouter(n_expert, n_used, *zipf, 1, 2)](int64_t l, int64_t n) mutable {
+        return router.draw(l, n);
+      });
+    if (trace)
+      routing.emplace(
+          [replay = sched::TraceReplay(*trace)](int64_t l, int64_t n) mutable { return replay.next(l, n); });
+    m->set_routing_override(routing ? &*routing : nullptr);
     PolicyResult r = bench_policy(*m, opt, threads, policy, energy);
     m->set_routing_override(nullptr);
     if (const model::DeviceExperts* dev = m->device_experts())
@@ -244,6 +275,7 @@ int bench(const BenchOptions& opt) {
   fmt::print(stderr, "\n");
 
   if (zipf) fmt::print("routing: synthetic, Zipf s = {} (the model's outputs are not its own)\n", *zipf);
+  if (trace) fmt::print("routing: replayed from {} (the model's outputs are not its own)\n", opt.trace);
   fmt::print("model {}  ({:.2f} GB file, {:.3f} GB read per decoded token), median [min-max] of {} runs\n", opt.model,
              static_cast<double>(m->file().file_size()) / 1e9, results.front().bytes_per_token / 1e9, opt.repeat);
   fmt::print("{:<9} {:>7}  {:<26} {:<24} {:<10} {:<18} {:<12}  {}\n", "policy", "threads", "prefill tok/s",
@@ -260,6 +292,10 @@ int bench(const BenchOptions& opt) {
           "device memory {:.2f} GB\n",
           "", spread(r, &Run::h2d_bytes_per_token, 1e-3, 1), spread(r, &Run::d2h_bytes_per_token, 1e-3, 1),
           spread(r, &Run::cpu_expert_bytes_per_token, 1e-6, 1), r.device_bytes / 1e9);
+    const model::DeviceExperts::Traffic& t = r.traffic;
+    if (t.moves + t.admissions + t.prefetches > 0)
+      fmt::print("{:<9} scheduler over {} runs: {} experts moved, {} admitted, {} evicted, {} prefetched ({} used)\n",
+                 "", opt.repeat + 1, t.moves, t.admissions, t.evictions, t.prefetches, t.prefetch_hits);
   }
 
   if (!opt.svg.empty()) {
@@ -268,13 +304,8 @@ int bench(const BenchOptions& opt) {
     std::vector<CostCurve> curves;
     if (!opt.device.profile.empty()) {
       // One routed expert of the model (its first MoE layer) against --profile's link and device.
-      const model::ModelConfig& c = m->config();
-      const model::MoeWeights& w = m->ffn_weights(c.n_leading_dense).moe;
-      const double bytes =
-          static_cast<double>(w.gate_exps.row_bytes * w.n_ff_exp * 2 + w.down_exps.row_bytes * c.n_embd);
-      curves = crossover_curves(
-          sched::load_machine(opt.device.profile),
-          {.bytes = bytes, .device_bytes = bytes, .residual_bytes = 0, .n_embd = c.n_embd, .n_ff = w.n_ff_exp});
+      curves = crossover_curves(sched::load_machine(opt.device.profile),
+                                m->ffn_weights(m->config().n_leading_dense).moe.expert_shape());
     }
     write_svg(opt.svg, policies_svg(fmt::format("{} (measured, median of {})", opt.model, opt.repeat), bars, curves));
   }
@@ -296,22 +327,33 @@ int bench(const BenchOptions& opt) {
                         {"cpu_expert_bytes_per_token", run.cpu_expert_bytes_per_token},
                         {"energy_j_per_token", run.joules_per_token}});
       // The agreed fields hold the medians; "runs" keeps every measurement.
-      j["results"].push_back({{"policy", r.policy},
-                              {"device", r.device},
-                              {"threads", r.threads},
-                              {"prefill_tok_s", r.median.prefill_tok_s},
-                              {"decode_tok_s", r.median.decode_tok_s},
-                              {"bytes_per_token", r.bytes_per_token},
-                              {"dram_read_bytes_per_s", r.median.bandwidth},
-                              {"roofline_fraction", r.median.roofline_fraction},
-                              {"h2d_bytes_per_token", r.median.h2d_bytes_per_token},
-                              {"d2h_bytes_per_token", r.median.d2h_bytes_per_token},
-                              {"ttft_s", r.median.ttft_s},
-                              {"cpu_expert_bytes_per_token", r.median.cpu_expert_bytes_per_token},
-                              {"device_memory_bytes", r.device_bytes},
-                              {"energy_j_per_token", r.median.joules_per_token},
-                              {"energy_source", energy.source()},
-                              {"runs", runs}});
+      j["results"].push_back(
+          {{"policy", r.policy},
+           {"device", r.device},
+           {"threads", r.threads},
+           {"prefill_tok_s", r.median.prefill_tok_s},
+           {"decode_tok_s", r.median.decode_tok_s},
+           {"bytes_per_token", r.bytes_per_token},
+           {"dram_read_bytes_per_s", r.median.bandwidth},
+           {"roofline_fraction", r.median.roofline_fraction},
+           {"h2d_bytes_per_token", r.median.h2d_bytes_per_token},
+           {"d2h_bytes_per_token", r.median.d2h_bytes_per_token},
+           {"ttft_s", r.median.ttft_s},
+           {"cpu_expert_bytes_per_token", r.median.cpu_expert_bytes_per_token},
+           // Weights the CPU streamed per decoded token: all the active ones without a device,
+           // else the routed experts (and residuals) it ran.
+           {"dram_bytes_per_token", r.device_bytes > 0 ? r.median.cpu_expert_bytes_per_token : r.bytes_per_token},
+           {"device_memory_bytes", r.device_bytes},
+           {"energy_j_per_token", r.median.joules_per_token},
+           {"energy_source", energy.source()},
+           {"scheduler",
+            {{"runs", opt.repeat + 1},
+             {"moves", r.traffic.moves},
+             {"admissions", r.traffic.admissions},
+             {"evictions", r.traffic.evictions},
+             {"prefetches", r.traffic.prefetches},
+             {"prefetch_hits", r.traffic.prefetch_hits}}},
+           {"runs", runs}});
     }
     std::ofstream f(opt.json);
     f << j.dump(2) << "\n";

@@ -184,8 +184,7 @@ int calibrate(const CalibrateOptions& opt) {
     return 0;
   }
   const sched::CostModel cost = machine.cost_model();
-  const sched::ExpertShape shape{
-      .bytes = expert_bytes, .device_bytes = expert_bytes, .residual_bytes = 0, .n_embd = c.n_embd, .n_ff = w.n_ff_exp};
+  const sched::ExpertShape shape = sched::ExpertShape::whole(expert_bytes, c.n_embd, w.n_ff_exp);
   fmt::print("crossover: rows from which moving one expert ({:.1f} MB) to {} and running it there beats the CPU\n",
              expert_bytes / 1e6, machine.gpu_name);
   for (const sched::CpuTier& t : cost.tiers()) {

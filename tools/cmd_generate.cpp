@@ -69,8 +69,8 @@ std::unique_ptr<model::Model> load_model(const std::string& path, int threads, c
     // quarter, at most 1 GB).
     size_t budget = d->capacity();
     if (device_opt.memory_gb > 0) budget = std::min(budget, static_cast<size_t>(device_opt.memory_gb * 1e9));
-    if (device_opt.move_rows < 0 || device_opt.move_slots < 0)
-      fail("--move-rows and --move-slots must not be negative");
+    if (device_opt.move_rows < 0 || device_opt.move_slots < 0 || device_opt.admissions < 0 || device_opt.prefetch < 0)
+      fail("--move-rows, --move-slots, --admissions and --prefetch must not be negative");
     // The cost model (and its CPU tier: the one this build runs) from a profile; warm counts from a routing trace.
     std::optional<sched::Machine> machine;
     std::optional<sched::CostModel> cost;
@@ -96,7 +96,9 @@ std::unique_ptr<model::Model> load_model(const std::string& path, int threads, c
                           .policy = device_opt.policy,
                           .cost = cost ? &*cost : nullptr,
                           .isa = isa,
-                          .warm_counts = std::move(warm)},
+                          .warm_counts = std::move(warm),
+                          .admissions = device_opt.admissions,
+                          .prefetch = device_opt.prefetch},
                          !device_opt.host_pass);
     const model::DeviceExperts& on = *model->device_experts();
     if (model->pass_on_device())
@@ -111,6 +113,9 @@ std::unique_ptr<model::Model> load_model(const std::string& path, int threads, c
         "device: {}: {} weight sets resident (output head, dense FFNs, shared and routed experts{}), {:.1f} MB\n",
         d->name(), on.resident_experts(), model->split() ? " as W^Q" : "",
         static_cast<double>(on.resident_bytes()) / 1e6);
+    if (on.expert_slots() > 0 || on.move_slots() > 0)
+      fmt::print(stderr, "device: {}: policy {}: {} expert slots, {} move slots\n", d->name(), on.policy(),
+                 on.expert_slots(), on.move_slots());
     if (on.resident_experts() == 0 && !model->split())
       fmt::print(stderr,
                  "device: {}: no expert weights there (no room, or types it has no kernel for); a split model (hetmoe "

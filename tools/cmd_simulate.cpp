@@ -100,6 +100,7 @@ int simulate(const SimulateOptions& opt) {
   so.trace = trace ? &*trace : nullptr;
   so.kt_resident_experts = opt.kt_experts;
   so.policy.kt_prefill_tokens = opt.kt_prefill_tokens;
+  so.policy.prefetch = opt.prefetch;
   so.n_critical = opt.critical;
   const std::vector<sched::SimResult> results = sched::simulate(machine, model, so);
 
@@ -123,11 +124,8 @@ int simulate(const SimulateOptions& opt) {
     std::vector<PolicyBar> bars;
     for (const sched::SimResult& r : results) bars.push_back({r.policy, r.prefill_tok_s, r.decode_tok_s});
     write_svg(opt.svg, policies_svg(fmt::format("{} on {} (predicted)", model.name, machine.name), bars,
-                                    crossover_curves(machine, {.bytes = model.expert_bytes,
-                                                               .device_bytes = model.expert_bytes,
-                                                               .residual_bytes = 0,
-                                                               .n_embd = model.n_embd,
-                                                               .n_ff = model.n_ff_exp})));
+                                    crossover_curves(machine, sched::ExpertShape::whole(
+                                                                  model.expert_bytes, model.n_embd, model.n_ff_exp))));
   }
   if (!opt.json.empty()) {
     nlohmann::json j = {{"machine", machine.name}, {"model", model.name}, {"prompt_tokens", opt.prompt},

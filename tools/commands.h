@@ -20,7 +20,9 @@ struct DeviceOptions {
   double link_gb_s = 0;              // emulated: throttle copies to this host-device bandwidth (0: no throttle)
   double link_latency_us = 0;        // emulated: and this latency per copy
   int64_t move_rows = 32;            // experts not resident but with this many rows in a step are copied in (0: never)
-  int move_slots = 2;                // how many such experts a step may copy in
+  int move_slots = 2;                // the ring the moved (and prefetched) experts go through
+  int64_t admissions = 1;            // crossover, split: experts the residency cache may admit per step (0: none)
+  int64_t prefetch = 1;              // crossover, split: next-layer experts prefetched over an idle link per step
   bool host_pass = false;            // norms, attention, routers and the KV cache stay on the CPU
   std::string policy = "crossover";  // the scheduler's policy for routed experts (static, kt, crossover, split)
   std::string profile{};             // a machine profile for the cost model (calibrate's or hetmoe-hw/1)
@@ -89,6 +91,7 @@ struct BenchOptions {
   int threads = 0;
   int repeat = 3;         // measured runs per policy (after one warm-up run); medians are reported
   std::string synthetic;  // "zipf:S": replace the model's routing by Zipf-skewed routing of exponent S
+  std::string trace;      // or replay this routing trace (hetmoe run --trace-routing), cycled
 };
 
 struct SimulateOptions {
@@ -104,6 +107,7 @@ struct SimulateOptions {
   std::string trace;                    // or replay this routing trace
   int64_t kt_experts = -1;              // kt: experts on the device (-1: as many as fit)
   int64_t kt_prefill_tokens = 1024;     // kt: a prefill of this many tokens moves its experts to the device
+  int64_t prefetch = 1;                 // crossover, split: next-layer experts prefetched per step over an idle link
   int64_t critical = 2;                 // split: residuals per token
   int gpu_bits = 2, residual_bits = 4;  // split: the formats
   uint64_t seed = 1;

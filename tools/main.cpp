@@ -33,7 +33,17 @@ void add_device(CLI::App* cmd, cli::DeviceOptions* d) {
   cmd->add_option("--link-latency-us", d->link_latency_us, "emulated: latency per copy in microseconds");
   cmd->add_option("--move-rows", d->move_rows, "copy a non-resident expert to the device for a step of this many rows")
       ->capture_default_str();
-  cmd->add_option("--move-slots", d->move_slots, "experts a step may copy in")->capture_default_str();
+  cmd->add_option("--move-slots", d->move_slots,
+                  "device slots (one expert each) that moved and prefetched experts go through in turn")
+      ->capture_default_str();
+  cmd->add_option("--admissions", d->admissions,
+                  "crossover, split: experts admitted to the device per step by routing frequency (0: keep the "
+                  "placement at load)")
+      ->capture_default_str();
+  cmd->add_option("--prefetch", d->prefetch,
+                  "crossover, split: next-layer experts copied in per step while the link is idle (at most half "
+                  "the move slots)")
+      ->capture_default_str();
   cmd->add_option("--policy", d->policy, "offload policy for routed experts: static, kt, crossover, split")
       ->capture_default_str();
   cmd->add_option("--profile", d->profile,
@@ -111,6 +121,11 @@ int main(int argc, char** argv) {
   c_simulate
       ->add_option("--kt-prefill-tokens", simulate.kt_prefill_tokens,
                    "kt: prompts of this many tokens move their experts to the device")
+      ->capture_default_str();
+  c_simulate
+      ->add_option("--prefetch", simulate.prefetch,
+                   "crossover, split: next-layer experts prefetched per step while the link is idle")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   c_simulate->add_option("--critical", simulate.critical, "split: residuals per token")->capture_default_str();
   c_simulate->add_option("--gpu-bits", simulate.gpu_bits, "split: W^Q bits")->capture_default_str();
@@ -198,6 +213,9 @@ int main(int argc, char** argv) {
   c_bench->add_option("--svg", bench.svg, "draw the policies and --profile's crossover curves (SVG)");
   c_bench->add_option("--synthetic", bench.synthetic,
                       "zipf:S: replace the routing by Zipf-skewed routing (exponent S) to compare policies on a skew");
+  c_bench->add_option("--trace", bench.trace,
+                      "replay this routing trace (hetmoe run --trace-routing) instead of the model's routing; its "
+                      "counts place the experts");
   c_bench->add_option("--repeat", bench.repeat, "measured runs per policy after a warm-up (median and spread)");
   add_threads(c_bench, &bench.threads);
   add_critical(c_bench, &bench.critical);

@@ -320,6 +320,33 @@ TEST_F(Cli, RunWritesTheRoutingTraceOnTheCpuAndWithTheDevicePass) {
                "routing trace");
 }
 
+// bench --trace replays a recorded routing for every policy (its counts place the experts), and refuses a trace of
+// another model's shape.
+TEST_F(Cli, BenchReplaysARoutingTrace) {
+  const fs::path trace = dir_ / "replay.jsonl", json = dir_ / "replay.json";
+  ASSERT_EQ(hetmoe("run -m " + kModel.string() + " --tokens 3,17,42,9 -n 4 --temp 0 --trace-routing " + trace.string())
+                .status,
+            0);
+  const Result r = hetmoe("bench -m " + kModel.string() + " --trace " + trace.string() +
+                          " --policies cpu,crossover --device emulated --prompt 6 --gen 3 -t 1 --repeat 1 --json " +
+                          json.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("routing: replayed from " + trace.string()), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("crossover: run 1/1"), std::string::npos) << r.err;  // the progress line
+  const nlohmann::json parsed = nlohmann::json::parse(read_all(json));
+  ASSERT_EQ(parsed["results"].size(), 2u);
+  EXPECT_TRUE(parsed["results"][1]["scheduler"].contains("admissions"));
+  // What the CPU streamed: the model's active weights alone, nothing routed with every expert on the device.
+  EXPECT_EQ(parsed["results"][0]["dram_bytes_per_token"], parsed["results"][0]["bytes_per_token"]);
+  EXPECT_EQ(parsed["results"][1]["dram_bytes_per_token"].get<double>(), 0);
+  const fs::path other = dir_ / "other.jsonl";
+  std::ofstream(other) << R"({"format":"hetmoe-routing/1","model":"x","n_layer":3,"n_expert":8,"n_used":2})" << "\n";
+  expect_error(hetmoe("bench -m " + kModel.string() + " --trace " + other.string() + " --prompt 4 --gen 1"),
+               "recorded for 3 layers, 8 experts");
+  expect_error(hetmoe("bench -m " + kModel.string() + " --trace " + trace.string() + " --synthetic zipf:1"),
+               "use one of them");
+}
+
 TEST_F(Cli, SimulatePredictsEveryPolicyOnAShippedProfile) {
   const fs::path json = dir_ / "sim.json";
   const fs::path hw = fs::path(HETMOE_SOURCE_DIR) / "profiles" / "ktransformers-2x6454s-4090d.json";
