@@ -176,9 +176,9 @@ class CudaDevice final : public Device {
     gpu::record_event(events_[sequence % kEvents], s(stream));
     return {stream, sequence};
   }
-  void wait(int stream, Event event) override { gpu::stream_wait_event(s(stream), events_[event.sequence % kEvents]); }
+  void wait(int stream, Event event) override { gpu::stream_wait_event(s(stream), events_[fresh(event) % kEvents]); }
   void synchronize(Event event) override {
-    gpu::event_synchronize(events_[event.sequence % kEvents]);
+    gpu::event_synchronize(events_[fresh(event) % kEvents]);
     rethrow();
   }
   void synchronize() override {
@@ -192,8 +192,17 @@ class CudaDevice final : public Device {
   }
 
  private:
-  // Events are reused round-robin: an Event stays valid until kEvents more have been recorded.
+  // Events are reused round-robin. An Event older than kEvents records (an expert admitted long before a step uses
+  // it) no longer names its own CUDA event: it stands for the current end of its stream instead, a later point of
+  // the same stream, so waiting for it still waits for everything it covered.
   static constexpr size_t kEvents = 4096;
+  uint64_t fresh(Event event) {
+    {
+      std::lock_guard lock(mutex_);
+      if (next_event_ - event.sequence <= kEvents) return event.sequence;
+    }
+    return record(event.stream).sequence;
+  }
 
   gpu::Stream s(int stream) const {
     if (stream < 0 || stream >= static_cast<int>(streams_.size()))

@@ -408,7 +408,9 @@ bool DeviceExperts::reserve(int64_t rows_in, int64_t rows_out, int64_t hidden, b
 }
 
 bool DeviceExperts::run_matrix(int64_t layer, int64_t id, const float* x, int64_t n, float* y, const float* x_device) {
-  const device::DeviceMatrix& w = slots_.at({layer, id}).gate;
+  const auto it = slots_.find({layer, id});
+  if (it == slots_.end()) return false;
+  const device::DeviceMatrix& w = it->second.gate;
   if (!reserve(x_device ? 0 : n * w.n_cols, n * w.n_rows, 0, false)) return false;
   float* ys = ys_.reserve(n * w.n_rows);
   float* dy = scratch(y_, n * w.n_rows);
@@ -428,8 +430,10 @@ bool DeviceExperts::run_matrix(int64_t layer, int64_t id, const float* x, int64_
 
 bool DeviceExperts::run_dense(const cpu::KernelTable& k, cpu::ThreadPool& pool, int64_t layer, int64_t n_ff,
                               const float* x, int64_t n, int64_t n_embd, float* out, const StepOnDevice& io) {
+  const auto it = slots_.find({layer, kDense});
+  if (it == slots_.end()) return false;
   thread_local std::vector<Work> work;
-  work.assign(1, Work{.expert = kDense, .o0 = 0, .o1 = n, .width = n_ff, .slot = &slots_.at({layer, kDense})});
+  work.assign(1, Work{.expert = kDense, .o0 = 0, .o1 = n, .width = n_ff, .slot = &it->second});
   thread_local cpu::ExpertBatch batch;
   batch.clear(n, 1);  // nothing for the CPU: the executor returns zeros and the device's rows are added
   return execute(k, pool, nullptr, nullptr, nullptr, layer, work, batch, x, n, n_embd, out, io);

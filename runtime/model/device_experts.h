@@ -114,12 +114,12 @@ class DeviceExperts {
            const RoutedItems& items, int64_t layer, const float* x, int64_t n, int64_t n_embd, float* out,
            const StepOnDevice& io = {});
   // y [n][rows] = W x for a resident single matrix (the output head: resident(-1, kOutput)), x [n][cols] on the host
-  // (or, with x_device, already on the device). False when the device has no room for the step's rows (nothing done:
-  // the caller runs it on the CPU).
+  // (or, with x_device, already on the device). False when the matrix is not resident or the device has no room for
+  // the step's rows (nothing done: the caller runs it on the CPU).
   bool run_matrix(int64_t layer, int64_t id, const float* x, int64_t n, float* y, const float* x_device = nullptr);
   // Copies a host result [n][n_embd] computed on the CPU to io.out, and waits (nothing when io.out is null).
   void upload_result(const float* out, int64_t n, int64_t n_embd, const StepOnDevice& io);
-  // A dense layer's FFN (n_ff wide) on the device, when resident(layer, kDense); false as run_matrix.
+  // A dense layer's FFN (n_ff wide) on the device; false as run_matrix (not resident(layer, kDense), or no room).
   bool run_dense(const cpu::KernelTable& k, cpu::ThreadPool& pool, int64_t layer, int64_t n_ff, const float* x,
                  int64_t n, int64_t n_embd, float* out, const StepOnDevice& io = {});
 

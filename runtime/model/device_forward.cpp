@@ -124,8 +124,7 @@ void Model::forward_on_device(std::span<const int32_t> tokens, int64_t pos0, KvC
   const int64_t first = all_logits ? 0 : n - 1, n_out = n - first;
   d.rms_norm(s, x + first * E, E, f.weights.vector(f.output_norm), n_out, E, c.rms_eps, xn, E);
   logits.resize(n_out * c.n_vocab);
-  if (!(device_experts_->resident(-1, DeviceExperts::kOutput) &&
-        device_experts_->run_matrix(-1, DeviceExperts::kOutput, nullptr, n_out, logits.data(), xn))) {
+  if (!device_experts_->run_matrix(-1, DeviceExperts::kOutput, nullptr, n_out, logits.data(), xn)) {
     std::span<float> normed = cpu::scratch<float, struct DeviceOutputSite>(n_out * E);
     float* down = f.down.reserve(n_out * E);
     d.copy_to_host(s, down, xn, n_out * E * sizeof(float));
@@ -145,7 +144,7 @@ void Model::ffn_on_device(int64_t layer, const float* x, int64_t n, float* out) 
   const FfnWeights& w = ffn_[layer];
   std::span<float> host_out = cpu::scratch<float, struct DeviceFfnOutSite>(n * E);
   const StepOnDevice io{x, out};
-  if (!c.is_moe_layer(layer) && device_experts_->resident(layer, DeviceExperts::kDense) &&
+  if (!c.is_moe_layer(layer) &&
       device_experts_->run_dense(kernels_, *pool_, layer, w.gate.n_rows, nullptr, n, E, host_out.data(), io))
     return;
 

@@ -248,7 +248,7 @@ RoutingParams Model::routing_params() const {
 void Model::ffn(int64_t layer, const float* x, int64_t n, float* out) {
   const FfnWeights& f = ffn_[layer];
   if (!config_.is_moe_layer(layer)) {
-    if (device_experts_ && device_experts_->resident(layer, DeviceExperts::kDense) &&
+    if (device_experts_ &&
         device_experts_->run_dense(kernels_, *pool_, layer, f.gate.n_rows, x, n, config_.n_embd, out))
       return;
     swiglu_ffn(kernels_, *pool_, f.gate, f.up, f.down, x, n, out);
@@ -311,8 +311,7 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cach
     cpu::rms_norm(x.data() + t * E, output_norm_, xn.data() + (t - first) * E, E, c.rms_eps);
   logits.resize(n_out * c.n_vocab);
   const auto t_out = std::chrono::steady_clock::now();
-  if (!(device_experts_ && device_experts_->resident(-1, DeviceExperts::kOutput) &&
-        device_experts_->run_matrix(-1, DeviceExperts::kOutput, xn.data(), n_out, logits.data())))
+  if (!(device_experts_ && device_experts_->run_matrix(-1, DeviceExperts::kOutput, xn.data(), n_out, logits.data())))
     matmul(output_, xn.data(), n_out, logits.data(), c.n_vocab);
   if (profile_.enabled) {
     const auto t_end = std::chrono::steady_clock::now();
