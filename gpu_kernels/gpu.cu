@@ -550,6 +550,12 @@ void stream_wait_event(Stream s, EventHandle e) {
 void event_synchronize(EventHandle e) {
   check(cudaEventSynchronize(static_cast<cudaEvent_t>(e)), "cudaEventSynchronize");
 }
+bool event_query(EventHandle e) {
+  const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(e));
+  if (status == cudaErrorNotReady) return false;
+  check(status, "cudaEventQuery");
+  return true;
+}
 double event_elapsed(EventHandle from, EventHandle to) {
   float ms = 0;
   check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from), static_cast<cudaEvent_t>(to)),

@@ -37,6 +37,8 @@ void destroy_event(EventHandle e);
 void record_event(EventHandle e, Stream s);
 void stream_wait_event(Stream s, EventHandle e);
 void event_synchronize(EventHandle e);
+// Whether the event has been reached (cudaEventQuery), without waiting.
+bool event_query(EventHandle e);
 // Seconds between two recorded events (both reached).
 double event_elapsed(EventHandle from, EventHandle to);
 void stream_synchronize(Stream s);

@@ -176,6 +176,7 @@ class CudaDevice final : public Device {
     gpu::record_event(events_[sequence % kEvents], s(stream));
     return {stream, sequence};
   }
+  bool reached(Event event) override { return gpu::event_query(events_[fresh(event) % kEvents]); }
   void wait(int stream, Event event) override { gpu::stream_wait_event(s(stream), events_[fresh(event) % kEvents]); }
   void synchronize(Event event) override {
     gpu::event_synchronize(events_[fresh(event) % kEvents]);
@@ -194,7 +195,8 @@ class CudaDevice final : public Device {
  private:
   // Events are reused round-robin. An Event older than kEvents records (an expert admitted long before a step uses
   // it) no longer names its own CUDA event: it stands for the current end of its stream instead, a later point of
-  // the same stream, so waiting for it still waits for everything it covered.
+  // the same stream, so waiting for it still waits for everything it covered. (Events are recorded and used from
+  // one host thread at a time: the check and the use are not one atomic step.)
   static constexpr size_t kEvents = 4096;
   uint64_t fresh(Event event) {
     {

@@ -104,6 +104,8 @@ class Device {
   virtual void host_callback(int stream, std::function<void()> fn) = 0;
 
   virtual Event record(int stream) = 0;
+  // Whether `event` has been reached (everything queued on its stream before it has run), without waiting.
+  virtual bool reached(Event event) = 0;
   // The stream's later work waits for `event`.
   virtual void wait(int stream, Event event) = 0;
   // The host waits for `event`, or for everything queued anywhere. Rethrows the first failure of queued work.

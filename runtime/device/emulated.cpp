@@ -46,6 +46,10 @@ class StreamWorker {
     std::lock_guard lock(mutex_);
     return queued_;
   }
+  uint64_t done() {
+    std::lock_guard lock(mutex_);
+    return done_;
+  }
   // Blocks until work item `sequence` has run; rethrows (and clears) the stream's first failure when `rethrow`.
   void wait_for(uint64_t sequence, bool rethrow = true) {
     std::unique_lock lock(mutex_);
@@ -230,6 +234,7 @@ class EmulatedDevice final : public Device {
   void host_callback(int stream, std::function<void()> fn) override { worker(stream).enqueue(std::move(fn)); }
 
   Event record(int stream) override { return {stream, worker(stream).queued()}; }
+  bool reached(Event event) override { return worker(event.stream).done() >= event.sequence; }
   void wait(int stream, Event event) override {
     StreamWorker& other = worker(event.stream);
     worker(stream).enqueue([&other, event] { other.wait_for(event.sequence, /*rethrow=*/false); });

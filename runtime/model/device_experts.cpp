@@ -84,12 +84,24 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
     }
   }
   policy_name_ = placement.policy;
-  bool can_move = false;
+  // The move slots first, where experts can move: the largest routed expert the device runs, times the slots that fit
+  // the budget.
+  const bool can_move = n_expert_ > 0 && (placement.policy == "static" || placement.policy == "kt" || placement.cost ||
+                                          placement.move_rows > 0);
+  if (can_move && placement.move_slots > 0 && slot_bytes_ > 0) {
+    const size_t n = std::min(static_cast<size_t>(placement.move_slots), budget_ / slot_bytes_);
+    if (n > 0) {
+      move_memory_ = device::DeviceMemory(device_, n * slot_bytes_);
+      for (size_t i = 0; i < n; ++i) move_slots_.push_back(move_memory_.as<uint8_t>() + i * slot_bytes_);
+    }
+  }
   if (n_expert_ > 0) {
     sched::PolicyOptions po;
     po.isa = placement.isa;
     po.n_layer = n_layer_;
-    po.prefetch = placement.prefetch;
+    // Prefetches take at most half the ring.
+    po.prefetch =
+        std::min<int64_t>(std::max<int64_t>(placement.prefetch, 0), static_cast<int64_t>(move_slots_.size()) / 2);
     // Without a cost model, crossover and split move from move_rows rows (0: never).
     if (!placement.cost)
       po.fixed_crossover = placement.move_rows > 0 ? placement.move_rows : std::numeric_limits<int64_t>::max();
@@ -98,17 +110,7 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
     } catch (const std::invalid_argument& e) {
       fail("{}", e.what());
     }
-    can_move = placement.policy == "static" || placement.policy == "kt" || placement.cost || placement.move_rows > 0;
   }
-  // The move slots first: the largest routed expert the device runs, times the slots that fit the budget.
-  if (can_move && placement.move_slots > 0 && slot_bytes_ > 0) {
-    const size_t n = std::min(static_cast<size_t>(placement.move_slots), budget_ / slot_bytes_);
-    if (n > 0) {
-      move_memory_ = device::DeviceMemory(device_, n * slot_bytes_);
-      for (size_t i = 0; i < n; ++i) move_slots_.push_back(move_memory_.as<uint8_t>() + i * slot_bytes_);
-    }
-  }
-  prefetch_ = std::min<int64_t>(std::max<int64_t>(placement.prefetch, 0), static_cast<int64_t>(move_slots_.size()) / 2);
   // Then, in order while they fit: the output head, dense FFNs and shared experts as given.
   std::vector<const Expert*> fixed;
   size_t total = 0;
@@ -195,7 +197,8 @@ DeviceExperts::Slot DeviceExperts::copy_expert(int64_t layer, int64_t expert, ui
   Slot slot{upload(device_, copy_, e.gate, base, offset), upload(device_, copy_, e.up, base, offset),
             upload(device_, copy_, e.down, base, offset)};
   slot.filling = true;
-  slot.filled = device_.record(copy_);
+  slot.filled = last_copy_ = device_.record(copy_);
+  copied_ = true;
   return slot;
 }
 
@@ -236,8 +239,10 @@ void DeviceExperts::after_step(const sched::LayerRouting& routing, const sched::
     changes_.push_back(ch);
   }
   // The next layer's likely experts into free move slots, when this step left the link idle.
-  std::vector<int64_t> next = prefetch_ > 0 ? sched::prefetch_after(plan, admitted) : std::vector<int64_t>{};
-  if (static_cast<int64_t>(next.size()) > prefetch_) next.resize(static_cast<size_t>(prefetch_));
+  // (The link is busy while an earlier step's copies are still queued: a prefetch behind them would hold up the
+  // next layer.)
+  const bool link_busy = admitted || (copied_ && !device_.reached(last_copy_));
+  const std::vector<int64_t> next = sched::prefetch_after(plan, link_busy);
   if (!next.empty()) device_.wait(copy_, device_.record(compute_));
   for (size_t i = 0; i < next.size(); ++i) {
     prefetched_.push_back({layer + 1, next[i], static_cast<int>(i), copy_expert(layer + 1, next[i], move_slots_[i])});
@@ -309,14 +314,16 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
       return items.end[a] - items.begin(a) > items.end[b] - items.begin(b);
     });
   }
-  // The device's experts (resident, then prefetched ones), then the moved ones; the rest on the CPU.
+  // The device's experts (resident, then prefetched ones), then the moved ones; the rest on the CPU. What the CPU
+  // reads and the prefetches used count once the step ran as planned.
   int64_t rows = 0, hidden = 0;
+  uint64_t cpu_bytes = 0, hits = 0;
   auto add_work = [&](Work d) {
     d.row0 = rows;
     d.h0 = hidden;
     for (int64_t o = d.o0; o < d.o1 && w.split() && d.expert >= 0; ++o)
       d.any_critical |= items.critical[items.order[o]] != 0;
-    if (d.any_critical) cpu_expert_bytes_ += routed_bytes(w, items, d.expert, n_embd, false);
+    if (d.any_critical) cpu_bytes += routed_bytes(w, items, d.expert, n_embd, false);
     work.push_back(d);
     rows += d.m();
     hidden += d.m() * d.width;
@@ -329,11 +336,11 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
       slot = &it->second;
     } else if (const auto p = prefetched(e); p != prefetched_.end()) {
       slot = &p->slot;
-      ++traffic_.prefetch_hits;
+      ++hits;
     }
     if (!slot) {
       add_routed_expert(batch, w, items, r, e, nu, n_embd);
-      cpu_expert_bytes_ += routed_bytes(w, items, e, n_embd, true);
+      cpu_bytes += routed_bytes(w, items, e, n_embd, true);
       continue;
     }
     if (slot->filling) {  // admitted or prefetched: the step waits for its copy
@@ -363,11 +370,20 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   } else {
     done = execute(k, pool, &w, &r, &items, layer, work, batch, x, n, n_embd, out, io);
   }
-  if (!done) {
-    // No room on the device for this step's rows: all of it on the CPU (the moves just copied are left unused).
+  if (done) {
+    cpu_expert_bytes_ += cpu_bytes;
+    traffic_.prefetch_hits += hits;
+  } else {
+    // No room on the device for this step's rows: all of it on the CPU (the moves just copied are left unused and
+    // not counted as moves).
     device_.synchronize();
     run_experts_on_cpu(k, pool, w, r, items, x, n, n_embd, out);
     upload_result(out, n, n_embd, io);
+    const size_t copied = std::min(moved_.size(), ring_.size());
+    moves_.resize(moves_.size() - copied);
+    traffic_.moves -= copied;
+    for (int64_t e = 0; e < w.n_expert; ++e)
+      if (items.begin(e) != items.end[e]) cpu_expert_bytes_ += routed_bytes(w, items, e, n_embd, true);
   }
   prefetched_.clear();
   if (planned) after_step(routing, plan);

@@ -195,10 +195,11 @@ class DeviceExperts {
   std::vector<Slot> moving_;
   std::vector<device::Event> move_done_;
   std::vector<Prefetched> prefetched_;  // for the next step of their layer
+  device::Event last_copy_{};           // the end of the last expert copy queued (when copied_)
+  bool copied_ = false;
   std::string policy_name_;
   std::unique_ptr<sched::Policy> policy_;      // null for a model without routed experts
   std::optional<sched::Residency> residency_;  // routed experts' placement as the policy sees it
-  int64_t prefetch_ = 0;
   uint64_t cpu_expert_bytes_ = 0;
   std::vector<std::pair<int64_t, int64_t>> moves_;
   std::vector<sched::Residency::Change> changes_;

@@ -327,9 +327,9 @@ TEST_F(Cli, BenchReplaysARoutingTrace) {
   ASSERT_EQ(hetmoe("run -m " + kModel.string() + " --tokens 3,17,42,9 -n 4 --temp 0 --trace-routing " + trace.string())
                 .status,
             0);
-  const Result r = hetmoe("bench -m " + kModel.string() + " --trace " + trace.string() +
-                          " --policies cpu,crossover --device emulated --prompt 6 --gen 3 -t 1 --repeat 1 --json " +
-                          json.string());
+  const Result r =
+      hetmoe("bench -m " + kModel.string() + " --trace " + trace.string() +
+             " --policies cpu,crossover --device emulated --prompt 6 --gen 3 -t 1 --repeat 1 --json " + json.string());
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("routing: replayed from " + trace.string()), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("crossover: run 1/1"), std::string::npos) << r.err;  // the progress line
@@ -340,7 +340,8 @@ TEST_F(Cli, BenchReplaysARoutingTrace) {
   EXPECT_EQ(parsed["results"][0]["dram_bytes_per_token"], parsed["results"][0]["bytes_per_token"]);
   EXPECT_EQ(parsed["results"][1]["dram_bytes_per_token"].get<double>(), 0);
   const fs::path other = dir_ / "other.jsonl";
-  std::ofstream(other) << R"({"format":"hetmoe-routing/1","model":"x","n_layer":3,"n_expert":8,"n_used":2})" << "\n";
+  std::ofstream(other) << R"({"format":"hetmoe-routing/1","model":"x","n_layer":3,"n_expert":8,"n_used":2})"
+                       << "\n";
   expect_error(hetmoe("bench -m " + kModel.string() + " --trace " + other.string() + " --prompt 4 --gen 1"),
                "recorded for 3 layers, 8 experts");
   expect_error(hetmoe("bench -m " + kModel.string() + " --trace " + trace.string() + " --synthetic zipf:1"),

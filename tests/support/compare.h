@@ -6,7 +6,8 @@
 
 namespace hetmoe::test_support {
 
-// The relative RMS error of `got` against `want`: sqrt(sum (got - want)^2 / sum want^2); infinity when the sizes differ.
+// The relative RMS error of `got` against `want`: sqrt(sum (got - want)^2 / sum want^2); infinity when the sizes
+// differ.
 inline double relative_rms(std::span<const float> got, std::span<const float> want) {
   if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
   double num = 0, den = 0;
