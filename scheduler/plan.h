@@ -51,10 +51,11 @@ struct LayerPlan {
   std::vector<int64_t> prefetch;    // experts of layer + 1 to copy in while the link is idle
 };
 
-// The experts to prefetch after a step: the plan's list when the step left the link idle (it moved nothing and the
-// residency admitted nothing), else none. One rule for the executor and the simulator.
-inline std::vector<int64_t> prefetch_after(const LayerPlan& plan, bool admitted) {
-  if (admitted) return {};
+// The experts to prefetch after a step: the plan's list when the link is idle (the step moved nothing, and no
+// admission or earlier copy is still queued: link_busy false), else none. One rule for the executor and the
+// simulator.
+inline std::vector<int64_t> prefetch_after(const LayerPlan& plan, bool link_busy) {
+  if (link_busy) return {};
   for (const ExpertStep& s : plan.experts)
     if (s.action == Action::kMove) return {};
   return plan.prefetch;

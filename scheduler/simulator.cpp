@@ -50,6 +50,7 @@ class Run {
     po.isa = isa_;
     po.has_device = machine.gpu.has_value();
     po.n_layer = m.n_layer;
+    po.prefetch = std::min(po.prefetch, o.move_slots / 2);  // as the runtime: at most half the move slots
     policy_ = make_policy(policy, cost_, shape_, po);
     // Device memory: the pass's weights and the KV cache first, then expert slots.
     dense_on_device_ = policy_->dense_on_device() && machine.gpu;
@@ -90,11 +91,13 @@ class Run {
     auto dense = [&](double bytes, double params, double extra_flops) {
       return dense_rows(bytes, params, extra_flops, n);
     };
-    double background = 0;  // admission copies still queued on the link
+    double background = 0;   // admission copies still queued on the link
+    double prefetching = 0;  // the copy of the experts prefetched for the next layer
     const double attention_flops = 4.0 * static_cast<double>(m_.n_head * m_.attn_dim) * static_cast<double>(n) *
                                    (static_cast<double>(ctx) - static_cast<double>(n) / 2);
     for (int64_t l = 0; l < m_.n_layer; ++l) {
-      c.seconds += dense(m_.attention_bytes, m_.attention_params, attention_flops);
+      const double attention = dense(m_.attention_bytes, m_.attention_params, attention_flops);
+      c.seconds += attention;
       if (l < m_.n_leading_dense) {
         c.seconds += dense(m_.dense_bytes, m_.dense_params, 0);
         continue;
@@ -102,7 +105,10 @@ class Run {
       const RoutingStep step = routing.next(l, n);
       const LayerRouting r = layer_routing(step, m_.n_used, split_ ? o_.n_critical : 0);
       const LayerPlan plan = policy_->plan(r, residency_ ? &*residency_ : nullptr);
-      double cpu = 0, link = 0, gpu_resident = 0, gpu_moved = 0;
+      // A prefetch copy runs during this layer's attention; what is left of it holds the link (and the prefetched
+      // experts' device work) before this layer's moves.
+      double cpu = 0, link = std::max(0.0, prefetching - attention), gpu_resident = 0, gpu_moved = 0;
+      prefetching = 0;
       if (dense_on_device_) {
         gpu_resident += machine_.gpu->seconds(m_.shared_bytes, 2 * m_.shared_params * static_cast<double>(n));
       } else {
@@ -145,8 +151,8 @@ class Run {
       background = std::max(0.0, background - (layer - link));
       if (residency_) {
         // The next layer's likely experts, copied while the link is idle: they run on the device at its step.
-        std::vector<int64_t> next = background > 0 ? std::vector<int64_t>{} : prefetch_after(plan, admitted);
-        background += static_cast<double>(next.size()) * cost_.move_seconds(shape_.device_bytes);
+        std::vector<int64_t> next = prefetch_after(plan, admitted || background > 0);
+        prefetching = static_cast<double>(next.size()) * cost_.move_seconds(shape_.device_bytes);
         c.h2d_bytes += static_cast<double>(next.size()) * shape_.device_bytes;
         residency_->set_prefetched(l + 1, std::move(next));
       }

@@ -515,5 +515,32 @@ TEST(Simulator, WithoutADeviceEveryPolicyIsTheCpusAndTracesMustFitTheModel) {
   EXPECT_THROW(simulate(small_machine(1e9), small_model(), o), std::invalid_argument);
 }
 
+// Every token picks experts 0-3 of each MoE layer: 12 hot experts, 9 slots. The ones left out are prefetched for
+// their layer's step (a sure hit) instead of running on the CPU: link bytes for CPU bytes; not without two move
+// slots.
+TEST(Simulator, PrefetchesTheNextLayersSureExpertsOverAnIdleLink) {
+  RoutingTrace hot;
+  hot.n_layer = 4;
+  hot.n_expert = 16;
+  hot.n_used = 4;
+  for (int64_t l = 1; l < 4; ++l)
+    hot.steps.push_back({.layer = l, .n_tokens = 1, .ids = {0, 1, 2, 3}, .weights = {0.4f, 0.3f, 0.2f, 0.1f}});
+  SimOptions o = sim_options({"crossover"});
+  o.trace = &hot;
+  o.policy.fixed_crossover = 1000;  // this machine's link would move an absent expert for one row
+  auto run = [&](int64_t prefetch, int64_t move_slots) {
+    o.policy.prefetch = prefetch;
+    o.move_slots = move_slots;
+    return simulate(small_machine(0.3e9), small_model(), o)[0];
+  };
+  const SimResult none = run(0, 2), one = run(1, 2), no_slots = run(1, 1);
+  EXPECT_EQ(none.resident_experts, 9);
+  EXPECT_GT(one.h2d_bytes_per_token, none.h2d_bytes_per_token);
+  EXPECT_LT(one.dram_bytes_per_token, none.dram_bytes_per_token);
+  EXPECT_GT(one.decode_tok_s, none.decode_tok_s);
+  EXPECT_DOUBLE_EQ(no_slots.decode_tok_s, none.decode_tok_s);
+  EXPECT_DOUBLE_EQ(no_slots.h2d_bytes_per_token, none.h2d_bytes_per_token);
+}
+
 }  // namespace
 }  // namespace hetmoe::sched
