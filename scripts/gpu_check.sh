@@ -3,9 +3,10 @@
 #   1. what the machine is: nvidia-smi, the CPU's flags (AMX?), the ISA tier hetmoe picks;
 #   2. build with CUDA (tests on), then the `gpu` tests and the CPU kernel tests (on an AMX host these run the AMX
 #      tier's tile kernels for real);
-#   3. a bench model (DeepSeek-V2-Lite dimensions, HETMOE_GPU_LAYERS blocks), split, and `hetmoe bench` on the CPU
-#      and with --device cuda for each policy (the forward pass on the GPU, and with --host-pass only the FFNs there);
-#   4. calibrate against the GPU: the link, one expert there and each ISA tier's crossover.
+#   3. a bench model (DeepSeek-V2-Lite dimensions, HETMOE_GPU_LAYERS blocks) and its split;
+#   4. calibrate against the GPU: the link, one expert there and each ISA tier's crossover;
+#   5. `hetmoe bench` on the CPU and with --device cuda for each policy (the forward pass on the GPU, and with
+#      --host-pass only the FFNs there), and the policies with the measured profile on Zipf-skewed routing.
 # Everything it prints also goes to $OUT/gpu_check.log when OUT is set (the device tool's result folder).
 # Usage: scripts/gpu_check.sh            (HETMOE_GPU_LAYERS=4 by default; JOBS=nproc)
 set -uo pipefail
@@ -45,11 +46,15 @@ split=out/v2lite-${LAYERS}l.split.gguf
   -o "$model" -t "$JOBS" 2>&1 | tail -1
 [ -f "$split" ] || ./build-gpu/tools/hetmoe split -m "$model" -o "$split" -t "$JOBS" --report 2>/dev/null | tail -3
 
+step "calibrate against the GPU (link, one expert there, crossover per ISA tier)"
+profile="${OUT:-/tmp}/profile-gpu.json"
+./build-gpu/tools/hetmoe calibrate -m "$model" --device cuda --max-rows 256 -t "$JOBS" -o "$profile"
+
 step bench
-# Progress lines (carriage returns) dropped; errors and the device note kept.
+# Progress lines (carriage returns) dropped; errors, the device notes and the scheduler's counts kept.
 bench() {
-  ./build-gpu/tools/hetmoe bench --policies cpu --repeat 3 -t "$JOBS" "$@" 2>&1 |
-    tr '\r' '\n' | grep -v "run [0-9]"
+  ./build-gpu/tools/hetmoe bench --repeat 3 -t "$JOBS" "$@" 2>&1 |
+    tr '\r' '\n' | grep -vE ': (warm-up run|run [0-9]+/[0-9]+)'
 }
 short=(--prompt 128 --gen 32)
 bench -m "$model" --policies cpu "${short[@]}"
@@ -58,7 +63,8 @@ bench -m "$split" --device cuda --policies static,kt,crossover,split "${short[@]
 bench -m "$split" --device cuda --policies crossover --host-pass "${short[@]}"
 bench -m "$model" --device cuda --policies static,kt,crossover "${short[@]}"
 bench -m "$model" --device cuda --policies crossover --prompt 512 --gen 16
+# The measured crossover against the fixed rules, with the routing skewed (admissions, prefetch).
+bench -m "$model" --device cuda --policies static,kt,crossover --profile "$profile" --synthetic zipf:1.2 \
+  --device-memory 1 --prompt 512 --gen 64
 
-step "calibrate against the GPU (link, one expert there, crossover per ISA tier)"
-./build-gpu/tools/hetmoe calibrate -m "$model" --device cuda --max-rows 256 -t "$JOBS" -o "${OUT:-/tmp}/profile-gpu.json"
 step done
