@@ -110,8 +110,9 @@ std::vector<int64_t> Residency::hottest_absent(int64_t layer, int64_t k) const {
 }
 
 double Residency::share(int64_t layer, int64_t expert) const {
-  const double tokens = tokens_[index(layer, expert) / static_cast<size_t>(n_expert_)];
-  return tokens > 0 ? rows_[index(layer, expert)] / tokens : 0.0;
+  const size_t i = index(layer, expert);
+  const double tokens = tokens_[static_cast<size_t>(layer)];
+  return tokens > 0 ? rows_[i] / tokens : 0.0;
 }
 
 void Residency::set_prefetched(int64_t layer, std::vector<int64_t> experts) {

@@ -16,6 +16,9 @@ namespace {
 size_t bytes_of(const cpu::WeightMatrix& w) { return w.row_bytes * w.n_rows; }
 using device::aligned;  // each matrix on a 256-byte boundary
 
+// Host bytes of an FFN's three matrices (an empty one: none).
+size_t weight_bytes(const DeviceExperts::Expert& e) { return bytes_of(e.gate) + bytes_of(e.up) + bytes_of(e.down); }
+
 // Device bytes of an expert's three matrices, each aligned.
 size_t expert_bytes(const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up, const cpu::WeightMatrix& down) {
   return aligned(bytes_of(gate)) + aligned(bytes_of(up)) + aligned(bytes_of(down));
@@ -79,8 +82,7 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
     const size_t b = expert_bytes(e.gate, e.up, e.down);
     if (b > slot_bytes_) {
       slot_bytes_ = b;
-      shape = sched::ExpertShape::whole(static_cast<double>(bytes_of(e.gate) + bytes_of(e.up) + bytes_of(e.down)),
-                                        e.gate.n_cols, e.gate.n_rows);
+      shape = sched::ExpertShape::whole(static_cast<double>(weight_bytes(e)), e.gate.n_cols, e.gate.n_rows);
     }
   }
   policy_name_ = placement.policy;
@@ -163,7 +165,7 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
     const Slot slot{upload(device_, copy_, e->gate, base, offset), upload(device_, copy_, e->up, base, offset),
                     upload(device_, copy_, e->down, base, offset)};
     slots_[{e->layer, e->expert}] = slot;
-    resident_bytes_ += bytes_of(e->gate) + bytes_of(e->up) + bytes_of(e->down);
+    resident_bytes_ += weight_bytes(*e);
   }
   if (n_slots > 0) {
     pool_memory_ = device::DeviceMemory(device_, static_cast<size_t>(n_slots) * slot_bytes_);
@@ -175,8 +177,7 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
         Slot slot = copy_expert(l, e, pool_slots_[static_cast<size_t>(next)]);
         slot.pool = next++;
         slots_[{l, e}] = slot;
-        const Expert& x = routed(l, e);
-        resident_bytes_ += bytes_of(x.gate) + bytes_of(x.up) + bytes_of(x.down);
+        resident_bytes_ += weight_bytes(routed(l, e));
       }
     for (int i = static_cast<int>(n_slots) - 1; i >= next; --i) free_pool_.push_back(i);
   }
@@ -219,7 +220,7 @@ void DeviceExperts::after_step(const sched::LayerRouting& routing, const sched::
   bool admitted = false;
   for (const sched::Residency::Change& ch : changes) {
     const Expert& e = routed(ch.layer, ch.expert);
-    const size_t bytes = bytes_of(e.gate) + bytes_of(e.up) + bytes_of(e.down);
+    const size_t bytes = weight_bytes(e);
     if (!ch.admitted) {
       const auto it = slots_.find({ch.layer, ch.expert});
       free_pool_.push_back(it->second.pool);

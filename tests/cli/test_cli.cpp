@@ -337,8 +337,8 @@ TEST_F(Cli, BenchReplaysARoutingTrace) {
   ASSERT_EQ(parsed["results"].size(), 2u);
   EXPECT_TRUE(parsed["results"][1]["scheduler"].contains("admissions"));
   // What the CPU streamed: the model's active weights alone, nothing routed with every expert on the device.
-  EXPECT_EQ(parsed["results"][0]["dram_bytes_per_token"], parsed["results"][0]["bytes_per_token"]);
-  EXPECT_EQ(parsed["results"][1]["dram_bytes_per_token"].get<double>(), 0);
+  EXPECT_EQ(parsed["results"][0]["dram_read_bytes_per_token"], parsed["results"][0]["bytes_per_token"]);
+  EXPECT_EQ(parsed["results"][1]["dram_read_bytes_per_token"].get<double>(), 0);
   const fs::path other = dir_ / "other.jsonl";
   std::ofstream(other) << R"({"format":"hetmoe-routing/1","model":"x","n_layer":3,"n_expert":8,"n_used":2})"
                        << "\n";
