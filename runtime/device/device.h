@@ -7,7 +7,9 @@
 #include <memory>
 #include <string>
 
+#include "cpu_kernels/matmul.h"
 #include "cpu_kernels/ops.h"
+#include "cpu_kernels/thread_pool.h"
 #include "quant/ggml_type.h"
 
 namespace hetmoe::device {
@@ -33,10 +35,11 @@ struct Event {
   uint64_t sequence = 0;
 };
 
-// One accelerator, as the runtime sees it. Work is queued on streams and runs in order within a stream; streams
-// run concurrently; events order work across streams and with the host. Copies and ops are asynchronous: they
-// return once queued, and the memory they touch must stay valid until an event after them is reached. Memory is
-// limited to capacity(); allocate() fails with hetmoe::Error when the request does not fit.
+// Where a forward pass and its weights run: the host (the CPU itself), the emulated GPU stand-in or a CUDA GPU. Work is
+// queued on streams and runs in order within a stream; streams run concurrently; events order work across streams and
+// with the host. Copies and ops are asynchronous: they return once queued, and the memory they touch must stay valid
+// until an event after them is reached (the host device runs each at once, on the calling thread). Memory is limited
+// to capacity(); allocate() fails with hetmoe::Error when the request does not fit.
 class Device {
  public:
   virtual ~Device() = default;
@@ -44,6 +47,9 @@ class Device {
   // "emulated (...)" for the emulated device: everything printed about work on it says so.
   virtual std::string name() const = 0;
   virtual bool emulated() const = 0;
+  // The CPU itself: device memory is host memory and weights are used where they lie (the mapped file), so nothing
+  // is copied to put them "on" it.
+  virtual bool is_host() const { return false; }
   virtual size_t capacity() const = 0;
   virtual size_t used() const = 0;
   // Whether matmul() takes weights of this type (the CUDA device: the low-bit W^Q types).
@@ -68,6 +74,17 @@ class Device {
   // say).
   virtual void matmul(int stream, const DeviceMatrix& w, const float* x, int64_t ldx, int64_t n, float* y,
                       int64_t ldy) = 0;
+  // Per-head matrices in one call (MLA's attn_k_b / attn_v_b), as cpu::matmul_heads defines it: w holds
+  // layout.n_heads blocks of w.n_rows / n_heads rows, head h of token t reads x + t * x_token_stride + h *
+  // x_head_stride and writes y + t * y_token_stride + h * y_head_stride. By default one strided matmul per head.
+  virtual void matmul_heads(int stream, const DeviceMatrix& w, const cpu::HeadsLayout& layout, const float* x,
+                            int64_t n, float* y) {
+    const int64_t rows = w.n_rows / layout.n_heads;
+    for (int64_t h = 0; h < layout.n_heads; ++h)
+      matmul(
+          stream, {w.type, w.n_cols, rows, w.row_bytes, static_cast<const uint8_t*>(w.data) + h * rows * w.row_bytes},
+          x + h * layout.x_head_stride, layout.x_token_stride, n, y + h * layout.y_head_stride, layout.y_token_stride);
+  }
   // out[i] = silu(gate[i]) * up[i] for i < n (device memory).
   virtual void silu_mul(int stream, const float* gate, const float* up, int64_t n, float* out) = 0;
   // y[i] += x[i] for i < n (device memory).
@@ -233,6 +250,9 @@ struct EmulatedOptions {
 // throttled to a modelled PCIe link (one per direction, shared by the streams), ops computed with the CPU kernels. Lets
 // the split and the scheduler run end to end where there is no GPU.
 std::unique_ptr<Device> make_emulated_device(const EmulatedOptions& opt);
+
+// The CPU as a device, computing with `pool` (which must outlive it).
+std::unique_ptr<Device> make_host_device(cpu::ThreadPool& pool);
 
 // CUDA GPUs this process can use: 0 in a build without CUDA (HETMOE_HAVE_CUDA) or without a GPU.
 int cuda_device_count();

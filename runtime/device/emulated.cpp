@@ -1,5 +1,5 @@
 // The emulated device (runtime/device/device.h): host memory behind a capacity limit, a worker thread per stream,
-// copies counted and optionally throttled, ops on the CPU kernel table.
+// copies counted and optionally throttled, ops computed by host_ops (the host device's code) on the stream's thread.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -12,11 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "cpu_kernels/kernel_table.h"
-#include "cpu_kernels/ops.h"
-#include "quant/ref.h"
 #include "runtime/device/allocations.h"
 #include "runtime/device/device.h"
+#include "runtime/device/host_ops.h"
 #include "runtime/error.h"
 
 namespace hetmoe::device {
@@ -94,7 +92,7 @@ class StreamWorker {
 
 class EmulatedDevice final : public Device {
  public:
-  explicit EmulatedDevice(const EmulatedOptions& opt) : opt_(opt), kernels_(cpu::kernels()) {}
+  explicit EmulatedDevice(const EmulatedOptions& opt) : opt_(opt) {}
   ~EmulatedDevice() override {
     streams_.clear();  // each worker finishes its queue, then stops
     for (void* ptr : allocations_.addresses()) ::operator delete (ptr, std::align_val_t{64});
@@ -150,85 +148,49 @@ class EmulatedDevice final : public Device {
     copy(stream, dst, src, bytes, false);
   }
 
+  // Each op is queued as a call of host_ops, the host device's own computation, on the stream's thread (a pool of one).
   using Device::matmul;
   void matmul(int stream, const DeviceMatrix& w, const float* x, int64_t ldx, int64_t n, float* y,
               int64_t ldy) override {
-    worker(stream).enqueue([this, w, x, ldx, n, y, ldy] {
-      const quant::GgmlType act_type = quant::type_info(w.type).vec_dot_type;
-      std::vector<uint8_t> act(quant::activation_row_bytes(w.type, w.n_cols));
-      const cpu::VecDotFn dot = kernels_.dot_for(w.type);
-      for (int64_t t = 0; t < n; ++t) {
-        kernels_.activation_for(act_type)(x + t * ldx, act.data(), w.n_cols);
-        for (int64_t r = 0; r < w.n_rows; ++r)
-          y[t * ldy + r] =
-              dot(w.n_cols, static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_bytes, act.data());
-      }
-    });
+    worker(stream).enqueue([=, this] { host_ops::matmul(one_thread_, w, x, ldx, n, y, ldy); });
+  }
+  void matmul_heads(int stream, const DeviceMatrix& w, const cpu::HeadsLayout& layout, const float* x, int64_t n,
+                    float* y) override {
+    worker(stream).enqueue([=, this] { host_ops::matmul_heads(one_thread_, w, layout, x, n, y); });
   }
   void silu_mul(int stream, const float* gate, const float* up, int64_t n, float* out) override {
-    worker(stream).enqueue([=] {
-      for (int64_t i = 0; i < n; ++i) out[i] = cpu::silu_times(gate[i], up[i]);
-    });
+    worker(stream).enqueue([=] { host_ops::silu_mul(gate, up, n, out); });
   }
   void add(int stream, const float* x, int64_t n, float* y) override {
-    worker(stream).enqueue([=] {
-      for (int64_t i = 0; i < n; ++i) y[i] += x[i];
-    });
+    worker(stream).enqueue([=] { host_ops::add(x, n, y); });
   }
   void rms_norm(int stream, const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width, float eps,
                 float* y, int64_t ldy) override {
-    worker(stream).enqueue([=] {
-      for (int64_t r = 0; r < n_rows; ++r) cpu::rms_norm(x + r * ldx, weight, y + r * ldy, width, eps);
-    });
+    worker(stream).enqueue([=] { host_ops::rms_norm(x, ldx, weight, n_rows, width, eps, y, ldy); });
   }
   void rope(int stream, const float* table, float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride,
             int64_t head_stride, int n_dims, bool neox) override {
-    worker(stream).enqueue([=] {
-      cpu::RopeParams p;
-      p.n_dims = n_dims;
-      p.neox = neox;
-      for (int64_t t = 0; t < n_tokens; ++t)
-        for (int64_t h = 0; h < n_heads; ++h)
-          cpu::rope_apply(p, table + t * n_dims, x + t * token_stride + h * head_stride);
-    });
+    worker(stream).enqueue(
+        [=] { host_ops::rope(table, x, n_tokens, n_heads, token_stride, head_stride, n_dims, neox); });
   }
   void attention(int stream, const cpu::AttentionShape& shape, const cpu::AttentionInput& in, int64_t n_tokens,
                  int64_t pos0, float* out) override {
-    worker(stream).enqueue(
-        [this, shape, in, n_tokens, pos0, out] { cpu::causal_attention(shape, in, n_tokens, pos0, out, one_thread_); });
+    worker(stream).enqueue([=, this] { cpu::causal_attention(shape, in, n_tokens, pos0, out, one_thread_); });
   }
   void copy_rows(int stream, const float* src, int64_t lds, int64_t n_rows, int64_t width, float* dst,
                  int64_t ldd) override {
-    worker(stream).enqueue([=] {
-      for (int64_t r = 0; r < n_rows; ++r) std::memmove(dst + r * ldd, src + r * lds, width * sizeof(float));
-    });
+    worker(stream).enqueue([=] { host_ops::copy_rows(src, lds, n_rows, width, dst, ldd); });
   }
   void gather_rows(int stream, const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst) override {
-    worker(stream).enqueue([=] {
-      for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * width, src + rows[i] * width, width * sizeof(float));
-    });
+    worker(stream).enqueue([=] { host_ops::gather_rows(src, width, rows, n, dst); });
   }
   void combine_rows(int stream, const float* src, int64_t width, const int32_t* index, const float* weights, int64_t n,
                     int64_t k, float* dst) override {
-    worker(stream).enqueue([=] {
-      for (int64_t t = 0; t < n; ++t) {
-        float* d = dst + t * width;
-        std::fill(d, d + width, 0.0f);
-        for (int64_t j = 0; j < k; ++j) {
-          const int32_t row = index[t * k + j];
-          if (row < 0) continue;
-          const float w = weights[t * k + j];
-          for (int64_t c = 0; c < width; ++c) d[c] += w * src[row * width + c];
-        }
-      }
-    });
+    worker(stream).enqueue([=] { host_ops::combine_rows(src, width, index, weights, n, k, dst); });
   }
   void select_experts(int stream, const cpu::ExpertSelection& p, float* logits, const float* bias, int64_t n,
                       int32_t* ids, float* weights) override {
-    worker(stream).enqueue([=] {
-      for (int64_t t = 0; t < n; ++t)
-        cpu::select_experts(p, logits + t * p.n_expert, bias, ids + t * p.n_used, weights + t * p.n_used);
-    });
+    worker(stream).enqueue([=] { host_ops::select_experts(p, logits, bias, n, ids, weights); });
   }
   bool selects_experts(int64_t, int64_t) const override { return true; }
   void host_callback(int stream, std::function<void()> fn) override { worker(stream).enqueue(std::move(fn)); }
@@ -284,8 +246,7 @@ class EmulatedDevice final : public Device {
   }
 
   const EmulatedOptions opt_;
-  const cpu::KernelTable& kernels_;
-  cpu::ThreadPool one_thread_{1};  // attention's pool: a stream computes on its own thread
+  cpu::ThreadPool one_thread_{1};  // the ops' pool: a stream computes on its own thread
   mutable std::mutex mutex_;
   std::mutex link_to_device_, link_to_host_;
   Allocations allocations_;

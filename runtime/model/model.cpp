@@ -61,6 +61,8 @@ std::unique_ptr<Model> Model::load(const std::string& path, int n_threads) {
   }
   if (!model) fail("{}: unsupported architecture", path);
   model->place_on_nodes();
+  // The pass on the host device: the weights where they lie, nothing copied.
+  model->host_pass_ = std::make_unique<Pass>(*model->host_, model->host_->create_stream(), model->weights_);
   return model;
 }
 
@@ -89,7 +91,11 @@ void Model::place_on_nodes() {
 }
 
 Model::Model(std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads)
-    : file_(std::move(file)), config_(std::move(config)), pool_(make_pool(n_threads)), kernels_(cpu::kernels()) {
+    : file_(std::move(file)),
+      config_(std::move(config)),
+      pool_(make_pool(n_threads)),
+      kernels_(cpu::kernels()),
+      host_(device::make_host_device(*pool_)) {
   const char* profile = std::getenv("HETMOE_PROFILE");
   profile_.enabled = profile && std::string(profile) != "0";
 }
@@ -153,11 +159,11 @@ void Model::bind_common() {
   const ModelConfig& c = config_;
   const int64_t E = c.n_embd;
   token_embd_ = &tensor("token_embd.weight", {E, c.n_vocab});
-  output_norm_ = vector("output_norm.weight", E);
+  output_norm_ = weights_.add(vector("output_norm.weight", E), E);
   const gguf::TensorInfo* out = optional_tensor("output.weight", {E, c.n_vocab});
   output_ = as_matrix(out ? *out : *token_embd_);  // tied embeddings when the file has no output matrix
 
-  attn_norm_.resize(c.n_layer);
+  handles_.resize(c.n_layer);
   ffn_.resize(c.n_layer);
   // A split file (hetmoe split): the routed experts come as W^Q and W^R, in a layout this build must know.
   const bool split = file_->find(kSplitVersionKey) != nullptr;
@@ -165,9 +171,10 @@ void Model::bind_common() {
     fail("{}: split layout version {}, this hetmoe reads version {}", file_->path(),
          file_->require_int(kSplitVersionKey), quant::kLowBitLayoutVersion);
   for (int64_t l = 0; l < c.n_layer; ++l) {
-    attn_norm_[l] = vector(blk(l, "attn_norm"), E);
+    LayerHandles& h = handles_[l];
+    h.attn_norm = weights_.add(vector(blk(l, "attn_norm"), E), E);
+    h.ffn_norm = weights_.add(vector(blk(l, "ffn_norm"), E), E);
     FfnWeights& f = ffn_[l];
-    f.norm = vector(blk(l, "ffn_norm"), E);
     if (!c.is_moe_layer(l)) {
       if (c.n_ff <= 0) fail("{}: feed_forward_length is missing for dense block {}", file_->path(), l);
       f.gate = matrix(blk(l, "ffn_gate"), E, c.n_ff);
@@ -181,6 +188,8 @@ void Model::bind_common() {
     m.n_ff_exp = ff;
     m.gate_inp = matrix(blk(l, "ffn_gate_inp"), E, ne);
     m.probs_bias = optional_vector("blk." + std::to_string(l) + ".exp_probs_b.bias", ne);
+    h.router = weights_.add(m.gate_inp);
+    if (m.probs_bias) h.router_bias = weights_.add(m.probs_bias, ne);
     if (split) {
       m.gate_exps = as_matrix(tensor(split_gpu_name(blk(l, "ffn_gate_exps")), {E, ff, ne}));
       m.up_exps = as_matrix(tensor(split_gpu_name(blk(l, "ffn_up_exps")), {E, ff, ne}));
@@ -214,10 +223,10 @@ KvCache Model::make_cache(int64_t n_ctx) const {
   if (n_ctx <= 0) fail("context size must be positive, got {}", n_ctx);
   if (n_ctx > config_.n_ctx_train)
     fail("context size {} exceeds the model's training context of {}", n_ctx, config_.n_ctx_train);
-  if (device_forward_) {
+  if (device_pass_) {
     // On the device when it fits and leaves room for the pass's working buffers (an eighth of the device, at most
-    // 1 GB); else a host cache, with attention on the CPU.
-    device::Device& d = device_forward_->pass.device;
+    // 1 GB); else a host cache, and the pass of its calls runs on the host.
+    device::Device& d = device_pass_->device;
     const size_t bytes = static_cast<size_t>(config_.n_layer * n_ctx * (cache_k_width() + cache_v_width())) * 4;
     const size_t keep = std::min(d.capacity() / 8, size_t{1} << 30);
     if (d.used() + bytes + keep <= d.capacity()) {
@@ -229,103 +238,6 @@ KvCache Model::make_cache(int64_t n_ctx) const {
     }
   }
   return KvCache(config_.n_layer, n_ctx, cache_k_width(), cache_v_width());
-}
-
-void Model::matmul(const cpu::WeightMatrix& w, const float* x, int64_t n, float* y, int64_t ldy) {
-  cpu::matmul(kernels_, *pool_, w, x, n, y, ldy);
-}
-
-RoutingParams Model::routing_params() const {
-  return {.n_expert = config_.n_expert,
-          .n_used = config_.n_expert_used,
-          .gating = config_.gating,
-          .norm = config_.expert_weights_norm,
-          .scale = config_.expert_weights_scale,
-          .n_group = config_.n_group,
-          .n_group_used = config_.n_group_used};
-}
-
-void Model::ffn(int64_t layer, const float* x, int64_t n, float* out) {
-  const FfnWeights& f = ffn_[layer];
-  if (!config_.is_moe_layer(layer)) {
-    if (device_experts_ &&
-        device_experts_->run_dense(kernels_, *pool_, layer, f.gate.n_rows, x, n, config_.n_embd, out))
-      return;
-    swiglu_ffn(kernels_, *pool_, f.gate, f.up, f.down, x, n, out);
-    return;
-  }
-  moe_ffn(kernels_, *pool_, f.moe, routing_params(), x, n, config_.n_embd, out, trace_, layer, routing_observer_,
-          routing_override_);
-}
-
-void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,
-                    std::vector<float>& logits, Trace* trace, const std::atomic<bool>* cancel) {
-  const ModelConfig& c = config_;
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  const int64_t E = c.n_embd;
-  if (n == 0) fail("nothing to evaluate: the token list is empty");
-  for (int32_t t : tokens)
-    if (t < 0 || t >= c.n_vocab) fail("token id {} is out of range (the vocabulary has {} tokens)", t, c.n_vocab);
-  if (pos0 < 0 || pos0 + n > cache.n_ctx())
-    fail("context full: {} more tokens do not fit after {} of {} positions", n, pos0, cache.n_ctx());
-  if (cache.device()) {
-    if (!device_forward_ || cache.device() != &device_forward_->pass.device)
-      fail("this KV cache lives on a device the model's forward pass does not run on");
-    return forward_on_device(tokens, pos0, cache, all_logits, logits, trace, cancel);
-  }
-  trace_ = trace;
-  const auto t_start = std::chrono::steady_clock::now();
-  double t_attention = 0, t_dense = 0, t_moe = 0;
-
-  // The residual stream and its normalised copy: scratch that keeps its capacity, so decode does not allocate.
-  std::span<float> x = cpu::scratch<float, struct ResidualSite>(n * E);
-  std::span<float> xn = cpu::scratch<float, struct NormedSite>(n * E);
-  std::span<float> branch = cpu::scratch<float, struct BranchSite>(n * E);
-  for (int64_t t = 0; t < n; ++t)
-    quant::dequantize_row(token_embd_->type, token_embd_->row(tokens[t]), x.data() + t * E, E);
-
-  for (int64_t l = 0; l < c.n_layer; ++l) {
-    if (cancel && cancel->load(std::memory_order_relaxed)) {
-      trace_ = nullptr;
-      throw Cancelled();
-    }
-    for (int64_t t = 0; t < n; ++t) cpu::rms_norm(x.data() + t * E, attn_norm_[l], xn.data() + t * E, E, c.rms_eps);
-    const auto t_attn = std::chrono::steady_clock::now();
-    attention(l, xn.data(), n, pos0, cache, branch.data());
-    const auto t_ffn = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < n * E; ++i) x[i] += branch[i];
-    for (int64_t t = 0; t < n; ++t) cpu::rms_norm(x.data() + t * E, ffn_[l].norm, xn.data() + t * E, E, c.rms_eps);
-    ffn(l, xn.data(), n, branch.data());
-    if (profile_.enabled) {
-      t_attention += std::chrono::duration<double>(t_ffn - t_attn).count();
-      (c.is_moe_layer(l) ? t_moe : t_dense) +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_ffn).count();
-    }
-    for (int64_t i = 0; i < n * E; ++i) x[i] += branch[i];
-    if (trace) trace->values(l, "l_out", x.data(), n, E);
-  }
-
-  const int64_t first = all_logits ? 0 : n - 1;
-  const int64_t n_out = n - first;
-  for (int64_t t = first; t < n; ++t)
-    cpu::rms_norm(x.data() + t * E, output_norm_, xn.data() + (t - first) * E, E, c.rms_eps);
-  logits.resize(n_out * c.n_vocab);
-  const auto t_out = std::chrono::steady_clock::now();
-  if (!(device_experts_ && device_experts_->run_matrix(-1, DeviceExperts::kOutput, xn.data(), n_out, logits.data())))
-    matmul(output_, xn.data(), n_out, logits.data(), c.n_vocab);
-  if (profile_.enabled) {
-    const auto t_end = std::chrono::steady_clock::now();
-    const double t_output = std::chrono::duration<double>(t_end - t_out).count();
-    const double t_total = std::chrono::duration<double>(t_end - t_start).count();
-    profile_.attention += t_attention;
-    profile_.dense_ffn += t_dense;
-    profile_.moe_ffn += t_moe;
-    profile_.output += t_output;
-    profile_.rest += t_total - t_attention - t_dense - t_moe - t_output;  // embedding, norms, residual adds
-    profile_.calls += 1;
-    profile_.tokens += n;
-  }
-  trace_ = nullptr;
 }
 
 }  // namespace hetmoe::model

@@ -16,23 +16,25 @@
 #include "runtime/gguf/reader.h"
 #include "runtime/model/config.h"
 #include "runtime/model/device_experts.h"
-#include "runtime/model/device_pass.h"
 #include "runtime/model/kv_cache.h"
 #include "runtime/model/moe.h"
+#include "runtime/model/pass.h"
 #include "runtime/model/trace.h"
 
 namespace hetmoe::model {
 
 // The FFN of one layer: a dense SwiGLU, or routed experts with optional shared experts.
 struct FfnWeights {
-  const float* norm = nullptr;       // [n_embd]
   cpu::WeightMatrix gate, up, down;  // dense: [n_ff, n_embd], [n_ff, n_embd], [n_embd, n_ff]
   MoeWeights moe;                    // used when moe.n_expert > 0
 };
 
 // A loaded model: the file stays mapped and the weights are used where they lie. Architecture files
-// (deepseek2.cpp, qwen3moe.cpp, llama.cpp) bind their tensors and implement attention; the embedding, the FFN
-// (dense or MoE), the residual stream and the output head are shared here.
+// (deepseek2.cpp, gqa.cpp) bind their tensors and write their attention once, over Device ops; the embedding, the
+// residual stream, the FFN step (dense or MoE, run by the CPU engine and the device's expert executor) and the output
+// head are shared here. The forward pass runs on one device for a whole call: the host device (the CPU, its ops the
+// kernel table on the mapped weights), or a GPU (or the emulated one) when attach_device put the pass there and the
+// KV cache lives there too.
 class Model {
  public:
   // Maps and validates the file. Errors: missing file, corrupt GGUF, unknown architecture, missing or misshapen
@@ -65,9 +67,9 @@ class Model {
   const DeviceExperts* device_experts() const { return device_experts_.get(); }
   DeviceExperts* device_experts() { return device_experts_.get(); }
   // Whether attach_device put the forward pass on the device (its caches from make_cache then live there too).
-  bool pass_on_device() const { return device_forward_ != nullptr; }
+  bool pass_on_device() const { return device_pass_ != nullptr; }
   // The bytes of the pass's weights on the device (norms, attention, routers).
-  size_t pass_device_bytes() const { return device_forward_ ? device_forward_->weights.data_bytes() : 0; }
+  size_t pass_device_bytes() const { return device_pass_ ? device_pass_->weights.data_bytes() : 0; }
 
   // Every MoE layer's routing goes to `observer` from now on (null: to nobody). It must outlive its use.
   void set_routing_observer(RoutingObserver* observer) { routing_observer_ = observer; }
@@ -90,16 +92,13 @@ class Model {
  protected:
   Model(std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads);
 
-  // Attention of layer `layer` for the normalised input x [n][n_embd]; writes out [n][n_embd].
-  virtual void attention(int64_t layer, const float* x, int64_t n, int64_t pos0, KvCache& cache, float* out) = 0;
+  // Attention of layer `layer` on the pass's device: the normalised input x [n][n_embd] to out [n][n_embd], both in
+  // the pass's memory, with `cache` on the same device. The weights are the handles the architecture registered in
+  // weights_ while binding.
+  virtual void attention(Pass& pass, int64_t layer, const float* x, int64_t n, int64_t pos0, KvCache& cache,
+                         float* out) = 0;
   virtual int64_t cache_k_width() const = 0;
   virtual int64_t cache_v_width() const = 0;
-  // The same attention on the device: plan_device_attention adds every layer's attention weights to `w` (and keeps
-  // the handles); device_attention runs layer `layer` there, x [n][n_embd] to out [n][n_embd] in device memory, with
-  // `cache` on the device.
-  virtual void plan_device_attention(DeviceWeights& w) = 0;
-  virtual void device_attention(DevicePass& pass, int64_t layer, const float* x, int64_t n, int64_t pos0,
-                                KvCache& cache, float* out) = 0;
 
   // Tensor binding with shape checks. ne lists the expected ggml dims; the tensor must have exactly these.
   const gguf::TensorInfo& tensor(const std::string& name, std::initializer_list<int64_t> ne) const;
@@ -114,7 +113,6 @@ class Model {
   // threads compute its rows (never a copy per node). HETMOE_NUMA=0 leaves pages where the kernel puts them.
   void place_on_nodes();
 
-  void matmul(const cpu::WeightMatrix& w, const float* x, int64_t n, float* y, int64_t ldy);
   static std::string blk(int64_t layer, std::string_view name) {
     return "blk." + std::to_string(layer) + "." + std::string(name) + ".weight";
   }
@@ -123,41 +121,34 @@ class Model {
   ModelConfig config_;
   std::unique_ptr<cpu::ThreadPool> pool_;
   const cpu::KernelTable& kernels_;
+  PassWeights weights_;  // what the pass reads besides the FFNs: the architecture adds its attention weights
 
   const gguf::TensorInfo* token_embd_ = nullptr;  // [n_vocab, n_embd]
-  const float* output_norm_ = nullptr;            // [n_embd]
   cpu::WeightMatrix output_;                      // [n_vocab, n_embd] (token_embd when tied)
-  std::vector<const float*> attn_norm_;           // per layer [n_embd]
   std::vector<FfnWeights> ffn_;                   // per layer
-  Trace* trace_ = nullptr;                        // set during forward
+  // The pass's handles: per layer, its two norms, and of an MoE layer its router and the router's bias (when it has
+  // exp_probs_b); the output norm.
+  struct LayerHandles {
+    PassWeights::Handle attn_norm = 0, ffn_norm = 0, router = 0, router_bias = 0;
+  };
+  std::vector<LayerHandles> handles_;
+  PassWeights::Handle output_norm_ = 0;
+  Trace* trace_ = nullptr;  // set during forward
   RoutingObserver* routing_observer_ = nullptr;
   RoutingOverride* routing_override_ = nullptr;
   size_t numa_bound_bytes_ = 0;
 
  private:
-  void ffn(int64_t layer, const float* x, int64_t n, float* out);
+  // Layer `layer`'s FFN for the rows x [n][n_embd] in the pass's memory into out there: a dense SwiGLU, or the router
+  // (on the pass's device), then the experts by the executor's plan, the CPU taking what is not on the device.
+  void ffn(Pass& pass, int64_t layer, const float* x, int64_t n, float* out);
   // The router's rules as the config sets them.
   RoutingParams routing_params() const;
-  // The forward pass with its residual stream on the device (pass_on_device() and a device cache).
-  void forward_on_device(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,
-                         std::vector<float>& logits, Trace* trace, const std::atomic<bool>* cancel);
-  // Layer `layer`'s FFN for the device rows x [n][n_embd] into the device rows out.
-  void ffn_on_device(int64_t layer, const float* x, int64_t n, float* out);
   std::deque<std::vector<float>> owned_vectors_;
+  // The host device and its pass (always there); the device pass when attach_device put the pass on a device.
+  std::unique_ptr<device::Device> host_;
+  std::unique_ptr<Pass> host_pass_, device_pass_;
   std::unique_ptr<DeviceExperts> device_experts_;
-
-  // What the device-resident pass keeps on the device besides the experts, and its staging.
-  struct DeviceForward {
-    DeviceForward(device::Device& device, int stream)
-        : weights(device), pass(device, stream), up(device), down(device) {}
-    DeviceWeights weights;
-    // Handles per layer (router: MoE layers only; router_bias: those with exp_probs_b).
-    std::vector<size_t> attn_norm, ffn_norm, router, router_bias;
-    size_t output_norm = 0;
-    DevicePass pass;
-    device::HostMemory up, down;  // pinned: embeddings and RoPE table up; router logits and the normed rows down
-  };
-  std::unique_ptr<DeviceForward> device_forward_;
 
   // HETMOE_PROFILE=1: wall time per part of the forward pass, printed to stderr when the model is destroyed.
   struct Profile {

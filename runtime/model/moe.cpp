@@ -5,7 +5,6 @@
 #include "cpu_kernels/experts.h"
 #include "cpu_kernels/ops.h"
 #include "cpu_kernels/scratch.h"
-#include "runtime/model/device_experts.h"
 #include "scheduler/plan.h"
 
 namespace hetmoe::model {
@@ -86,24 +85,6 @@ void swiglu_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const cpu::Wei
   std::span<float> hidden = cpu::scratch<float, struct SwigluHiddenSite>(n * gate.n_rows);
   cpu::swiglu_matmul(k, pool, gate, up, x, n, hidden.data());
   cpu::matmul(k, pool, down, hidden.data(), n, out, down.n_rows);
-}
-
-void moe_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const RoutingParams& p,
-             const float* x, int64_t n, int64_t n_embd, float* out, Trace* trace, int64_t layer,
-             RoutingObserver* observer, RoutingOverride* override_routing) {
-  const int64_t nu = p.n_used;
-  std::span<float> logits = cpu::scratch<float, struct RouterLogitsSite>(n * p.n_expert);
-  cpu::matmul(k, pool, w.gate_inp, x, n, logits.data(), p.n_expert);
-  thread_local Routing r;
-  route(p, logits.data(), w.probs_bias, n, r, trace, layer);
-  if (override_routing) override_routing->reroute(layer, n, nu, r.ids.data(), r.weights.data());
-  if (observer) observer->routed(layer, n, nu, r.ids.data(), r.weights.data());
-
-  // Every (token, slot) item grouped by expert; the shared experts come last in each token's sum, as llama.cpp adds
-  // them after the routed ones. The sum over a token's items runs in slot order, matching llama.cpp's chain of adds.
-  const RoutedItems items = group_items(w, r, n, nu);
-  if (w.device) return w.device->run(k, pool, w, r, items, layer, x, n, n_embd, out);
-  run_experts_on_cpu(k, pool, w, r, items, x, n, n_embd, out);
 }
 
 void add_shared_experts(cpu::ExpertBatch& batch, const MoeWeights& w, int64_t n, int64_t n_used) {

@@ -14,8 +14,6 @@
 
 namespace hetmoe::model {
 
-class DeviceExperts;
-
 // The router's rules, as the architecture and its metadata set them.
 struct RoutingParams {
   int64_t n_expert = 0;
@@ -66,9 +64,6 @@ struct MoeWeights {
   // residual (the "critical" experts); the others run on W^Q alone. < 0: all of them. Set at load.
   int64_t n_critical = -1;
 
-  // Experts whose W^Q lives on a device (null: everything on the CPU).
-  DeviceExperts* device = nullptr;
-
   bool split() const { return gate_exps_r.data != nullptr; }
   // Expert 0's gate, up and down (W^Q of a split model) as the scheduler sizes an expert: moved and run whole.
   sched::ExpertShape expert_shape() const {
@@ -97,13 +92,6 @@ void add_shared_experts(cpu::ExpertBatch& batch, const MoeWeights& w, int64_t n,
 // The whole expert work of a layer on the CPU engine: routed experts as `items` groups them, then the shared ones.
 void run_experts_on_cpu(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const Routing& r,
                         const RoutedItems& items, const float* x, int64_t n, int64_t n_embd, float* out);
-
-// out[n][n_embd] = sum over selected experts of weight * down(silu(gate x) * up x), plus the shared experts.
-// Tokens are grouped by expert so each expert's rows are read once per batch.
-// `override_routing` (may be null) replaces the routing, then `observer` (may be null) sees it.
-void moe_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const RoutingParams& p,
-             const float* x, int64_t n, int64_t n_embd, float* out, Trace* trace, int64_t layer,
-             RoutingObserver* observer = nullptr, RoutingOverride* override_routing = nullptr);
 
 // out[n][n_embd] = down(silu(gate x) * up x).
 void swiglu_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const cpu::WeightMatrix& gate,

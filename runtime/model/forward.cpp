@@ -1,0 +1,228 @@
+// The forward pass, written once over Device ops: on the host device (the CPU, its weights where they lie) or with the
+// residual stream on a GPU (or the emulated one). Per layer: norms and the architecture's attention on the pass's
+// device, then the FFN step: a dense SwiGLU, or the router on the pass's device and the experts as the executor's plan
+// places them (resident ones on the device while the CPU runs its own and the residuals); then the output head.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "cpu_kernels/scratch.h"
+#include "quant/ref.h"
+#include "runtime/error.h"
+#include "runtime/model/model.h"
+
+namespace hetmoe::model {
+namespace {
+
+// The pass's scratch slots (an architecture's attention numbers its own from Pass::kAttentionSlots).
+enum Slot : size_t { kX, kNormed, kBranch, kTable, kRouterSlot, kHostOut };
+static_assert(kHostOut < Pass::kAttentionSlots);
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+RoutingParams Model::routing_params() const {
+  return {.n_expert = config_.n_expert,
+          .n_used = config_.n_expert_used,
+          .gating = config_.gating,
+          .norm = config_.expert_weights_norm,
+          .scale = config_.expert_weights_scale,
+          .n_group = config_.n_group,
+          .n_group_used = config_.n_group_used};
+}
+
+void Model::attach_device(device::Device& device, const DeviceExperts::Placement& placement, bool whole_pass) {
+  if (device.is_host()) fail("attach_device: the host device is where the model already runs");
+  device_pass_.reset();
+  device_experts_.reset();
+  std::vector<DeviceExperts::Expert> experts;
+  // The output head first: every token reads all of it (a third of the bytes of a decode step of DeepSeek-V2-Lite).
+  experts.push_back({-1, DeviceExperts::kOutput, output_, {}, {}});
+  const int64_t E = config_.n_embd;
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    const MoeWeights& m = ffn_[l].moe;
+    const int64_t ff = m.n_ff_exp;
+    if (!config_.is_moe_layer(l)) {  // a dense layer's FFN
+      experts.push_back({l, DeviceExperts::kDense, ffn_[l].gate, ffn_[l].up, ffn_[l].down});
+      continue;
+    }
+    // The shared experts serve every token: they go first.
+    if (m.n_expert > 0 && m.has_shared)
+      experts.push_back({l, DeviceExperts::kShared, m.gate_shexp, m.up_shexp, m.down_shexp});
+    for (int64_t e = 0; e < m.n_expert; ++e)
+      experts.push_back({l, e, m.gate_exps.rows(e * ff, ff), m.up_exps.rows(e * ff, ff), m.down_exps.rows(e * E, E)});
+  }
+  // The pass's own weights come first, all or nothing: placed once the experts' streams exist (the pass runs on their
+  // compute stream).
+  DeviceExperts::Placement rest = placement;
+  std::unique_ptr<Pass> pass;
+  if (whole_pass) {
+    pass = std::make_unique<Pass>(device, -1, weights_);
+    if (!pass->weights.supported() || pass->weights.bytes() > placement.budget_bytes) {
+      pass.reset();
+    } else {
+      rest.budget_bytes -= pass->weights.bytes();
+    }
+  }
+  device_experts_ = std::make_unique<DeviceExperts>(device, rest, experts);
+  if (!pass) return;
+  pass->stream = device_experts_->compute_stream();
+  try {
+    pass->weights.upload(pass->stream);
+    device_pass_ = std::move(pass);
+  } catch (const Error&) {
+    // the device's memory ran out after all: the pass stays on the host
+  }
+}
+
+void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,
+                    std::vector<float>& logits, Trace* trace, const std::atomic<bool>* cancel) {
+  const ModelConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t E = c.n_embd, nd = c.rope.n_dims;
+  if (n == 0) fail("nothing to evaluate: the token list is empty");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= c.n_vocab) fail("token id {} is out of range (the vocabulary has {} tokens)", t, c.n_vocab);
+  if (pos0 < 0 || pos0 + n > cache.n_ctx())
+    fail("context full: {} more tokens do not fit after {} of {} positions", n, pos0, cache.n_ctx());
+  // The pass runs where the cache lives.
+  if (cache.device() && !(device_pass_ && cache.device() == &device_pass_->device))
+    fail("this KV cache lives on a device the model's forward pass does not run on");
+  Pass& p = cache.device() ? *device_pass_ : *host_pass_;
+  device::Device& d = p.device;
+  const int s = p.stream;
+  trace_ = trace;
+  // trace_ is cleared however the pass ends.
+  struct ClearTrace {
+    Trace*& trace;
+    ~ClearTrace() { trace = nullptr; }
+  } clear_trace{trace_};
+  const auto t_start = std::chrono::steady_clock::now();
+  double t_attention = 0, t_dense = 0, t_moe = 0;
+
+  // Up: the embedding rows and the RoPE table of the batch's positions (the YaRN arithmetic stays on the host, in
+  // cpu::rope_cache).
+  float* up = p.staging_up(n * (E + nd));
+  for (int64_t t = 0; t < n; ++t) {
+    quant::dequantize_row(token_embd_->type, token_embd_->row(tokens[t]), up + t * E, E);
+    cpu::rope_cache(c.rope, pos0 + t, up + n * E + t * nd);
+  }
+  // The residual stream, its normalised copy and a branch's output, in the pass's memory.
+  float* x = p.scratch(kX, n * E);
+  float* xn = p.scratch(kNormed, n * E);
+  float* branch = p.scratch(kBranch, n * E);
+  float* table = p.scratch(kTable, std::max<int64_t>(n * nd, 1));
+  d.copy_to_device(s, x, up, n * E * sizeof(float));
+  d.copy_to_device(s, table, up + n * E, n * nd * sizeof(float));
+  p.rope_table = table;
+
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    if (cancel && cancel->load(std::memory_order_relaxed)) {
+      d.synchronize();  // the staging buffers are reused by the next call
+      throw Cancelled();
+    }
+    const LayerHandles& h = handles_[l];
+    d.rms_norm(s, x, E, p.vector(h.attn_norm), n, E, c.rms_eps, xn, E);
+    const auto t_attn = std::chrono::steady_clock::now();
+    attention(p, l, xn, n, pos0, cache, branch);
+    if (profile_.enabled) t_attention += seconds_since(t_attn);
+    d.add(s, branch, n * E, x);
+    d.rms_norm(s, x, E, p.vector(h.ffn_norm), n, E, c.rms_eps, xn, E);
+    const auto t_ffn = std::chrono::steady_clock::now();
+    ffn(p, l, xn, n, branch);
+    if (profile_.enabled) (c.is_moe_layer(l) ? t_moe : t_dense) += seconds_since(t_ffn);
+    d.add(s, branch, n * E, x);
+    if (trace) trace->values(l, "l_out", p.to_host(x, n * E), n, E);
+  }
+
+  const int64_t first = all_logits ? 0 : n - 1, n_out = n - first;
+  d.rms_norm(s, x + first * E, E, p.vector(output_norm_), n_out, E, c.rms_eps, xn, E);
+  logits.resize(n_out * c.n_vocab);
+  const auto t_out = std::chrono::steady_clock::now();
+  // The output head where it is resident on a device, else on the CPU.
+  const float* device_rows = p.on_host() ? nullptr : xn;
+  const float* host_rows = p.on_host() ? xn : nullptr;
+  if (!(device_experts_ &&
+        device_experts_->run_matrix(-1, DeviceExperts::kOutput, host_rows, n_out, logits.data(), device_rows)))
+    cpu::matmul(kernels_, *pool_, output_, p.to_host(xn, n_out * E), n_out, logits.data(), c.n_vocab);
+  d.synchronize(d.record(s));
+  if (profile_.enabled) {
+    const double t_output = seconds_since(t_out), t_total = seconds_since(t_start);
+    profile_.attention += t_attention;
+    profile_.dense_ffn += t_dense;
+    profile_.moe_ffn += t_moe;
+    profile_.output += t_output;
+    profile_.rest += t_total - t_attention - t_dense - t_moe - t_output;  // embedding, norms, residual adds
+    profile_.calls += 1;
+    profile_.tokens += n;
+  }
+}
+
+void Model::ffn(Pass& p, int64_t layer, const float* x, int64_t n, float* out) {
+  const ModelConfig& c = config_;
+  device::Device& d = p.device;
+  const int s = p.stream;
+  const int64_t E = c.n_embd;
+  const FfnWeights& w = ffn_[layer];
+  // The FFN's rows where the CPU reads and writes them: the pass's own on the host, else host copies (the rows come
+  // down, the CPU's result goes up); the executor then works from the device's rows too (io).
+  const bool on_host = p.on_host();
+  const StepOnDevice io = on_host ? StepOnDevice{} : StepOnDevice{x, out};
+  float* host_out = on_host ? out : cpu::scratch<float, struct FfnHostOutSite>(n * E).data();
+  if (!c.is_moe_layer(layer)) {
+    if (device_experts_ &&
+        device_experts_->run_dense(kernels_, *pool_, layer, w.gate.n_rows, on_host ? x : nullptr, n, E, host_out, io))
+      return;
+    swiglu_ffn(kernels_, *pool_, w.gate, w.up, w.down, p.to_host(x, n * E), n, host_out);
+    p.from_host(host_out, n * E, out);
+    return;
+  }
+
+  // The router on the pass's device. Its choice comes down with the rows the CPU needs (for its experts and the
+  // critical experts' residuals); with a trace, or a device whose selection kernel cannot take this router, the logits
+  // come down instead and the host routes, reporting every step of it.
+  const LayerHandles& h = handles_[layer];
+  const int64_t ne = c.n_expert, nu = c.n_expert_used;
+  const bool select_here = !trace_ && d.selects_experts(c.n_expert, c.n_group);
+  const RoutingParams rp = routing_params();
+  float* router_logits = p.scratch(kRouterSlot, n * ne + 2 * n * nu);
+  d.matmul(s, p.matrix(h.router), x, n, router_logits);
+  // One round trip brings the choice (or the logits) and the rows down.
+  const float* host_x = nullptr;
+  const float* host_routing = nullptr;
+  const int64_t routing_floats = select_here ? 2 * n * nu : n * ne;
+  float* routing_rows = router_logits;
+  if (select_here) {
+    routing_rows = router_logits + n * ne;  // ids [n][nu] (int32), then weights [n][nu]
+    d.select_experts(s, rp.selection(), router_logits, w.moe.probs_bias ? p.vector(h.router_bias) : nullptr, n,
+                     reinterpret_cast<int32_t*>(routing_rows), routing_rows + n * nu);
+  }
+  p.to_host(
+      {{routing_rows, static_cast<size_t>(routing_floats), &host_routing}, {x, static_cast<size_t>(n * E), &host_x}});
+  thread_local Routing r;
+  if (select_here) {
+    r.ids.resize(n * nu);
+    r.weights.resize(n * nu);
+    std::memcpy(r.ids.data(), host_routing, n * nu * sizeof(int32_t));
+    std::copy_n(host_routing + n * nu, n * nu, r.weights.data());
+  } else {
+    // The logits become probabilities in place (the pass's own buffer on the host, else the staging copy).
+    route(rp, const_cast<float*>(host_routing), w.moe.probs_bias, n, r, trace_, layer);
+  }
+  if (routing_override_) routing_override_->reroute(layer, n, nu, r.ids.data(), r.weights.data());
+  if (routing_observer_) routing_observer_->routed(layer, n, nu, r.ids.data(), r.weights.data());
+  // Every (token, slot) item grouped by expert; the shared experts come last in each token's sum, as llama.cpp adds
+  // them after the routed ones, and the sum over a token's items runs in slot order, as llama.cpp's chain of adds.
+  const RoutedItems items = group_items(w.moe, r, n, nu);
+  if (device_experts_) {
+    device_experts_->run(kernels_, *pool_, w.moe, r, items, layer, host_x, n, E, host_out, io);
+    return;
+  }
+  run_experts_on_cpu(kernels_, *pool_, w.moe, r, items, host_x, n, E, host_out);
+  p.from_host(host_out, n * E, out);
+}
+
+}  // namespace hetmoe::model
