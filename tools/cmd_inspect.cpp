@@ -35,7 +35,7 @@ int inspect(const InspectOptions& opt) {
   if (c.rope.ext_factor != 0)
     fmt::print(", YaRN factor {:g} (original context {})", 1.0f / c.rope.freq_scale, c.rope.n_ctx_orig);
   fmt::print(", kq_scale {:.6g}\n", c.kq_scale);
-  if (c.arch == model::Arch::kDeepseek2)
+  if (c.kv_lora_rank > 0)
     fmt::print("MLA           q_lora {}  kv_lora {}  qk_nope {}  qk_rope {}  v_head {}\n", c.q_lora_rank,
                c.kv_lora_rank, c.qk_nope, c.qk_rope, c.v_head);
   if (c.n_expert > 0) {

@@ -1,14 +1,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "cpu_kernels/ops.h"
 #include "runtime/gguf/reader.h"
 
 namespace hetmoe::model {
-
-enum class Arch { kDeepseek2, kQwen3Moe, kLlama };
 
 // How router logits become expert probabilities (values as GGUF's expert_gating_func).
 enum class Gating { kSoftmax = 1, kSigmoid = 2 };
@@ -16,8 +16,7 @@ enum class Gating { kSoftmax = 1, kSigmoid = 2 };
 // Everything a forward pass needs to know about a model, read from GGUF metadata with the defaults llama.cpp's
 // loader applies. Shapes are checked against the tensors later, when the weights are bound.
 struct ModelConfig {
-  Arch arch = Arch::kLlama;
-  std::string arch_name;
+  std::string arch_name;  // general.architecture
   std::string name;
 
   int64_t n_vocab = 0;
@@ -56,11 +55,34 @@ struct ModelConfig {
   bool is_moe_layer(int64_t layer) const { return n_expert > 0 && layer >= n_leading_dense; }
 };
 
+// The metadata keys of one architecture ("<arch>.<key>"), as an architecture's configure() reads them.
+class ConfigKeys {
+ public:
+  ConfigKeys(const gguf::GgufFile& f, std::string arch) : f_(f), arch_(std::move(arch)) {}
+  const gguf::GgufFile& file() const { return f_; }
+  std::string key(std::string_view k) const { return arch_ + "." + std::string(k); }
+  int64_t req_int(std::string_view k) const { return f_.require_int(key(k)); }
+  int64_t opt_int(std::string_view k, int64_t def) const { return f_.get_int(key(k)).value_or(def); }
+  double opt_float(std::string_view k, double def) const { return f_.get_float(key(k)).value_or(def); }
+  bool opt_bool(std::string_view k, bool def) const { return f_.get_bool(key(k)).value_or(def); }
+  std::optional<std::string> opt_string(std::string_view k) const { return f_.get_string(key(k)); }
+  const gguf::Value* find(std::string_view k) const { return f_.find(key(k)); }
+  // Fails with a one-line error unless 0 < v <= max.
+  void check_positive(std::string_view what, int64_t v, int64_t max) const;
+
+  static constexpr int64_t kMaxDim = 1 << 20;
+
+ private:
+  const gguf::GgufFile& f_;
+  std::string arch_;
+};
+
 // Weight bytes one decoded token reads: every dense tensor, one row of the embedding (when the output matrix is
 // separate), and n_used of n_expert of each routed-expert tensor (the expected share under uniform routing).
 double active_bytes_per_token(const gguf::GgufFile& file, const ModelConfig& config);
 
-// Fails with a one-line error for an unknown architecture, a missing required key or inconsistent values.
+// The common keys, then the architecture's own (its ArchSpec's configure). Fails with a one-line error for an unknown
+// architecture, a missing required key or inconsistent values.
 ModelConfig read_config(const gguf::GgufFile& file);
 
 }  // namespace hetmoe::model

@@ -1,13 +1,81 @@
 // DeepSeek-V2/V2-Lite/V2.5/V3/R1 and Kimi-K2 (GGUF arch "deepseek2"): multi-head latent attention (MLA) with an
 // optional low-rank query, leading dense blocks, routed plus shared experts.
 #include <algorithm>
+#include <cmath>
 
 #include "cpu_kernels/ops.h"
 #include "runtime/error.h"
 #include "runtime/model/archs.h"
+#include "runtime/model/model.h"
 
 namespace hetmoe::model {
 namespace {
+
+// expert_feed_forward_length may be a scalar or one value per layer (all equal in known files).
+int64_t expert_ff(const ConfigKeys& k) {
+  const gguf::Value* v = k.find("expert_feed_forward_length");
+  if (!v) return 0;
+  if (!v->is_array()) return k.req_int("expert_feed_forward_length");
+  int64_t ff = 0;
+  for (size_t i = 0; i < v->array_size(); ++i) {
+    int64_t x = v->array_int(i).value_or(0);
+    if (x > 0 && ff > 0 && x != ff) fail("{}: per-layer expert_feed_forward_length values differ", k.file().path());
+    if (x > 0) ff = x;
+  }
+  return ff;
+}
+
+// The MLA, expert and routing keys, and YaRN as llama.cpp's deepseek2 loader applies it.
+void configure(const ConfigKeys& k, ModelConfig& c) {
+  c.n_expert_shared = k.req_int("expert_shared_count");
+  c.n_leading_dense = k.opt_int("leading_dense_block_count", 0);
+  c.n_ff_exp = expert_ff(k);
+  c.q_lora_rank = k.opt_int("attention.q_lora_rank", 0);
+  c.kv_lora_rank = k.req_int("attention.kv_lora_rank");
+  c.qk_rope = c.rope.n_dims;
+  const int64_t key_mla = k.opt_int("attention.key_length_mla", 0);
+  const int64_t value_mla = k.opt_int("attention.value_length_mla", 0);
+  if (key_mla > 0 && value_mla > 0) {
+    c.qk_nope = key_mla - c.qk_rope;
+    c.v_head = value_mla;
+  } else {  // legacy files: key_length is nope + rope per head, value_length is v_head
+    c.qk_nope = c.head_dim_k - c.qk_rope;
+    c.v_head = c.head_dim_v;
+  }
+  k.check_positive("kv_lora_rank", c.kv_lora_rank, ConfigKeys::kMaxDim);
+  k.check_positive("qk_nope", c.qk_nope, ConfigKeys::kMaxDim);
+  k.check_positive("v_head", c.v_head, ConfigKeys::kMaxDim);
+  const int gating = static_cast<int>(k.opt_int("expert_gating_func", 1));
+  if (gating != 1 && gating != 2)
+    fail("{}: expert_gating_func {} is not supported (1 softmax, 2 sigmoid)", k.file().path(), gating);
+  c.gating = static_cast<Gating>(gating);
+  c.expert_weights_norm = k.opt_bool("expert_weights_norm", false);
+  c.expert_weights_scale = static_cast<float>(k.opt_float("expert_weights_scale", 0.0));
+  c.n_group = k.opt_int("expert_group_count", 1);
+  c.n_group_used = k.opt_int("expert_group_used_count", 1);
+  if (c.n_group < 1 || c.n_group >= std::max<int64_t>(2, c.n_expert))
+    if (c.n_group != 1) fail("{}: expert_group_count {} is out of range", k.file().path(), c.n_group);
+  if (c.n_group > 1 && (c.n_expert % c.n_group != 0 || c.n_group_used <= 0 || c.n_group_used >= c.n_group))
+    fail("{}: expert groups {}/{} do not fit {} experts", k.file().path(), c.n_group_used, c.n_group, c.n_expert);
+
+  // YaRN as llama.cpp's deepseek2 loader applies it: beta 32/1 whatever the file says, ext_factor 1, the
+  // rope magnitude kept at 1 and the whole YaRN magnitude moved into the softmax scale.
+  float factor = 1.0f;
+  if (k.opt_string("rope.scaling.type").value_or("none") == "yarn")
+    factor = static_cast<float>(k.opt_float("rope.scaling.factor", 1.0));
+  if (!(factor >= 1.0f && factor < 1e6f)) fail("{}: rope.scaling.factor {} is out of range", k.file().path(), factor);
+  const float freq_scale = 1.0f / factor;
+  const float log_mul = static_cast<float>(k.opt_float("rope.scaling.yarn_log_multiplier", 0.0));
+  c.rope.freq_scale = freq_scale;
+  c.rope.ext_factor = factor > 1.0f ? 1.0f : 0.0f;
+  c.rope.n_ctx_orig = static_cast<int>(k.opt_int("rope.scaling.original_context_length", c.n_ctx_train));
+  c.rope.beta_fast = 32.0f;
+  c.rope.beta_slow = 1.0f;
+  // ggml multiplies sin/cos by (1 + 0.1 ln factor) under YaRN; this attn_factor cancels it.
+  c.rope.attn_factor = 1.0f / (1.0f + 0.1f * std::log(1.0f / freq_scale));
+  const float mscale = 1.0f + log_mul * std::log(1.0f / freq_scale);
+  c.kq_scale = mscale * mscale / std::sqrt(static_cast<float>(c.qk_nope + c.qk_rope));
+}
 
 // One layer's attention weights, as handles of the pass's weights.
 struct MlaLayer {
@@ -156,8 +224,12 @@ class Deepseek2 final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_deepseek2(std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads) {
-  return std::make_unique<Deepseek2>(std::move(file), std::move(config), n_threads);
-}
+extern const ArchSpec kDeepseek2Arch{
+    .name = "deepseek2",
+    .configure = configure,
+    .make = [](std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads) -> std::unique_ptr<Model> {
+      return std::make_unique<Deepseek2>(std::move(file), std::move(config), n_threads);
+    },
+};
 
 }  // namespace hetmoe::model

@@ -1,4 +1,4 @@
-#include "runtime/model/gqa.h"
+#include "runtime/model/archs/gqa.h"
 
 #include <algorithm>
 

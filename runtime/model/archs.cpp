@@ -1,0 +1,23 @@
+#include "runtime/model/archs.h"
+
+namespace hetmoe::model {
+
+// The architectures this build runs, one line each (their files are in archs/).
+extern const ArchSpec kDeepseek2Arch, kQwen3MoeArch, kLlamaArch;
+namespace {
+constexpr const ArchSpec* kArchs[] = {&kDeepseek2Arch, &kQwen3MoeArch, &kLlamaArch};
+}  // namespace
+
+const ArchSpec* find_arch(std::string_view name) {
+  for (const ArchSpec* a : kArchs)
+    if (a->name == name) return a;
+  return nullptr;
+}
+
+std::string arch_names() {
+  std::string names;
+  for (const ArchSpec* a : kArchs) names += (names.empty() ? "" : ", ") + std::string(a->name);
+  return names;
+}
+
+}  // namespace hetmoe::model
