@@ -8,10 +8,7 @@ namespace {
 
 class CpuPolicy final : public Policy {
  public:
-  std::string name() const override { return "cpu"; }
-  bool dense_on_device() const override { return false; }
-  bool uses_residency() const override { return false; }
-  bool adapts_residency() const override { return false; }
+  CpuPolicy(const PolicyInfo& info, const PolicyOptions&) : Policy(info) {}
   LayerPlan plan(const LayerRouting& r, const Residency*) const override {
     LayerPlan p;
     p.layer = r.layer;
@@ -23,11 +20,7 @@ class CpuPolicy final : public Policy {
 // llama.cpp --cpu-moe: the batch, not the expert, decides.
 class StaticPolicy final : public Policy {
  public:
-  explicit StaticPolicy(const PolicyOptions& o) : o_(o) {}
-  std::string name() const override { return "static"; }
-  bool dense_on_device() const override { return true; }
-  bool uses_residency() const override { return false; }
-  bool adapts_residency() const override { return false; }
+  StaticPolicy(const PolicyInfo& info, const PolicyOptions& o) : Policy(info), o_(o) {}
   LayerPlan plan(const LayerRouting& r, const Residency*) const override {
     LayerPlan p;
     p.layer = r.layer;
@@ -44,11 +37,7 @@ class StaticPolicy final : public Policy {
 // KTransformers: a fixed set of experts on the device, a prefill threshold for the rest.
 class KtPolicy final : public Policy {
  public:
-  explicit KtPolicy(const PolicyOptions& o) : o_(o) {}
-  std::string name() const override { return "kt"; }
-  bool dense_on_device() const override { return true; }
-  bool uses_residency() const override { return true; }
-  bool adapts_residency() const override { return false; }
+  KtPolicy(const PolicyInfo& info, const PolicyOptions& o) : Policy(info), o_(o) {}
   LayerPlan plan(const LayerRouting& r, const Residency* residency) const override {
     LayerPlan p;
     p.layer = r.layer;
@@ -65,22 +54,20 @@ class KtPolicy final : public Policy {
   PolicyOptions o_;
 };
 
-// Per expert from the cost model; `split` adds the critical rows' residuals to resident experts.
+// Per expert from the cost model; split adds the critical rows' residuals to resident experts.
 class CrossoverPolicy final : public Policy {
  public:
-  CrossoverPolicy(const CostModel* cost, const ExpertShape& expert, const PolicyOptions& o, bool split)
-      : o_(o), split_(split), threshold_(o.fixed_crossover ? o.fixed_crossover : cost->crossover(o.isa, expert)) {}
-  std::string name() const override { return split_ ? "split" : "crossover"; }
-  bool dense_on_device() const override { return true; }
-  bool uses_residency() const override { return true; }
-  bool adapts_residency() const override { return true; }
+  CrossoverPolicy(const PolicyInfo& info, const CostModel* cost, const ExpertShape& expert, const PolicyOptions& o)
+      : Policy(info), o_(o), threshold_(o.fixed_crossover ? o.fixed_crossover : cost->crossover(o.isa, expert)) {}
+  bool moves() const override { return threshold_.has_value(); }
   LayerPlan plan(const LayerRouting& r, const Residency* residency) const override {
+    const bool split = traits().needs_split_model;
     LayerPlan p;
     p.layer = r.layer;
     p.dense_on_device = true;
     for (const LayerRouting::Expert& x : r.experts) {
       if (residency->resident(r.layer, x.expert) || residency->prefetched(r.layer, x.expert)) {
-        p.experts.push_back({x.expert, x.rows, split_ ? x.critical_rows : 0, Action::kGpuResident});
+        p.experts.push_back({x.expert, x.rows, split ? x.critical_rows : 0, Action::kGpuResident});
         continue;
       }
       const bool move = threshold_ && x.rows >= *threshold_;
@@ -96,16 +83,72 @@ class CrossoverPolicy final : public Policy {
 
  private:
   PolicyOptions o_;
-  bool split_;
   std::optional<int64_t> threshold_;  // nullopt: moving never pays
 };
 
+template <typename P>
+std::unique_ptr<Policy> make(const PolicyInfo& info, const CostModel*, const ExpertShape&, const PolicyOptions& o) {
+  return std::make_unique<P>(info, o);
+}
+std::unique_ptr<Policy> make_crossover(const PolicyInfo& info, const CostModel* cost, const ExpertShape& expert,
+                                       const PolicyOptions& o) {
+  return std::make_unique<CrossoverPolicy>(info, cost, expert, o);
+}
+
+// The registry: every policy, its traits and its factory, in one place.
+const std::vector<PolicyInfo>& registry() {
+  static const std::vector<PolicyInfo> all = {
+      {"cpu", "everything on the CPU", {}, make<CpuPolicy>},
+      {"static",
+       "llama.cpp --cpu-moe: dense work on the device, routed experts on the CPU; a batch of 32+ tokens moves them",
+       {.uses_device = true, .dense_on_device = true, .moves_experts = true},
+       make<StaticPolicy>},
+      {"kt",
+       "KTransformers: as static, plus a fixed set of hot experts resident on the device",
+       {.uses_device = true, .dense_on_device = true, .uses_residency = true, .moves_experts = true},
+       make<KtPolicy>},
+      {"crossover",
+       "per expert and step by the cost model: resident experts on the device, absent ones moved from the ISA's "
+       "crossover row count, the residency admitting and evicting",
+       {.uses_device = true,
+        .dense_on_device = true,
+        .uses_residency = true,
+        .adapts_residency = true,
+        .moves_experts = true,
+        .needs_crossover = true},
+       make_crossover},
+      {"split",
+       "crossover over a split model: W^Q resident on the device, W^R added on the CPU for each token's critical "
+       "experts",
+       {.uses_device = true,
+        .dense_on_device = true,
+        .uses_residency = true,
+        .adapts_residency = true,
+        .moves_experts = true,
+        .needs_crossover = true,
+        .needs_split_model = true},
+       make_crossover},
+  };
+  return all;
+}
+
 }  // namespace
 
-const std::vector<std::string>& policy_names() {
-  static const std::vector<std::string> names = {"cpu", "static", "kt", "crossover", "split"};
+const std::vector<PolicyInfo>& policies() { return registry(); }
+
+const PolicyInfo& find_policy(std::string_view name) {
+  for (const PolicyInfo& p : registry())
+    if (p.name == name) return p;
+  throw std::invalid_argument("unknown policy '" + std::string(name) + "' (use " + policy_list() + ")");
+}
+
+std::string policy_list() {
+  std::string names;
+  for (const PolicyInfo& p : registry()) names += (names.empty() ? "" : ", ") + p.name;
   return names;
 }
+
+const PolicyInfo& default_policy(bool has_device) { return find_policy(has_device ? "crossover" : "cpu"); }
 
 std::unique_ptr<Policy> make_policy(const std::string& name, const CostModel& cost, const ExpertShape& expert,
                                     const PolicyOptions& options) {
@@ -114,15 +157,12 @@ std::unique_ptr<Policy> make_policy(const std::string& name, const CostModel& co
 
 std::unique_ptr<Policy> make_policy(const std::string& name, const CostModel* cost, const ExpertShape& expert,
                                     const PolicyOptions& options) {
-  const bool known = name == "cpu" || name == "static" || name == "kt" || name == "crossover" || name == "split";
-  if (!known) throw std::invalid_argument("unknown policy '" + name + "' (use cpu, static, kt, crossover or split)");
+  const PolicyInfo& info = find_policy(name);
   if (cost) cost->tier(options.isa);  // throws for a tier the model lacks
-  if (name == "cpu" || !options.has_device) return std::make_unique<CpuPolicy>();
-  if (name == "static") return std::make_unique<StaticPolicy>(options);
-  if (name == "kt") return std::make_unique<KtPolicy>(options);
-  if (!cost && !options.fixed_crossover)
+  if (!info.traits.uses_device || !options.has_device) return std::make_unique<CpuPolicy>(registry().front(), options);
+  if (info.traits.needs_crossover && !cost && !options.fixed_crossover)
     throw std::invalid_argument("policy '" + name + "' needs a cost model (a profile) or a fixed crossover");
-  return std::make_unique<CrossoverPolicy>(cost, expert, options, name == "split");
+  return info.make(info, cost, expert, options);
 }
 
 }  // namespace hetmoe::sched

@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "scheduler/cost_model.h"
@@ -42,26 +43,59 @@ struct PolicyOptions {
   std::optional<int64_t> fixed_crossover;
 };
 
-class Policy {
- public:
-  virtual ~Policy() = default;
-  virtual std::string name() const = 0;
-  // Whether the policy keeps expert residency on the device (then plan() needs a Residency), and whether it changes
-  // it as the routing goes (observe() admissions and evictions).
-  virtual bool uses_residency() const = 0;
-  virtual bool adapts_residency() const = 0;
-  // Whether its plans put attention, norms, router, shared experts and dense FFNs on the device.
-  virtual bool dense_on_device() const = 0;
-  // The plan of one layer's step. residency: required when uses_residency(), else ignored (may be null).
-  virtual LayerPlan plan(const LayerRouting& routing, const Residency* residency) const = 0;
+// What a policy does, for the code that sets it up: the runtime reads these (never a policy's name) to decide what to
+// put on the device and what a model needs.
+struct PolicyTraits {
+  bool uses_device = false;        // it puts work on a device (every policy but cpu)
+  bool dense_on_device = false;    // attention, norms, router, shared experts and dense FFNs on the device
+  bool uses_residency = false;     // routed experts stay resident on the device (its plans need a Residency)
+  bool adapts_residency = false;   // and the residency admits and evicts as the routing goes
+  bool moves_experts = false;      // it copies absent experts to the device for a step (a batch or row threshold)
+  bool needs_crossover = false;    // its threshold comes from a cost model, or a fixed row count without one
+  bool needs_split_model = false;  // it runs a split model's W^Q on the device and adds W^R on the CPU
 };
 
-// Throws std::invalid_argument for an unknown name or an ISA tier the cost model lacks.
+class Policy;
+
+// A policy as the registry lists it.
+struct PolicyInfo {
+  std::string name;
+  std::string summary;  // one line, for --help
+  PolicyTraits traits;
+  std::unique_ptr<Policy> (*make)(const PolicyInfo& info, const CostModel* cost, const ExpertShape& expert,
+                                  const PolicyOptions& options);
+};
+
+// Every policy this build knows, in the order the help lists them (cpu, static, kt, crossover, split).
+const std::vector<PolicyInfo>& policies();
+// The registry's entry; throws std::invalid_argument naming the known policies for any other name.
+const PolicyInfo& find_policy(std::string_view name);
+// "cpu, static, kt, crossover, split".
+std::string policy_list();
+// The policy a command runs when none is named: crossover with a device, cpu without.
+const PolicyInfo& default_policy(bool has_device);
+
+class Policy {
+ public:
+  explicit Policy(const PolicyInfo& info) : info_(info) {}
+  virtual ~Policy() = default;
+  const std::string& name() const { return info_.name; }
+  const PolicyTraits& traits() const { return info_.traits; }
+  // Whether its plans can move an expert at all (crossover: only with a threshold; moving may never pay).
+  virtual bool moves() const { return traits().moves_experts; }
+  // The plan of one layer's step. residency: required when traits().uses_residency, else ignored (may be null).
+  virtual LayerPlan plan(const LayerRouting& routing, const Residency* residency) const = 0;
+
+ private:
+  const PolicyInfo& info_;
+};
+
+// Throws std::invalid_argument for an unknown name or an ISA tier the cost model lacks. Without a device
+// (options.has_device false) every policy plans as cpu.
 std::unique_ptr<Policy> make_policy(const std::string& name, const CostModel& cost, const ExpertShape& expert,
                                     const PolicyOptions& options);
 // The same where there may be no cost model (null): crossover and split then need options.fixed_crossover.
 std::unique_ptr<Policy> make_policy(const std::string& name, const CostModel* cost, const ExpertShape& expert,
                                     const PolicyOptions& options);
-const std::vector<std::string>& policy_names();
 
 }  // namespace hetmoe::sched

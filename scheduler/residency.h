@@ -58,6 +58,7 @@ class Residency {
   }
   // Keeps `layer`'s experts off the device (it cannot run their weights' types): never placed, admitted or prefetched.
   void exclude(int64_t layer);
+  bool excluded(int64_t layer) const { return excluded_.at(static_cast<size_t>(layer)) != 0; }
 
  private:
   size_t index(int64_t layer, int64_t expert) const;

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "scheduler/step.h"
+
 namespace hetmoe::sched {
 namespace {
 
@@ -39,7 +41,8 @@ class Run {
   Run(const Machine& machine, const SimModel& m, const SimOptions& o, const std::string& policy)
       : machine_(machine), cost_(machine.cost_model()), m_(m), o_(o), name_(policy) {
     isa_ = o.isa.empty() ? machine.best_tier().isa : o.isa;
-    split_ = policy == "split";
+    const PolicyTraits& traits = find_policy(policy).traits;
+    split_ = traits.needs_split_model;
     shape_.bytes = m.expert_bytes;
     shape_.device_bytes = split_ ? m.split_device_bytes : m.expert_bytes;
     shape_.residual_bytes = split_ ? m.split_residual_bytes : 0;
@@ -49,32 +52,33 @@ class Run {
     PolicyOptions po = o.policy;
     po.isa = isa_;
     po.has_device = machine.gpu.has_value();
-    po.n_layer = m.n_layer;
-    po.prefetch = std::min(po.prefetch, o.move_slots / 2);  // as the runtime: at most half the move slots
-    policy_ = make_policy(policy, cost_, shape_, po);
     // Device memory: the pass's weights and the KV cache first, then expert slots.
-    dense_on_device_ = policy_->dense_on_device() && machine.gpu;
+    dense_on_device_ = traits.dense_on_device && machine.gpu;
     if (dense_on_device_) {
       const double kv = static_cast<double>(m.n_layer * (o.prompt + o.gen) * m.kv_width) * o.kv_bytes_per_value;
       vram_ = m.n_layer * m.attention_bytes + (m.n_layer - m.n_leading_dense) * m.shared_bytes +
               m.n_leading_dense * m.dense_bytes + m.output_bytes + kv;
     }
-    if (policy_->uses_residency() && machine.gpu) {
+    int64_t slots = 0;
+    if (traits.uses_residency && machine.gpu) {
       const double room = std::max(0.0, machine.gpu->memory_bytes - o.vram_reserve_bytes - vram_);
-      int64_t slots = static_cast<int64_t>(room / shape_.device_bytes);
+      slots = static_cast<int64_t>(room / shape_.device_bytes);
       slots = std::min(slots, (m.n_layer - m.n_leading_dense) * m.n_expert);
-      if (policy == "kt" && o.kt_resident_experts >= 0) slots = std::min(slots, o.kt_resident_experts);
-      residency_.emplace(m.n_layer, m.n_expert,
-                         Residency::Options{.slots = slots, .adaptive = policy_->adapts_residency()});
+      // A fixed placement (kt) may be given its size.
+      if (!traits.adapts_residency && o.kt_resident_experts >= 0) slots = std::min(slots, o.kt_resident_experts);
       vram_ += static_cast<double>(slots) * shape_.device_bytes;
     }
+    stepper_.emplace(
+        policy, &cost_, shape_, po,
+        StepperOptions{
+            .n_layer = m.n_layer, .n_expert = m.n_expert, .move_slots = o.move_slots, .residency = {.slots = slots}});
     const std::optional<int64_t> x = cost_.crossover(isa_, shape_);
     crossover_ = x ? *x : -1;
   }
 
   // Warm start from routing counts (a warm-up trace): the hottest experts fill the slots.
   void warm_start(const std::vector<std::vector<double>>& counts) {
-    if (residency_) residency_->warm_start(counts);
+    if (stepper_->residency().slots() > 0) stepper_->residency().warm_start(counts);
   }
 
   StepCost step(RoutingSource& routing, int64_t n, int64_t ctx) {
@@ -104,7 +108,7 @@ class Run {
       }
       const RoutingStep step = routing.next(l, n);
       const LayerRouting r = layer_routing(step, m_.n_used, split_ ? o_.n_critical : 0);
-      const LayerPlan plan = policy_->plan(r, residency_ ? &*residency_ : nullptr);
+      const Stepper::Step& plan = stepper_->plan(r);
       // A prefetch copy runs during this layer's attention; what is left of it holds the link (and the prefetched
       // experts' device work) before this layer's moves.
       double cpu = 0, link = std::max(0.0, prefetching - attention), gpu_resident = 0, gpu_moved = 0;
@@ -115,7 +119,7 @@ class Run {
         cpu += dense(m_.shared_bytes, m_.shared_params, 0);
       }
       bool cpu_work = false;
-      for (const ExpertStep& s : plan.experts) {
+      for (const ExpertStep& s : plan.plan.experts) {
         switch (s.action) {
           case Action::kCpuInPlace:
             cpu += cost_.cpu_seconds(isa_, shape_, s.rows);
@@ -137,25 +141,21 @@ class Run {
             break;
         }
       }
-      // Admissions copy in the background: an admitted expert is first used at the next step, so its copy waits for
-      // the link's idle time (below) instead of holding up this layer.
-      bool admitted = false;
-      if (residency_ && policy_->adapts_residency())
-        for (const Residency::Change& ch : residency_->observe(r))
-          if (ch.admitted) {
-            background += cost_.move_seconds(shape_.device_bytes);
-            c.h2d_bytes += shape_.device_bytes;
-            admitted = true;
-          }
       double layer = std::max(cpu, std::max(gpu_resident, link) + gpu_moved);
-      background = std::max(0.0, background - (layer - link));
-      if (residency_) {
-        // The next layer's likely experts, copied while the link is idle: they run on the device at its step.
-        std::vector<int64_t> next = prefetch_after(plan, admitted || background > 0);
-        prefetching = static_cast<double>(next.size()) * cost_.move_seconds(shape_.device_bytes);
-        c.h2d_bytes += static_cast<double>(next.size()) * shape_.device_bytes;
-        residency_->set_prefetched(l + 1, std::move(next));
-      }
+      // Admissions copy in the background: an admitted expert is first used at the next step, so its copy waits for
+      // the link's idle time instead of holding up this layer. The next layer's likely experts are prefetched only
+      // over an idle link (the stepper's rule); they run on the device at its step.
+      const double idle = layer - link;
+      const Stepper::After& after = stepper_->finish(true, background - idle > 0);
+      for (const Residency::Change& ch : after.changes)
+        if (ch.admitted) {
+          background += cost_.move_seconds(shape_.device_bytes);
+          c.h2d_bytes += shape_.device_bytes;
+        }
+      background = std::max(0.0, background - idle);
+      const double prefetched = static_cast<double>(after.prefetch.size());
+      prefetching = prefetched * cost_.move_seconds(shape_.device_bytes);
+      c.h2d_bytes += prefetched * shape_.device_bytes;
       if (dense_on_device_) {
         layer += o_.host_sync_s;
         if (cpu_work) {  // the normed rows down, the CPU's part up
@@ -183,7 +183,7 @@ class Run {
                                                 (m_.expert_bytes - shape_.bytes)
                           : m_.file_bytes;
     r.vram_bytes = vram_;
-    r.resident_experts = residency_ ? residency_->used() : 0;
+    r.resident_experts = stepper_->residency().used();
     r.crossover_rows = crossover_;
     return r;
   }
@@ -196,8 +196,7 @@ class Run {
   std::string name_, isa_;
   bool split_ = false, dense_on_device_ = false;
   ExpertShape shape_;
-  std::unique_ptr<Policy> policy_;
-  std::optional<Residency> residency_;
+  std::optional<Stepper> stepper_;
   double vram_ = 0;
   int64_t crossover_ = -1;
 };

@@ -197,18 +197,22 @@ std::string spread(const PolicyResult& r, double Run::*f, double scale, int deci
 int bench(const BenchOptions& opt) {
   if (opt.prompt < 1 || opt.gen < 1) fail("--prompt and --gen must be at least 1");
   if (opt.repeat < 1) fail("--repeat must be at least 1");
-  for (const std::string& p : opt.policies)
-    if (std::find(sched::policy_names().begin(), sched::policy_names().end(), p) == sched::policy_names().end())
-      fail("unknown policy '{}' (use cpu, static, kt, crossover or split)", p);
-  const int threads = resolve_threads(opt.threads);
   // What the policies need, checked before anything is loaded.
-  const bool device_policies =
-      std::any_of(opt.policies.begin(), opt.policies.end(), [](const std::string& p) { return p != "cpu"; });
-  if (device_policies && !wants_device(opt.device))
-    fail("policies other than cpu need a device: --device emulated, or --device cuda on a machine with a GPU");
-  if (std::find(opt.policies.begin(), opt.policies.end(), "split") != opt.policies.end() &&
-      !gguf::GgufFile::open(opt.model).find(model::kSplitVersionKey))
-    fail("policy split needs a split model (hetmoe split writes one)");
+  std::vector<const sched::PolicyInfo*> infos;
+  for (const std::string& p : opt.policies) {
+    try {
+      infos.push_back(&sched::find_policy(p));
+    } catch (const std::invalid_argument& e) {
+      fail("{}", e.what());
+    }
+  }
+  const int threads = resolve_threads(opt.threads);
+  for (const sched::PolicyInfo* p : infos) {
+    if (p->traits.uses_device && !wants_device(opt.device))
+      fail("policy {} needs a device: --device emulated, or --device cuda on a machine with a GPU", p->name);
+    if (p->traits.needs_split_model && !gguf::GgufFile::open(opt.model).find(model::kSplitVersionKey))
+      fail("policy {} needs a split model (hetmoe split writes one)", p->name);
+  }
 
   // Synthetic or replayed routing: the override for the runs, and warm-up counts of the same workload (Zipf: another
   // draw of it; a trace: its own counts) for the placement.
@@ -257,7 +261,7 @@ int bench(const BenchOptions& opt) {
   for (const std::string& policy : opt.policies) {
     DeviceOptions d = device_options;
     d.policy = policy;
-    if (policy == "cpu") d.kind = "cpu";
+    if (!sched::find_policy(policy).traits.uses_device) d.kind = "cpu";
     if (!warm.empty() && opt.device.warm_trace.empty()) d.warm_counts = warm;
     m.reset();
     m = load_model(opt.model, threads, opt.critical, d);

@@ -85,32 +85,29 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
       shape = sched::ExpertShape::whole(static_cast<double>(weight_bytes(e)), e.gate.n_cols, e.gate.n_rows);
     }
   }
-  policy_name_ = placement.policy;
+  // The policy, from the scheduler's registry. Without a cost model, crossover and split move from move_rows rows
+  // (0: never).
+  const sched::PolicyInfo* info = nullptr;
+  sched::PolicyOptions po;
+  po.isa = placement.isa;
+  po.prefetch = placement.prefetch;
+  if (!placement.cost)
+    po.fixed_crossover = placement.move_rows > 0 ? placement.move_rows : std::numeric_limits<int64_t>::max();
+  bool can_move = false;
+  try {
+    info = &sched::find_policy(placement.policy);
+    if (n_expert_ > 0) can_move = sched::make_policy(placement.policy, placement.cost, shape, po)->moves();
+  } catch (const std::invalid_argument& e) {
+    fail("{}", e.what());
+  }
   // The move slots first, where experts can move: the largest routed expert the device runs, times the slots that fit
   // the budget.
-  const bool can_move = n_expert_ > 0 && (placement.policy == "static" || placement.policy == "kt" || placement.cost ||
-                                          placement.move_rows > 0);
   if (can_move && placement.move_slots > 0 && slot_bytes_ > 0) {
     const size_t n = std::min(static_cast<size_t>(placement.move_slots), budget_ / slot_bytes_);
     if (n > 0) {
       move_memory_ = device::DeviceMemory(device_, n * slot_bytes_);
       for (size_t i = 0; i < n; ++i) move_slots_.push_back(move_memory_.as<uint8_t>() + i * slot_bytes_);
-    }
-  }
-  if (n_expert_ > 0) {
-    sched::PolicyOptions po;
-    po.isa = placement.isa;
-    po.n_layer = n_layer_;
-    // Prefetches take at most half the ring.
-    po.prefetch =
-        std::min<int64_t>(std::max<int64_t>(placement.prefetch, 0), static_cast<int64_t>(move_slots_.size()) / 2);
-    // Without a cost model, crossover and split move from move_rows rows (0: never).
-    if (!placement.cost)
-      po.fixed_crossover = placement.move_rows > 0 ? placement.move_rows : std::numeric_limits<int64_t>::max();
-    try {
-      policy_ = sched::make_policy(placement.policy, placement.cost, shape, po);
-    } catch (const std::invalid_argument& e) {
-      fail("{}", e.what());
+      prefetch_slots_.resize(n);
     }
   }
   // Then, in order while they fit: the output head, dense FFNs and shared experts as given.
@@ -132,7 +129,7 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
   // Then the expert slots of the policies that keep routed experts on the device (not static), as many as the rest
   // holds, filled by the residency's warm start: the hottest of the warm-up counts (ties: layer order).
   int64_t n_slots = 0;
-  if (policy_ && policy_->uses_residency() && !full && slot_bytes_ > 0) {
+  if (n_expert_ > 0 && info->traits.uses_residency && !full && slot_bytes_ > 0) {
     int64_t eligible = 0;
     for (int64_t l = 0; l < n_layer_; ++l)
       for (int64_t e = 0; e < n_expert_ && layer_runs[static_cast<size_t>(l)]; ++e)
@@ -140,15 +137,19 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
     n_slots = std::min(static_cast<int64_t>(room / slot_bytes_), eligible);
   }
   if (n_expert_ > 0) {
-    residency_.emplace(n_layer_, n_expert_,
-                       sched::Residency::Options{.slots = n_slots,
-                                                 .max_admissions = std::max<int64_t>(placement.admissions, 0),
-                                                 .adaptive = policy_->adapts_residency() && placement.admissions > 0});
+    stepper_.emplace(placement.policy, placement.cost, shape, po,
+                     sched::StepperOptions{.n_layer = n_layer_,
+                                           .n_expert = n_expert_,
+                                           .move_slots = static_cast<int64_t>(move_slots_.size()),
+                                           .residency = {.slots = n_slots,
+                                                         .max_admissions = std::max<int64_t>(placement.admissions, 0),
+                                                         .adaptive = placement.admissions > 0}});
+    sched::Residency& residency = stepper_->residency();
     std::vector<std::vector<double>> counts(static_cast<size_t>(n_layer_),
                                             std::vector<double>(static_cast<size_t>(n_expert_)));
     const auto& warm = placement.warm_counts;
     for (int64_t l = 0; l < n_layer_; ++l) {
-      if (!layer_runs[static_cast<size_t>(l)]) residency_->exclude(l);
+      if (!layer_runs[static_cast<size_t>(l)]) residency.exclude(l);
       for (int64_t e = 0; e < n_expert_; ++e) {
         if (!routed(l, e).gate.data) continue;  // a dense layer
         const bool counted = static_cast<size_t>(l) < warm.size() && static_cast<size_t>(e) < warm[l].size();
@@ -156,7 +157,7 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
         counts[l][e] = (counted ? warm[l][e] : 0.0) + 1e-9;
       }
     }
-    residency_->warm_start(counts);
+    residency.warm_start(counts);
   }
   if (total > 0) weights_ = device::DeviceMemory(device_, total);
   size_t offset = 0;
@@ -173,7 +174,7 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
     int next = 0;
     for (int64_t l = 0; l < n_layer_; ++l)
       for (int64_t e = 0; e < n_expert_; ++e) {
-        if (!residency_->resident(l, e)) continue;
+        if (!stepper_->residency().resident(l, e)) continue;
         Slot slot = copy_expert(l, e, pool_slots_[static_cast<size_t>(next)]);
         slot.pool = next++;
         slots_[{l, e}] = slot;
@@ -208,25 +209,21 @@ void DeviceExperts::queue_move(int64_t layer, size_t j) {
   if (j >= r) device_.wait(copy_, move_done_[j - r]);  // the slot's previous expert of the step is done
   moving_[j] = copy_expert(layer, moved_[j], move_slots_[static_cast<size_t>(ring_[j % r])]);
   moves_.emplace_back(layer, moved_[j]);
-  ++traffic_.moves;
 }
 
-void DeviceExperts::after_step(const sched::LayerRouting& routing, const sched::LayerPlan& plan) {
-  const int64_t layer = routing.layer;
-  // The residency sees the step; its evictions free expert slots and its admissions fill them, on the copy stream
-  // once the device is done with the step (the experts are used from the layer's next step).
-  const std::vector<sched::Residency::Change> changes = residency_->observe(routing);
-  if (!changes.empty()) device_.wait(copy_, device_.record(compute_));
-  bool admitted = false;
-  for (const sched::Residency::Change& ch : changes) {
-    const Expert& e = routed(ch.layer, ch.expert);
-    const size_t bytes = weight_bytes(e);
+void DeviceExperts::after_step(bool executed) {
+  // The stepper's books: the residency's evictions free expert slots and its admissions fill them, on the copy stream
+  // once the device is done with the step (the experts are used from the layer's next step); then the next layer's
+  // prefetch, when the step left the link idle (earlier copies still queued keep it busy).
+  const sched::Stepper::After& after = stepper_->finish(executed, copied_ && !device_.reached(last_copy_));
+  if (!after.changes.empty() || !after.prefetch.empty()) device_.wait(copy_, device_.record(compute_));
+  for (const sched::Residency::Change& ch : after.changes) {
+    const size_t bytes = weight_bytes(routed(ch.layer, ch.expert));
     if (!ch.admitted) {
       const auto it = slots_.find({ch.layer, ch.expert});
       free_pool_.push_back(it->second.pool);
       slots_.erase(it);
       resident_bytes_ -= bytes;
-      ++traffic_.evictions;
     } else {
       const int p = free_pool_.back();
       free_pool_.pop_back();
@@ -234,21 +231,12 @@ void DeviceExperts::after_step(const sched::LayerRouting& routing, const sched::
       slot.pool = p;
       slots_[{ch.layer, ch.expert}] = slot;
       resident_bytes_ += bytes;
-      ++traffic_.admissions;
-      admitted = true;
     }
     changes_.push_back(ch);
   }
-  // The next layer's likely experts into free move slots, when this step left the link idle.
-  // (The link is busy while an earlier step's copies are still queued: a prefetch behind them would hold up the
-  // next layer.)
-  const bool link_busy = admitted || (copied_ && !device_.reached(last_copy_));
-  const std::vector<int64_t> next = sched::prefetch_after(plan, link_busy);
-  if (!next.empty()) device_.wait(copy_, device_.record(compute_));
-  for (size_t i = 0; i < next.size(); ++i) {
-    prefetched_.push_back({layer + 1, next[i], static_cast<int>(i), copy_expert(layer + 1, next[i], move_slots_[i])});
-    ++traffic_.prefetches;
-  }
+  for (const auto& [expert, slot] : after.prefetch)
+    prefetch_slots_[static_cast<size_t>(slot)] =
+        copy_expert(after.prefetch_layer, expert, move_slots_[static_cast<size_t>(slot)]);
 }
 
 bool DeviceExperts::runs(const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up,
@@ -269,21 +257,12 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   work.clear();
   thread_local cpu::ExpertBatch batch;
   batch.clear(n, nu + (w.has_shared ? 1 : 0));
-  // Prefetched experts serve their layer's next step only: this one, or none.
-  std::erase_if(prefetched_, [&](const Prefetched& p) { return p.layer != layer; });
-  auto prefetched = [&](int64_t e) {
-    return std::find_if(prefetched_.begin(), prefetched_.end(), [&](const Prefetched& p) { return p.expert == e; });
-  };
-  // The policy's plan for this step, where the layer's experts can be on the device (resident and prefetched experts
-  // run there, the rest on the CPU, whatever the plan says otherwise): the experts it moves go through the ring of
-  // move slots, the largest first (ties: lower id).
-  const bool planned =
-      policy_ && runs(w.gate_exps, w.up_exps, w.down_exps) && (!move_slots_.empty() || residency_->slots() > 0);
+  // The scheduler's step: where each routed expert runs (resident or prefetched on the device, moved through the
+  // ring of move slots, or on the CPU) and, after it, what to admit, evict and prefetch.
   thread_local sched::LayerRouting routing;
-  thread_local sched::LayerPlan plan;
-  moved_.clear();
-  ring_.clear();
-  if (planned) {
+  static const sched::Stepper::Step kAllOnCpu{};
+  const sched::Stepper::Step* step = &kAllOnCpu;
+  if (stepper_) {
     routing.layer = layer;
     routing.n_tokens = n;
     routing.experts.clear();
@@ -297,28 +276,14 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
       }
       routing.experts.push_back(x);
     }
-    std::vector<int64_t> staged;
-    for (const Prefetched& p : prefetched_) staged.push_back(p.expert);
-    residency_->set_prefetched(layer, std::move(staged));
-    plan = policy_->plan(routing, &*residency_);
-    // The ring: the move slots that no prefetched expert of this step holds.
-    for (int i = 0; i < static_cast<int>(move_slots_.size()); ++i)
-      if (std::none_of(prefetched_.begin(), prefetched_.end(), [&](const Prefetched& p) {
-            return p.move_slot == i && items.begin(p.expert) != items.end[p.expert];
-          }))
-        ring_.push_back(i);
-    for (const sched::ExpertStep& step : plan.experts)
-      if (step.action == sched::Action::kMove && !resident(layer, step.expert) &&
-          prefetched(step.expert) == prefetched_.end() && !ring_.empty())
-        moved_.push_back(step.expert);
-    std::stable_sort(moved_.begin(), moved_.end(), [&](int64_t a, int64_t b) {
-      return items.end[a] - items.begin(a) > items.end[b] - items.begin(b);
-    });
+    step = &stepper_->plan(routing);
   }
+  moved_ = step->moves;
+  ring_ = step->ring;
   // The device's experts (resident, then prefetched ones), then the moved ones; the rest on the CPU. What the CPU
   // reads and the prefetches used count once the step ran as planned.
   int64_t rows = 0, hidden = 0;
-  uint64_t cpu_bytes = 0, hits = 0;
+  uint64_t cpu_bytes = 0;
   auto add_work = [&](Work d) {
     d.row0 = rows;
     d.h0 = hidden;
@@ -331,13 +296,19 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   };
   for (int64_t e = 0; e < w.n_expert; ++e) {
     const int64_t o0 = items.begin(e), o1 = items.end[e];
-    if (o0 == o1 || std::find(moved_.begin(), moved_.end(), e) != moved_.end()) continue;
+    if (o0 == o1) continue;
     Slot* slot = nullptr;
-    if (const auto it = slots_.find({layer, e}); it != slots_.end()) {
-      slot = &it->second;
-    } else if (const auto p = prefetched(e); p != prefetched_.end()) {
-      slot = &p->slot;
-      ++hits;
+    switch (step->where(e)) {
+      case sched::Stepper::Where::kMoved:
+        continue;
+      case sched::Stepper::Where::kResident:
+        slot = &slots_.at({layer, e});
+        break;
+      case sched::Stepper::Where::kPrefetched:
+        slot = &prefetch_slots_[static_cast<size_t>(step->prefetched_slot(e))];
+        break;
+      case sched::Stepper::Where::kCpu:
+        break;
     }
     if (!slot) {
       add_routed_expert(batch, w, items, r, e, nu, n_embd);
@@ -373,7 +344,6 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   }
   if (done) {
     cpu_expert_bytes_ += cpu_bytes;
-    traffic_.prefetch_hits += hits;
   } else {
     // No room on the device for this step's rows: all of it on the CPU (the moves just copied are left unused and
     // not counted as moves).
@@ -382,12 +352,10 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
     upload_result(out, n, n_embd, io);
     const size_t copied = std::min(moved_.size(), ring_.size());
     moves_.resize(moves_.size() - copied);
-    traffic_.moves -= copied;
     for (int64_t e = 0; e < w.n_expert; ++e)
       if (items.begin(e) != items.end[e]) cpu_expert_bytes_ += routed_bytes(w, items, e, n_embd, true);
   }
-  prefetched_.clear();
-  if (planned) after_step(routing, plan);
+  if (stepper_) after_step(done);
 }
 
 void DeviceExperts::upload_result(const float* out, int64_t n, int64_t n_embd, const StepOnDevice& io) {

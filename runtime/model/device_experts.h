@@ -12,8 +12,7 @@
 #include "cpu_kernels/matmul.h"
 #include "cpu_kernels/thread_pool.h"
 #include "runtime/device/device.h"
-#include "scheduler/policies.h"
-#include "scheduler/residency.h"
+#include "scheduler/step.h"
 
 namespace hetmoe::model {
 
@@ -75,9 +74,7 @@ class DeviceExperts {
 
   // What the scheduler did since construction: experts moved for a step, admitted into and evicted from the expert
   // slots, prefetched, and prefetched experts the next step used.
-  struct Traffic {
-    uint64_t moves = 0, admissions = 0, evictions = 0, prefetches = 0, prefetch_hits = 0;
-  };
+  using Traffic = sched::Traffic;
 
   // Places the experts while the budget lasts (less the move slots) and the device runs their types: the output
   // head, dense FFNs and shared experts in the order given, in one allocation; then as many expert slots as the rest
@@ -94,13 +91,14 @@ class DeviceExperts {
   std::vector<std::pair<int64_t, int64_t>> take_moves() { return std::exchange(moves_, {}); }
   // The residency's admissions and evictions since the last call, in order; clears the record.
   std::vector<sched::Residency::Change> take_changes() { return std::exchange(changes_, {}); }
-  const Traffic& traffic() const { return traffic_; }
+  const Traffic& traffic() const { return stepper_ ? stepper_->traffic() : kNoTraffic; }
   // Routed experts the expert slots hold at most.
   int64_t expert_slots() const { return static_cast<int64_t>(pool_slots_.size()); }
   size_t resident_bytes() const { return resident_bytes_; }
   // Weight bytes the CPU streamed for routed experts (whole, or their residuals) since construction.
   uint64_t cpu_expert_bytes() const { return cpu_expert_bytes_; }
-  const std::string& policy() const { return policy_name_; }
+  // The policy the steps follow ("" for a model without routed experts).
+  std::string policy() const { return stepper_ ? stepper_->policy().name() : std::string(); }
   // Resident FFNs: routed experts, shared experts and dense FFNs.
   int64_t resident_experts() const { return static_cast<int64_t>(slots_.size()); }
   device::Device& device() const { return device_; }
@@ -143,12 +141,6 @@ class DeviceExperts {
     int move = -1;               // >= 0: the step's move number (its matrices: moving_[move])
     int64_t m() const { return o1 - o0; }
   };
-  // An expert of the next layer copied into a move slot while the link was idle.
-  struct Prefetched {
-    int64_t layer = 0, expert = 0;
-    int move_slot = 0;
-    Slot slot{};
-  };
   // The device's part of a step (`work`: experts with their items) and the CPU's (`batch`), at the same time.
   // Reserves the step's device and host buffers; false when the device memory is too full (nothing queued).
   bool reserve(int64_t rows_in, int64_t rows_out, int64_t hidden, bool residual);
@@ -161,9 +153,9 @@ class DeviceExperts {
   void queue_move(int64_t layer, size_t j);
   // Queues the copy of a routed expert's matrices to `base` on the copy stream; `filled` marks its end.
   Slot copy_expert(int64_t layer, int64_t expert, uint8_t* base);
-  // After a planned step: the residency's admissions and evictions, then the next layer's prefetch when the step left
-  // the link idle.
-  void after_step(const sched::LayerRouting& routing, const sched::LayerPlan& plan);
+  // After a planned step (executed: as planned, not fallen back to the CPU): the residency's admissions and evictions
+  // into the expert slots, then the next layer's prefetch into the move slots, as the stepper says.
+  void after_step(bool executed);
   const Expert& routed(int64_t layer, int64_t expert) const {
     return routed_[static_cast<size_t>(layer * n_expert_ + expert)];
   }
@@ -194,16 +186,16 @@ class DeviceExperts {
   std::vector<int64_t> moved_;
   std::vector<Slot> moving_;
   std::vector<device::Event> move_done_;
-  std::vector<Prefetched> prefetched_;  // for the next step of their layer
-  device::Event last_copy_{};           // the end of the last expert copy queued (when copied_)
+  std::vector<Slot> prefetch_slots_;  // [move slot]: a next-layer expert prefetched there (the stepper knows which)
+  device::Event last_copy_{};         // the end of the last expert copy queued (when copied_)
   bool copied_ = false;
-  std::string policy_name_;
-  std::unique_ptr<sched::Policy> policy_;      // null for a model without routed experts
-  std::optional<sched::Residency> residency_;  // routed experts' placement as the policy sees it
+  // The scheduler's steps and books (null for a model without routed experts): the policy, the residency that the
+  // expert slots mirror slot for slot, the moves and prefetches.
+  std::optional<sched::Stepper> stepper_;
+  static constexpr Traffic kNoTraffic{};
   uint64_t cpu_expert_bytes_ = 0;
   std::vector<std::pair<int64_t, int64_t>> moves_;
   std::vector<sched::Residency::Change> changes_;
-  Traffic traffic_;
   device::DeviceMemory x_, g_, u_, gr_, ur_, h_, y_, cpu_part_, gather_, combine_;
   // Pinned host staging of the step's rows: inputs, residual gate/up, hidden rows back, down rows back; with the
   // input and output on the device: the rows to gather, the combine's rows and weights, the CPU's part.

@@ -264,7 +264,7 @@ TEST_F(Cli, BenchComparesPoliciesOnTheEmulatedDevice) {
   expect_error(hetmoe("bench -m " + kModel.string() + " --synthetic zipf:-1"), "zipf:S");
   expect_error(hetmoe("bench -m " + kModel.string() + " --synthetic pareto"), "zipf:S");
   expect_error(hetmoe("bench -m " + kModel.string() + " --policies static --device cpu --prompt 4 --gen 1"),
-               "need a device");
+               "needs a device");
   expect_error(hetmoe("bench -m " + kModel.string() + " --policies split --device emulated --prompt 4 --gen 1"),
                "needs a split model");
 }

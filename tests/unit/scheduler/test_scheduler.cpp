@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <stdexcept>
 
@@ -14,6 +15,7 @@
 #include "scheduler/residency.h"
 #include "scheduler/routing_trace.h"
 #include "scheduler/simulator.h"
+#include "scheduler/step.h"
 
 namespace hetmoe::sched {
 namespace {
@@ -215,8 +217,8 @@ TEST_F(Policies, StaticMovesWholeBatchesOf32TokensOrMore) {
 
 TEST_F(Policies, KtKeepsItsResidentExpertsAndMovesLongPrefills) {
   auto p = make_policy("kt", cost, e, opt);
-  ASSERT_TRUE(p->uses_residency());
-  EXPECT_FALSE(p->adapts_residency());
+  ASSERT_TRUE(p->traits().uses_residency);
+  EXPECT_FALSE(p->traits().adapts_residency);
   Residency r(2, 4, {.slots = 1, .adaptive = false});
   r.warm_start({{0, 0, 9, 0}, {0, 0, 0, 0}});
   EXPECT_EQ(actions(p->plan(routing(0, 8, {{1, 8, 0, 1}, {2, 8, 0, 1}}), &r)),
@@ -277,14 +279,114 @@ TEST_F(Policies, SplitAddsResidualsForCriticalRowsOfResidentExperts) {
   EXPECT_EQ(plan.experts[0].critical_rows, 2);
 }
 
+TEST_F(Policies, TheRegistryDescribesEachPolicyByItsTraits) {
+  EXPECT_EQ(policy_list(), "cpu, static, kt, crossover, split");
+  EXPECT_FALSE(find_policy("cpu").traits.uses_device);
+  EXPECT_TRUE(find_policy("static").traits.moves_experts);
+  EXPECT_FALSE(find_policy("static").traits.uses_residency);
+  EXPECT_TRUE(find_policy("kt").traits.uses_residency);
+  EXPECT_FALSE(find_policy("kt").traits.adapts_residency);
+  EXPECT_TRUE(find_policy("crossover").traits.needs_crossover);
+  EXPECT_FALSE(find_policy("crossover").traits.needs_split_model);
+  EXPECT_TRUE(find_policy("split").traits.needs_split_model);
+  for (const PolicyInfo& info : policies()) {
+    EXPECT_EQ(make_policy(info.name, cost, e, opt)->name(), info.name);
+    EXPECT_FALSE(info.summary.empty()) << info.name;
+  }
+  EXPECT_EQ(default_policy(true).name, "crossover");
+  EXPECT_EQ(default_policy(false).name, "cpu");
+  EXPECT_THROW(find_policy("fastest"), std::invalid_argument);
+  // Crossover moves only where moving can pay: with a threshold (fixed, or the cost model's), not without.
+  PolicyOptions never = opt;
+  never.fixed_crossover = std::numeric_limits<int64_t>::max();
+  EXPECT_TRUE(make_policy("crossover", cost, e, opt)->moves());
+  const CostModel no_link = model(1e12, 1.0);  // a CPU this fast and a link this slow: moving never pays
+  EXPECT_FALSE(make_policy("crossover", no_link, e, opt)->moves());
+  EXPECT_TRUE(make_policy("static", nullptr, e, opt)->moves());
+}
+
+// A stepper over 2 layers of 4 experts with the crossover policy at a fixed threshold of 4 rows.
+Stepper crossover_stepper(int64_t move_slots, int64_t slots, int64_t prefetch = 1) {
+  PolicyOptions o;
+  o.isa = "avx2";
+  o.fixed_crossover = 4;
+  o.prefetch = prefetch;
+  return Stepper("crossover", nullptr, expert_10mb(), o,
+                 {.n_layer = 2, .n_expert = 4, .move_slots = move_slots, .residency = {.slots = slots}});
+}
+
+TEST(Stepper, MovesTheLargestExpertsFirstThroughTheRingAndCountsOnlyExecutedSteps) {
+  Stepper s = crossover_stepper(2, 1);
+  s.residency().warm_start({{0, 0, 0, 9}, {0, 0, 0, 0}});  // expert 3 of layer 0 resident
+  const Stepper::Step& step = s.plan(routing(0, 9, {{0, 4, 0, 1}, {1, 6, 0, 1}, {2, 1, 0, 1}, {3, 5, 0, 1}}));
+  EXPECT_EQ(step.moves, (std::vector<int64_t>{1, 0}));  // 6 rows, then 4; expert 2 (1 row) on the CPU
+  EXPECT_EQ(step.ring, (std::vector<int>{0, 1}));
+  EXPECT_EQ(step.where(3), Stepper::Where::kResident);
+  EXPECT_EQ(step.where(2), Stepper::Where::kCpu);
+  EXPECT_EQ(step.where(1), Stepper::Where::kMoved);
+  s.finish(/*executed=*/false, false);  // fell back to the CPU: the moves do not count
+  EXPECT_EQ(s.traffic().moves, 0u);
+  s.plan(routing(0, 9, {{0, 4, 0, 1}, {1, 6, 0, 1}}));
+  s.finish(true, false);
+  EXPECT_EQ(s.traffic().moves, 2u);
+  // Without move slots a planned move runs on the CPU.
+  Stepper none = crossover_stepper(0, 0);
+  const Stepper::Step& cpu = none.plan(routing(0, 9, {{1, 6, 0, 1}}));
+  EXPECT_TRUE(cpu.moves.empty());
+  EXPECT_EQ(cpu.where(1), Stepper::Where::kCpu);
+}
+
+TEST(Stepper, PrefetchesIntoFreeMoveSlotsOnlyOverAnIdleLinkAndRunsThemAtTheNextStep) {
+  // Prefetches take at most half the ring: 1 of 2 move slots even when 3 are asked for.
+  Stepper s = crossover_stepper(2, 1, 3);
+  s.residency().warm_start({{0, 0, 0, 0}, {0, 0, 9, 0}});
+  // Layer 1's tokens pick expert 1 (and the resident 2): it becomes likely.
+  s.plan(routing(1, 1, {{1, 1, 0, 1}, {2, 1, 0, 1}}));
+  s.finish(true, false);
+  s.plan(routing(0, 1, {{0, 1, 0, 1}}));
+  const Stepper::After& busy = s.finish(true, /*copies_pending=*/true);
+  EXPECT_TRUE(busy.prefetch.empty());  // earlier copies hold the link
+  s.plan(routing(0, 1, {{0, 1, 0, 1}}));
+  const Stepper::After& idle = s.finish(true, false);
+  EXPECT_EQ(idle.prefetch_layer, 1);
+  ASSERT_EQ(idle.prefetch.size(), 1u);
+  EXPECT_EQ(idle.prefetch[0], (std::pair<int64_t, int>{1, 0}));
+  // Layer 1's next step runs it from move slot 0; the ring keeps the other slot.
+  const Stepper::Step& next = s.plan(routing(1, 4, {{1, 1, 0, 1}, {3, 4, 0, 1}}));
+  EXPECT_EQ(next.where(1), Stepper::Where::kPrefetched);
+  EXPECT_EQ(next.prefetched_slot(1), 0);
+  EXPECT_EQ(next.ring, std::vector<int>{1});
+  EXPECT_EQ(next.moves, std::vector<int64_t>{3});
+  s.finish(true, false);
+  EXPECT_EQ(s.traffic().prefetches, 1u);
+  EXPECT_EQ(s.traffic().prefetch_hits, 1u);
+  // A prefetch serves its layer's next step only.
+  s.plan(routing(0, 1, {{0, 1, 0, 1}}));
+  s.finish(true, true);
+  EXPECT_EQ(s.plan(routing(1, 1, {{1, 1, 0, 1}})).where(1), Stepper::Where::kCpu);
+}
+
+TEST(Stepper, AnExcludedLayerRunsOnTheCpuAndKeepsNoBooks) {
+  Stepper s = crossover_stepper(2, 2);
+  s.residency().exclude(1);
+  s.residency().warm_start({{5, 0, 0, 0}, {9, 9, 0, 0}});
+  EXPECT_FALSE(s.residency().resident(1, 0));
+  const Stepper::Step& step = s.plan(routing(1, 8, {{0, 8, 0, 1}}));
+  EXPECT_EQ(step.where(0), Stepper::Where::kCpu);
+  EXPECT_TRUE(step.moves.empty());
+  const Stepper::After& after = s.finish(true, false);
+  EXPECT_TRUE(after.changes.empty());
+  EXPECT_EQ(s.residency().score(1, 0), 9.0);  // not observed
+}
+
 TEST_F(Policies, WithoutADeviceEveryPolicyPlansForTheCpu) {
   PolicyOptions none = opt;
   none.has_device = false;
-  for (const std::string& name : policy_names()) {
-    const LayerPlan plan = make_policy(name, cost, e, none)->plan(routing(0, 64, {{0, 64, 0, 1}}), nullptr);
-    EXPECT_EQ(actions(plan), std::vector<Action>{Action::kCpuInPlace}) << name;
-    EXPECT_FALSE(plan.dense_on_device) << name;
-    EXPECT_FALSE(make_policy(name, cost, e, none)->dense_on_device()) << name;
+  for (const PolicyInfo& info : policies()) {
+    const LayerPlan plan = make_policy(info.name, cost, e, none)->plan(routing(0, 64, {{0, 64, 0, 1}}), nullptr);
+    EXPECT_EQ(actions(plan), std::vector<Action>{Action::kCpuInPlace}) << info.name;
+    EXPECT_FALSE(plan.dense_on_device) << info.name;
+    EXPECT_FALSE(make_policy(info.name, cost, e, none)->traits().dense_on_device) << info.name;
   }
   EXPECT_THROW(make_policy("fastest", cost, e, opt), std::invalid_argument);
   PolicyOptions bad = opt;
