@@ -208,7 +208,7 @@ int bench(const BenchOptions& opt) {
   }
   const int threads = resolve_threads(opt.threads);
   for (const sched::PolicyInfo* p : infos) {
-    if (p->traits.uses_device && !wants_device(opt.device))
+    if (p->traits.uses_device && !engine::wants_device(opt.device))
       fail("policy {} needs a device: --device emulated, or --device cuda on a machine with a GPU", p->name);
     if (p->traits.needs_split_model && !gguf::GgufFile::open(opt.model).find(model::kSplitVersionKey))
       fail("policy {} needs a split model (hetmoe split writes one)", p->name);
@@ -256,15 +256,16 @@ int bench(const BenchOptions& opt) {
   // Each policy on a freshly loaded model (the file stays mapped by the OS cache): cpu without a device, the others
   // with the device of --device, placed and run by their plans.
   std::vector<PolicyResult> results;
-  std::unique_ptr<model::Model> m;
+  std::unique_ptr<engine::Engine> e;
   EnergyMeter energy;
   for (const std::string& policy : opt.policies) {
     DeviceOptions d = device_options;
     d.policy = policy;
     if (!sched::find_policy(policy).traits.uses_device) d.kind = "cpu";
     if (!warm.empty() && opt.device.warm_trace.empty()) d.warm_counts = warm;
-    m.reset();
-    m = load_model(opt.model, threads, opt.critical, d);
+    e.reset();
+    e = open_engine({opt.model, threads, opt.critical, d});
+    model::Model* m = &e->model();
     // Each policy meets the same routing from its start.
     std::optional<ReplacedRouting> routing;
     if (zipf)
@@ -286,7 +287,8 @@ int bench(const BenchOptions& opt) {
   if (zipf) fmt::print("routing: synthetic, Zipf s = {} (the model's outputs are not its own)\n", *zipf);
   if (trace) fmt::print("routing: replayed from {} (the model's outputs are not its own)\n", opt.trace);
   fmt::print("model {}  ({:.2f} GB file, {:.3f} GB read per decoded token), median [min-max] of {} runs\n", opt.model,
-             static_cast<double>(m->file().file_size()) / 1e9, results.front().bytes_per_token / 1e9, opt.repeat);
+             static_cast<double>(e->model().file().file_size()) / 1e9, results.front().bytes_per_token / 1e9,
+             opt.repeat);
   fmt::print("{:<9} {:>7}  {:<26} {:<24} {:<10} {:<18} {:<12}  {}\n", "policy", "threads", "prefill tok/s",
              "decode tok/s", "TTFT s", "DRAM GB/s", "roofline %", "device");
   for (const PolicyResult& r : results) {
@@ -314,7 +316,7 @@ int bench(const BenchOptions& opt) {
     if (!opt.device.profile.empty()) {
       // One routed expert of the model (its first MoE layer) against --profile's link and device.
       curves = crossover_curves(sched::load_machine(opt.device.profile),
-                                m->ffn_weights(m->config().n_leading_dense).moe.expert_shape());
+                                e->model().ffn_weights(e->model().config().n_leading_dense).moe.expert_shape());
     }
     write_svg(opt.svg, policies_svg(fmt::format("{} (measured, median of {})", opt.model, opt.repeat), bars, curves));
   }

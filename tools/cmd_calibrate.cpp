@@ -163,7 +163,7 @@ int calibrate(const CalibrateOptions& opt) {
     profile["expert_ffn"].push_back(curve);
   }
 
-  if (device::Device* d = open_device(opt.device)) profile.update(measure_device(*d, e0, c.n_embd, opt.max_rows));
+  if (const auto d = engine::open_device(opt.device)) profile.update(measure_device(*d, e0, c.n_embd, opt.max_rows));
 
   std::ofstream f(opt.out);
   f << profile.dump(2) << "\n";

@@ -108,7 +108,8 @@ class Chat {
   Chat(const ChatOptions& opt)
       : opt_(opt),
         tty_(isatty(STDIN_FILENO) && isatty(STDOUT_FILENO)),
-        model_(load_model(opt.model, resolve_threads(opt.threads), opt.critical, opt.device)),
+        engine_(open_engine({opt.model, opt.threads, opt.critical, opt.device})),
+        model_(&engine_->model()),
         tokenizer_(text::Tokenizer::from_gguf(model_->file())),
         template_(pick_template()),
         session_(*model_, opt.ctx_size > 0 ? opt.ctx_size : std::min<int64_t>(4096, model_->config().n_ctx_train)),
@@ -358,7 +359,8 @@ class Chat {
 
   ChatOptions opt_;
   bool tty_;
-  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<engine::Engine> engine_;
+  model::Model* model_;
   std::unique_ptr<text::Tokenizer> tokenizer_;
   text::ChatTemplate template_;
   engine::Session session_;

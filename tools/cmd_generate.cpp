@@ -1,14 +1,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
 
-#include "cpu_kernels/kernel_table.h"
 #include "runtime/device/device.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/sampler.h"
@@ -16,7 +14,6 @@
 #include "runtime/error.h"
 #include "runtime/model/model.h"
 #include "runtime/text/tokenizer.h"
-#include "scheduler/machine.h"
 #include "scheduler/routing_trace.h"
 #include "tools/commands.h"
 
@@ -38,103 +35,10 @@ void write_file(const std::string& path, const void* data, size_t size) {
 
 }  // namespace
 
-bool wants_device(const DeviceOptions& opt) {
-  return opt.kind != "cpu" && !(opt.kind == "auto" && device::cuda_device_count() == 0);
-}
-
-// Kept until the process ends: models refer to it.
-device::Device* open_device(const DeviceOptions& opt) {
-  static std::vector<std::unique_ptr<device::Device>> devices;
-  if (!wants_device(opt)) return nullptr;
-  if (opt.kind == "cuda" || opt.kind == "auto") {
-    devices.push_back(device::make_cuda_device(0));
-    return devices.back().get();
-  }
-  if (opt.kind != "emulated") fail("--device {}: use cpu, emulated, cuda or auto", opt.kind);
-  if (opt.memory_gb < 0 || opt.link_gb_s < 0 || opt.link_latency_us < 0)
-    fail("--device-memory, --link-gbs and --link-latency-us must not be negative");
-  device::EmulatedOptions e;
-  if (opt.memory_gb > 0) e.capacity = static_cast<size_t>(opt.memory_gb * 1e9);
-  e.link_gb_s = opt.link_gb_s;
-  e.link_latency_us = opt.link_latency_us;
-  devices.push_back(device::make_emulated_device(e));
-  return devices.back().get();
-}
-
-std::unique_ptr<model::Model> load_model(const std::string& path, int threads, const std::string& critical,
-                                         const DeviceOptions& device_opt) {
-  auto model = model::Model::load(path, threads);
-  if (device::Device* d = open_device(device_opt)) {
-    // The experts take the device's memory (--device-memory caps it) but a reserve for the step's working rows (a
-    // quarter, at most 1 GB).
-    size_t budget = d->capacity();
-    if (device_opt.memory_gb > 0) budget = std::min(budget, static_cast<size_t>(device_opt.memory_gb * 1e9));
-    if (device_opt.move_rows < 0 || device_opt.move_slots < 0 || device_opt.admissions < 0 || device_opt.prefetch < 0)
-      fail("--move-rows, --move-slots, --admissions and --prefetch must not be negative");
-    // The cost model (and its CPU tier: the one this build runs) from a profile; warm counts from a routing trace.
-    std::optional<sched::Machine> machine;
-    std::optional<sched::CostModel> cost;
-    std::string isa(cpu::isa_name(cpu::kernels().isa));
-    if (!device_opt.profile.empty()) {
-      machine = sched::load_machine(device_opt.profile);
-      if (!machine->gpu) {
-        // calibrate without --device measured no link and no device: no crossover to take.
-        fail("{}: the profile has no device; run hetmoe calibrate with --device (or use a hetmoe-hw/1 profile)",
-             device_opt.profile);
-      }
-      cost.emplace(machine->cost_model());
-      bool has = false;
-      for (const sched::CpuTier& t : cost->tiers()) has = has || t.isa == isa;
-      if (!has) isa = machine->best_tier().isa;
-    }
-    std::vector<std::vector<double>> warm = device_opt.warm_counts;
-    if (!device_opt.warm_trace.empty()) warm = sched::RoutingTrace::load(device_opt.warm_trace).counts();
-    model->attach_device(*d,
-                         {.budget_bytes = budget - std::min(budget / 4, size_t{1} << 30),
-                          .move_rows = device_opt.move_rows,
-                          .move_slots = device_opt.move_slots,
-                          .policy = device_opt.policy,
-                          .cost = cost ? &*cost : nullptr,
-                          .isa = isa,
-                          .warm_counts = std::move(warm),
-                          .admissions = device_opt.admissions,
-                          .prefetch = device_opt.prefetch},
-                         !device_opt.host_pass);
-    const model::DeviceExperts& on = *model->device_experts();
-    if (model->pass_on_device())
-      fmt::print(stderr,
-                 "device: {}: forward pass there (norms, attention, routers: {:.1f} MB; KV cache there when it fits)\n",
-                 d->name(), static_cast<double>(model->pass_device_bytes()) / 1e6);
-    else if (!device_opt.host_pass)
-      fmt::print(stderr, "device: {}: forward pass on the CPU (the device lacks room or a kernel for its weights)\n",
-                 d->name());
-    fmt::print(
-        stderr,
-        "device: {}: {} weight sets resident (output head, dense FFNs, shared and routed experts{}), {:.1f} MB\n",
-        d->name(), on.resident_experts(), model->split() ? " as W^Q" : "",
-        static_cast<double>(on.resident_bytes()) / 1e6);
-    if (on.expert_slots() > 0 || on.move_slots() > 0)
-      fmt::print(stderr, "device: {}: policy {}: {} expert slots, {} move slots\n", d->name(), on.policy(),
-                 on.expert_slots(), on.move_slots());
-    if (on.resident_experts() == 0 && !model->split())
-      fmt::print(stderr,
-                 "device: {}: no expert weights there (no room, or types it has no kernel for); a split model (hetmoe "
-                 "split) puts the experts' small W^Q there\n",
-                 d->name());
-  }
-  if (critical.empty()) return model;
-  if (!model->split()) fail("--critical {}: {} is not a split model (hetmoe split writes one)", critical, path);
-  if (critical == "all") {
-    model->set_critical(-1);
-    return model;
-  }
-  // A count above the experts per token means all of them (the same --critical 4 serves every model).
-  int64_t n = -1;
-  const auto [end, ec] = std::from_chars(critical.data(), critical.data() + critical.size(), n);
-  if (ec != std::errc() || end != critical.data() + critical.size() || n < 0)
-    fail("--critical {}: use a count of experts (0 or more) or 'all'", critical);
-  model->set_critical(std::min(n, model->config().n_expert_used));
-  return model;
+std::unique_ptr<engine::Engine> open_engine(const engine::EngineOptions& options) {
+  std::unique_ptr<engine::Engine> e = engine::Engine::open(options);
+  for (const std::string& note : e->notes()) fmt::print(stderr, "{}\n", note);
+  return e;
 }
 
 std::vector<int32_t> parse_token_list(const std::string& text) {
@@ -161,7 +65,8 @@ std::vector<int32_t> parse_token_list(const std::string& text) {
 }
 
 int logits(const LogitsOptions& opt) {
-  auto model = load_model(opt.model, resolve_threads(opt.threads), opt.critical, opt.device);
+  const auto engine = open_engine({opt.model, opt.threads, opt.critical, opt.device});
+  model::Model* model = &engine->model();
   const int64_t n = static_cast<int64_t>(opt.tokens.size());
   model::KvCache cache = model->make_cache(std::min<int64_t>(n, model->config().n_ctx_train));
   std::vector<float> out;
@@ -212,7 +117,8 @@ class RoutingWriter final : public model::RoutingObserver {
 }  // namespace
 
 int run(const RunOptions& opt) {
-  auto model = load_model(opt.model, resolve_threads(opt.threads), opt.critical, opt.device);
+  const auto engine = open_engine({opt.model, opt.threads, opt.critical, opt.device});
+  model::Model* model = &engine->model();
   const model::ModelConfig& c = model->config();
   if (opt.n_predict < 0) fail("-n must not be negative");
   std::unique_ptr<RoutingWriter> routing;

@@ -57,7 +57,8 @@ int kl(const KlOptions& opt) {
   fmt::print("base {}\nmodel {}\ntokens: {} ({})\n", opt.base, opt.model, n, source);
   fmt::print("{:<10} {:>12} {:>12} {:>12} {:>10}\n", "critical", "mean KL", "p99 KL", "max KL", "top-1 same");
   for (const std::string& critical : opt.critical) {
-    auto m = load_model(opt.model, threads, critical);
+    const auto engine = engine::Engine::open({opt.model, threads, critical, {}});
+    model::Model* m = &engine->model();
     if (m->config().n_vocab != n_vocab)
       fail("{}: vocabulary of {} tokens, the base has {}", opt.model, m->config().n_vocab, n_vocab);
     const std::vector<float> got = all_logits(*m, tokens);

@@ -6,29 +6,14 @@
 #include <vector>
 
 #include "cpu_kernels/thread_pool.h"
+#include "runtime/engine/engine.h"
 #include "runtime/engine/sampler.h"
 #include "runtime/model/model.h"
 #include "tools/split_model.h"
 
 namespace hetmoe::cli {
 
-// Where the routed experts run: "cpu", "emulated" (a GPU stand-in in host memory), "cuda", or "auto" (cuda when this
-// build has it and a GPU is present, else cpu).
-struct DeviceOptions {
-  std::string kind = "auto";
-  double memory_gb = 0;              // emulated: its capacity (default 24 GB); any device: the experts' budget
-  double link_gb_s = 0;              // emulated: throttle copies to this host-device bandwidth (0: no throttle)
-  double link_latency_us = 0;        // emulated: and this latency per copy
-  int64_t move_rows = 32;            // experts not resident but with this many rows in a step are copied in (0: never)
-  int move_slots = 2;                // the ring the moved (and prefetched) experts go through
-  int64_t admissions = 1;            // crossover, split: experts the residency cache may admit per step (0: none)
-  int64_t prefetch = 1;              // crossover, split: next-layer experts prefetched over an idle link per step
-  bool host_pass = false;            // norms, attention, routers and the KV cache stay on the CPU
-  std::string policy = "crossover";  // the scheduler's policy for routed experts (static, kt, crossover, split)
-  std::string profile{};             // a machine profile for the cost model (calibrate's or hetmoe-hw/1)
-  std::string warm_trace{};          // a routing trace whose counts place the routed experts
-  std::vector<std::vector<double>> warm_counts{};  // or these counts (bench's synthetic routing)
-};
+using engine::DeviceOptions;
 
 struct InspectOptions {
   std::string model;
@@ -152,16 +137,8 @@ int tokenize(const TokenizeOptions& opt);
 
 // Thread count for 0 = "all cores".
 using cpu::resolve_threads;
-// Loads a model; `critical` ("", a count, or "all") sets how many of each token's experts add their residual in a
-// split model, and is an error for a model that is not split.
-// With a device other than the CPU, the routed experts go there as far as its memory lets them (the device lives
-// until the process ends); a note on stderr says which device and how much of the model it holds.
-// Whether the options ask for a device: not cpu, and not auto on a machine without a GPU.
-bool wants_device(const DeviceOptions& opt);
-// The device a command asked for (null when !wants_device), kept until the process ends.
-device::Device* open_device(const DeviceOptions& opt);
-std::unique_ptr<model::Model> load_model(const std::string& path, int threads, const std::string& critical,
-                                         const DeviceOptions& device = {});
+// Opens a model through the engine and prints on stderr what opening decided (which device, what it holds).
+std::unique_ptr<engine::Engine> open_engine(const engine::EngineOptions& options);
 // "3,17,42" or "3 17 42" to ids; fails on anything else.
 std::vector<int32_t> parse_token_list(const std::string& text);
 

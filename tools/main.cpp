@@ -7,6 +7,7 @@
 #include <new>
 
 #include "runtime/error.h"
+#include "scheduler/policies.h"
 #include "tools/commands.h"
 #include "tools/make_model.h"
 
@@ -44,8 +45,10 @@ void add_device(CLI::App* cmd, cli::DeviceOptions* d) {
                   "crossover, split: next-layer experts copied in per step while the link is idle (at most half "
                   "the move slots)")
       ->capture_default_str();
-  cmd->add_option("--policy", d->policy, "offload policy for routed experts: static, kt, crossover, split")
-      ->capture_default_str();
+  cmd->add_option(
+      "--policy", d->policy,
+      "offload policy for routed experts: " + sched::policy_list() +
+          " (default: crossover with a device, cpu without; a device policy with --device cpu is an error)");
   cmd->add_option("--profile", d->profile,
                   "machine profile for the crossover (hetmoe calibrate's, or a hetmoe-hw/1 file); "
                   "without one, --move-rows is the threshold");
@@ -106,7 +109,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   c_simulate->add_option("--type", simulate.type, "its file type")->capture_default_str();
   c_simulate->add_option("--layers", simulate.layers, "blocks (default: the real model's depth)");
-  c_simulate->add_option("--policies", simulate.policies, "cpu, static, kt, crossover, split")->delimiter(',');
+  c_simulate->add_option("--policies", simulate.policies, sched::policy_list())->delimiter(',');
   c_simulate->add_option("--prompt", simulate.prompt, "prompt tokens")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -205,7 +208,7 @@ int main(int argc, char** argv) {
       "bench",
       "offload policies side by side: prefill and decode speed, time to first token, bytes moved, DRAM roofline");
   c_bench->add_option("-m,--model", bench.model, "GGUF file")->required();
-  c_bench->add_option("--policies", bench.policies, "offload policies to compare: cpu, static, kt, crossover, split")
+  c_bench->add_option("--policies", bench.policies, "offload policies to compare: " + sched::policy_list())
       ->delimiter(',');
   c_bench->add_option("--prompt", bench.prompt, "prefill tokens")->check(CLI::PositiveNumber);
   c_bench->add_option("--gen", bench.gen, "decoded tokens")->check(CLI::PositiveNumber);
