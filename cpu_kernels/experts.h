@@ -10,7 +10,7 @@
 namespace hetmoe::cpu {
 
 // One SwiGLU expert: down(silu(gate x) * up x). gate and up are [n_ff, n_embd], down is [n_embd, n_ff].
-// A split expert (issue 5) run with its residual adds each residual matrix's product to its part's:
+// A split expert run with its residual adds each residual matrix's product to its part's:
 // gate x = gate.x + gate_r.x, and likewise for up and down (residual matrices of the same shapes).
 struct ExpertFfn {
   WeightMatrix gate, up, down;

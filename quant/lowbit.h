@@ -1,6 +1,6 @@
 #pragma once
 
-// W^Q, the low-bit part of a split expert weight (issue 5): the copy that lives on the GPU. Each row is cut into
+// W^Q, the low-bit part of a split expert weight: the copy that lives on the GPU. Each row is cut into
 // groups of 64 or 128 values; every value is stored in b = 2, 3 or 4 bits as q in [0, 2^b - 1] and read back as
 // d * q + m, with an fp16 scale d and an fp16 offset m per group. The types are GgmlType::HQ<b>_G<group>, ids
 // outside ggml's range, and only hetmoe's split files hold them.

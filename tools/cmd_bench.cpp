@@ -15,6 +15,7 @@
 #include "cpu_kernels/bandwidth.h"
 #include "cpu_kernels/kernel_table.h"
 #include "runtime/device/device.h"
+#include "runtime/device/energy.h"
 #include "runtime/engine/session.h"
 #include "runtime/error.h"
 #include "runtime/gguf/reader.h"
@@ -25,11 +26,13 @@
 #include "scheduler/policies.h"
 #include "scheduler/routing_trace.h"
 #include "tools/commands.h"
-#include "tools/energy.h"
 #include "tools/svg_report.h"
 
 namespace hetmoe::cli {
 namespace {
+
+using device::EnergyMeter;
+using device::modelled_joules_per_token;
 
 std::string cpu_model_name() {
   std::ifstream f("/proc/cpuinfo");

@@ -23,12 +23,14 @@
 #include "runtime/error.h"
 #include "runtime/model/model.h"
 #include "runtime/text/chat_template.h"
+#include "runtime/text/think_filter.h"
 #include "runtime/text/tokenizer.h"
 #include "tools/commands.h"
-#include "tools/think_filter.h"
 
 namespace hetmoe::cli {
 namespace {
+
+using text::ThinkFilter;
 
 std::atomic<bool> g_interrupt{false};
 

@@ -8,12 +8,12 @@
 
 #include "quant/lowbit.h"
 #include "runtime/error.h"
+#include "runtime/model/make_model.h"
+#include "runtime/model/split_writer.h"
 #include "scheduler/machine.h"
 #include "scheduler/routing_trace.h"
 #include "scheduler/simulator.h"
 #include "tools/commands.h"
-#include "tools/make_model.h"
-#include "tools/split_model.h"
 #include "tools/svg_report.h"
 
 namespace hetmoe::cli {

@@ -1,16 +1,24 @@
-// hetmoe split: a model's routed experts as a low-bit GPU part W^Q and a CPU residual W^R (issue 5).
+// hetmoe split: a model's routed experts as a low-bit GPU part W^Q and a CPU residual W^R.
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <optional>
 
 #include "quant/ggml_type.h"
+#include "runtime/model/split_writer.h"
 #include "tools/commands.h"
-#include "tools/split_model.h"
+#include "tools/progress.h"
 
 namespace hetmoe::cli {
 
 int split(const SplitOptions& opt, bool report) {
-  const std::vector<SplitTensorReport> tensors = split_model(opt, stderr);
+  std::optional<ProgressBar> bar;
+  const std::vector<SplitTensorReport> tensors =
+      split_model(opt, [&](double done, double total, const std::string& tensor) {
+        if (!bar) bar.emplace(stderr, total, "split");
+        bar->update(done, tensor);
+      });
+  if (bar) bar->finish();
   fmt::print("wrote {}: {} expert tensors split into W^Q and W^R\n", opt.out, tensors.size());
   if (!report) return 0;
   fmt::print("{:<32} {:<7} {:<9} {:<6} {:>14} {:>14}\n", "tensor", "source", "W^Q", "W^R", "err W^Q", "err W^Q+W^R");

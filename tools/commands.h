@@ -9,7 +9,7 @@
 #include "runtime/engine/engine.h"
 #include "runtime/engine/sampler.h"
 #include "runtime/model/model.h"
-#include "tools/split_model.h"
+#include "runtime/model/split_writer.h"
 
 namespace hetmoe::cli {
 

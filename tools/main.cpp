@@ -7,9 +7,9 @@
 #include <new>
 
 #include "runtime/error.h"
+#include "runtime/model/make_model.h"
 #include "scheduler/policies.h"
 #include "tools/commands.h"
-#include "tools/make_model.h"
 
 namespace {
 
@@ -289,7 +289,10 @@ int main(int argc, char** argv) {
     if (c_tokenize->parsed()) return cli::tokenize(tokenize);
     if (c_make->parsed()) {
       make.threads = cli::resolve_threads(make_threads);
-      make_model(make, stderr);
+      make_model(make, [](const std::string& line) {
+        fmt::print(stderr, "{}\n", line);
+        std::fflush(stderr);
+      });
       return 0;
     }
   } catch (const std::bad_alloc&) {

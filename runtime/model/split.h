@@ -5,7 +5,7 @@
 
 namespace hetmoe::model {
 
-// A split model file (hetmoe split, issue 5): each routed expert tensor "blk.N.ffn_X_exps.weight" of the source is
+// A split model file (hetmoe split): each routed expert tensor "blk.N.ffn_X_exps.weight" of the source is
 // replaced by its low-bit GPU part W^Q ("blk.N.ffn_X_exps.wq", an HQ type of quant/lowbit.h) and its residual W^R
 // ("blk.N.ffn_X_exps.wr", a CPU dot-product format), so that W ~ deq(W^Q) + deq(W^R). Every other tensor and
 // metadata key is the source's; these keys record the split:

@@ -18,7 +18,7 @@
 #include "tests/support/compare.h"
 #include "tests/support/device_checks.h"
 #include "tests/support/temp_dir.h"
-#include "tools/split_model.h"
+#include "runtime/model/split_writer.h"
 
 namespace hetmoe::device {
 namespace {

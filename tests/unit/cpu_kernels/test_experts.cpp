@@ -189,7 +189,7 @@ TEST(Experts, BatchedExecutorEqualsPerItemMatmulsAndOrderedSums) {
   }
 }
 
-// A split expert with its residual (issue 5): gate, up and down each add the residual matrix's product to the
+// A split expert with its residual: gate, up and down each add the residual matrix's product to the
 // low-bit part's, before the SiLU and before the weighted sum. Checked against that composition done with
 // separate matmuls (the same dot products, added in the same order), for 1 token and for 6 (row path either way).
 TEST(Experts, ResidualAddsToEachPartsProduct) {

@@ -17,12 +17,12 @@
 #include "runtime/gguf/reader.h"
 #include "runtime/gguf/writer.h"
 #include "runtime/model/config.h"
+#include "runtime/model/make_model.h"
 #include "runtime/model/model.h"
 #include "runtime/model/moe.h"
 #include "runtime/model/trace.h"
 #include "tests/support/compare.h"
 #include "tests/support/temp_dir.h"
-#include "tools/make_model.h"
 
 namespace hetmoe {
 namespace {

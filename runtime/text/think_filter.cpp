@@ -1,8 +1,8 @@
-#include "tools/think_filter.h"
+#include "runtime/text/think_filter.h"
 
 #include <algorithm>
 
-namespace hetmoe::cli {
+namespace hetmoe::text {
 
 std::string ThinkFilter::emit(std::string_view text) const {
   if (text.empty() || !inside_) return std::string(text);
@@ -48,4 +48,4 @@ std::string ThinkFilter::flush() {
   return out;
 }
 
-}  // namespace hetmoe::cli
+}  // namespace hetmoe::text

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace hetmoe::cli {
+namespace hetmoe::device {
 
 class EnergyMeter {
  public:
@@ -44,4 +44,4 @@ class EnergyMeter {
 double modelled_joules_per_token(int threads, double seconds_per_token, double dram_bytes_per_token);
 inline constexpr const char* kModelledEnergy = "modelled: 7 W per busy core + 5 W uncore + 60 pJ per DRAM byte";
 
-}  // namespace hetmoe::cli
+}  // namespace hetmoe::device

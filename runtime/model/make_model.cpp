@@ -1,4 +1,4 @@
-#include "tools/make_model.h"
+#include "runtime/model/make_model.h"
 
 #include <algorithm>
 #include <array>
@@ -15,7 +15,7 @@
 #include "quant/ref.h"
 #include "runtime/error.h"
 #include "runtime/gguf/writer.h"
-#include "tools/bpe_vocab.h"
+#include "runtime/text/bpe_vocab.h"
 
 namespace hetmoe {
 namespace {
@@ -338,34 +338,32 @@ ModelPlan plan_model(const MakeModelOptions& opt) {
   return plan;
 }
 
-void make_model(const MakeModelOptions& opt, std::FILE* progress) {
+void make_model(const MakeModelOptions& opt, const std::function<void(const std::string& line)>& log) {
   if (opt.out_path.empty()) fail("make-model: no output path given");
   const auto start = std::chrono::steady_clock::now();
   ModelPlan plan = plan_model(opt);
   const int threads = cpu::resolve_threads(opt.threads);
-  if (progress)
-    fmt::print(progress, "{} {}: {} blocks ({} dense), {:.3f} B parameters, {:.1f} MB of tensor data, seed {}\n",
-               plan.preset->name, plan.file_type->name, plan.n_layer, plan.n_leading_dense, plan.n_params() * 1e-9,
-               plan.data_bytes() / 1e6, plan.seed);
+  if (log)
+    log(fmt::format("{} {}: {} blocks ({} dense), {:.3f} B parameters, {:.1f} MB of tensor data, seed {}",
+                    plan.preset->name, plan.file_type->name, plan.n_layer, plan.n_leading_dense, plan.n_params() * 1e-9,
+                    plan.data_bytes() / 1e6, plan.seed));
 
   gguf::GgufWriter writer;
   for (auto& [key, value] : plan.metadata) writer.set(key, std::move(value));
   const size_t n_tensors = plan.tensors.size();
   for (size_t i = 0; i < n_tensors; ++i) {
     const PlannedTensor& t = plan.tensors[i];
-    writer.add_tensor(t.name, t.type, t.ne, [&t, i, n_tensors, &plan, threads, progress](std::span<uint8_t> out) {
+    writer.add_tensor(t.name, t.type, t.ne, [&t, i, n_tensors, &plan, threads, &log](std::span<uint8_t> out) {
       fill_tensor(t, plan.seed, threads, out);
-      if (progress) {
-        fmt::print(progress, "[{:>4}/{}] {:<32} {:<6} {:<20} {:>10.2f} MB\n", i + 1, n_tensors, t.name,
-                   quant::type_info(t.type).name, shape_string(t.ne), t.nbytes() / 1e6);
-        std::fflush(progress);
-      }
+      if (log)
+        log(fmt::format("[{:>4}/{}] {:<32} {:<6} {:<20} {:>10.2f} MB", i + 1, n_tensors, t.name,
+                        quant::type_info(t.type).name, shape_string(t.ne), t.nbytes() / 1e6));
     });
   }
   writer.write(opt.out_path);
-  if (progress) {
+  if (log) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    fmt::print(progress, "wrote {} ({} tensors) in {:.1f} s\n", opt.out_path, n_tensors, secs);
+    log(fmt::format("wrote {} ({} tensors) in {:.1f} s", opt.out_path, n_tensors, secs));
   }
 }
 

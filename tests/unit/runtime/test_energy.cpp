@@ -5,10 +5,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "runtime/device/energy.h"
 #include "tests/support/temp_dir.h"
-#include "tools/energy.h"
 
-namespace hetmoe::cli {
+namespace hetmoe::device {
 namespace {
 
 namespace fs = std::filesystem;
@@ -45,4 +45,4 @@ TEST(Energy, NothingReadableMeansTheModelledFigure) {
 }
 
 }  // namespace
-}  // namespace hetmoe::cli
+}  // namespace hetmoe::device

@@ -1,4 +1,4 @@
-#include "tools/bpe_vocab.h"
+#include "runtime/text/bpe_vocab.h"
 
 #include <algorithm>
 #include <map>

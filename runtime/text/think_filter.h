@@ -3,7 +3,7 @@
 #include <string>
 #include <string_view>
 
-namespace hetmoe::cli {
+namespace hetmoe::text {
 
 // Shows a reasoning model's <think>...</think> block dimmed, plainly or not at all, on streamed text whose
 // markers may arrive split across tokens: a possible start of a marker is held back until it is decided.
@@ -26,4 +26,4 @@ class ThinkFilter {
   std::string pending_;
 };
 
-}  // namespace hetmoe::cli
+}  // namespace hetmoe::text

@@ -1,4 +1,4 @@
-#include "tools/model_presets.h"
+#include "runtime/model/presets.h"
 
 #include <array>
 

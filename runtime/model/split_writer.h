@@ -1,7 +1,7 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,8 +35,9 @@ struct SplitTensorReport {
 // dot-product format), every other tensor and key is copied, and the split's formats are recorded in metadata.
 // Streams tensor by tensor. Refuses (hetmoe::Error) an unreadable or damaged input, an architecture hetmoe does not
 // know, a model without routed experts, a file that is already split, rows the group does not divide, weights
-// that are not finite, and an output path equal to the input. Progress (a bar with throughput and time left) goes
-// to `progress` when not null.
-std::vector<SplitTensorReport> split_model(const SplitOptions& opt, std::FILE* progress);
+// that are not finite, and an output path equal to the input. `progress` (when set) hears of every tensor written:
+// the source bytes done of the total, and the tensor's name.
+using SplitProgress = std::function<void(double done, double total, const std::string& tensor)>;
+std::vector<SplitTensorReport> split_model(const SplitOptions& opt, const SplitProgress& progress = {});
 
 }  // namespace hetmoe

@@ -1,4 +1,4 @@
-#include "tools/split_model.h"
+#include "runtime/model/split_writer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,7 +13,6 @@
 #include "runtime/gguf/reader.h"
 #include "runtime/gguf/writer.h"
 #include "runtime/model/config.h"
-#include "tools/progress.h"
 
 namespace hetmoe {
 namespace {
@@ -87,7 +86,7 @@ GgmlType residual_type(int residual_bits, int64_t n) {
   }
 }
 
-std::vector<SplitTensorReport> split_model(const SplitOptions& opt, std::FILE* progress) {
+std::vector<SplitTensorReport> split_model(const SplitOptions& opt, const SplitProgress& progress) {
   const auto gpu_type = quant::lowbit_type({.bits = opt.gpu_bits, .group = opt.group});
   if (!gpu_type)
     fail("--gpu-bits {} with --group {}: use 2, 3 or 4 bits in groups of 64 or 128", opt.gpu_bits, opt.group);
@@ -124,16 +123,19 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, std::FILE* p
   }
   if (n_split == 0) fail("{}: no routed expert tensors (blk.N.ffn_*_exps.weight) found", opt.model);
 
-  ProgressBar bar(progress, total, "split");
+  auto advance = [&](double bytes, const std::string& tensor) {
+    done += bytes;
+    if (progress) progress(done, total, tensor);
+  };
   std::vector<uint8_t> last_gpu_part;  // the W^Q just written, for its residual
   std::vector<SplitTensorReport> report;
   report.reserve(n_split);
   for (const gguf::TensorInfo& t : in.tensors()) {
     const std::vector<int64_t> ne(t.ne.begin(), t.ne.begin() + t.n_dims);
     if (!is_routed_expert_tensor(t.name)) {
-      writer.add_tensor(t.name, t.type, ne, [&t, &bar, &done](std::span<uint8_t> out) {
+      writer.add_tensor(t.name, t.type, ne, [&t, &advance](std::span<uint8_t> out) {
         std::copy(t.data, t.data + t.nbytes, out.data());
-        bar.update(done += static_cast<double>(t.nbytes), t.name);
+        advance(static_cast<double>(t.nbytes), t.name);
       });
       continue;
     }
@@ -153,7 +155,7 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, std::FILE* p
         }
       });
       last_gpu_part.assign(out.begin(), out.end());
-      bar.update(done += static_cast<double>(t.nbytes), split_gpu_name(t.name));
+      advance(static_cast<double>(t.nbytes), split_gpu_name(t.name));
     });
     // W^R: the residual W - deq(W^Q) in the residual's type, and the errors.
     writer.add_tensor(split_residual_name(t.name), res_type, ne,
@@ -182,11 +184,10 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, std::FILE* p
                         SplitTensorReport& rep = report[index];
                         rep.gpu_error = sums.weight > 0 ? std::sqrt(sums.gpu / sums.weight) : 0;
                         rep.combined_error = sums.weight > 0 ? std::sqrt(sums.combined / sums.weight) : 0;
-                        bar.update(done += static_cast<double>(t.nbytes), split_residual_name(t.name));
+                        advance(static_cast<double>(t.nbytes), split_residual_name(t.name));
                       });
   }
   writer.write(opt.out);
-  bar.finish();
   return report;
 }
 

@@ -1,4 +1,4 @@
-#include "tools/energy.h"
+#include "runtime/device/energy.h"
 
 #include <dlfcn.h>
 #include <fmt/format.h>
@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
-namespace hetmoe::cli {
+namespace hetmoe::device {
 namespace {
 
 // NVML's C API as far as bench uses it (the driver's library is opened at run time, never linked).
@@ -90,4 +90,4 @@ double modelled_joules_per_token(int threads, double seconds_per_token, double d
   return (7.0 * threads + 5.0) * seconds_per_token + 60e-12 * dram_bytes_per_token;
 }
 
-}  // namespace hetmoe::cli
+}  // namespace hetmoe::device

@@ -1,4 +1,4 @@
-#include "tools/file_types.h"
+#include "runtime/model/file_types.h"
 
 #include <array>
 #include <cctype>

@@ -20,11 +20,11 @@
 #include "runtime/error.h"
 #include "runtime/gguf/reader.h"
 #include "runtime/gguf/writer.h"
+#include "runtime/model/make_model.h"
 #include "runtime/model/model.h"
 #include "runtime/model/split.h"
+#include "runtime/model/split_writer.h"
 #include "tests/support/temp_dir.h"
-#include "tools/make_model.h"
-#include "tools/split_model.h"
 
 namespace hetmoe {
 namespace {

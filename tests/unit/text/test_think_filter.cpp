@@ -3,9 +3,9 @@
 #include <string>
 #include <vector>
 
-#include "tools/think_filter.h"
+#include "runtime/text/think_filter.h"
 
-namespace hetmoe::cli {
+namespace hetmoe::text {
 namespace {
 
 // Feeds the text in chunks of every size from 1 to its length: markers split anywhere must still be found.
@@ -34,4 +34,4 @@ TEST(ThinkFilter, StartsInsideWhenThePromptOpenedTheBlock) {
 }
 
 }  // namespace
-}  // namespace hetmoe::cli
+}  // namespace hetmoe::text

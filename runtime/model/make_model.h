@@ -1,7 +1,7 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -9,8 +9,8 @@
 
 #include "quant/ggml_type.h"
 #include "runtime/gguf/value.h"
-#include "tools/file_types.h"
-#include "tools/model_presets.h"
+#include "runtime/model/file_types.h"
+#include "runtime/model/presets.h"
 
 namespace hetmoe {
 
@@ -61,10 +61,10 @@ struct ModelPlan {
 // Fails (hetmoe::Error) on an unknown preset or type and on a block count outside 1..preset.max_layers.
 ModelPlan plan_model(const MakeModelOptions& opt);
 
-// Plans and writes the model. `progress` gets one line per tensor and a summary; nullptr keeps it silent.
+// Plans and writes the model. `log` (when set) gets one line per tensor and a summary.
 // Memory: the GGUF writer holds one tensor's bytes (the largest is an expert tensor: 2.1 GB for deepseek-v3 at
 // Q4_K_M); the weights are generated and converted row by row into it, `threads` rows at a time.
-void make_model(const MakeModelOptions& opt, std::FILE* progress);
+void make_model(const MakeModelOptions& opt, const std::function<void(const std::string& line)>& log = {});
 
 std::vector<std::string> preset_names();
 std::vector<std::string> file_type_names();

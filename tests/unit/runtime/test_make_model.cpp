@@ -17,9 +17,9 @@
 
 #include "runtime/error.h"
 #include "runtime/gguf/reader.h"
-#include "tools/bpe_vocab.h"
-#include "tools/file_types.h"
-#include "tools/make_model.h"
+#include "runtime/model/file_types.h"
+#include "runtime/model/make_model.h"
+#include "runtime/text/bpe_vocab.h"
 
 namespace hetmoe {
 namespace {
