@@ -8,8 +8,12 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "gpu_kernels/gpu.h"
+#include "quant/blocks.h"
+#include "quant/ggml_type.h"
+#include "quant/lowbit.h"
 
 namespace hetmoe::gpu {
 namespace {
@@ -27,16 +31,6 @@ cudaStream_t stream_of(Stream s) { return static_cast<cudaStream_t>(s); }
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kTokensPerPass = 8;  // activation rows one warp carries at once
-
-// Code j (0..31) of one 32-value unit of the low-bit layout (quant/lowbit.h, version 1) from the unit's kBits words:
-// 4 bits: eight codes per word; 2 bits: sixteen per word; 3 bits: the 2-bit codes of words 0-1 plus bit j of word 2.
-template <int kBits>
-__device__ int lowbit_code(const uint32_t* unit, int j) {
-  if constexpr (kBits == 4) return (unit[j / 8] >> (4 * (j % 8))) & 15;
-  int q = (unit[j / 16] >> (2 * (j % 16))) & 3;
-  if constexpr (kBits == 3) q |= ((unit[2] >> j) & 1) << 2;
-  return q;
-}
 
 // One warp per weight row: lane l takes the row's 32-value units l, l + 32, ..., unpacks each unit's codes from
 // its `kBits` words (quant/lowbit.h layout version 1), and adds d * sum(q x) + m * sum(x) per token; the lanes'
@@ -64,7 +58,7 @@ __global__ void lowbit_matmul_kernel(const uint8_t* w, int64_t rows, int64_t col
       float sq[kTokensPerPass] = {}, sx[kTokensPerPass] = {};
 #pragma unroll 8
       for (int j = 0; j < 32; ++j) {
-        const int q = lowbit_code<kBits>(wd, j);
+        const int q = quant::lowbit_code<kBits>(wd, j);
         for (int t = 0; t < nt; ++t) {
           const float xv = x[(t0 + t) * ldx + u * 32 + j];
           sq[t] += static_cast<float>(q) * xv;
@@ -82,16 +76,17 @@ __global__ void lowbit_matmul_kernel(const uint8_t* w, int64_t rows, int64_t col
 }
 
 // GGUF block formats against F32 activations, for the dense and shared weights: one warp per weight row, lane l
-// takes blocks l, l + 32, ... and computes each value from its block as quant/ref does (ggml's layouts), times the
-// activations of up to kTokensPerPass tokens. Types: 0 F32, 1 F16, 8 Q8_0, 6 Q5_0, 12 Q4_K, 14 Q6_K (ggml ids).
-__device__ float half_at(const uint8_t* p) { return __half2float(*reinterpret_cast<const __half*>(p)); }
+// takes blocks l, l + 32, ... and computes each value from its block as quant/ref does, times the activations of up
+// to kTokensPerPass tokens. The blocks are quant/blocks.h's structs (ggml's layouts, pinned there); on the device
+// they sit at even addresses (rows of whole blocks from a 256-byte boundary), so their 16-bit fields read directly.
+__device__ float half_bits(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
 
-template <int kType>
+template <quant::GgmlType kType>
 struct BlockFormat;
 
 template <>
-struct BlockFormat<0> {  // F32
-  static constexpr int kValues = 1, kBytes = 4;
+struct BlockFormat<quant::GgmlType::F32> {
+  static constexpr int kValues = 1, kBytes = sizeof(float);
   template <typename F>
   __device__ static void values(const uint8_t* b, F f) {
     f(0, *reinterpret_cast<const float*>(b));
@@ -99,34 +94,37 @@ struct BlockFormat<0> {  // F32
 };
 
 template <>
-struct BlockFormat<1> {  // F16
-  static constexpr int kValues = 1, kBytes = 2;
+struct BlockFormat<quant::GgmlType::F16> {
+  static constexpr int kValues = 1, kBytes = sizeof(uint16_t);
   template <typename F>
   __device__ static void values(const uint8_t* b, F f) {
-    f(0, half_at(b));
+    f(0, half_bits(*reinterpret_cast<const uint16_t*>(b)));
   }
 };
 
 template <>
-struct BlockFormat<8> {  // Q8_0: d, 32 x int8
-  static constexpr int kValues = 32, kBytes = 34;
+struct BlockFormat<quant::GgmlType::Q8_0> {
+  using Block = quant::BlockQ8_0;
+  static constexpr int kValues = quant::kQK8_0, kBytes = sizeof(Block);
   template <typename F>
-  __device__ static void values(const uint8_t* b, F f) {
-    const float d = half_at(b);
-    for (int j = 0; j < 32; ++j) f(j, d * static_cast<float>(static_cast<int8_t>(b[2 + j])));
+  __device__ static void values(const uint8_t* p, F f) {
+    const Block& b = *reinterpret_cast<const Block*>(p);
+    const float d = half_bits(b.d);
+    for (int j = 0; j < kValues; ++j) f(j, d * static_cast<float>(b.qs[j]));
   }
 };
 
 template <>
-struct BlockFormat<6> {  // Q5_0: d, qh (bit j: fifth bit of value j), qs (value j low nibble of qs[j % 16])
-  static constexpr int kValues = 32, kBytes = 22;
+struct BlockFormat<quant::GgmlType::Q5_0> {
+  using Block = quant::BlockQ5_0;
+  static constexpr int kValues = quant::kQK5_0, kBytes = sizeof(Block);
   template <typename F>
-  __device__ static void values(const uint8_t* b, F f) {
-    const float d = half_at(b);
-    const uint32_t qh = b[2] | b[3] << 8 | b[4] << 16 | static_cast<uint32_t>(b[5]) << 24;
-    const uint8_t* qs = b + 6;
-    for (int j = 0; j < 32; ++j) {
-      const int low = j < 16 ? (qs[j] & 15) : (qs[j - 16] >> 4);
+  __device__ static void values(const uint8_t* p, F f) {
+    const Block& b = *reinterpret_cast<const Block*>(p);
+    const float d = half_bits(b.d);
+    const uint32_t qh = b.qh[0] | b.qh[1] << 8 | b.qh[2] << 16 | static_cast<uint32_t>(b.qh[3]) << 24;
+    for (int j = 0; j < kValues; ++j) {
+      const int low = j < kValues / 2 ? (b.qs[j] & 15) : (b.qs[j - kValues / 2] >> 4);
       const int q = (low | static_cast<int>((qh >> j) & 1) << 4) - 16;
       f(j, d * static_cast<float>(q));
     }
@@ -134,13 +132,14 @@ struct BlockFormat<6> {  // Q5_0: d, qh (bit j: fifth bit of value j), qs (value
 };
 
 template <>
-struct BlockFormat<12> {  // Q4_K: d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
-  static constexpr int kValues = 256, kBytes = 144;
+struct BlockFormat<quant::GgmlType::Q4_K> {
+  using Block = quant::BlockQ4_K;
+  static constexpr int kValues = quant::kQK_K, kBytes = sizeof(Block);
   template <typename F>
-  __device__ static void values(const uint8_t* b, F f) {
-    const float d = half_at(b), dmin = half_at(b + 2);
-    const uint8_t* sc = b + 4;
-    const uint8_t* qs = b + 16;
+  __device__ static void values(const uint8_t* p, F f) {
+    const Block& b = *reinterpret_cast<const Block*>(p);
+    const float d = half_bits(b.d), dmin = half_bits(b.dmin);
+    const uint8_t* sc = b.scales;
     for (int g = 0; g < 8; ++g) {
       int scale, min;
       if (g < 4) {
@@ -151,7 +150,7 @@ struct BlockFormat<12> {  // Q4_K: d, dmin, 12 bytes of 6-bit scales and mins, 1
         min = (sc[g + 4] >> 4) | ((sc[g] >> 6) << 4);
       }
       const float ds = d * static_cast<float>(scale), dm = dmin * static_cast<float>(min);
-      const uint8_t* q = qs + 32 * (g / 2);
+      const uint8_t* q = b.qs + 32 * (g / 2);
       for (int l = 0; l < 32; ++l) {
         const int v = g % 2 ? q[l] >> 4 : q[l] & 15;
         f(32 * g + l, ds * static_cast<float>(v) - dm);
@@ -161,16 +160,17 @@ struct BlockFormat<12> {  // Q4_K: d, dmin, 12 bytes of 6-bit scales and mins, 1
 };
 
 template <>
-struct BlockFormat<14> {  // Q6_K: ql[128], qh[64], int8 scales[16], d
-  static constexpr int kValues = 256, kBytes = 210;
+struct BlockFormat<quant::GgmlType::Q6_K> {
+  using Block = quant::BlockQ6_K;
+  static constexpr int kValues = quant::kQK_K, kBytes = sizeof(Block);
   template <typename F>
-  __device__ static void values(const uint8_t* b, F f) {
-    const float d = half_at(b + 208);
-    const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
+  __device__ static void values(const uint8_t* p, F f) {
+    const Block& b = *reinterpret_cast<const Block*>(p);
+    const float d = half_bits(b.d);
     for (int half = 0; half < 2; ++half) {
-      const uint8_t* ql = b + 64 * half;
-      const uint8_t* qh = b + 128 + 32 * half;
-      const int8_t* sc = scales + 8 * half;
+      const uint8_t* ql = b.ql + 64 * half;
+      const uint8_t* qh = b.qh + 32 * half;
+      const int8_t* sc = b.scales + 8 * half;
       for (int l = 0; l < 32; ++l) {
         const int is = l / 16;
         const int q1 = ((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32;
@@ -187,7 +187,7 @@ struct BlockFormat<14> {  // Q6_K: ql[128], qh[64], int8 scales[16], d
   }
 };
 
-template <int kType>
+template <quant::GgmlType kType>
 __global__ void block_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
                                     int64_t ldx, int64_t n, float* y, int64_t ldy) {
   using Format = BlockFormat<kType>;
@@ -214,7 +214,7 @@ __global__ void block_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols
 }
 
 // Dequantization into F32 rows for the batched path: one thread per block (GGUF) or per 32-value unit (low-bit).
-template <int kType>
+template <quant::GgmlType kType>
 __global__ void dequantize_blocks_kernel(const uint8_t* w, int64_t rows, int64_t cols, size_t row_bytes, float* out) {
   using Format = BlockFormat<kType>;
   const int64_t per_row = cols / Format::kValues;
@@ -240,7 +240,7 @@ __global__ void dequantize_lowbit_kernel(const uint8_t* w, int64_t rows, int64_t
   const float d = __half2float(scales[g]), m = __half2float(offsets[g]);
   float* o = out + r * cols + u * 32;
   for (int j = 0; j < 32; ++j) {
-    const int q = lowbit_code<kBits>(words + u * kBits, j);
+    const int q = quant::lowbit_code<kBits>(words + u * kBits, j);
     o[j] = d * static_cast<float>(q) + m;
   }
 }
@@ -661,68 +661,59 @@ void lowbit_matmul(int bits, int group, const void* w, int64_t rows, int64_t col
   check(cudaGetLastError(), "lowbit_matmul launch");
 }
 
-bool block_matmul_supports(uint32_t ggml_type) {
-  return ggml_type == 0 || ggml_type == 1 || ggml_type == 6 || ggml_type == 8 || ggml_type == 12 || ggml_type == 14;
+namespace {
+
+// f(std::integral_constant<GgmlType, type>{}) for the block formats the kernels take; false for any other type.
+template <typename F>
+bool with_block_format(quant::GgmlType type, F&& f) {
+  using quant::GgmlType;
+  switch (type) {
+    case GgmlType::F32:
+      return f(std::integral_constant<GgmlType, GgmlType::F32>{}), true;
+    case GgmlType::F16:
+      return f(std::integral_constant<GgmlType, GgmlType::F16>{}), true;
+    case GgmlType::Q5_0:
+      return f(std::integral_constant<GgmlType, GgmlType::Q5_0>{}), true;
+    case GgmlType::Q8_0:
+      return f(std::integral_constant<GgmlType, GgmlType::Q8_0>{}), true;
+    case GgmlType::Q4_K:
+      return f(std::integral_constant<GgmlType, GgmlType::Q4_K>{}), true;
+    case GgmlType::Q6_K:
+      return f(std::integral_constant<GgmlType, GgmlType::Q6_K>{}), true;
+    default:
+      return false;
+  }
 }
 
-void block_matmul(uint32_t ggml_type, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
+}  // namespace
+
+bool block_matmul_supports(quant::GgmlType type) {
+  return with_block_format(type, [](auto) {});
+}
+
+void block_matmul(quant::GgmlType type, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
                   int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s) {
+  if (!block_matmul_supports(type)) throw std::runtime_error("block_matmul: a weight type without a kernel");
   if (rows == 0 || n == 0) return;
   const unsigned grid = blocks_for(rows, kWarpsPerBlock);
   const auto* wb = static_cast<const uint8_t*>(w);
   const unsigned threads = kWarp * kWarpsPerBlock;
-  if (n >= kGemmMinTokens && block_matmul_supports(ggml_type)) {
+  if (n >= kGemmMinTokens) {
     return gemm_by_chunks(rows, cols, x, ldx, n, y, ldy, s, [&](int64_t r0, int64_t count, float* out) {
       const uint8_t* first = wb + r0 * row_bytes;
-      auto launch = [&](auto kernel, int values) {
-        const int64_t blocks = count * (cols / values);
-        kernel<<<blocks_for(blocks, 256), 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, out);
-      };
-      switch (ggml_type) {
-        case 0:
-          launch(dequantize_blocks_kernel<0>, BlockFormat<0>::kValues);
-          break;
-        case 1:
-          launch(dequantize_blocks_kernel<1>, BlockFormat<1>::kValues);
-          break;
-        case 6:
-          launch(dequantize_blocks_kernel<6>, BlockFormat<6>::kValues);
-          break;
-        case 8:
-          launch(dequantize_blocks_kernel<8>, BlockFormat<8>::kValues);
-          break;
-        case 12:
-          launch(dequantize_blocks_kernel<12>, BlockFormat<12>::kValues);
-          break;
-        case 14:
-          launch(dequantize_blocks_kernel<14>, BlockFormat<14>::kValues);
-          break;
-      }
+      with_block_format(type, [&](auto format) {
+        constexpr quant::GgmlType kType = decltype(format)::value;
+        const int64_t blocks = count * (cols / BlockFormat<kType>::kValues);
+        dequantize_blocks_kernel<kType>
+            <<<blocks_for(blocks, 256), 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, out);
+      });
       check(cudaGetLastError(), "dequantize_blocks launch");
     });
   }
-  switch (ggml_type) {
-    case 0:
-      block_matmul_kernel<0><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy);
-      break;
-    case 1:
-      block_matmul_kernel<1><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy);
-      break;
-    case 6:
-      block_matmul_kernel<6><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy);
-      break;
-    case 8:
-      block_matmul_kernel<8><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy);
-      break;
-    case 12:
-      block_matmul_kernel<12><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy);
-      break;
-    case 14:
-      block_matmul_kernel<14><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy);
-      break;
-    default:
-      throw std::runtime_error("block_matmul: unsupported ggml type " + std::to_string(ggml_type));
-  }
+  with_block_format(type, [&](auto format) {
+    block_matmul_kernel<decltype(format)::value>
+        <<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy);
+  });
   check(cudaGetLastError(), "block_matmul launch");
 }
 

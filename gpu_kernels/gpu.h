@@ -1,13 +1,16 @@
 #pragma once
 
-// The CUDA side of hetmoe as a plain C++ API (no CUDA types here, so the runtime compiles without nvcc): device
+// The CUDA side of hetmoe as a plain C++ API (no CUDA types here, so the adapter compiles without nvcc): device
 // memory, pinned staging memory, streams, events, host callbacks, and the kernels the GPU tier runs. Knows nothing
-// of models or of the Device interface (runtime/device/ adapts it). Built only when a CUDA toolkit is found.
+// of models or of the Device interface (runtime/device/cuda_device.cpp adapts it); takes the weight layouts from
+// quant/. Built only when a CUDA toolkit is found, into the shared library loaded at run time for --device cuda.
 // Every call fails with std::runtime_error carrying CUDA's message.
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+
+#include "quant/ggml_type.h"
 
 namespace hetmoe::gpu {
 
@@ -51,10 +54,10 @@ void launch_host_func(Stream s, void (*fn)(void*), void* arg);
 // Token t's activations at x + t * ldx, its outputs at y + t * ldy.
 void lowbit_matmul(int bits, int group, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
                    int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s);
-// The same for GGUF block rows (dense and shared weights), computed from the blocks as quant/ref dequantizes them,
-// against F32 activations: ggml type ids F32 (0), F16 (1), Q5_0 (6), Q8_0 (8), Q4_K (12), Q6_K (14).
-bool block_matmul_supports(uint32_t ggml_type);
-void block_matmul(uint32_t ggml_type, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
+// The same for GGUF block rows (dense and shared weights), computed from quant/blocks.h's blocks as quant/ref
+// dequantizes them, against F32 activations: F32, F16, Q5_0, Q8_0, Q4_K, Q6_K.
+bool block_matmul_supports(quant::GgmlType type);
+void block_matmul(quant::GgmlType type, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
                   int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s);
 // out[i] = silu(gate[i]) * up[i]; y[i] += x[i].
 void silu_mul(const float* gate, const float* up, int64_t n, float* out, Stream s);

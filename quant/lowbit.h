@@ -21,9 +21,27 @@
 
 #include "quant/ggml_type.h"
 
+// Functions the CUDA kernels share with the CPU: compiled for both where nvcc compiles them.
+#if defined(__CUDACC__)
+#define HETMOE_HOST_DEVICE __host__ __device__
+#else
+#define HETMOE_HOST_DEVICE
+#endif
+
 namespace hetmoe::quant {
 
 inline constexpr uint32_t kLowBitLayoutVersion = 1;
+inline constexpr int kLowBitUnit = 32;  // values per packing unit of kBits words
+
+// Code j (0..31) of one 32-value unit from the unit's kBits words, as the layout above stores it: the one reading of
+// the layout, shared by the CPU reference and the CUDA kernels (compiled for the device there).
+template <int kBits>
+HETMOE_HOST_DEVICE constexpr int lowbit_code(const uint32_t* unit, int j) {
+  if constexpr (kBits == 4) return static_cast<int>(unit[j / 8] >> (4 * (j % 8)) & 15);
+  int q = static_cast<int>(unit[j / 16] >> (2 * (j % 16)) & 3);
+  if constexpr (kBits == 3) q |= static_cast<int>((unit[2] >> j) & 1) << 2;
+  return q;
+}
 
 struct LowBitFormat {
   int bits = 0;   // 2, 3 or 4

@@ -26,7 +26,7 @@ std::optional<GgmlType> lowbit_type(LowBitFormat format) {
 namespace ref_detail {
 namespace {
 
-constexpr int kUnit = 32;  // values per packing unit
+constexpr int kUnit = kLowBitUnit;
 
 // The codes of 32 values from / to their `bits` words (quant/lowbit.h).
 template <int kBits>
@@ -44,14 +44,7 @@ void pack_unit(const uint8_t* q, uint32_t* words) {
 
 template <int kBits>
 void unpack_unit(const uint32_t* words, uint8_t* q) {
-  for (int j = 0; j < kUnit; ++j) {
-    if constexpr (kBits == 4) {
-      q[j] = static_cast<uint8_t>(words[j / 8] >> (4 * (j % 8)) & 15);
-    } else {
-      q[j] = static_cast<uint8_t>(words[j / 16] >> (2 * (j % 16)) & 3);
-      if constexpr (kBits == 3) q[j] |= static_cast<uint8_t>((words[2] >> j & 1) << 2);
-    }
-  }
+  for (int j = 0; j < kUnit; ++j) q[j] = static_cast<uint8_t>(lowbit_code<kBits>(words, j));
 }
 
 // Where the parts of a row of n values start.

@@ -32,6 +32,9 @@ if ! { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DHETMOE_TEST
 fi
 grep -E "hetmoe: (CUDA|oneDNN)" "$build_log"
 ./build-gpu/tools/hetmoe --version
+# The binary links no CUDA library (the device is libhetmoe_cuda.so, loaded for --device cuda), and stays small.
+echo "hetmoe links: $(ldd ./build-gpu/tools/hetmoe | grep -ciE 'cublas|cudart') CUDA libraries"
+/usr/bin/time -f "hetmoe --version: %M kB resident" ./build-gpu/tools/hetmoe --version >/dev/null
 
 step "gpu tests"
 (cd build-gpu && ctest -L gpu --output-on-failure)

@@ -1,4 +1,6 @@
-// The CUDA device: the Device interface over gpu_kernels' launch API. Compiled only in CUDA builds.
+// The CUDA device: the Device interface over gpu_kernels' launch API. Compiled only in CUDA builds, into the shared
+// library libhetmoe_cuda.so with the kernels, cuBLAS and the CUDA runtime; the hetmoe binary loads it at run time
+// (cuda_loader.cpp), so it links none of them and runs where they are missing.
 #include <fmt/format.h>
 
 #include <exception>
@@ -42,7 +44,7 @@ class CudaDevice final : public Device {
   size_t capacity() const override { return capacity_; }
   size_t used() const override { return allocations_.used(); }
   bool supports(quant::GgmlType type) const override {
-    return quant::lowbit_format(type).has_value() || gpu::block_matmul_supports(static_cast<uint32_t>(type));
+    return quant::lowbit_format(type).has_value() || gpu::block_matmul_supports(type);
   }
 
   void* allocate(size_t bytes) override {
@@ -97,8 +99,7 @@ class CudaDevice final : public Device {
       return gpu::lowbit_matmul(f->bits, f->group, w.data, w.n_rows, w.n_cols, w.row_bytes, x, ldx, n, y, ldy,
                                 s(stream));
     if (!supports(w.type)) throw std::logic_error("cuda device: matmul of a type supports() refuses");
-    gpu::block_matmul(static_cast<uint32_t>(w.type), w.data, w.n_rows, w.n_cols, w.row_bytes, x, ldx, n, y, ldy,
-                      s(stream));
+    gpu::block_matmul(w.type, w.data, w.n_rows, w.n_cols, w.row_bytes, x, ldx, n, y, ldy, s(stream));
   }
   void silu_mul(int stream, const float* gate, const float* up, int64_t n, float* out) override {
     gpu::silu_mul(gate, up, n, out, s(stream));
@@ -233,13 +234,24 @@ class CudaDevice final : public Device {
 };
 
 }  // namespace
+}  // namespace hetmoe::device
 
-int cuda_device_count() { return gpu::device_count(); }
+// The library's entry points, the only symbols it exports (runtime/device/cuda_loader.cpp finds them with dlsym).
+#define HETMOE_EXPORT extern "C" __attribute__((visibility("default")))
 
-std::unique_ptr<Device> make_cuda_device(int index) {
-  const int n = gpu::device_count();
-  if (index < 0 || index >= n) fail("--device cuda: no CUDA GPU {} ({} found)", index, n);
-  return std::make_unique<CudaDevice>(index);
+HETMOE_EXPORT int hetmoe_cuda_abi() { return hetmoe::device::kDeviceAbi; }
+
+HETMOE_EXPORT int hetmoe_cuda_device_count() {
+  try {
+    return hetmoe::gpu::device_count();
+  } catch (const std::exception&) {
+    return 0;
+  }
 }
 
-}  // namespace hetmoe::device
+// A new device the caller owns; throws hetmoe::Error (the same class in both images: libstdc++ matches it by name).
+HETMOE_EXPORT hetmoe::device::Device* hetmoe_cuda_open(int index) {
+  const int n = hetmoe::gpu::device_count();
+  if (index < 0 || index >= n) hetmoe::fail("--device cuda: no CUDA GPU {} ({} found)", index, n);
+  return new hetmoe::device::CudaDevice(index);
+}

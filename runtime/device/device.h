@@ -251,13 +251,19 @@ struct EmulatedOptions {
 // the split and the scheduler run end to end where there is no GPU.
 std::unique_ptr<Device> make_emulated_device(const EmulatedOptions& opt);
 
+// The Device interface's version: the CUDA device library reports the one it was built with, and the loader refuses a
+// library of another (raise it whenever this interface or what its methods take changes).
+inline constexpr int kDeviceAbi = 1;
+
 // The CPU as a device, computing with `pool` (which must outlive it).
 std::unique_ptr<Device> make_host_device(cpu::ThreadPool& pool);
 
-// CUDA GPUs this process can use: 0 in a build without CUDA (HETMOE_HAVE_CUDA) or without a GPU.
+// CUDA GPUs this process can use: 0 without an NVIDIA driver (then nothing is loaded), without a GPU, or when the CUDA
+// device library cannot be loaded. The library (libhetmoe_cuda.so: the kernels, cuBLAS, the CUDA runtime) is loaded
+// on first use, from HETMOE_CUDA_LIBRARY, next to the executable, its ../lib/hetmoe, or the build tree.
 int cuda_device_count();
-// The CUDA device `index` (two streams' worth of work at a time is the runtime's use); fails with hetmoe::Error in
-// a build without CUDA or when there is no such GPU.
+// The CUDA device `index` (two streams' worth of work at a time is the runtime's use); fails with hetmoe::Error
+// saying what is missing: a build without CUDA, a library that does not load (and why), no such GPU.
 std::unique_ptr<Device> make_cuda_device(int index);
 
 }  // namespace hetmoe::device

@@ -30,10 +30,10 @@ struct DeviceOptions {
 };
 
 struct EngineOptions {
-  std::string model;     // a GGUF file (the first shard of a sharded one)
-  int threads = 0;       // CPU threads; 0: every core
-  std::string critical;  // split models: how many of each token's experts add their residual ("", a count, "all")
-  DeviceOptions device;
+  std::string model{};     // a GGUF file
+  int threads = 0;         // CPU threads; 0: every core
+  std::string critical{};  // split models: how many of each token's experts add their residual ("", a count, "all")
+  DeviceOptions device{};
 };
 
 // Whether a CUDA GPU can be used: a driver, a GPU and this build's CUDA device (loaded only when asked).

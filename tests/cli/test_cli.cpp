@@ -1,7 +1,9 @@
 // The command line on bad input: each case must end with exactly one line "hetmoe: error: ..." on stderr and
 // exit status 1 (never a signal), and must leave the user's files as they were.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -43,9 +45,11 @@ class Cli : public testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  Result hetmoe(const std::string& args) {
+  // Runs hetmoe with `args` (and `env`, "NAME=value ..." in front of it).
+  Result hetmoe(const std::string& args, const std::string& env = "") {
     const fs::path out = dir_ / "stdout", err = dir_ / "stderr";
-    const std::string cmd = std::string(HETMOE_BIN) + " " + args + " >" + out.string() + " 2>" + err.string();
+    const std::string cmd =
+        env + " " + std::string(HETMOE_BIN) + " " + args + " >" + out.string() + " 2>" + err.string();
     const int raw = std::system(cmd.c_str());
     Result r;
     r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
@@ -370,6 +374,42 @@ TEST_F(Cli, SimulatePredictsEveryPolicyOnAShippedProfile) {
   expect_error(hetmoe("simulate --hw " + (dir_ / "none.json").string()), "cannot open the machine profile");
   expect_error(hetmoe("simulate --hw " + hw.string() + " --model-config gpt-5"), "not a preset");
   expect_error(hetmoe("simulate --hw " + hw.string() + " --policies fastest"), "unknown policy");
+}
+
+// A device policy where no device runs it, or a device a policy does not use, is an error that says so.
+TEST_F(Cli, DevicePoliciesNeedADevice) {
+  expect_error(hetmoe("run -m " + kModel.string() + " --tokens 3,17 -n 1 --device cpu --policy crossover"),
+               "--device cpu");
+  expect_error(hetmoe("run -m " + kModel.string() + " --tokens 3,17 -n 1 --device emulated --policy cpu"),
+               "--device emulated");
+  expect_error(hetmoe("run -m " + kModel.string() + " --tokens 3,17 -n 1 --device emulated --policy fastest"),
+               "unknown policy 'fastest'");
+}
+
+// The CUDA device is a library loaded only when asked for: --version maps none of CUDA, and a library that does not
+// load is one line saying why.
+TEST_F(Cli, CudaIsLoadedOnlyWhenUsed) {
+  const Result v = hetmoe("--version");
+  ASSERT_EQ(v.status, 0) << v.err;
+  // Resident memory of the command, from the kernel's accounting of the finished child.
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::freopen("/dev/null", "w", stdout);
+    execl(HETMOE_BIN, HETMOE_BIN, "--version", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  struct rusage usage {};
+  ASSERT_EQ(wait4(pid, &status, 0, &usage), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_LT(usage.ru_maxrss, 50 * 1024) << "hetmoe --version peaked at " << usage.ru_maxrss / 1024 << " MB";
+
+  const fs::path bogus = dir_ / "libhetmoe_cuda.so";
+  std::ofstream(bogus) << "not a shared object";
+  expect_error(hetmoe("run -m " + kModel.string() + " --tokens 3,17 -n 1 --device cuda",
+                      "HETMOE_CUDA_LIBRARY=" + bogus.string()),
+               "--device cuda: cannot load " + bogus.string());
 }
 
 TEST_F(Cli, LogitsWritesOneRowPerToken) {

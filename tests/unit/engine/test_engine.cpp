@@ -67,9 +67,10 @@ TEST(Engine, RefusesWhatCannotRunWithOneLine) {
             std::string::npos);
   EXPECT_NE(refusal({.model = path, .device = {.kind = "emulated", .policy = "cpu"}}).find("--device emulated"),
             std::string::npos);
-  if (!cuda_available())
+  if (!cuda_available()) {
     EXPECT_NE(refusal({.model = path, .device = {.kind = "auto", .policy = "kt"}}).find("no CUDA GPU"),
               std::string::npos);
+  }
   EXPECT_NE(refusal({.model = path, .device = {.kind = "emulated", .policy = "fastest"}}).find("unknown policy"),
             std::string::npos);
   EXPECT_NE(refusal({.model = path, .device = {.kind = "emulated", .policy = "split"}}).find("split model"),
@@ -79,7 +80,9 @@ TEST(Engine, RefusesWhatCannotRunWithOneLine) {
             std::string::npos);
   EXPECT_NE(refusal({.model = path, .critical = "2"}).find("not a split model"), std::string::npos);
   EXPECT_NE(refusal({.model = "/nonexistent/model.gguf"}).find("/nonexistent/model.gguf"), std::string::npos);
-  if (!cuda_available()) EXPECT_FALSE(refusal({.model = path, .device = {.kind = "cuda"}}).empty());
+  if (!cuda_available()) {
+    EXPECT_FALSE(refusal({.model = path, .device = {.kind = "cuda"}}).empty());
+  }
 }
 
 }  // namespace
