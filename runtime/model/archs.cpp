@@ -3,9 +3,9 @@
 namespace hetmoe::model {
 
 // The architectures this build runs, one line each (their files are in archs/).
-extern const ArchSpec kDeepseek2Arch, kQwen3MoeArch, kLlamaArch;
+extern const ArchSpec deepseek2_arch, qwen3moe_arch, llama_arch;
 namespace {
-constexpr const ArchSpec* kArchs[] = {&kDeepseek2Arch, &kQwen3MoeArch, &kLlamaArch};
+constexpr const ArchSpec* kArchs[] = {&deepseek2_arch, &qwen3moe_arch, &llama_arch};
 }  // namespace
 
 const ArchSpec* find_arch(std::string_view name) {

@@ -260,8 +260,8 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   // The scheduler's step: where each routed expert runs (resident or prefetched on the device, moved through the
   // ring of move slots, or on the CPU) and, after it, what to admit, evict and prefetch.
   thread_local sched::LayerRouting routing;
-  static const sched::Stepper::Step kAllOnCpu{};
-  const sched::Stepper::Step* step = &kAllOnCpu;
+  static const sched::Stepper::Step all_on_cpu{};
+  const sched::Stepper::Step* step = &all_on_cpu;
   if (stepper_) {
     routing.layer = layer;
     routing.n_tokens = n;

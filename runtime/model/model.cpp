@@ -47,7 +47,8 @@ std::unique_ptr<cpu::ThreadPool> make_pool(int n_threads) {
 std::unique_ptr<Model> Model::load(const std::string& path, int n_threads) {
   auto file = std::make_unique<gguf::GgufFile>(gguf::GgufFile::open(path));
   ModelConfig config = read_config(*file);
-  std::unique_ptr<Model> model = find_arch(config.arch_name)->make(std::move(file), std::move(config), n_threads);
+  const ArchSpec* arch = find_arch(config.arch_name);  // read_config failed for an unknown one
+  std::unique_ptr<Model> model = arch->make(std::move(file), std::move(config), n_threads);
   model->place_on_nodes();
   // The pass on the host device: the weights where they lie, nothing copied.
   model->host_pass_ = std::make_unique<Pass>(*model->host_, model->host_->create_stream(), model->weights_);

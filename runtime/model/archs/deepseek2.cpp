@@ -224,7 +224,7 @@ class Deepseek2 final : public Model {
 
 }  // namespace
 
-extern const ArchSpec kDeepseek2Arch{
+extern const ArchSpec deepseek2_arch{
     .name = "deepseek2",
     .configure = configure,
     .make = [](std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads) -> std::unique_ptr<Model> {

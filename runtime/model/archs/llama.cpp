@@ -7,7 +7,7 @@
 
 namespace hetmoe::model {
 
-extern const ArchSpec kLlamaArch{
+extern const ArchSpec llama_arch{
     .name = "llama",
     .configure =
         [](const ConfigKeys&, ModelConfig& c) {

@@ -7,7 +7,7 @@
 
 namespace hetmoe::model {
 
-extern const ArchSpec kQwen3MoeArch{
+extern const ArchSpec qwen3moe_arch{
     .name = "qwen3moe",
     .configure =
         [](const ConfigKeys& k, ModelConfig& c) {
