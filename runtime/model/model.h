@@ -77,8 +77,8 @@ class Model {
   void set_routing_override(RoutingOverride* override) { routing_override_ = override; }
 
   // A KV cache for n_ctx positions (at most the training context): on the device when the forward pass runs there
-  // and the cache fits in what is left of the device's memory, else in host memory (the pass then runs attention on
-  // the CPU for this cache; cache.device() tells which).
+  // and the cache fits in what is left of the device's memory, else in host memory (the calls on this cache then run
+  // on the host pass; cache.device() tells which).
   KvCache make_cache(int64_t n_ctx) const;
 
   // Runs `tokens` at positions pos0, pos0+1, ... as one batch, appending their keys and values to `cache`.

@@ -15,10 +15,10 @@
 #include "runtime/device/device.h"
 #include "runtime/error.h"
 #include "runtime/model/model.h"
+#include "runtime/model/split_writer.h"
 #include "tests/support/compare.h"
 #include "tests/support/device_checks.h"
 #include "tests/support/temp_dir.h"
-#include "runtime/model/split_writer.h"
 
 namespace hetmoe::device {
 namespace {

@@ -1,4 +1,4 @@
-// hetmoe split (tools/split_model.h): the file it writes, the errors it reports, and the inputs it refuses.
+// hetmoe split (runtime/model/split_writer.h): the file it writes, the errors it reports, and the inputs it refuses.
 
 #include <gtest/gtest.h>
 
