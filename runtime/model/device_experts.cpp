@@ -249,9 +249,11 @@ float* DeviceExperts::scratch(device::DeviceMemory& mem, size_t floats) {
   return device::grow(device_, mem, floats * sizeof(float)).as<float>();
 }
 
-void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const Routing& r,
-                        const RoutedItems& items, int64_t layer, const float* x, int64_t n, int64_t n_embd, float* out,
-                        const StepOnDevice& io) {
+void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeStep& step, const FfnRows& ffn) {
+  const MoeWeights& w = step.w;
+  const Routing& r = step.r;
+  const RoutedItems& items = step.items;
+  const int64_t layer = step.layer, n = ffn.n, n_embd = ffn.n_embd;
   const int64_t nu = static_cast<int64_t>(r.ids.size()) / n, ff = w.n_ff_exp;
   thread_local std::vector<Work> work;
   work.clear();
@@ -261,7 +263,7 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   // ring of move slots, or on the CPU) and, after it, what to admit, evict and prefetch.
   thread_local sched::LayerRouting routing;
   static const sched::Stepper::Step all_on_cpu{};
-  const sched::Stepper::Step* step = &all_on_cpu;
+  const sched::Stepper::Step* plan = &all_on_cpu;
   if (stepper_) {
     routing.layer = layer;
     routing.n_tokens = n;
@@ -276,10 +278,10 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
       }
       routing.experts.push_back(x);
     }
-    step = &stepper_->plan(routing);
+    plan = &stepper_->plan(routing);
   }
-  moved_ = step->moves;
-  ring_ = step->ring;
+  moved_ = plan->moves;
+  ring_ = plan->ring;
   // The device's experts (resident, then prefetched ones), then the moved ones; the rest on the CPU. What the CPU
   // reads and the prefetches used count once the step ran as planned.
   int64_t rows = 0, hidden = 0;
@@ -298,14 +300,14 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
     const int64_t o0 = items.begin(e), o1 = items.end[e];
     if (o0 == o1) continue;
     Slot* slot = nullptr;
-    switch (step->where(e)) {
+    switch (plan->where(e)) {
       case sched::Stepper::Where::kMoved:
         continue;
       case sched::Stepper::Where::kResident:
         slot = &slots_.at({layer, e});
         break;
       case sched::Stepper::Where::kPrefetched:
-        slot = &prefetch_slots_[static_cast<size_t>(step->prefetched_slot(e))];
+        slot = &prefetch_slots_[static_cast<size_t>(plan->prefetched_slot(e))];
         break;
       case sched::Stepper::Where::kCpu:
         break;
@@ -336,11 +338,11 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   for (size_t j = 0; j < std::min(moved_.size(), ring_.size()); ++j) queue_move(layer, j);
   bool done = false;
   if (work.empty()) {
-    cpu::run_experts(k, pool, batch, x, n_embd, out);
-    upload_result(out, n, n_embd, io);
+    cpu::run_experts(k, pool, batch, ffn.x, n_embd, ffn.out);
+    upload_result(ffn);
     done = true;
   } else {
-    done = execute(k, pool, &w, &r, &items, layer, work, batch, x, n, n_embd, out, io);
+    done = execute(k, pool, &step, layer, work, batch, ffn);
   }
   if (done) {
     cpu_expert_bytes_ += cpu_bytes;
@@ -348,8 +350,8 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
     // No room on the device for this step's rows: all of it on the CPU (the moves just copied are left unused and
     // not counted as moves).
     device_.synchronize();
-    run_experts_on_cpu(k, pool, w, r, items, x, n, n_embd, out);
-    upload_result(out, n, n_embd, io);
+    run_experts_on_cpu(k, pool, step, ffn);
+    upload_result(ffn);
     const size_t copied = std::min(moved_.size(), ring_.size());
     moves_.resize(moves_.size() - copied);
     for (int64_t e = 0; e < w.n_expert; ++e)
@@ -358,7 +360,10 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   if (stepper_) after_step(done);
 }
 
-void DeviceExperts::upload_result(const float* out, int64_t n, int64_t n_embd, const StepOnDevice& io) {
+void DeviceExperts::upload_result(const FfnRows& ffn) {
+  const float* out = ffn.out;
+  const int64_t n = ffn.n, n_embd = ffn.n_embd;
+  const StepOnDevice& io = ffn.device;
   if (!io.out) return;
   float* staged = cpu_part_host_.reserve(n * n_embd);
   std::copy_n(out, n * n_embd, staged);
@@ -414,20 +419,26 @@ bool DeviceExperts::run_matrix(int64_t layer, int64_t id, const float* x, int64_
 }
 
 bool DeviceExperts::run_dense(const cpu::KernelTable& k, cpu::ThreadPool& pool, int64_t layer, int64_t n_ff,
-                              const float* x, int64_t n, int64_t n_embd, float* out, const StepOnDevice& io) {
+                              const FfnRows& ffn) {
+  const int64_t n = ffn.n;
   const auto it = slots_.find({layer, kDense});
   if (it == slots_.end()) return false;
   thread_local std::vector<Work> work;
   work.assign(1, Work{.expert = kDense, .o0 = 0, .o1 = n, .width = n_ff, .slot = &it->second});
   thread_local cpu::ExpertBatch batch;
   batch.clear(n, 1);  // nothing for the CPU: the executor returns zeros and the device's rows are added
-  return execute(k, pool, nullptr, nullptr, nullptr, layer, work, batch, x, n, n_embd, out, io);
+  return execute(k, pool, nullptr, layer, work, batch, ffn);
 }
 
-bool DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights* moe,
-                            const Routing* routing, const RoutedItems* routed, int64_t layer,
-                            const std::vector<Work>& work, const cpu::ExpertBatch& batch, const float* x, int64_t n,
-                            int64_t n_embd, float* out, const StepOnDevice& io) {
+bool DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeStep* step, int64_t layer,
+                            const std::vector<Work>& work, const cpu::ExpertBatch& batch, const FfnRows& ffn) {
+  const MoeWeights* moe = step ? &step->w : nullptr;
+  const Routing* routing = step ? &step->r : nullptr;
+  const RoutedItems* routed = step ? &step->items : nullptr;
+  const float* x = ffn.x;
+  float* out = ffn.out;
+  const int64_t n = ffn.n, n_embd = ffn.n_embd;
+  const StepOnDevice& io = ffn.device;
   int64_t rows = 0, hidden = 0;
   for (const Work& d : work) {
     rows += d.m();

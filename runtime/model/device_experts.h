@@ -12,21 +12,10 @@
 #include "cpu_kernels/matmul.h"
 #include "cpu_kernels/thread_pool.h"
 #include "runtime/device/device.h"
+#include "runtime/model/moe.h"
 #include "scheduler/step.h"
 
 namespace hetmoe::model {
-
-struct MoeWeights;
-struct Routing;
-struct RoutedItems;
-
-// Where a step's rows live when the forward pass runs on the device: `x` is the device copy of the step's host input,
-// and the result goes to `out` (device memory, overwritten); the host output then only holds the CPU's part. Null
-// members: input and result on the host.
-struct StepOnDevice {
-  const float* x = nullptr;
-  float* out = nullptr;
-};
 
 // FFNs on a device: routed experts' W^Q (the whole expert for an unsplit model), each layer's shared experts and
 // the dense layers' FFNs, where the device runs their types; and the step that uses them: the device runs gate, up,
@@ -106,20 +95,17 @@ class DeviceExperts {
   // The stream the steps run on; a device-resident forward pass queues its own work there, in order with them.
   int compute_stream() const { return compute_; }
 
-  // The MoE FFN of one layer for tokens x [n][n_embd] routed as `r`, into out [n][n_embd], with the CPU taking what
-  // is not resident (as moe_ffn would); all of it on the CPU when the device has no room for the step's rows.
-  void run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const Routing& r,
-           const RoutedItems& items, int64_t layer, const float* x, int64_t n, int64_t n_embd, float* out,
-           const StepOnDevice& io = {});
+  // The MoE FFN of one layer step on ffn's rows, as the scheduler's step plans it, the CPU taking what is not on the
+  // device; all of it on the CPU when the device has no room for the step's rows.
+  void run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeStep& step, const FfnRows& ffn);
   // y [n][rows] = W x for a resident single matrix (the output head: resident(-1, kOutput)), x [n][cols] on the host
   // (or, with x_device, already on the device). False when the matrix is not resident or the device has no room for
   // the step's rows (nothing done: the caller runs it on the CPU).
   bool run_matrix(int64_t layer, int64_t id, const float* x, int64_t n, float* y, const float* x_device = nullptr);
-  // Copies a host result [n][n_embd] computed on the CPU to io.out, and waits (nothing when io.out is null).
-  void upload_result(const float* out, int64_t n, int64_t n_embd, const StepOnDevice& io);
+  // Copies ffn.out, a result computed on the CPU, to ffn.device.out, and waits (nothing without device rows).
+  void upload_result(const FfnRows& ffn);
   // A dense layer's FFN (n_ff wide) on the device; false as run_matrix (not resident(layer, kDense), or no room).
-  bool run_dense(const cpu::KernelTable& k, cpu::ThreadPool& pool, int64_t layer, int64_t n_ff, const float* x,
-                 int64_t n, int64_t n_embd, float* out, const StepOnDevice& io = {});
+  bool run_dense(const cpu::KernelTable& k, cpu::ThreadPool& pool, int64_t layer, int64_t n_ff, const FfnRows& ffn);
 
  private:
   // An FFN's matrices on the device; a routed expert's expert slot (pool) and, after an admission, the copy that
@@ -144,9 +130,9 @@ class DeviceExperts {
   // The device's part of a step (`work`: experts with their items) and the CPU's (`batch`), at the same time.
   // Reserves the step's device and host buffers; false when the device memory is too full (nothing queued).
   bool reserve(int64_t rows_in, int64_t rows_out, int64_t hidden, bool residual);
-  bool execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights* moe, const Routing* routing,
-               const RoutedItems* routed, int64_t layer, const std::vector<Work>& work, const cpu::ExpertBatch& batch,
-               const float* x, int64_t n, int64_t n_embd, float* out, const StepOnDevice& io);
+  // `step` is null for a dense FFN.
+  bool execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeStep* step, int64_t layer,
+               const std::vector<Work>& work, const cpu::ExpertBatch& batch, const FfnRows& ffn);
   const Slot& slot_of(const Work& d) const { return d.move >= 0 ? moving_[static_cast<size_t>(d.move)] : *d.slot; }
   // Queues the copy of the step's move j (routed expert moved_[j] of `layer`) into its ring slot on the copy stream,
   // after the device is done with the slot's previous expert of the step; moving_[j].filled marks its end.

@@ -170,11 +170,11 @@ void Model::ffn(Pass& p, int64_t layer, const float* x, int64_t n, float* out) {
   // The FFN's rows where the CPU reads and writes them: the pass's own on the host, else host copies (the rows come
   // down, the CPU's result goes up); the executor then works from the device's rows too (io).
   const bool on_host = p.on_host();
-  const StepOnDevice io = on_host ? StepOnDevice{} : StepOnDevice{x, out};
+  const StepOnDevice on_device = on_host ? StepOnDevice{} : StepOnDevice{x, out};
   float* host_out = on_host ? out : cpu::scratch<float, struct FfnHostOutSite>(n * E).data();
   if (!c.is_moe_layer(layer)) {
-    if (device_experts_ &&
-        device_experts_->run_dense(kernels_, *pool_, layer, w.gate.n_rows, on_host ? x : nullptr, n, E, host_out, io))
+    if (device_experts_ && device_experts_->run_dense(kernels_, *pool_, layer, w.gate.n_rows,
+                                                      {on_host ? x : nullptr, host_out, n, E, on_device}))
       return;
     swiglu_ffn(kernels_, *pool_, w.gate, w.up, w.down, p.to_host(x, n * E), n, host_out);
     p.from_host(host_out, n * E, out);
@@ -217,11 +217,10 @@ void Model::ffn(Pass& p, int64_t layer, const float* x, int64_t n, float* out) {
   // Every (token, slot) item grouped by expert; the shared experts come last in each token's sum, as llama.cpp adds
   // them after the routed ones, and the sum over a token's items runs in slot order, as llama.cpp's chain of adds.
   const RoutedItems items = group_items(w.moe, r, n, nu);
-  if (device_experts_) {
-    device_experts_->run(kernels_, *pool_, w.moe, r, items, layer, host_x, n, E, host_out, io);
-    return;
-  }
-  run_experts_on_cpu(kernels_, *pool_, w.moe, r, items, host_x, n, E, host_out);
+  const MoeStep step{.layer = layer, .w = w.moe, .r = r, .items = items};
+  const FfnRows rows{.x = host_x, .out = host_out, .n = n, .n_embd = E, .device = on_device};
+  if (device_experts_) return device_experts_->run(kernels_, *pool_, step, rows);
+  run_experts_on_cpu(kernels_, *pool_, step, rows);
   p.from_host(host_out, n * E, out);
 }
 

@@ -93,14 +93,16 @@ void add_shared_experts(cpu::ExpertBatch& batch, const MoeWeights& w, int64_t n,
   for (int64_t t = 0; t < n; ++t) batch.add_item(static_cast<int32_t>(t), static_cast<int32_t>(n_used), 1.0f);
 }
 
-void run_experts_on_cpu(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const Routing& r,
-                        const RoutedItems& items, const float* x, int64_t n, int64_t n_embd, float* out) {
+void run_experts_on_cpu(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeStep& step, const FfnRows& ffn) {
+  const MoeWeights& w = step.w;
+  const Routing& r = step.r;
+  const int64_t n = ffn.n, n_embd = ffn.n_embd;
   const int64_t nu = static_cast<int64_t>(r.ids.size()) / n;
   thread_local cpu::ExpertBatch batch;
   batch.clear(n, nu + (w.has_shared ? 1 : 0));
-  for (int64_t e = 0; e < w.n_expert; ++e) add_routed_expert(batch, w, items, r, e, nu, n_embd);
+  for (int64_t e = 0; e < w.n_expert; ++e) add_routed_expert(batch, w, step.items, r, e, nu, n_embd);
   add_shared_experts(batch, w, n, nu);
-  cpu::run_experts(k, pool, batch, x, n_embd, out);
+  cpu::run_experts(k, pool, batch, ffn.x, n_embd, ffn.out);
 }
 
 }  // namespace hetmoe::model

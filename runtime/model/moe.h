@@ -83,15 +83,40 @@ struct RoutedItems {
   int64_t begin(int64_t e) const { return e == 0 ? 0 : end[e - 1]; }
 };
 RoutedItems group_items(const MoeWeights& w, const Routing& r, int64_t n, int64_t n_used);
+
+// Where a step's rows live when the forward pass runs on the device: `x` is the device copy of the step's host input,
+// and the result goes to `out` (device memory, overwritten); the host output then only holds the CPU's part. Null
+// members: input and result on the host.
+struct StepOnDevice {
+  const float* x = nullptr;
+  float* out = nullptr;
+};
+
+// The rows of one FFN step: its input x [n][n_embd] and its output out [n][n_embd] in host memory, and the pass's own
+// rows when the pass runs on a device.
+struct FfnRows {
+  const float* x = nullptr;  // null for a dense step whose input is only on the device
+  float* out = nullptr;
+  int64_t n = 0, n_embd = 0;
+  StepOnDevice device{};
+};
+
+// One MoE layer's step as the model hands it over: the layer, its weights, the routing and its items by expert.
+struct MoeStep {
+  int64_t layer = 0;
+  const MoeWeights& w;
+  const Routing& r;
+  const RoutedItems& items;
+};
 // Adds routed expert e's items (all, or those with critical == only_critical for a split model) to `batch` as
 // one expert entry: W^Q alone, or with the residual for the critical ones. Adds nothing when there are none.
 void add_routed_expert(cpu::ExpertBatch& batch, const MoeWeights& w, const RoutedItems& items, const Routing& r,
                        int64_t e, int64_t n_used, int64_t n_embd);
 // Adds the layer's shared experts (one item per token, rank n_used, weight 1) to `batch`, if it has them.
 void add_shared_experts(cpu::ExpertBatch& batch, const MoeWeights& w, int64_t n, int64_t n_used);
-// The whole expert work of a layer on the CPU engine: routed experts as `items` groups them, then the shared ones.
-void run_experts_on_cpu(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeWeights& w, const Routing& r,
-                        const RoutedItems& items, const float* x, int64_t n, int64_t n_embd, float* out);
+// The whole expert work of a layer on the CPU engine, ffn.x to ffn.out: routed experts as `items` groups them, then the
+// shared ones.
+void run_experts_on_cpu(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeStep& step, const FfnRows& ffn);
 
 // out[n][n_embd] = down(silu(gate x) * up x).
 void swiglu_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const cpu::WeightMatrix& gate,
