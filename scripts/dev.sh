@@ -63,6 +63,9 @@ test_all() {
   # Third: a minute of fuzzing the GGUF reader as a smoke test (scripts/fuzz.sh runs it for longer).
   scripts/fuzz.sh 60 >build-fuzz.log 2>&1 || { tail -40 build-fuzz.log; exit 1; }
   grep -E "^(stat::number_of_executed_units|fuzz.sh: corpus)" build-fuzz.log
+  # And half a minute of the multi-file reader on shard sets (scripts/fuzz_shards.sh runs it for longer).
+  scripts/fuzz_shards.sh 30 >build-fuzz-shards.log 2>&1 || { tail -40 build-fuzz-shards.log; exit 1; }
+  grep -E "^(stat::number_of_executed_units|fuzz_shards.sh: corpus)" build-fuzz-shards.log
 }
 
 case "${1:-}" in

@@ -27,6 +27,10 @@ int inspect(const InspectOptions& opt) {
 
   fmt::print("file          {} (GGUF v{}, {} tensors, {} metadata keys, alignment {})\n", file.path(), file.version(),
              file.tensors().size(), file.metadata().size(), file.alignment());
+  const std::vector<std::string> shards = file.shard_paths();
+  if (shards.size() > 1)
+    fmt::print("shards        {} files, {:.1f} MB in all: {} ... {}\n", shards.size(),
+               static_cast<double>(file.file_size()) / 1e6, shards.front(), shards.back());
   fmt::print("architecture  {}{}\n", c.arch_name, c.name.empty() ? "" : "  (" + c.name + ")");
   fmt::print("vocab {}  embd {}  layers {}  heads {} (kv {})  context {}  rms_eps {:g}\n", c.n_vocab, c.n_embd,
              c.n_layer, c.n_head, c.n_head_kv, c.n_ctx_train, c.rms_eps);

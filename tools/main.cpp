@@ -19,6 +19,12 @@ void add_threads(CLI::App* cmd, int* threads) {
   cmd->add_option("-t,--threads", *threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
 }
 
+void add_max_shard_size(CLI::App* cmd, uint64_t* bytes) {
+  cmd->add_option("--max-shard-size", *bytes,
+                  "write shards of at most this much data, as llama.cpp's gguf-split names them (e.g. 50GB, 500MB)")
+      ->transform(CLI::AsSizeValue(true));
+}
+
 void add_critical(CLI::App* cmd, std::string* critical) {
   cmd->add_option("--critical", *critical,
                   "split models: how many of each token's experts (largest weights first) add their CPU residual; "
@@ -99,6 +105,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({2, 3, 4, 5, 6, 8}));
   c_split->add_flag("--report", split_report, "print each tensor's relative error of W^Q and of W^Q + W^R");
+  add_max_shard_size(c_split, &split.max_shard_bytes);
   add_threads(c_split, &split.threads);
 
   cli::SimulateOptions simulate;
@@ -249,6 +256,7 @@ int main(int argc, char** argv) {
   c_make->add_option("--type", make.type, "file type")->check(CLI::IsMember(file_type_names()));
   c_make->add_option("--layers", make.layers, "number of blocks (default: the preset's)");
   c_make->add_option("--seed", make.seed, "weight seed");
+  add_max_shard_size(c_make, &make.max_shard_bytes);
   int make_threads = 0;
   add_threads(c_make, &make_threads);
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 
 #include "runtime/error.h"
@@ -180,13 +181,83 @@ std::string TensorInfo::shape_string() const {
   return s + "]";
 }
 
-GgufFile GgufFile::open(const std::string& path) {
+std::string shard_path(const std::string& prefix, int no, int count) {
+  return fmt::format("{}-{:05d}-of-{:05d}.gguf", prefix, no, count);
+}
+
+GgufFile GgufFile::open_one(const std::string& path) {
   GgufFile f;
   f.mapping_ = MappedFile::open(path);
   f.bytes_ = f.mapping_.bytes();
   f.name_ = path;
   f.parse_all();
   return f;
+}
+
+GgufFile GgufFile::open(const std::string& path) {
+  GgufFile f = open_one(path);
+  const std::optional<int64_t> count = f.get_int(kSplitCountKey);
+  if (!count || *count == 1) return f;
+  const std::optional<int64_t> no = f.get_int(kSplitNoKey);
+  if (*count < 1 || *count > 99999 || !no || *no < 0 || *no >= *count)
+    fail("{}: {} is {} and {} is {}: not a shard of a split set", path, kSplitCountKey, *count, kSplitNoKey,
+         no ? std::to_string(*no) : "missing");
+  // The set's first shard, named after this one.
+  const std::string suffix = fmt::format("-{:05d}-of-{:05d}.gguf", *no + 1, *count);
+  if (path.size() <= suffix.size() || path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0)
+    fail("{}: shard {} of {}, but not named <prefix>{}", path, *no + 1, *count, suffix);
+  const std::string prefix = path.substr(0, path.size() - suffix.size());
+  GgufFile first = *no == 0 ? std::move(f) : open_one(shard_path(prefix, 1, static_cast<int>(*count)));
+  first.join_shards();
+  return first;
+}
+
+void GgufFile::join_shards() {
+  const int count = static_cast<int>(require_int(kSplitCountKey));
+  const std::string suffix = fmt::format("-{:05d}-of-{:05d}.gguf", 1, count);
+  if (name_.size() <= suffix.size() || name_.compare(name_.size() - suffix.size(), suffix.size(), suffix) != 0)
+    fail("{}: the first shard of {}, but not named <prefix>{}", name_, count, suffix);
+  const std::string prefix = name_.substr(0, name_.size() - suffix.size());
+  const int64_t total = require_int(kSplitTensorsKey);
+  auto check = [&](const GgufFile& shard, int index) {
+    const int64_t c = shard.require_int(kSplitCountKey), n = shard.require_int(kSplitNoKey);
+    const int64_t t = shard.require_int(kSplitTensorsKey);
+    if (c != count) fail("{}: {} is {}, the first shard's is {}", shard.name_, kSplitCountKey, c, count);
+    if (n != index) fail("{}: {} is {}, expected {} for its name", shard.name_, kSplitNoKey, n, index);
+    if (t != total) fail("{}: {} is {}, the first shard's is {}", shard.name_, kSplitTensorsKey, t, total);
+  };
+  check(*this, 0);
+  for (int i = 1; i < count; ++i) {
+    const std::string path = shard_path(prefix, i + 1, count);
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) fail("{}: shard {} of {} is missing ({})", name_, i + 1, count, path);
+    GgufFile shard = open_one(path);
+    check(shard, i);
+    for (TensorInfo& t : shard.tensors_) {
+      if (const TensorInfo* other = find_tensor(t.name))
+        fail("{}: tensor '{}' is in two shards (also in the shard of tensor '{}')", path, printable(t.name),
+             printable(other->name));
+      tensor_index_.emplace(t.name, tensors_.size());
+      tensors_.push_back(t);
+    }
+    shard.tensors_.clear();
+    shard.tensor_index_.clear();
+    shards_.push_back(std::move(shard));
+  }
+  if (static_cast<int64_t>(tensors_.size()) != total)
+    fail("{}: {} says {} tensors, the {} shards hold {}", name_, kSplitTensorsKey, total, count, tensors_.size());
+}
+
+size_t GgufFile::file_size() const {
+  size_t total = bytes_.size();
+  for (const GgufFile& s : shards_) total += s.file_size();
+  return total;
+}
+
+std::vector<std::string> GgufFile::shard_paths() const {
+  std::vector<std::string> paths{name_};
+  for (const GgufFile& s : shards_) paths.push_back(s.name_);
+  return paths;
 }
 
 GgufFile GgufFile::parse(std::span<const uint8_t> bytes, const std::string& name) {

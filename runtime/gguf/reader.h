@@ -37,11 +37,24 @@ struct TensorInfo {
   std::string shape_string() const;
 };
 
+// The metadata keys of a sharded file (llama.cpp's gguf-split; hetmoe's writer): every shard carries them, the first
+// shard also carries the model's metadata.
+inline constexpr std::string_view kSplitCountKey = "split.count";            // shards in the set (u16)
+inline constexpr std::string_view kSplitNoKey = "split.no";                  // this shard's index, from 0 (u16)
+inline constexpr std::string_view kSplitTensorsKey = "split.tensors.count";  // tensors over all shards (i32)
+
+// "<prefix>-NNNNN-of-MMMMM.gguf": the name of shard `no` (from 1) of `count`.
+std::string shard_path(const std::string& prefix, int no, int count);
+
 // A parsed GGUF v2/v3 file. The file is untrusted: parsing checks every count, length, offset, shape product
 // and byte size against the file's size before using it, and reports the first problem as an Error naming the
 // file, the problem and its byte offset. Metadata is copied out (small); tensor data stays in the mapping.
 class GgufFile {
  public:
+  // A shard of a split set (split.count > 1, named <prefix>-NNNNN-of-MMMMM.gguf; any shard may be given) opens the
+  // whole set as one file: the first shard's metadata and path, the tensors of every shard in order, each in place
+  // in its own shard's mapping. A missing, truncated, mismatched or extra shard, a tensor in two shards or a tensor
+  // count that does not add up is an Error naming the shard.
   static GgufFile open(const std::string& path);
   // Parses bytes owned by the caller (they must outlive the result); used by the fuzzer and tests.
   static GgufFile parse(std::span<const uint8_t> bytes, const std::string& name);
@@ -50,9 +63,12 @@ class GgufFile {
   uint32_t version() const { return version_; }
   uint32_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
-  size_t file_size() const { return bytes_.size(); }
-  // The whole file: the mapping for open(), the caller's bytes for parse(). Tensor data points into it.
+  // Bytes of the file, or of every shard together.
+  size_t file_size() const;
+  // The whole file (of a sharded set: the first shard): the mapping for open(), the caller's bytes for parse().
   std::span<const uint8_t> bytes() const { return bytes_; }
+  // The files the model was read from: its own path, or every shard's in order.
+  std::vector<std::string> shard_paths() const;
 
   // Metadata in file order.
   const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }
@@ -73,6 +89,9 @@ class GgufFile {
  private:
   GgufFile() = default;
   void parse_all();
+  static GgufFile open_one(const std::string& path);
+  // Opens the rest of the set this shard belongs to and takes their tensors in.
+  void join_shards();
 
   MappedFile mapping_;
   std::span<const uint8_t> bytes_;
@@ -84,6 +103,7 @@ class GgufFile {
   std::map<std::string, size_t, std::less<>> kv_index_;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t, std::less<>> tensor_index_;
+  std::vector<GgufFile> shards_;  // of a split set: the shards after the first, kept mapped (tensors point into them)
 };
 
 }  // namespace hetmoe::gguf

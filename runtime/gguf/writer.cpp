@@ -153,51 +153,97 @@ void GgufWriter::add_tensor_bytes(std::string name, quant::GgmlType type, std::v
   });
 }
 
-void GgufWriter::write(const std::string& path) const {
-  std::string tmp = path + ".tmp";
+void GgufWriter::write_file(const std::string& tmp, const std::vector<std::pair<std::string, Value>>& kv, size_t first,
+                            size_t end) const {
   std::unique_ptr<std::FILE, FileCloser> file(std::fopen(tmp.c_str(), "wb"));
   if (!file) fail("cannot create {}: {}", tmp, std::strerror(errno));
-  try {
-    Out out(file.get(), tmp);
-    out.pod<uint32_t>(kMagic);
-    out.pod<uint32_t>(3);
-    out.pod<uint64_t>(tensors_.size());
-    out.pod<uint64_t>(kv_.size());
-    for (const auto& [key, value] : kv_) {
-      out.string(key);
-      out.pod<uint32_t>(static_cast<uint32_t>(value.type()));
-      write_value(out, value);
-    }
-    uint64_t offset = 0;
-    for (const PendingTensor& t : tensors_) {
-      out.string(t.name);
-      out.pod<uint32_t>(static_cast<uint32_t>(t.ne.size()));
-      for (int64_t n : t.ne) out.pod<int64_t>(n);
-      out.pod<uint32_t>(static_cast<uint32_t>(t.type));
-      out.pod<uint64_t>(offset);
-      offset += t.nbytes;
-      offset += (alignment_ - offset % alignment_) % alignment_;
-    }
+  Out out(file.get(), tmp);
+  out.pod<uint32_t>(kMagic);
+  out.pod<uint32_t>(3);
+  out.pod<uint64_t>(end - first);
+  out.pod<uint64_t>(kv.size());
+  for (const auto& [key, value] : kv) {
+    out.string(key);
+    out.pod<uint32_t>(static_cast<uint32_t>(value.type()));
+    write_value(out, value);
+  }
+  uint64_t offset = 0;
+  for (size_t i = first; i < end; ++i) {
+    const PendingTensor& t = tensors_[i];
+    out.string(t.name);
+    out.pod<uint32_t>(static_cast<uint32_t>(t.ne.size()));
+    for (int64_t n : t.ne) out.pod<int64_t>(n);
+    out.pod<uint32_t>(static_cast<uint32_t>(t.type));
+    out.pod<uint64_t>(offset);
+    offset += t.nbytes;
+    offset += (alignment_ - offset % alignment_) % alignment_;
+  }
+  out.pad_to(alignment_);
+  std::vector<uint8_t> buffer;
+  for (size_t i = first; i < end; ++i) {
+    const PendingTensor& t = tensors_[i];
+    buffer.assign(t.nbytes, 0);
+    t.fill(buffer);
+    out.bytes(buffer.data(), buffer.size());
     out.pad_to(alignment_);
-    std::vector<uint8_t> buffer;
-    for (const PendingTensor& t : tensors_) {
-      buffer.assign(t.nbytes, 0);
-      t.fill(buffer);
-      out.bytes(buffer.data(), buffer.size());
-      out.pad_to(alignment_);
+  }
+  if (std::fflush(file.get()) != 0) fail("cannot write {}: {}", tmp, std::strerror(errno));
+}
+
+std::vector<std::string> GgufWriter::write(const std::string& path, uint64_t max_shard_bytes) const {
+  // The split keys describe how the file is cut: the writer decides that, whatever the metadata it was given says.
+  std::vector<std::pair<std::string, Value>> kv;
+  for (const auto& [key, value] : kv_)
+    if (key != kSplitCountKey && key != kSplitNoKey && key != kSplitTensorsKey) kv.emplace_back(key, value);
+  // Tensors in order, a new shard whenever the next one would take the current one past the limit (a tensor larger
+  // than the limit gets a shard of its own).
+  std::vector<size_t> starts{0};
+  uint64_t in_shard = 0;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const uint64_t bytes = tensors_[i].nbytes + alignment_;
+    if (max_shard_bytes > 0 && in_shard > 0 && in_shard + bytes > max_shard_bytes) {
+      starts.push_back(i);
+      in_shard = 0;
     }
-    if (std::fflush(file.get()) != 0) fail("cannot write {}: {}", tmp, std::strerror(errno));
+    in_shard += bytes;
+  }
+  const int count = static_cast<int>(starts.size());
+  if (count > 99999) fail("{}: {} shards, more than a shard name can count; use a larger shard size", path, count);
+  std::vector<std::string> paths, tmps;
+  if (count == 1) {
+    paths.push_back(path);
+  } else {
+    // <prefix>-00001-of-0000N.gguf, as llama.cpp's gguf-split names them.
+    const std::string prefix =
+        path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0 ? path.substr(0, path.size() - 5) : path;
+    for (int i = 0; i < count; ++i) paths.push_back(shard_path(prefix, i + 1, count));
+  }
+  // Every shard under a temporary name first; the set is renamed only once all of it is written.
+  try {
+    for (int i = 0; i < count; ++i) {
+      std::vector<std::pair<std::string, Value>> shard_kv;
+      if (i == 0) shard_kv = kv;
+      if (count > 1) {
+        shard_kv.emplace_back(std::string(kSplitNoKey), Value::u16(static_cast<uint16_t>(i)));
+        shard_kv.emplace_back(std::string(kSplitTensorsKey), Value::i32(static_cast<int32_t>(tensors_.size())));
+        shard_kv.emplace_back(std::string(kSplitCountKey), Value::u16(static_cast<uint16_t>(count)));
+      }
+      tmps.push_back(paths[i] + ".tmp");
+      const size_t end = i + 1 < count ? starts[i + 1] : tensors_.size();
+      write_file(tmps.back(), shard_kv, starts[i], end);
+    }
   } catch (...) {
-    file.reset();
-    std::remove(tmp.c_str());
+    for (const std::string& tmp : tmps) std::remove(tmp.c_str());
     throw;
   }
-  file.reset();
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    std::remove(tmp.c_str());
-    fail("cannot rename {} to {}: {}", tmp, path, std::strerror(err));
+  for (int i = 0; i < count; ++i) {
+    if (std::rename(tmps[i].c_str(), paths[i].c_str()) != 0) {
+      const int err = errno;
+      for (int j = i; j < count; ++j) std::remove(tmps[j].c_str());
+      fail("cannot rename {} to {}: {}", tmps[i], paths[i], std::strerror(err));
+    }
   }
+  return paths;
 }
 
 }  // namespace hetmoe::gguf

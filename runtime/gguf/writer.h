@@ -15,7 +15,8 @@ namespace hetmoe::gguf {
 
 // Writes a GGUF v3 file. Metadata and tensor descriptions are collected first; the data is then streamed one
 // tensor at a time through a fill callback, so writing a model never holds more than one tensor in memory.
-// The file is written under a temporary name and renamed at the end: a failed write leaves no partial file.
+// The file (or each shard) is written under a temporary name and renamed at the end: a failed write leaves no
+// partial file.
 class GgufWriter {
  public:
   // Fills `out` (exactly the tensor's byte size) with the tensor's data in its GGUF type.
@@ -28,7 +29,11 @@ class GgufWriter {
   // Convenience: a tensor whose bytes are already in memory (copied when written).
   void add_tensor_bytes(std::string name, quant::GgmlType type, std::vector<int64_t> ne, std::vector<uint8_t> bytes);
 
-  void write(const std::string& path) const;
+  // Writes the file, or with max_shard_bytes > 0 and more data than that, a set of shards named
+  // <path without .gguf>-NNNNN-of-MMMMM.gguf (llama.cpp's gguf-split layout: the first shard holds the metadata, every
+  // shard the split keys, tensors in order, each shard at most max_shard_bytes of data unless one tensor is larger).
+  // Returns the paths written. Nothing is renamed into place until every file is written.
+  std::vector<std::string> write(const std::string& path, uint64_t max_shard_bytes = 0) const;
   uint32_t alignment() const { return alignment_; }
 
  private:
@@ -39,6 +44,10 @@ class GgufWriter {
     size_t nbytes;
     FillFn fill;
   };
+
+  // One file of tensors [first, end) with metadata kv, to `tmp`.
+  void write_file(const std::string& tmp, const std::vector<std::pair<std::string, Value>>& kv, size_t first,
+                  size_t end) const;
 
   std::vector<std::pair<std::string, Value>> kv_;
   std::vector<PendingTensor> tensors_;

@@ -360,10 +360,13 @@ void make_model(const MakeModelOptions& opt, const std::function<void(const std:
                         quant::type_info(t.type).name, shape_string(t.ne), t.nbytes() / 1e6));
     });
   }
-  writer.write(opt.out_path);
+  const std::vector<std::string> written = writer.write(opt.out_path, opt.max_shard_bytes);
   if (log) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    log(fmt::format("wrote {} ({} tensors) in {:.1f} s", opt.out_path, n_tensors, secs));
+    const std::string what = written.size() == 1
+                                 ? written.front()
+                                 : fmt::format("{} shards, {} ... {}", written.size(), written.front(), written.back());
+    log(fmt::format("wrote {} ({} tensors) in {:.1f} s", what, n_tensors, secs));
   }
 }
 

@@ -21,7 +21,8 @@ struct MakeModelOptions {
   std::string type = "Q4_K_M";  // a name from file_type_names()
   int layers = -1;              // -1: the preset's default block count
   uint64_t seed = 1;
-  int threads = 1;  // threads generating and quantizing rows; < 1: all cores
+  int threads = 1;               // threads generating and quantizing rows; < 1: all cores
+  uint64_t max_shard_bytes = 0;  // > 0: shards of at most this much data (<out>-NNNNN-of-MMMMM.gguf)
 };
 
 // How a tensor's values are drawn (README section 2.1 of the reference data).

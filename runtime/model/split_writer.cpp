@@ -187,7 +187,7 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, const SplitP
                         advance(static_cast<double>(t.nbytes), split_residual_name(t.name));
                       });
   }
-  writer.write(opt.out);
+  writer.write(opt.out, opt.max_shard_bytes);
   return report;
 }
 

@@ -15,12 +15,13 @@ namespace hetmoe {
 quant::GgmlType residual_type(int residual_bits, int64_t n);
 
 struct SplitOptions {
-  std::string model;      // source GGUF
-  std::string out;        // split GGUF (written under a temporary name, renamed at the end)
-  int gpu_bits = 2;       // W^Q: 2, 3 or 4 bits
-  int group = 64;         // W^Q group: 64 or 128
-  int residual_bits = 4;  // W^R: 2, 3, 4, 5, 6 or 8 bits
-  int threads = 0;        // < 1: all cores
+  std::string model;             // source GGUF
+  std::string out;               // split GGUF (written under a temporary name, renamed at the end)
+  int gpu_bits = 2;              // W^Q: 2, 3 or 4 bits
+  int group = 64;                // W^Q group: 64 or 128
+  int residual_bits = 4;         // W^R: 2, 3, 4, 5, 6 or 8 bits
+  int threads = 0;               // < 1: all cores
+  uint64_t max_shard_bytes = 0;  // > 0: write shards of at most this much data (<out>-NNNNN-of-MMMMM.gguf)
 };
 
 // Per split tensor, relative Frobenius errors against the source weights.

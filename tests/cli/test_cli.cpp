@@ -1,5 +1,6 @@
 // The command line on bad input: each case must end with exactly one line "hetmoe: error: ..." on stderr and
 // exit status 1 (never a signal), and must leave the user's files as they were.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -412,6 +413,30 @@ TEST_F(Cli, CudaIsLoadedOnlyWhenUsed) {
   expect_error(hetmoe("run -m " + kModel.string() + " --tokens 3,17 -n 1 --device cuda",
                       "HETMOE_CUDA_LIBRARY=" + bogus.string()),
                "--device cuda: cannot load " + bogus.string());
+}
+
+// A model in shards opens from any of them as the whole model; a broken set is one line naming the shard.
+TEST_F(Cli, ShardedModelsRunAsTheWholeFile) {
+  const gguf::GgufFile src = gguf::GgufFile::open(kModel.string());
+  gguf::GgufWriter w;
+  for (const auto& [key, value] : src.metadata()) w.set(key, value);
+  for (const gguf::TensorInfo& t : src.tensors())
+    w.add_tensor_bytes(t.name, t.type, std::vector<int64_t>(t.ne.begin(), t.ne.begin() + t.n_dims),
+                       std::vector<uint8_t>(t.data, t.data + t.nbytes));
+  const std::vector<std::string> shards = w.write((dir_ / "m.gguf").string(), 1'500'000);
+  ASSERT_GE(shards.size(), 3u);
+  const Result inspect = hetmoe("inspect -m " + shards[1]);
+  ASSERT_EQ(inspect.status, 0) << inspect.err;
+  EXPECT_NE(inspect.out.find(fmt::format("{} tensors", src.tensors().size())), std::string::npos) << inspect.out;
+  EXPECT_NE(inspect.out.find(fmt::format("shards        {} files", shards.size())), std::string::npos) << inspect.out;
+  const std::string args = " --tokens 3,17,42,100,7 -n 8 --temp 0 --print-ids -t 1";
+  const Result whole = hetmoe("run -m " + kModel.string() + args);
+  const Result sharded = hetmoe("run -m " + shards.back() + args);
+  ASSERT_EQ(whole.status, 0) << whole.err;
+  EXPECT_EQ(sharded.out, whole.out);
+  fs::remove(shards[1]);
+  expect_error(hetmoe("run -m " + shards.front() + args),
+               "shard 2 of " + std::to_string(shards.size()) + " is missing (" + shards[1] + ")");
 }
 
 TEST_F(Cli, LogitsWritesOneRowPerToken) {

@@ -277,9 +277,12 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tiny-qwen3moe-F16.gguf", "tiny-qwen3moe-F16.json", kF16},
                     Case{"tiny-qwen3moe-Q4_K_M.gguf", "tiny-qwen3moe-Q4_K_M.json", kQuant},
                     Case{"tiny-mixtral-F16.gguf", "tiny-mixtral-F16.json", kF16},
-                    Case{"tiny-mixtral-Q4_K_M.gguf", "tiny-mixtral-Q4_K_M.json", kQuant}),
+                    Case{"tiny-mixtral-Q4_K_M.gguf", "tiny-mixtral-Q4_K_M.json", kQuant},
+                    // llama.cpp's gguf-split of the Q4_K_M file into 3 shards: the same outputs (reference README 2.7).
+                    Case{"sharded/tiny-deepseek3-Q4_K_M-00001-of-00003.gguf", "tiny-deepseek3-Q4_K_M.json", kQuant}),
     [](const testing::TestParamInfo<Case>& info) {
       std::string name = info.param.expected.substr(0, info.param.expected.size() - 5);
+      if (info.param.model.starts_with("sharded/")) name += "_sharded";
       for (char& ch : name)
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return name;

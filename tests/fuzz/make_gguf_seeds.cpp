@@ -3,6 +3,7 @@
 // metadata, tokenizer included, and every tensor cut to one block so the file stays small) where the reader takes it.
 //
 //   gguf_fuzz_seeds OUT_DIR [MODEL.gguf ...]
+//   gguf_fuzz_seeds --shards OUT_DIR      (fuzz_gguf_shards' seeds: small sets of 2 to 4 shards)
 
 #include <fmt/format.h>
 
@@ -12,6 +13,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -114,15 +116,46 @@ void write_miniature(const std::string& model, const std::filesystem::path& dir)
   w.write((dir / ("mini-" + std::filesystem::path(model).filename().string())).string());
 }
 
+// Shard sets in fuzz_gguf_shards' input form: a small model written by the writer in 2, 3 and 4 shards.
+void write_shard_seeds(const std::filesystem::path& dir) {
+  for (int tensors : {2, 3, 4}) {
+    GgufWriter w;
+    w.set("general.architecture", Value::string("seed"));
+    for (int i = 0; i < tensors; ++i)
+      add_tensor(w, fmt::format("t{}", i), GgmlType::F32, {16}, static_cast<uint32_t>(i));
+    const std::filesystem::path tmp = dir / fmt::format("set{}.gguf", tensors);
+    const std::vector<std::string> shards = w.write(tmp.string(), 64);
+    std::vector<std::vector<uint8_t>> bytes;
+    for (const std::string& p : shards) {
+      std::ifstream in(p, std::ios::binary);
+      bytes.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      std::filesystem::remove(p);
+    }
+    std::vector<uint8_t> seed{static_cast<uint8_t>(shards.size() - 2)};
+    for (size_t i = 0; i + 1 < bytes.size(); ++i) {
+      seed.push_back(static_cast<uint8_t>(bytes[i].size() & 0xff));
+      seed.push_back(static_cast<uint8_t>(bytes[i].size() >> 8));
+    }
+    for (const std::vector<uint8_t>& b : bytes) seed.insert(seed.end(), b.begin(), b.end());
+    std::ofstream(dir / fmt::format("shards-{}", tensors), std::ios::binary)
+        .write(reinterpret_cast<const char*>(seed.data()), static_cast<std::streamsize>(seed.size()));
+  }
+}
+
 }  // namespace
 }  // namespace hetmoe::gguf
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s OUT_DIR [MODEL.gguf ...]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s OUT_DIR [MODEL.gguf ...] | --shards OUT_DIR\n", argv[0]);
     return 2;
   }
   try {
+    if (std::string(argv[1]) == "--shards" && argc == 3) {
+      std::filesystem::create_directories(argv[2]);
+      hetmoe::gguf::write_shard_seeds(argv[2]);
+      return 0;
+    }
     std::filesystem::path dir = argv[1];
     std::filesystem::create_directories(dir);
     hetmoe::gguf::write_synthetic(dir);

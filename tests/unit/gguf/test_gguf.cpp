@@ -936,5 +936,111 @@ TEST(GgufReference, VocabFilesParse) {
   EXPECT_GT(parsed, 0);
 }
 
+// A writer of `n` F32 tensors of 64 values each (256 bytes of data, 288 with the alignment), metadata first.
+GgufWriter sharded_writer(int n) {
+  GgufWriter w;
+  w.set("general.architecture", Value::string("test"));
+  w.set("test.value", Value::u32(7));
+  for (int i = 0; i < n; ++i)
+    w.add_tensor_bytes(fmt::format("t{}", i), GgmlType::F32, {64}, pattern(256, static_cast<uint32_t>(i)));
+  return w;
+}
+
+std::string error_of(const std::string& path) {
+  try {
+    GgufFile::open(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(GgufShards, WrittenAndReadAsOneFileFromAnyShard) {
+  TempDir dir;
+  // At most 600 bytes of data a shard: two tensors each, the last one alone.
+  const std::vector<std::string> paths = sharded_writer(5).write(dir.file("m.gguf"), 600);
+  ASSERT_EQ(paths, (std::vector<std::string>{dir.file("m-00001-of-00003.gguf"), dir.file("m-00002-of-00003.gguf"),
+                                             dir.file("m-00003-of-00003.gguf")}));
+  EXPECT_FALSE(std::filesystem::exists(dir.file("m.gguf")));
+  for (const std::string& given : paths) {
+    const GgufFile f = GgufFile::open(given);
+    EXPECT_EQ(f.path(), paths.front());
+    EXPECT_EQ(f.shard_paths(), paths);
+    EXPECT_EQ(f.get_int("test.value"), 7);
+    EXPECT_EQ(f.get_int(kSplitCountKey), 3);
+    EXPECT_EQ(f.get_int(kSplitTensorsKey), 5);
+    ASSERT_EQ(f.tensors().size(), 5u);
+    size_t total = 0;
+    for (const std::string& p : paths) total += std::filesystem::file_size(p);
+    EXPECT_EQ(f.file_size(), total);
+    for (int i = 0; i < 5; ++i) {
+      const TensorInfo* t = f.find_tensor(fmt::format("t{}", i));
+      ASSERT_NE(t, nullptr);
+      EXPECT_EQ(std::vector<uint8_t>(t->data, t->data + t->nbytes), pattern(256, static_cast<uint32_t>(i)));
+    }
+  }
+  // Each shard is a GGUF file of its own: the later ones carry only the split keys.
+  const GgufFile second = GgufFile::parse(read_all(paths[1]), "second");
+  EXPECT_EQ(second.metadata().size(), 3u);
+  EXPECT_EQ(second.get_int(kSplitNoKey), 1);
+  EXPECT_EQ(second.tensors().size(), 2u);
+  // Without a limit, or with a large one, one plain file.
+  EXPECT_EQ(sharded_writer(5).write(dir.file("one.gguf"), 1 << 20), std::vector<std::string>{dir.file("one.gguf")});
+  EXPECT_FALSE(GgufFile::open(dir.file("one.gguf")).find(kSplitCountKey));
+}
+
+TEST(GgufShards, BadSetsAreOneLineErrorsNamingTheShard) {
+  TempDir dir;
+  const std::vector<std::string> paths = sharded_writer(5).write(dir.file("m.gguf"), 600);
+  const std::vector<uint8_t> middle = read_all(paths[1]);
+  auto restore = [&] {
+    std::ofstream(paths[1], std::ios::binary).write(reinterpret_cast<const char*>(middle.data()), middle.size());
+  };
+  // Missing.
+  std::filesystem::remove(paths[1]);
+  EXPECT_NE(error_of(paths[2]).find("shard 2 of 3 is missing (" + paths[1] + ")"), std::string::npos);
+  // Truncated.
+  std::ofstream(paths[1], std::ios::binary).write(reinterpret_cast<const char*>(middle.data()), middle.size() - 100);
+  EXPECT_EQ(error_of(paths[0]).rfind(paths[1] + ": ", 0), 0u) << error_of(paths[0]);
+  restore();
+  EXPECT_EQ(error_of(paths[0]), "");
+  // Another set's shard in its place (split.count 2), or one whose split.no is not its position.
+  const std::vector<std::string> other = sharded_writer(4).write(dir.file("o.gguf"), 600);
+  ASSERT_EQ(other.size(), 2u);
+  std::filesystem::copy_file(other[1], paths[1], std::filesystem::copy_options::overwrite_existing);
+  EXPECT_NE(error_of(paths[0]).find(paths[1] + ": split.count is 2, the first shard's is 3"), std::string::npos);
+  std::filesystem::copy_file(paths[2], paths[1], std::filesystem::copy_options::overwrite_existing);
+  EXPECT_NE(error_of(paths[0]).find(paths[1] + ": split.no is 2, expected 1"), std::string::npos);
+  restore();
+  // A shard renamed out of its set's pattern.
+  std::filesystem::copy_file(paths[2], dir.file("renamed.gguf"));
+  EXPECT_NE(error_of(dir.file("renamed.gguf")).find("not named <prefix>-00003-of-00003.gguf"), std::string::npos);
+  // A tensor in two shards, and a tensor count that does not add up (shards built by hand: the writer decides the
+  // split keys itself).
+  auto shard = [&](const std::string& name, uint16_t no, int32_t total, std::string_view tensor) {
+    ByteBuilder b;
+    b.header(1, 3);
+    b.key(kSplitNoKey, ValueType::kUint16).pod<uint16_t>(no);
+    b.key(kSplitTensorsKey, ValueType::kInt32).pod<int32_t>(total);
+    b.key(kSplitCountKey, ValueType::kUint16).pod<uint16_t>(2);
+    b.tensor(tensor, {64}, GgmlType::F32, 0);
+    b.pad_to(kDefaultAlignment);
+    b.raw(pattern(256, no));
+    std::ofstream(dir.file(name), std::ios::binary)
+        .write(reinterpret_cast<const char*>(b.bytes().data()), static_cast<std::streamsize>(b.size()));
+  };
+  shard("d-00001-of-00002.gguf", 0, 2, "same");
+  shard("d-00002-of-00002.gguf", 1, 2, "same");
+  EXPECT_NE(error_of(dir.file("d-00001-of-00002.gguf")).find("tensor 'same' is in two shards"), std::string::npos);
+  shard("d-00002-of-00002.gguf", 1, 2, "other");
+  EXPECT_EQ(error_of(dir.file("d-00001-of-00002.gguf")), "");
+  shard("c-00001-of-00002.gguf", 0, 3, "a");
+  shard("c-00002-of-00002.gguf", 1, 3, "b");
+  EXPECT_NE(error_of(dir.file("c-00002-of-00002.gguf")).find("split.tensors.count says 3 tensors, the 2 shards hold 2"),
+            std::string::npos);
+  // Every message is one line.
+  EXPECT_EQ(error_of(dir.file("c-00002-of-00002.gguf")).find('\n'), std::string::npos);
+}
+
 }  // namespace
 }  // namespace hetmoe::gguf
