@@ -47,6 +47,7 @@ KernelTable make_ref_table() {
   set_ref<GgmlType::Q6_K>(t);
   set_ref<GgmlType::IQ4_NL>(t);
   set_ref<GgmlType::IQ4_XS>(t);
+  set_ref<GgmlType::MXFP4>(t);
   set_ref<GgmlType::HQ2_G64>(t);
   set_ref<GgmlType::HQ2_G128>(t);
   set_ref<GgmlType::HQ3_G64>(t);

@@ -21,11 +21,24 @@ inline constexpr int kQK5_1 = 32;
 inline constexpr int kQK8_0 = 32;
 inline constexpr int kQK8_1 = 32;
 inline constexpr int kQK4_NL = 32;
+inline constexpr int kQK_MXFP4 = 32;
 inline constexpr int kQK_K = 256;        // elements per K-quant super-block
 inline constexpr int kKScaleBytes = 12;  // packed 6-bit scales and mins of Q4_K / Q5_K, and Q3_K's scales
 
 // The 16 levels of IQ4_NL and IQ4_XS, in units of the block scale.
 inline constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// The 16 codes of MXFP4: E2M1's values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) doubled, so they are integers;
+// the block scale is read back halved (e8m0_to_fp32_half) to make up for it.
+inline constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// An E8M0 scale (a bare float exponent, bias 127) times one half: 2^(e - 128), 2^-128 and 2^-127 as denormals.
+inline float e8m0_to_fp32_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? uint32_t{0x00200000} << e : static_cast<uint32_t>(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
 
 struct BlockQ4_0 {
   uint16_t d;              // fp16 scale
@@ -123,6 +136,12 @@ struct BlockIQ4_XS {
   uint8_t qs[kQK_K / 2];
 };
 
+// MXFP4 (OCP microscaling, gpt-oss's experts): 32 E2M1 codes under one power-of-two scale.
+struct BlockMXFP4 {
+  uint8_t e;                  // E8M0 scale
+  uint8_t qs[kQK_MXFP4 / 2];  // codes into kMxfp4Values, nibbles laid out as Q4_0
+};
+
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ5_0) == 22 && offsetof(BlockQ5_0, qs) == 6);
@@ -137,6 +156,7 @@ static_assert(sizeof(BlockQ6_K) == 210 && offsetof(BlockQ6_K, d) == 208);
 static_assert(sizeof(BlockQ8_K) == 292 && offsetof(BlockQ8_K, bsums) == 260);
 static_assert(sizeof(BlockIQ4_NL) == 18);
 static_assert(sizeof(BlockIQ4_XS) == 136 && offsetof(BlockIQ4_XS, qs) == 8);
+static_assert(sizeof(BlockMXFP4) == 17);
 
 // Block i of a row that may sit at any byte address.
 template <typename Block>

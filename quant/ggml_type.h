@@ -27,6 +27,7 @@ enum class GgmlType : uint32_t {
   IQ4_NL = 20,
   IQ4_XS = 23,
   BF16 = 30,
+  MXFP4 = 39,
   HQ2_G64 = 1020,  // id = 1000 + 10 * bits + (group == 128)
   HQ2_G128 = 1021,
   HQ3_G64 = 1030,

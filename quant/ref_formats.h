@@ -86,6 +86,11 @@ void quantize_iq4_xs(const float* src, void* dst, int64_t n);
 float vec_dot_iq4_nl(int64_t n, const void* weight, const void* activation);
 float vec_dot_iq4_xs(int64_t n, const void* weight, const void* activation);
 
+// ref_fp4.cpp
+void dequantize_mxfp4(const void* src, float* dst, int64_t n);
+void quantize_mxfp4(const float* src, void* dst, int64_t n);
+float vec_dot_mxfp4(int64_t n, const void* weight, const void* activation);
+
 // ref_activation.cpp: the 8-bit activation formats as ggml-cpu's x86 (AVX2) from_float writes them.
 void quantize_activation_q8_0(const float* src, void* dst, int64_t n);
 void quantize_activation_q8_1(const float* src, void* dst, int64_t n);

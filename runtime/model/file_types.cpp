@@ -28,6 +28,7 @@ constexpr std::array kFileTypes = {
     FileType{"Q6_K", LlamaFtype::kMostlyQ6_K, GgmlType::Q6_K},
     FileType{"IQ4_NL", LlamaFtype::kMostlyIQ4_NL, GgmlType::IQ4_NL},
     FileType{"IQ4_XS", LlamaFtype::kMostlyIQ4_XS, GgmlType::IQ4_XS},
+    FileType{"MXFP4_MOE", LlamaFtype::kMostlyMXFP4Moe, GgmlType::MXFP4},
 };
 
 bool iequal(std::string_view a, std::string_view b) {
@@ -84,6 +85,8 @@ int layer_of(std::string_view name) {
 
 GgmlType mix_rule(const FileType& ft, const TensorTypeQuery& q, GgmlType t) {
   const LlamaFtype f = ft.ftype;
+  // gpt-oss's mix: the experts (3-D tensors) in MXFP4, every other weight, the output head included, in Q8_0.
+  if (f == LlamaFtype::kMostlyMXFP4Moe) return q.ne.size() > 2 && q.ne[2] > 1 ? GgmlType::MXFP4 : GgmlType::Q8_0;
   switch (category_of(q.name)) {
     case Category::kOutput: {
       // Not tied to token_embd (deepseek2 has output.weight): output gets Q6_K unless the file is Q8_0, or Q8_0

@@ -25,6 +25,7 @@ enum class LlamaFtype : uint32_t {
   kMostlyIQ4_NL = 25,
   kMostlyIQ4_XS = 30,
   kMostlyBF16 = 32,
+  kMostlyMXFP4Moe = 38,
 };
 
 // One --type value: its name, the llama_ftype it is, and the type most weight tensors get.

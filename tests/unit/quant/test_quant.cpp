@@ -26,8 +26,8 @@ namespace {
 
 using nlohmann::json;
 
-const char* const kBlockTypes[] = {"F16",  "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1",   "Q8_0",
-                                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"};
+const char* const kBlockTypes[] = {"F16",  "BF16", "Q4_0", "Q4_1", "Q5_0",   "Q5_1",   "Q8_0", "Q2_K",
+                                   "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"};
 
 // One blocks/<TYPE>.json with its .bin: what llama.cpp wrote and computed for an 8 x 512 matrix.
 struct BlockVectors {
@@ -215,6 +215,7 @@ constexpr TableRow kTable[] = {
     {"Q8_K",   15, 256, 292,  584, "Q8_K"},
     {"IQ4_NL", 20,  32,  18,  288, "Q8_0"},
     {"IQ4_XS", 23, 256, 136,  272, "Q8_K"},
+    {"MXFP4",  39,  32,  17,  272, "Q8_0"},
 };
 // clang-format on
 
@@ -251,15 +252,17 @@ TEST(TypeTable, BlockStructsHaveTheTypeSize) {
   EXPECT_EQ(sizeof(BlockQ8_K), type_info(GgmlType::Q8_K).type_size);
   EXPECT_EQ(sizeof(BlockIQ4_NL), type_info(GgmlType::IQ4_NL).type_size);
   EXPECT_EQ(sizeof(BlockIQ4_XS), type_info(GgmlType::IQ4_XS).type_size);
+  EXPECT_EQ(sizeof(BlockMXFP4), type_info(GgmlType::MXFP4).type_size);
   EXPECT_EQ(kQK4_0, type_info(GgmlType::Q4_0).block_size);
   EXPECT_EQ(kQK_K, type_info(GgmlType::Q4_K).block_size);
 }
 
 // ------------------------------------------------------------------------------------------------ own data
 
-const GgmlType kWeightTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,   GgmlType::Q4_1,
-                                 GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K,   GgmlType::Q3_K,
-                                 GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
+const GgmlType kWeightTypes[] = {GgmlType::F32,  GgmlType::F16,    GgmlType::BF16,   GgmlType::Q4_0,
+                                 GgmlType::Q4_1, GgmlType::Q5_0,   GgmlType::Q5_1,   GgmlType::Q8_0,
+                                 GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::Q4_K,   GgmlType::Q5_K,
+                                 GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4};
 
 // Awkward lengths: 7 blocks (97 elements for the one-element "blocks" of the float formats).
 int64_t awkward_length(GgmlType type) {

@@ -366,7 +366,15 @@ TEST(FileTypes, FallbacksAndOutputRule) {
   EXPECT_EQ(type_of("F32", "blk.3.attn_q.weight", {2048, 3072}), GgmlType::F32);
   EXPECT_EQ(find_file_type("q4_k_m"), find_file_type("Q4_K_M"));
   EXPECT_EQ(find_file_type("Q4_K"), nullptr);
-  EXPECT_EQ(file_type_names().size(), 15u);
+  EXPECT_EQ(file_type_names().size(), 16u);
+  // gpt-oss's MXFP4_MOE mix: experts in MXFP4, every other weight (the output head too) in Q8_0, routers F32.
+  EXPECT_EQ(type_of("MXFP4_MOE", "blk.3.ffn_up_exps.weight", {2048, 1408, 64}), GgmlType::MXFP4);
+  EXPECT_EQ(type_of("MXFP4_MOE", "blk.3.ffn_down_exps.weight", {1408, 2048, 64}), GgmlType::MXFP4);
+  EXPECT_EQ(type_of("MXFP4_MOE", "blk.3.attn_output.weight", {2048, 2048}), GgmlType::Q8_0);
+  EXPECT_EQ(type_of("MXFP4_MOE", "blk.3.ffn_up_shexp.weight", {2048, 2816}), GgmlType::Q8_0);
+  EXPECT_EQ(type_of("MXFP4_MOE", "output.weight", out), GgmlType::Q8_0);
+  EXPECT_EQ(type_of("MXFP4_MOE", "token_embd.weight", out), GgmlType::Q8_0);
+  EXPECT_EQ(type_of("MXFP4_MOE", "blk.3.ffn_gate_inp.weight", {2048, 64}), GgmlType::F32);
 }
 
 const PlannedTensor* find(const ModelPlan& plan, const std::string& name) {
