@@ -48,6 +48,8 @@ KernelTable make_ref_table() {
   set_ref<GgmlType::IQ4_NL>(t);
   set_ref<GgmlType::IQ4_XS>(t);
   set_ref<GgmlType::MXFP4>(t);
+  set_ref<GgmlType::TQ1_0>(t);
+  set_ref<GgmlType::TQ2_0>(t);
   set_ref<GgmlType::HQ2_G64>(t);
   set_ref<GgmlType::HQ2_G128>(t);
   set_ref<GgmlType::HQ3_G64>(t);

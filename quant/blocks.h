@@ -142,6 +142,21 @@ struct BlockMXFP4 {
   uint8_t qs[kQK_MXFP4 / 2];  // codes into kMxfp4Values, nibbles laid out as Q4_0
 };
 
+// The ternary formats (values -1, 0, 1 times one fp16 scale per 256). TQ1_0 packs 5 values per byte in base 3 as a
+// fixed-point fraction (byte = ceil(256 * v / 243) for the 5-trit number v, so value n is the integer part of
+// 3 * (byte * 3^n mod 256) / 256): 240 values in qs, in runs of 32 and then 16 bytes, the last 16 values 4 per byte in
+// qh. TQ2_0 stores 2 bits per value (code - 1), value 32 * (4 * c + l) + m in bits 2l of qs[32 c + m].
+struct BlockTQ1_0 {
+  uint8_t qs[(kQK_K - 4 * kQK_K / 64) / 5];
+  uint8_t qh[kQK_K / 64];
+  uint16_t d;
+};
+
+struct BlockTQ2_0 {
+  uint8_t qs[kQK_K / 4];
+  uint16_t d;
+};
+
 static_assert(sizeof(BlockQ4_0) == 18);
 static_assert(sizeof(BlockQ4_1) == 20);
 static_assert(sizeof(BlockQ5_0) == 22 && offsetof(BlockQ5_0, qs) == 6);
@@ -157,6 +172,8 @@ static_assert(sizeof(BlockQ8_K) == 292 && offsetof(BlockQ8_K, bsums) == 260);
 static_assert(sizeof(BlockIQ4_NL) == 18);
 static_assert(sizeof(BlockIQ4_XS) == 136 && offsetof(BlockIQ4_XS, qs) == 8);
 static_assert(sizeof(BlockMXFP4) == 17);
+static_assert(sizeof(BlockTQ1_0) == 54 && offsetof(BlockTQ1_0, d) == 52);
+static_assert(sizeof(BlockTQ2_0) == 66 && offsetof(BlockTQ2_0, d) == 64);
 
 // Block i of a row that may sit at any byte address.
 template <typename Block>

@@ -27,6 +27,8 @@ constexpr std::array kTypes = {
     TypeInfo{T::Q8_K, "Q8_K", 256, 292, T::Q8_K},
     TypeInfo{T::IQ4_NL, "IQ4_NL", 32, 18, T::Q8_0},
     TypeInfo{T::IQ4_XS, "IQ4_XS", 256, 136, T::Q8_K},
+    TypeInfo{T::TQ1_0, "TQ1_0", 256, 54, T::Q8_K},
+    TypeInfo{T::TQ2_0, "TQ2_0", 256, 66, T::Q8_K},
     TypeInfo{T::MXFP4, "MXFP4", 32, 17, T::Q8_0},
     TypeInfo{T::HQ2_G64, "HQ2_G64", 64, 64 * 2 / 8 + 4, T::F32},
     TypeInfo{T::HQ2_G128, "HQ2_G128", 128, 128 * 2 / 8 + 4, T::F32},

@@ -27,6 +27,8 @@ enum class GgmlType : uint32_t {
   IQ4_NL = 20,
   IQ4_XS = 23,
   BF16 = 30,
+  TQ1_0 = 34,
+  TQ2_0 = 35,
   MXFP4 = 39,
   HQ2_G64 = 1020,  // id = 1000 + 10 * bits + (group == 128)
   HQ2_G128 = 1021,

@@ -41,6 +41,8 @@ constexpr std::array kFormats = {
     FormatRef{T::Q8_K,   rd::dequantize_q8_k,   nullptr,             nullptr,            rd::quantize_activation_q8_k},
     FormatRef{T::IQ4_NL, rd::dequantize_iq4_nl, rd::quantize_iq4_nl, rd::vec_dot_iq4_nl, nullptr},
     FormatRef{T::IQ4_XS, rd::dequantize_iq4_xs, rd::quantize_iq4_xs, rd::vec_dot_iq4_xs, nullptr},
+    FormatRef{T::TQ1_0,  rd::dequantize_tq1_0,  rd::quantize_tq1_0,  rd::vec_dot_tq1_0,  nullptr},
+    FormatRef{T::TQ2_0,  rd::dequantize_tq2_0,  rd::quantize_tq2_0,  rd::vec_dot_tq2_0,  nullptr},
     FormatRef{T::MXFP4,  rd::dequantize_mxfp4,  rd::quantize_mxfp4,  rd::vec_dot_mxfp4,  nullptr},
     FormatRef{T::HQ2_G64,  rd::dequantize_hq2_g64,  rd::quantize_hq2_g64,  rd::vec_dot_hq2_g64,  nullptr},
     FormatRef{T::HQ2_G128, rd::dequantize_hq2_g128, rd::quantize_hq2_g128, rd::vec_dot_hq2_g128, nullptr},

@@ -91,6 +91,14 @@ void dequantize_mxfp4(const void* src, float* dst, int64_t n);
 void quantize_mxfp4(const float* src, void* dst, int64_t n);
 float vec_dot_mxfp4(int64_t n, const void* weight, const void* activation);
 
+// ref_ternary.cpp
+void dequantize_tq1_0(const void* src, float* dst, int64_t n);
+void dequantize_tq2_0(const void* src, float* dst, int64_t n);
+void quantize_tq1_0(const float* src, void* dst, int64_t n);
+void quantize_tq2_0(const float* src, void* dst, int64_t n);
+float vec_dot_tq1_0(int64_t n, const void* weight, const void* activation);
+float vec_dot_tq2_0(int64_t n, const void* weight, const void* activation);
+
 // ref_activation.cpp: the 8-bit activation formats as ggml-cpu's x86 (AVX2) from_float writes them.
 void quantize_activation_q8_0(const float* src, void* dst, int64_t n);
 void quantize_activation_q8_1(const float* src, void* dst, int64_t n);

@@ -28,6 +28,8 @@ constexpr std::array kFileTypes = {
     FileType{"Q6_K", LlamaFtype::kMostlyQ6_K, GgmlType::Q6_K},
     FileType{"IQ4_NL", LlamaFtype::kMostlyIQ4_NL, GgmlType::IQ4_NL},
     FileType{"IQ4_XS", LlamaFtype::kMostlyIQ4_XS, GgmlType::IQ4_XS},
+    FileType{"TQ1_0", LlamaFtype::kMostlyTQ1_0, GgmlType::TQ1_0},
+    FileType{"TQ2_0", LlamaFtype::kMostlyTQ2_0, GgmlType::TQ2_0},
     FileType{"MXFP4_MOE", LlamaFtype::kMostlyMXFP4Moe, GgmlType::MXFP4},
 };
 
@@ -96,7 +98,8 @@ GgmlType mix_rule(const FileType& ft, const TensorTypeQuery& q, GgmlType t) {
       return t;
     }
     case Category::kTokenEmbd:
-      return t;  // only the IQ1/IQ2/IQ3/TQ mixes change it
+      if (f == LlamaFtype::kMostlyTQ1_0 || f == LlamaFtype::kMostlyTQ2_0) return GgmlType::Q4_K;
+      return t;  // the IQ1/IQ2/IQ3 mixes change it too
     case Category::kAttnOutput:
       if (q.n_expert == 8) {
         if (f == LlamaFtype::kMostlyQ2_K || f == LlamaFtype::kMostlyQ3_K_M || f == LlamaFtype::kMostlyIQ4_NL ||
@@ -134,6 +137,8 @@ GgmlType fallback(GgmlType t, int64_t ncols) {
       break;
     case GgmlType::Q2_K:
     case GgmlType::Q3_K:
+    case GgmlType::TQ1_0:
+    case GgmlType::TQ2_0:
       r = GgmlType::Q4_0;
       break;
     case GgmlType::Q4_K:

@@ -25,6 +25,8 @@ enum class LlamaFtype : uint32_t {
   kMostlyIQ4_NL = 25,
   kMostlyIQ4_XS = 30,
   kMostlyBF16 = 32,
+  kMostlyTQ1_0 = 36,
+  kMostlyTQ2_0 = 37,
   kMostlyMXFP4Moe = 38,
 };
 

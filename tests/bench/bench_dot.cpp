@@ -144,9 +144,10 @@ void register_all() {
                                      [isa, t, threads](benchmark::State& s) { bm_stream(s, isa, t, threads); })
             ->UseRealTime();
   for (Isa isa : {Isa::kRef, Isa::kAvx2, Isa::kAvx512})
-    for (GgmlType t : {GgmlType::BF16, GgmlType::Q4_1, GgmlType::Q5_1, GgmlType::Q4_0, GgmlType::IQ4_NL,
-                       GgmlType::MXFP4, GgmlType::IQ4_XS, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,
-                       GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::F16})
+    for (GgmlType t :
+         {GgmlType::BF16, GgmlType::Q4_1, GgmlType::Q5_1, GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::MXFP4,
+          GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ4_XS, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,
+          GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::F16})
       benchmark::RegisterBenchmark((std::string("dot/") + std::string(hetmoe::cpu::isa_name(isa)) + "/" +
                                     std::string(hetmoe::quant::type_info(t).name))
                                        .c_str(),

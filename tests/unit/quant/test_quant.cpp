@@ -26,8 +26,8 @@ namespace {
 
 using nlohmann::json;
 
-const char* const kBlockTypes[] = {"F16",  "BF16", "Q4_0", "Q4_1", "Q5_0",   "Q5_1",   "Q8_0", "Q2_K",
-                                   "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"};
+const char* const kBlockTypes[] = {"F16",  "BF16", "Q4_0", "Q4_1",   "Q5_0",   "Q5_1",  "Q8_0",  "Q2_K", "Q3_K",
+                                   "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0"};
 
 // One blocks/<TYPE>.json with its .bin: what llama.cpp wrote and computed for an 8 x 512 matrix.
 struct BlockVectors {
@@ -216,6 +216,8 @@ constexpr TableRow kTable[] = {
     {"IQ4_NL", 20,  32,  18,  288, "Q8_0"},
     {"IQ4_XS", 23, 256, 136,  272, "Q8_K"},
     {"MXFP4",  39,  32,  17,  272, "Q8_0"},
+    {"TQ1_0",  34, 256,  54,  108, "Q8_K"},
+    {"TQ2_0",  35, 256,  66,  132, "Q8_K"},
 };
 // clang-format on
 
@@ -253,6 +255,8 @@ TEST(TypeTable, BlockStructsHaveTheTypeSize) {
   EXPECT_EQ(sizeof(BlockIQ4_NL), type_info(GgmlType::IQ4_NL).type_size);
   EXPECT_EQ(sizeof(BlockIQ4_XS), type_info(GgmlType::IQ4_XS).type_size);
   EXPECT_EQ(sizeof(BlockMXFP4), type_info(GgmlType::MXFP4).type_size);
+  EXPECT_EQ(sizeof(BlockTQ1_0), type_info(GgmlType::TQ1_0).type_size);
+  EXPECT_EQ(sizeof(BlockTQ2_0), type_info(GgmlType::TQ2_0).type_size);
   EXPECT_EQ(kQK4_0, type_info(GgmlType::Q4_0).block_size);
   EXPECT_EQ(kQK_K, type_info(GgmlType::Q4_K).block_size);
 }

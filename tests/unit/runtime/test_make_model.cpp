@@ -366,7 +366,13 @@ TEST(FileTypes, FallbacksAndOutputRule) {
   EXPECT_EQ(type_of("F32", "blk.3.attn_q.weight", {2048, 3072}), GgmlType::F32);
   EXPECT_EQ(find_file_type("q4_k_m"), find_file_type("Q4_K_M"));
   EXPECT_EQ(find_file_type("Q4_K"), nullptr);
-  EXPECT_EQ(file_type_names().size(), 16u);
+  EXPECT_EQ(file_type_names().size(), 18u);
+  // The ternary mixes: Q4_K embeddings, Q6_K output, Q4_0 where a row is not whole 256-blocks.
+  EXPECT_EQ(type_of("TQ1_0", "blk.3.ffn_up_exps.weight", {2048, 1408, 64}), GgmlType::TQ1_0);
+  EXPECT_EQ(type_of("TQ2_0", "blk.3.attn_output.weight", {2048, 2048}), GgmlType::TQ2_0);
+  EXPECT_EQ(type_of("TQ2_0", "token_embd.weight", out), GgmlType::Q4_K);
+  EXPECT_EQ(type_of("TQ1_0", "output.weight", out), GgmlType::Q6_K);
+  EXPECT_EQ(type_of("TQ1_0", "blk.3.ffn_down_exps.weight", {1408, 2048, 64}), GgmlType::Q4_0);
   // gpt-oss's MXFP4_MOE mix: experts in MXFP4, every other weight (the output head too) in Q8_0, routers F32.
   EXPECT_EQ(type_of("MXFP4_MOE", "blk.3.ffn_up_exps.weight", {2048, 1408, 64}), GgmlType::MXFP4);
   EXPECT_EQ(type_of("MXFP4_MOE", "blk.3.ffn_down_exps.weight", {1408, 2048, 64}), GgmlType::MXFP4);
