@@ -44,10 +44,12 @@ uint8_t pack_trits(const float* x, int stride, int count, float id) {
   return static_cast<uint8_t>((static_cast<uint16_t>(q) * 256 + (243 - 1)) / 243);
 }
 
-float block_amax(const float* x) {
+// The block's scale as stored (its absolute maximum in fp16), with the inverse of the unrounded one in `id`.
+uint16_t ternary_scale(const float* x, float* id) {
   float amax = 0.0f;
   for (int j = 0; j < kQK_K; ++j) amax = std::max(amax, std::fabs(x[j]));
-  return amax;
+  *id = amax != 0.0f ? 1.0f / amax : 0.0f;
+  return fp32_to_fp16(amax);
 }
 
 }  // namespace
@@ -76,10 +78,9 @@ void dequantize_tq2_0(const void* src, float* dst, int64_t n) {
 void quantize_tq1_0(const float* src, void* dst, int64_t n) {
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const float* x = src + i * kQK_K;
-    const float d = block_amax(x);
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
     BlockTQ1_0 b{};
-    b.d = fp32_to_fp16(d);
+    float id = 0.0f;
+    b.d = ternary_scale(x, &id);
     const int split = kQs1 - kQs1 % 32;
     for (int m = 0; m < 32; ++m) b.qs[m] = pack_trits(x + m, 32, 5, id);
     for (int m = 0; m < kQs1 - split; ++m) b.qs[split + m] = pack_trits(x + 5 * split + m, 16, 5, id);
@@ -91,10 +92,9 @@ void quantize_tq1_0(const float* src, void* dst, int64_t n) {
 void quantize_tq2_0(const float* src, void* dst, int64_t n) {
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const float* x = src + i * kQK_K;
-    const float d = block_amax(x);
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
     BlockTQ2_0 b{};
-    b.d = fp32_to_fp16(d);
+    float id = 0.0f;
+    b.d = ternary_scale(x, &id);
     for (int c = 0; c < 2; ++c)
       for (int m = 0; m < 32; ++m) {
         int q = 0;
