@@ -59,37 +59,34 @@ const Stepper::Step& Stepper::plan(const LayerRouting& routing) {
   // Resident experts run on the device and the others on the CPU, whatever else the plan says; prefetched ones run
   // from their move slots when routed to.
   for (ExpertStep& s : step_.plan.experts) {
-    const bool prefetched = std::any_of(prefetched_.begin(), prefetched_.end(),
-                                        [&](const std::pair<int64_t, int>& p) { return p.first == s.expert; });
-    if (residency_.resident(layer, s.expert) || prefetched) {
+    const auto prefetched = std::find_if(prefetched_.begin(), prefetched_.end(),
+                                         [&](const std::pair<int64_t, int>& p) { return p.first == s.expert; });
+    const bool resident = residency_.resident(layer, s.expert);
+    if (resident || prefetched != prefetched_.end()) {
       s.action = Action::kGpuResident;
     } else if (s.action == Action::kGpuResident) {
       s.action = Action::kCpuInPlace;
     }
-    if (prefetched && !residency_.resident(layer, s.expert))
-      for (const auto& p : prefetched_)
-        if (p.first == s.expert) step_.prefetched.push_back(p);
+    if (!resident && prefetched != prefetched_.end()) step_.prefetched.push_back(*prefetched);
   }
   // The ring: the move slots no prefetched expert of this step holds. Without one, a planned move runs on the CPU.
   for (int i = 0; i < static_cast<int>(options_.move_slots); ++i)
     if (std::none_of(step_.prefetched.begin(), step_.prefetched.end(),
                      [&](const std::pair<int64_t, int>& p) { return p.second == i; }))
       step_.ring.push_back(i);
+  std::vector<const ExpertStep*> moved;
   for (ExpertStep& s : step_.plan.experts) {
     if (s.action != Action::kMove) continue;
     if (step_.ring.empty()) {
       s.action = Action::kCpuInPlace;
       continue;
     }
-    step_.moves.push_back(s.expert);
+    moved.push_back(&s);
   }
   // The largest first (ties: lower id), so the ring's first copies carry the most work.
-  auto rows = [&](int64_t e) {
-    for (const ExpertStep& s : step_.plan.experts)
-      if (s.expert == e) return s.rows;
-    return int64_t{0};
-  };
-  std::stable_sort(step_.moves.begin(), step_.moves.end(), [&](int64_t a, int64_t b) { return rows(a) > rows(b); });
+  std::stable_sort(moved.begin(), moved.end(),
+                   [](const ExpertStep* a, const ExpertStep* b) { return a->rows > b->rows; });
+  for (const ExpertStep* s : moved) step_.moves.push_back(s->expert);
   routing_ = routing;
   planned_ = true;
   return step_;

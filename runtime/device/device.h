@@ -27,6 +27,11 @@ struct DeviceMatrix {
   int64_t n_cols = 0, n_rows = 0;
   size_t row_bytes = 0;
   const void* data = nullptr;  // device memory
+
+  // Rows [first, first + count) (one head's rows of a per-head tensor), as cpu::WeightMatrix::rows.
+  DeviceMatrix rows(int64_t first, int64_t count) const {
+    return {type, n_cols, count, row_bytes, static_cast<const uint8_t*>(data) + first * row_bytes};
+  }
 };
 
 // An event: a point in one stream's work, reached when everything queued on that stream before it has run.
@@ -81,9 +86,8 @@ class Device {
                             int64_t n, float* y) {
     const int64_t rows = w.n_rows / layout.n_heads;
     for (int64_t h = 0; h < layout.n_heads; ++h)
-      matmul(
-          stream, {w.type, w.n_cols, rows, w.row_bytes, static_cast<const uint8_t*>(w.data) + h * rows * w.row_bytes},
-          x + h * layout.x_head_stride, layout.x_token_stride, n, y + h * layout.y_head_stride, layout.y_token_stride);
+      matmul(stream, w.rows(h * rows, rows), x + h * layout.x_head_stride, layout.x_token_stride, n,
+             y + h * layout.y_head_stride, layout.y_token_stride);
   }
   // out[i] = silu(gate[i]) * up[i] for i < n (device memory).
   virtual void silu_mul(int stream, const float* gate, const float* up, int64_t n, float* out) = 0;

@@ -205,10 +205,11 @@ DeviceExperts::Slot DeviceExperts::copy_expert(int64_t layer, int64_t expert, ui
 }
 
 void DeviceExperts::queue_move(int64_t layer, size_t j) {
-  const size_t r = ring_.size();
+  const std::vector<int>& ring = plan_->ring;
+  const size_t r = ring.size();
   if (j >= r) device_.wait(copy_, move_done_[j - r]);  // the slot's previous expert of the step is done
-  moving_[j] = copy_expert(layer, moved_[j], move_slots_[static_cast<size_t>(ring_[j % r])]);
-  moves_.emplace_back(layer, moved_[j]);
+  moving_[j] = copy_expert(layer, plan_->moves[j], move_slots_[static_cast<size_t>(ring[j % r])]);
+  moves_.emplace_back(layer, plan_->moves[j]);
 }
 
 void DeviceExperts::after_step(bool executed) {
@@ -262,8 +263,7 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   // The scheduler's step: where each routed expert runs (resident or prefetched on the device, moved through the
   // ring of move slots, or on the CPU) and, after it, what to admit, evict and prefetch.
   thread_local sched::LayerRouting routing;
-  static const sched::Stepper::Step all_on_cpu{};
-  const sched::Stepper::Step* plan = &all_on_cpu;
+  plan_ = &all_on_cpu;
   if (stepper_) {
     routing.layer = layer;
     routing.n_tokens = n;
@@ -278,10 +278,10 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
       }
       routing.experts.push_back(x);
     }
-    plan = &stepper_->plan(routing);
+    plan_ = &stepper_->plan(routing);
   }
-  moved_ = plan->moves;
-  ring_ = plan->ring;
+  const std::vector<int64_t>& moved = plan_->moves;
+  const std::vector<int>& ring = plan_->ring;
   // The device's experts (resident, then prefetched ones), then the moved ones; the rest on the CPU. What the CPU
   // reads and the prefetches used count once the step ran as planned.
   int64_t rows = 0, hidden = 0;
@@ -300,14 +300,14 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
     const int64_t o0 = items.begin(e), o1 = items.end[e];
     if (o0 == o1) continue;
     Slot* slot = nullptr;
-    switch (plan->where(e)) {
+    switch (plan_->where(e)) {
       case sched::Stepper::Where::kMoved:
         continue;
       case sched::Stepper::Where::kResident:
         slot = &slots_.at({layer, e});
         break;
       case sched::Stepper::Where::kPrefetched:
-        slot = &prefetch_slots_[static_cast<size_t>(plan->prefetched_slot(e))];
+        slot = &prefetch_slots_[static_cast<size_t>(plan_->prefetched_slot(e))];
         break;
       case sched::Stepper::Where::kCpu:
         break;
@@ -328,14 +328,14 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   } else {
     add_shared_experts(batch, w, n, nu);
   }
-  moving_.assign(moved_.size(), Slot{});
-  move_done_.assign(moved_.size(), device::Event{});
-  for (size_t j = 0; j < moved_.size(); ++j) {
-    const int64_t e = moved_[j];
+  moving_.assign(moved.size(), Slot{});
+  move_done_.assign(moved.size(), device::Event{});
+  for (size_t j = 0; j < moved.size(); ++j) {
+    const int64_t e = moved[j];
     add_work({.expert = e, .o0 = items.begin(e), .o1 = items.end[e], .width = ff, .move = static_cast<int>(j)});
   }
   // The first moves' copies start now, while the device and the CPU work on the rest.
-  for (size_t j = 0; j < std::min(moved_.size(), ring_.size()); ++j) queue_move(layer, j);
+  for (size_t j = 0; j < std::min(moved.size(), ring.size()); ++j) queue_move(layer, j);
   bool done = false;
   if (work.empty()) {
     cpu::run_experts(k, pool, batch, ffn.x, n_embd, ffn.out);
@@ -352,7 +352,7 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
     device_.synchronize();
     run_experts_on_cpu(k, pool, step, ffn);
     upload_result(ffn);
-    const size_t copied = std::min(moved_.size(), ring_.size());
+    const size_t copied = std::min(moved.size(), ring.size());
     moves_.resize(moves_.size() - copied);
     for (int64_t e = 0; e < w.n_expert; ++e)
       if (items.begin(e) != items.end[e]) cpu_expert_bytes_ += routed_bytes(w, items, e, n_embd, true);
@@ -547,7 +547,7 @@ bool DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, co
     device_.matmul(compute_, d->slot->down, dh + d->h0, d->m(), dy + d->row0 * n_embd);
   for (auto d = first_move; d != work.end(); ++d) {
     const auto j = static_cast<size_t>(d->move);
-    if (j >= ring_.size()) queue_move(layer, j);
+    if (j >= plan_->ring.size()) queue_move(layer, j);
     device_.wait(compute_, moving_[j].filled);
     gate_up(*d);
     if (d->any_critical) add_residual(*d, dgr, dur);

@@ -134,8 +134,8 @@ class DeviceExperts {
   bool execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeStep* step, int64_t layer,
                const std::vector<Work>& work, const cpu::ExpertBatch& batch, const FfnRows& ffn);
   const Slot& slot_of(const Work& d) const { return d.move >= 0 ? moving_[static_cast<size_t>(d.move)] : *d.slot; }
-  // Queues the copy of the step's move j (routed expert moved_[j] of `layer`) into its ring slot on the copy stream,
-  // after the device is done with the slot's previous expert of the step; moving_[j].filled marks its end.
+  // Queues the copy of the step's move j (routed expert plan_->moves[j] of `layer`) into its ring slot on the copy
+  // stream, after the device is done with the slot's previous expert of the step; moving_[j].filled marks its end.
   void queue_move(int64_t layer, size_t j);
   // Queues the copy of a routed expert's matrices to `base` on the copy stream; `filled` marks its end.
   Slot copy_expert(int64_t layer, int64_t expert, uint8_t* base);
@@ -168,8 +168,9 @@ class DeviceExperts {
   // of the step holds), each move's matrices, the copies' and the computes' events.
   device::DeviceMemory move_memory_;
   std::vector<uint8_t*> move_slots_;
-  std::vector<int> ring_;
-  std::vector<int64_t> moved_;
+  // The current step's plan (moves in ring order, the ring); all on the CPU outside a planned step.
+  static inline const sched::Stepper::Step all_on_cpu{};
+  const sched::Stepper::Step* plan_ = &all_on_cpu;
   std::vector<Slot> moving_;
   std::vector<device::Event> move_done_;
   std::vector<Slot> prefetch_slots_;  // [move slot]: a next-layer expert prefetched there (the stepper knows which)

@@ -15,8 +15,8 @@ namespace hetmoe::model {
 namespace {
 
 // The pass's scratch slots (an architecture's attention numbers its own from Pass::kAttentionSlots).
-enum Slot : size_t { kX, kNormed, kBranch, kTable, kRouterSlot, kHostOut };
-static_assert(kHostOut < Pass::kAttentionSlots);
+enum Slot : size_t { kX, kNormed, kBranch, kTable, kRouterSlot };
+static_assert(kRouterSlot < Pass::kAttentionSlots);
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();

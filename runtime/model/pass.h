@@ -52,11 +52,6 @@ class DeviceWeights {
   device::DeviceMemory memory_;
 };
 
-// Rows [first, first + count) of a device matrix (one head's rows of a per-head tensor).
-inline device::DeviceMatrix rows_of(const device::DeviceMatrix& w, int64_t first, int64_t count) {
-  return {w.type, w.n_cols, count, w.row_bytes, static_cast<const uint8_t*>(w.data) + first * w.row_bytes};
-}
-
 // One device's forward pass as an architecture's attention sees it: the device and the stream the pass runs on, its
 // weights there, the RoPE table of the current call's positions, scratch buffers that keep their size between calls
 // (decode allocates nothing once warm) and the host staging of what goes up and comes down.
