@@ -50,6 +50,13 @@ KernelTable make_ref_table() {
   set_ref<GgmlType::MXFP4>(t);
   set_ref<GgmlType::TQ1_0>(t);
   set_ref<GgmlType::TQ2_0>(t);
+  set_ref<GgmlType::IQ1_S>(t);
+  set_ref<GgmlType::IQ1_M>(t);
+  set_ref<GgmlType::IQ2_XXS>(t);
+  set_ref<GgmlType::IQ2_XS>(t);
+  set_ref<GgmlType::IQ2_S>(t);
+  set_ref<GgmlType::IQ3_XXS>(t);
+  set_ref<GgmlType::IQ3_S>(t);
   set_ref<GgmlType::HQ2_G64>(t);
   set_ref<GgmlType::HQ2_G128>(t);
   set_ref<GgmlType::HQ3_G64>(t);

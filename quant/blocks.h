@@ -136,6 +136,53 @@ struct BlockIQ4_XS {
   uint8_t qs[kQK_K / 2];
 };
 
+// The IQ formats (importance-matrix "i-quants"): per 256 an fp16 scale, per sub-block of 32 or 16 a small odd
+// multiplier 2s + 1, per group of 8 (or 4) one grid index (quant/iq_grids.h) and sign bits. Group g of sub-block b
+// is elements 32 b + 8 g ... (IQ3: groups of 4, in pairs sharing a sign byte).
+struct BlockIQ2_XXS {
+  uint16_t d;
+  uint16_t qs[kQK_K / 8];  // per 32: 4 bytes of grid indices, then a uint32 of 4 x 7 sign bits and the 4-bit scale
+};
+
+struct BlockIQ2_XS {
+  uint16_t d;
+  uint16_t qs[kQK_K / 8];      // per group of 8: 9-bit grid index, 7 sign bits above it
+  uint8_t scales[kQK_K / 32];  // per 32: two 4-bit scales, one per 16
+};
+
+struct BlockIQ2_S {
+  uint16_t d;
+  uint8_t qs[kQK_K / 4];       // 32 low bytes of 10-bit grid indices, then 32 sign bytes (one per group of 8)
+  uint8_t qh[kQK_K / 32];      // per 32: the indices' top two bits, 2 bits per group
+  uint8_t scales[kQK_K / 32];  // per 32: two 4-bit scales, one per 16
+};
+
+struct BlockIQ3_XXS {
+  uint16_t d;
+  uint8_t qs[3 * kQK_K / 8];  // 64 grid indices (groups of 4), then per 32 a uint32 of 4 x 7 sign bits and the scale
+};
+
+struct BlockIQ3_S {
+  uint16_t d;
+  uint8_t qs[kQK_K / 4];       // low bytes of the 9-bit grid indices (groups of 4)
+  uint8_t qh[kQK_K / 32];      // per 32: the 8 indices' ninth bits
+  uint8_t signs[kQK_K / 8];    // one sign bit per element
+  uint8_t scales[kQK_K / 64];  // per 64: two 4-bit scales, one per 32
+};
+
+struct BlockIQ1_S {
+  uint16_t d;
+  uint8_t qs[kQK_K / 8];    // low bytes of the 11-bit grid indices
+  uint16_t qh[kQK_K / 32];  // per 32: 4 x 3 index bits, a 3-bit scale, the sign of the shift in bit 15
+};
+
+// IQ1_M has no separate fp16 field: its scale's 16 bits sit in the top nibbles of the four uint16 scale words.
+struct BlockIQ1_M {
+  uint8_t qs[kQK_K / 8];       // low bytes of the 11-bit grid indices
+  uint8_t qh[kQK_K / 16];      // per pair of groups: 3 index bits and the shift's sign for each
+  uint8_t scales[kQK_K / 32];  // 4 little-endian uint16: four 3-bit scales (one per 16) and a nibble of the fp16
+};
+
 // MXFP4 (OCP microscaling, gpt-oss's experts): 32 E2M1 codes under one power-of-two scale.
 struct BlockMXFP4 {
   uint8_t e;                  // E8M0 scale
@@ -171,6 +218,13 @@ static_assert(sizeof(BlockQ6_K) == 210 && offsetof(BlockQ6_K, d) == 208);
 static_assert(sizeof(BlockQ8_K) == 292 && offsetof(BlockQ8_K, bsums) == 260);
 static_assert(sizeof(BlockIQ4_NL) == 18);
 static_assert(sizeof(BlockIQ4_XS) == 136 && offsetof(BlockIQ4_XS, qs) == 8);
+static_assert(sizeof(BlockIQ2_XXS) == 66);
+static_assert(sizeof(BlockIQ2_XS) == 74 && offsetof(BlockIQ2_XS, scales) == 66);
+static_assert(sizeof(BlockIQ2_S) == 82 && offsetof(BlockIQ2_S, qh) == 66 && offsetof(BlockIQ2_S, scales) == 74);
+static_assert(sizeof(BlockIQ3_XXS) == 98);
+static_assert(sizeof(BlockIQ3_S) == 110 && offsetof(BlockIQ3_S, signs) == 74 && offsetof(BlockIQ3_S, scales) == 106);
+static_assert(sizeof(BlockIQ1_S) == 50 && offsetof(BlockIQ1_S, qh) == 34);
+static_assert(sizeof(BlockIQ1_M) == 56 && offsetof(BlockIQ1_M, scales) == 48);
 static_assert(sizeof(BlockMXFP4) == 17);
 static_assert(sizeof(BlockTQ1_0) == 54 && offsetof(BlockTQ1_0, d) == 52);
 static_assert(sizeof(BlockTQ2_0) == 66 && offsetof(BlockTQ2_0, d) == 64);

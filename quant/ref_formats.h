@@ -86,6 +86,29 @@ void quantize_iq4_xs(const float* src, void* dst, int64_t n);
 float vec_dot_iq4_nl(int64_t n, const void* weight, const void* activation);
 float vec_dot_iq4_xs(int64_t n, const void* weight, const void* activation);
 
+// ref_iq.cpp, ref_iq_quantize.cpp (the grid formats, through quant/iq.h's common block)
+void dequantize_iq1_s(const void* src, float* dst, int64_t n);
+void dequantize_iq1_m(const void* src, float* dst, int64_t n);
+void dequantize_iq2_xxs(const void* src, float* dst, int64_t n);
+void dequantize_iq2_xs(const void* src, float* dst, int64_t n);
+void dequantize_iq2_s(const void* src, float* dst, int64_t n);
+void dequantize_iq3_xxs(const void* src, float* dst, int64_t n);
+void dequantize_iq3_s(const void* src, float* dst, int64_t n);
+void quantize_iq1_s(const float* src, void* dst, int64_t n);
+void quantize_iq1_m(const float* src, void* dst, int64_t n);
+void quantize_iq2_xxs(const float* src, void* dst, int64_t n);
+void quantize_iq2_xs(const float* src, void* dst, int64_t n);
+void quantize_iq2_s(const float* src, void* dst, int64_t n);
+void quantize_iq3_xxs(const float* src, void* dst, int64_t n);
+void quantize_iq3_s(const float* src, void* dst, int64_t n);
+float vec_dot_iq1_s(int64_t n, const void* weight, const void* activation);
+float vec_dot_iq1_m(int64_t n, const void* weight, const void* activation);
+float vec_dot_iq2_xxs(int64_t n, const void* weight, const void* activation);
+float vec_dot_iq2_xs(int64_t n, const void* weight, const void* activation);
+float vec_dot_iq2_s(int64_t n, const void* weight, const void* activation);
+float vec_dot_iq3_xxs(int64_t n, const void* weight, const void* activation);
+float vec_dot_iq3_s(int64_t n, const void* weight, const void* activation);
+
 // ref_fp4.cpp
 void dequantize_mxfp4(const void* src, float* dst, int64_t n);
 void quantize_mxfp4(const float* src, void* dst, int64_t n);

@@ -8,6 +8,7 @@
 #include "cpu_kernels/avx2/kernels_avx2.h"
 #include "cpu_kernels/scratch.h"
 #include "quant/blocks.h"
+#include "quant/iq.h"
 
 namespace hetmoe::cpu::avx2 {
 namespace {

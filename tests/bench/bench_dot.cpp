@@ -136,7 +136,7 @@ void register_all() {
       bm_experts(s, threads);
     })->UseRealTime();
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
-    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q6_K})
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::IQ2_XXS})
       for (int threads : {1, 2})
         benchmark::RegisterBenchmark((std::string("stream/") + std::string(hetmoe::cpu::isa_name(isa)) + "/" +
                                       std::string(hetmoe::quant::type_info(t).name) + "/t" + std::to_string(threads))
@@ -145,15 +145,16 @@ void register_all() {
             ->UseRealTime();
   for (Isa isa : {Isa::kRef, Isa::kAvx2, Isa::kAvx512})
     for (GgmlType t :
-         {GgmlType::BF16, GgmlType::Q4_1, GgmlType::Q5_1, GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::MXFP4,
-          GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::IQ4_XS, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,
-          GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::F16})
+         {GgmlType::BF16,  GgmlType::Q4_1,    GgmlType::Q5_1,  GgmlType::Q4_0,   GgmlType::IQ4_NL,  GgmlType::MXFP4,
+          GgmlType::TQ1_0, GgmlType::TQ2_0,   GgmlType::IQ1_S, GgmlType::IQ1_M,  GgmlType::IQ2_XXS, GgmlType::IQ2_XS,
+          GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ4_XS, GgmlType::Q2_K,    GgmlType::Q3_K,
+          GgmlType::Q4_K,  GgmlType::Q5_K,    GgmlType::Q6_K,  GgmlType::Q5_0,   GgmlType::Q8_0,    GgmlType::F16})
       benchmark::RegisterBenchmark((std::string("dot/") + std::string(hetmoe::cpu::isa_name(isa)) + "/" +
                                     std::string(hetmoe::quant::type_info(t).name))
                                        .c_str(),
                                    [isa, t](benchmark::State& s) { bm_dot(s, isa, t, 1); });
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
-    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q6_K})
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::IQ2_XXS})
       benchmark::RegisterBenchmark((std::string("rows16/") + std::string(hetmoe::cpu::isa_name(isa)) + "/" +
                                     std::string(hetmoe::quant::type_info(t).name))
                                        .c_str(),

@@ -43,7 +43,9 @@ const GgmlType kWeightTypes[] = {
     GgmlType::F32,      GgmlType::F16,     GgmlType::BF16,     GgmlType::Q4_0,    GgmlType::Q4_1,     GgmlType::Q5_0,
     GgmlType::Q5_1,     GgmlType::Q8_0,    GgmlType::Q2_K,     GgmlType::Q3_K,    GgmlType::Q4_K,     GgmlType::Q5_K,
     GgmlType::Q6_K,     GgmlType::IQ4_NL,  GgmlType::IQ4_XS,   GgmlType::HQ2_G64, GgmlType::HQ2_G128, GgmlType::HQ3_G64,
-    GgmlType::HQ3_G128, GgmlType::HQ4_G64, GgmlType::HQ4_G128, GgmlType::MXFP4,   GgmlType::TQ1_0,    GgmlType::TQ2_0};
+    GgmlType::HQ3_G128, GgmlType::HQ4_G64, GgmlType::HQ4_G128, GgmlType::MXFP4,   GgmlType::TQ1_0,    GgmlType::TQ2_0,
+    GgmlType::IQ1_S,    GgmlType::IQ1_M,   GgmlType::IQ2_XXS,  GgmlType::IQ2_XS,  GgmlType::IQ2_S,    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S};
 
 struct Prepared {
   std::vector<uint8_t> weight, act;

@@ -691,7 +691,7 @@ TEST(GgufBadInput, BadAlignment) {
 }
 
 TEST(GgufBadInput, UnknownTensorType) {
-  for (uint32_t raw : {4u, 5u, 16u, 1000u, 0xffffffffu}) {
+  for (uint32_t raw : {4u, 5u, 24u, 1000u, 0xffffffffu}) {
     SCOPED_TRACE(raw);
     ByteBuilder b;
     b.header(1, 0);

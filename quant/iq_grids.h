@@ -1,0 +1,30 @@
+#pragma once
+
+// The lookup tables of ggml's IQ formats (values in iq_grids.cpp): a group of 8 (IQ1, IQ2) or 4 (IQ3) weights is one
+// index into a grid of allowed magnitude patterns, one byte per element, least significant byte first.
+//   IQ2_XXS, IQ2_XS, IQ2_S: bytes 8, 25, 43 (in eighths of the sub-block scale), under sign bits.
+//   IQ3_XXS: bytes 4, 12, ..., 52, 62 (quarters); IQ3_S: bytes 1, 3, ..., 15 (whole units), under sign bits.
+//   IQ1_S, IQ1_M: signed bytes -1, 0, 1, plus a shift of +-1/8 per group.
+
+#include <array>
+#include <bit>
+#include <cstdint>
+
+namespace hetmoe::quant {
+
+extern const uint64_t kIq2xxsGrid[256];
+extern const uint64_t kIq2xsGrid[512];
+extern const uint64_t kIq2sGrid[1024];
+extern const uint32_t kIq3xxsGrid[256];
+extern const uint32_t kIq3sGrid[512];
+extern const uint64_t kIq1sGrid[2048];
+
+// IQ2_XXS, IQ2_XS and IQ3_XXS store 7 sign bits per group of 8; the eighth makes the count of negatives even.
+// Entry i is the full 8-bit sign mask (bit j set: element j negative), as ggml's ksigns_iq2xs.
+inline constexpr std::array<uint8_t, 128> kIqParitySigns = [] {
+  std::array<uint8_t, 128> t{};
+  for (unsigned i = 0; i < 128; ++i) t[i] = static_cast<uint8_t>(i | (std::popcount(i) & 1u) << 7);
+  return t;
+}();
+
+}  // namespace hetmoe::quant
