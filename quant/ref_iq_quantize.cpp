@@ -29,8 +29,8 @@
 namespace hetmoe::quant::ref_detail {
 namespace {
 
-constexpr int kNeighbours = 8;   // grid entries kept per rounded pattern
-constexpr int kScaleSteps = 10;  // scales tried per sub-block on each side of the plain one
+constexpr int kNeighbours = 8;        // grid entries kept per rounded pattern (and tried in the final assignment)
+constexpr int kSearchNeighbours = 4;  // the nearest of them, tried while searching the scale
 
 enum class Signs { kParity, kExplicit, kShift };
 
@@ -154,14 +154,32 @@ class BlockQuantizer {
       assign_all_zero(c);
       return c;
     }
-    c.d = fp32_to_fp16(max_scale / (static_cast<float>(f_.max_ls) * f_.unit));
-    const float d = fp16_to_fp32(c.d);
+    // The block scale d: every sub-block's multiplier is then the odd integer nearest its scale / (d unit), and a
+    // sub-block whose scale moves by e loses e^2 sum v^2. Candidates put the largest scale on the top multiplier or
+    // up to a few below it (an outlier sub-block then gives up a little so that the others get finer steps).
     const int max_s = (f_.max_ls - 1) / 2;
+    auto multiplier = [&](float scale, float d) {
+      const float ls = d > 0 ? scale / (d * f_.unit) : 0.0f;
+      return std::clamp(static_cast<int>(std::lround((ls - 1) / 2)), 0, max_s);
+    };
+    double best_cost = std::numeric_limits<double>::max();
+    for (int k = 0; k < 8; ++k) {
+      const uint16_t d16 = fp32_to_fp16(max_scale / (static_cast<float>(f_.max_ls - k) * f_.unit));
+      const float d = fp16_to_fp32(d16);
+      double cost = 0;
+      for (int b = 0; b < n_sub; ++b) {
+        const float e = d * (static_cast<float>(2 * multiplier(scale[b], d) + 1) * f_.unit) - scale[b];
+        cost += weight_[b] * e * e;
+      }
+      if (cost < best_cost) {
+        best_cost = cost;
+        c.d = d16;
+      }
+    }
+    const float d = fp16_to_fp32(c.d);
     for (int b = 0; b < n_sub; ++b) {
-      const float ls = d > 0 ? scale[b] / (d * f_.unit) : 0.0f;
-      c.s[b] = std::clamp(static_cast<int>(std::lround((ls - 1) / 2)), 0, max_s);
-      const float cb = d * (static_cast<float>(2 * c.s[b] + 1) * f_.unit);
-      assign(b * f_.sub, cb, c);
+      c.s[b] = multiplier(scale[b], d);
+      assign(b * f_.sub, d * (static_cast<float>(2 * c.s[b] + 1) * f_.unit), c);
     }
     return c;
   }
@@ -188,7 +206,7 @@ class BlockQuantizer {
   }
 
   // The best grid entry for the group at `i0` under scale c and shift delta; returns its squared error.
-  float best_entry(int i0, float c, float delta, int& entry) const {
+  float best_entry(int i0, float c, float delta, int neighbours, int& entry) const {
     const int nl = static_cast<int>(f_.levels.size());
     int pattern = 0;
     const float inv = 1.0f / c;
@@ -201,7 +219,7 @@ class BlockQuantizer {
       pattern += l * ix_.powers[static_cast<size_t>(j)];
     }
     float best = std::numeric_limits<float>::max();
-    for (int k = 0; k < kNeighbours; ++k) {
+    for (int k = 0; k < neighbours; ++k) {
       const int e = ix_.nearest[static_cast<size_t>(pattern * kNeighbours + k)];
       const float* g = &ix_.values[static_cast<size_t>(e * f_.group)];
       float err = 0;
@@ -218,7 +236,7 @@ class BlockQuantizer {
   }
 
   // Assigns the sub-block at `i0` under scale c (and picks the IQ1 shifts); returns the squared error.
-  float assign(int i0, float c, Codes& codes) const {
+  float assign(int i0, float c, Codes& codes, int neighbours = kNeighbours) const {
     float total = 0;
     const bool shifted = f_.signs == Signs::kShift;
     const int span = shifted ? f_.shift_span : f_.sub;
@@ -231,7 +249,7 @@ class BlockQuantizer {
         const float delta = shifted ? (negative ? -0.125f : 0.125f) : 0.0f;
         float err = 0;
         int picked[8] = {};
-        for (int g = 0; g < span / f_.group; ++g) err += best_entry(s0 + g * f_.group, c, delta, picked[g]);
+        for (int g = 0; g < span / f_.group; ++g) err += best_entry(s0 + g * f_.group, c, delta, neighbours, picked[g]);
         if (err < best) {
           best = err;
           best_negative = negative;
@@ -248,19 +266,24 @@ class BlockQuantizer {
     return total;
   }
 
-  // The least-squares scale of the sub-block at `i0` over a range of starting scales.
+  // The least-squares scale of the sub-block at `i0`: starting scales around amax / top level, coarse to fine; each
+  // assignment is scored at its own least-squares scale c = sum t v / sum v^2, where the squared error is
+  // sum t^2 - (sum t v)^2 / sum v^2 in closed form.
   float best_scale(int i0) {
     float amax = 0;
-    for (int i = i0; i < i0 + f_.sub; ++i) amax = std::max(amax, std::fabs(t_[i]));
+    double tt = 0;
+    for (int i = i0; i < i0 + f_.sub; ++i) {
+      amax = std::max(amax, std::fabs(t_[i]));
+      tt += static_cast<double>(t_[i]) * t_[i];
+    }
     if (amax == 0) return 0;
     const float top = f_.levels.back() + (f_.signs == Signs::kShift ? 0.125f : 0.0f);
     float best_c = amax / top;
-    float best_err = std::numeric_limits<float>::max();
+    double best_err = std::numeric_limits<double>::max();
+    float best_factor = 1.0f;
     Codes scratch;
-    for (int step = -kScaleSteps; step <= kScaleSteps; ++step) {
-      const float c0 = amax / top * (1.0f + 0.04f * static_cast<float>(step));
-      assign(i0, c0, scratch);
-      // Refit: c = sum t v / sum v^2 over the chosen values v = g + delta.
+    auto try_scale = [&](float c0, int neighbours) {
+      assign(i0, c0, scratch, neighbours);
       double tv = 0, vv = 0;
       for (int i = i0; i < i0 + f_.sub; ++i) {
         const int group = i / f_.group;
@@ -269,13 +292,22 @@ class BlockQuantizer {
         tv += static_cast<double>(t_[i]) * v;
         vv += static_cast<double>(v) * v;
       }
-      if (tv <= 0 || vv <= 0) continue;
-      const auto c = static_cast<float>(tv / vv);
-      const float err = assign(i0, c, scratch);
-      if (err < best_err) {
-        best_err = err;
-        best_c = c;
-      }
+      if (tv <= 0 || vv <= 0) return false;
+      const double err = tt - tv * tv / vv;
+      if (err >= best_err) return false;
+      best_err = err;
+      best_c = static_cast<float>(tv / vv);
+      weight_[i0 / f_.sub] = vv;
+      return true;
+    };
+    auto try_factor = [&](float factor) {
+      if (try_scale(amax / top * factor, kSearchNeighbours)) best_factor = factor;
+    };
+    for (int step = -3; step <= 3; ++step) try_factor(1.0f + 0.08f * static_cast<float>(step));
+    for (const float fine : {0.04f, 0.02f}) {
+      const float centre = best_factor;
+      try_factor(centre - fine);
+      try_factor(centre + fine);
     }
     return best_c;
   }
@@ -289,6 +321,7 @@ class BlockQuantizer {
   const GridFormat& f_;
   const GridIndex& ix_;
   float t_[kQK_K] = {};
+  double weight_[16] = {};  // per sub-block: sum v^2 of its best assignment, what a scale error costs per unit^2
 };
 
 void pack(GgmlType type, const Codes& c, uint8_t* out) {

@@ -26,6 +26,16 @@ constexpr std::array kFileTypes = {
     FileType{"Q4_K_M", LlamaFtype::kMostlyQ4_K_M, GgmlType::Q4_K},
     FileType{"Q5_K_M", LlamaFtype::kMostlyQ5_K_M, GgmlType::Q5_K},
     FileType{"Q6_K", LlamaFtype::kMostlyQ6_K, GgmlType::Q6_K},
+    FileType{"IQ1_S", LlamaFtype::kMostlyIQ1_S, GgmlType::IQ1_S},
+    FileType{"IQ1_M", LlamaFtype::kMostlyIQ1_M, GgmlType::IQ1_M},
+    FileType{"IQ2_XXS", LlamaFtype::kMostlyIQ2_XXS, GgmlType::IQ2_XXS},
+    FileType{"IQ2_XS", LlamaFtype::kMostlyIQ2_XS, GgmlType::IQ2_XS},
+    FileType{"IQ2_S", LlamaFtype::kMostlyIQ2_S, GgmlType::IQ2_XS},  // llama.cpp's IQ2_S mix is mostly IQ2_XS
+    FileType{"IQ2_M", LlamaFtype::kMostlyIQ2_M, GgmlType::IQ2_S},
+    FileType{"IQ3_XXS", LlamaFtype::kMostlyIQ3_XXS, GgmlType::IQ3_XXS},
+    FileType{"IQ3_S", LlamaFtype::kMostlyIQ3_S, GgmlType::IQ3_S},
+    // general.file_type of unsloth's files of this kind says IQ2_XXS; the ftype lookup finds the plain mix first.
+    FileType{"UD-IQ2_XXS", LlamaFtype::kMostlyIQ2_XXS, GgmlType::IQ2_XXS, true},
     FileType{"IQ4_NL", LlamaFtype::kMostlyIQ4_NL, GgmlType::IQ4_NL},
     FileType{"IQ4_XS", LlamaFtype::kMostlyIQ4_XS, GgmlType::IQ4_XS},
     FileType{"TQ1_0", LlamaFtype::kMostlyTQ1_0, GgmlType::TQ1_0},
@@ -60,11 +70,12 @@ bool allows_quantization(const TensorTypeQuery& q) {
 // (attn_q_a, attn_q_b, attn_kv_a_mqa, attn_k_b, attn_v_b) match none of the attention patterns ("attn_k_b.weight"
 // does not contain "attn_k.weight"), so they keep the default type; deepseek2 files have no attn_v/attn_qkv/attn_kv_b
 // in the split layout, which leaves llama.cpp's attn_v rules unused here.
-enum class Category { kOutput, kTokenEmbd, kAttnOutput, kFfnDown, kOther };
+enum class Category { kOutput, kTokenEmbd, kAttnQ, kAttnOutput, kFfnDown, kOther };
 
 Category category_of(std::string_view name) {
   if (name == "output.weight") return Category::kOutput;
   if (name == "token_embd.weight") return Category::kTokenEmbd;
+  if (contains(name, "attn_q.weight")) return Category::kAttnQ;  // V2-Lite's unsplit query (no q_lora)
   if (contains(name, "attn_output.weight")) return Category::kAttnOutput;
   // ffn_up / ffn_gate are tested before ffn_down in llama.cpp; neither has a rule for these mixes.
   if (contains(name, "ffn_up") || contains(name, "ffn_gate")) return Category::kOther;
@@ -85,35 +96,79 @@ int layer_of(std::string_view name) {
   return layer;
 }
 
+// The mixes llama.cpp treats as "2 bits or less": their own rules for the output, embeddings, ffn_down and attn_output.
+bool is_low_bit_iq(LlamaFtype f) {
+  return f == LlamaFtype::kMostlyIQ2_XXS || f == LlamaFtype::kMostlyIQ2_XS || f == LlamaFtype::kMostlyIQ1_S ||
+         f == LlamaFtype::kMostlyIQ2_S || f == LlamaFtype::kMostlyIQ2_M || f == LlamaFtype::kMostlyIQ1_M;
+}
+bool is_iq2_s_or_m(LlamaFtype f) { return f == LlamaFtype::kMostlyIQ2_S || f == LlamaFtype::kMostlyIQ2_M; }
+
+// hetmoe's unsloth-like dynamic mix: the routed experts carry the bits (gate and up in the file type's own format,
+// down in the next larger IQ2 one), everything read for every token (attention, shared experts, dense blocks,
+// embeddings) stays in K-quants, the output head in Q6_K.
+GgmlType dynamic_rule(const FileType& ft, const TensorTypeQuery& q) {
+  const bool routed = q.ne.size() > 2 && q.ne[2] > 1 && contains(q.name, "_exps");
+  if (routed) return contains(q.name, "ffn_down") ? GgmlType::IQ2_S : ft.default_type;
+  if (category_of(q.name) == Category::kOutput) return GgmlType::Q6_K;
+  return contains(q.name, "ffn_down") ? GgmlType::Q5_K : GgmlType::Q4_K;
+}
+
 GgmlType mix_rule(const FileType& ft, const TensorTypeQuery& q, GgmlType t) {
   const LlamaFtype f = ft.ftype;
+  if (ft.dynamic) return dynamic_rule(ft, q);
   // gpt-oss's mix: the experts (3-D tensors) in MXFP4, every other weight, the output head included, in Q8_0.
   if (f == LlamaFtype::kMostlyMXFP4Moe) return q.ne.size() > 2 && q.ne[2] > 1 ? GgmlType::MXFP4 : GgmlType::Q8_0;
-  switch (category_of(q.name)) {
+  const Category category = category_of(q.name);
+  switch (category) {
     case Category::kOutput: {
-      // Not tied to token_embd (deepseek2 has output.weight): output gets Q6_K unless the file is Q8_0, or Q8_0
-      // when its rows do not fit the default type's blocks.
+      // Not tied to token_embd (deepseek2 has output.weight): output gets Q6_K unless the file is Q8_0 (or one of
+      // the low-bit IQ mixes: Q5_K), or Q8_0 when its rows do not fit the default type's blocks.
       if (q.ne[0] % quant::type_info(t).block_size != 0) return GgmlType::Q8_0;
+      if (is_low_bit_iq(f) || f == LlamaFtype::kMostlyIQ3_XXS) return GgmlType::Q5_K;
       if (t != GgmlType::Q8_0) return GgmlType::Q6_K;
       return t;
     }
     case Category::kTokenEmbd:
       if (f == LlamaFtype::kMostlyTQ1_0 || f == LlamaFtype::kMostlyTQ2_0) return GgmlType::Q4_K;
-      return t;  // the IQ1/IQ2/IQ3 mixes change it too
+      if (is_iq2_s_or_m(f) || f == LlamaFtype::kMostlyIQ3_XXS) return GgmlType::IQ3_S;
+      if (is_low_bit_iq(f)) return GgmlType::Q2_K;
+      return t;
+    default:
+      break;
+  }
+  if (is_low_bit_iq(f)) {
+    if (category == Category::kFfnDown) {
+      if (q.ffn_down_index < q.n_layer / 8) return is_iq2_s_or_m(f) ? GgmlType::IQ3_S : GgmlType::Q2_K;
+      return t;
+    }
+    if (category == Category::kAttnOutput) {
+      if (q.n_expert == 8) return GgmlType::Q5_K;
+      if (f == LlamaFtype::kMostlyIQ1_S || f == LlamaFtype::kMostlyIQ1_M) return GgmlType::IQ2_XXS;
+      if (is_iq2_s_or_m(f)) return GgmlType::IQ3_S;
+    }
+    return t;
+  }
+  switch (category) {
+    case Category::kAttnQ:
+      return f == LlamaFtype::kMostlyIQ3_XXS ? GgmlType::IQ2_S : t;
     case Category::kAttnOutput:
       if (q.n_expert == 8) {
         if (f == LlamaFtype::kMostlyQ2_K || f == LlamaFtype::kMostlyQ3_K_M || f == LlamaFtype::kMostlyIQ4_NL ||
-            f == LlamaFtype::kMostlyQ4_K_M || f == LlamaFtype::kMostlyIQ4_XS)
+            f == LlamaFtype::kMostlyQ4_K_M || f == LlamaFtype::kMostlyIQ4_XS || f == LlamaFtype::kMostlyIQ3_XXS ||
+            f == LlamaFtype::kMostlyIQ3_S)
           return GgmlType::Q5_K;
         return t;
       }
       if (f == LlamaFtype::kMostlyQ2_K) return GgmlType::Q3_K;
       if (f == LlamaFtype::kMostlyQ3_K_M) return GgmlType::Q4_K;
+      if (f == LlamaFtype::kMostlyIQ3_XXS) return GgmlType::IQ3_S;
       return t;
     case Category::kFfnDown: {
       const int i_layer = layer_of(q.name);
       const int n_layer = q.n_layer;
       if (f == LlamaFtype::kMostlyQ2_K) return GgmlType::Q3_K;
+      // Without an importance matrix, which make-model never has.
+      if (f == LlamaFtype::kMostlyIQ3_XXS) return i_layer < n_layer / 8 ? GgmlType::Q4_K : GgmlType::Q3_K;
       if (f == LlamaFtype::kMostlyQ3_K_M) return i_layer < n_layer / 16 ? GgmlType::Q5_K : GgmlType::Q4_K;
       if (f == LlamaFtype::kMostlyQ4_K_M) return use_more_bits(i_layer, n_layer) ? GgmlType::Q6_K : t;
       if ((f == LlamaFtype::kMostlyIQ4_NL || f == LlamaFtype::kMostlyIQ4_XS) && i_layer < n_layer / 8)
@@ -121,10 +176,9 @@ GgmlType mix_rule(const FileType& ft, const TensorTypeQuery& q, GgmlType t) {
       if (f == LlamaFtype::kMostlyQ5_K_M && use_more_bits(i_layer, n_layer)) return GgmlType::Q6_K;
       return t;
     }
-    case Category::kOther:
+    default:
       return t;
   }
-  return t;
 }
 
 // llama.cpp's tensor_type_fallback: a row that the chosen type's blocks do not divide gets a 32-block type.
@@ -132,6 +186,13 @@ GgmlType fallback(GgmlType t, int64_t ncols) {
   if (ncols % quant::type_info(t).block_size == 0) return t;
   GgmlType r = t;
   switch (t) {
+    case GgmlType::IQ1_S:
+    case GgmlType::IQ1_M:
+    case GgmlType::IQ2_XXS:
+    case GgmlType::IQ2_XS:
+    case GgmlType::IQ2_S:
+    case GgmlType::IQ3_XXS:
+    case GgmlType::IQ3_S:
     case GgmlType::IQ4_XS:
       r = GgmlType::IQ4_NL;
       break;

@@ -22,8 +22,16 @@ enum class LlamaFtype : uint32_t {
   kMostlyQ4_K_M = 15,
   kMostlyQ5_K_M = 17,
   kMostlyQ6_K = 18,
+  kMostlyIQ2_XXS = 19,
+  kMostlyIQ2_XS = 20,
+  kMostlyIQ3_XXS = 23,
+  kMostlyIQ1_S = 24,
   kMostlyIQ4_NL = 25,
+  kMostlyIQ3_S = 26,
+  kMostlyIQ2_S = 28,
+  kMostlyIQ2_M = 29,
   kMostlyIQ4_XS = 30,
+  kMostlyIQ1_M = 31,
   kMostlyBF16 = 32,
   kMostlyTQ1_0 = 36,
   kMostlyTQ2_0 = 37,
@@ -35,6 +43,9 @@ struct FileType {
   std::string_view name;  // "Q4_K_M"
   LlamaFtype ftype;
   quant::GgmlType default_type;
+  // An unsloth-like "dynamic" mix rather than llama.cpp's rules for the ftype (UD-IQ2_XXS): routed experts in the
+  // low-bit types, every other weight in K-quants.
+  bool dynamic = false;
 };
 
 std::span<const FileType> file_types();
@@ -47,6 +58,7 @@ struct TensorTypeQuery {
   std::span<const int64_t> ne;  // ggml order; ne[0] is the row length
   int n_layer = 0;              // block count of the model
   int64_t n_expert = 0;         // routed experts per MoE block
+  int ffn_down_index = 0;       // how many tensors named "*ffn_down*" come before this one in the file
 };
 
 // The type llama.cpp's quantizer (llama_tensor_get_type, no importance matrix, no overrides) gives this tensor when

@@ -333,8 +333,15 @@ ModelPlan plan_model(const MakeModelOptions& opt) {
   plan.seed = opt.seed;
   plan.metadata = build_metadata(*preset, *ft, plan.n_layer, plan.n_leading_dense);
   plan.tensors = build_tensors(*preset, plan.n_layer, plan.n_leading_dense);
-  for (PlannedTensor& t : plan.tensors)
-    t.type = tensor_type_for(*ft, {.name = t.name, .ne = t.ne, .n_layer = plan.n_layer, .n_expert = preset->n_expert});
+  int ffn_down_index = 0;
+  for (PlannedTensor& t : plan.tensors) {
+    t.type = tensor_type_for(*ft, {.name = t.name,
+                                   .ne = t.ne,
+                                   .n_layer = plan.n_layer,
+                                   .n_expert = preset->n_expert,
+                                   .ffn_down_index = ffn_down_index});
+    if (t.name.find("ffn_down") != std::string::npos) ++ffn_down_index;
+  }
   return plan;
 }
 

@@ -45,6 +45,8 @@ struct Tolerance {
 constexpr Tolerance kF32{1e-4, 1e-4, 1e-5, 0.0, 1e-4, 1e-3, 0.0};
 constexpr Tolerance kF16{5e-3, 5e-3, 3e-3, 5e-3, 5e-3, 1.5e-2, 3e-2};
 constexpr Tolerance kQuant{1e-2, 5e-2, 1e-2, 1e-2, 5e-2, -1, 0.1};
+// IQ files (reference README 8.2): the first layer and the router probabilities get more room.
+constexpr Tolerance kIq{3e-2, 5e-2, 2e-2, 1e-2, 5e-2, -1, 0.1};
 
 struct Case {
   std::string model;     // file in models/
@@ -278,6 +280,8 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tiny-qwen3moe-Q4_K_M.gguf", "tiny-qwen3moe-Q4_K_M.json", kQuant},
                     Case{"tiny-mixtral-F16.gguf", "tiny-mixtral-F16.json", kF16},
                     Case{"tiny-mixtral-Q4_K_M.gguf", "tiny-mixtral-Q4_K_M.json", kQuant},
+                    Case{"tiny-deepseek3-IQ2_XXS.gguf", "tiny-deepseek3-IQ2_XXS.json", kIq},
+                    Case{"tiny-qwen3moe-IQ3_S.gguf", "tiny-qwen3moe-IQ3_S.json", kIq},
                     // llama.cpp's gguf-split of the Q4_K_M file into 3 shards: the same outputs (reference README 2.7).
                     Case{"sharded/tiny-deepseek3-Q4_K_M-00001-of-00003.gguf", "tiny-deepseek3-Q4_K_M.json", kQuant}),
     [](const testing::TestParamInfo<Case>& info) {

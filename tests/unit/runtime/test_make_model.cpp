@@ -28,16 +28,24 @@ namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;  // keeps the manifest's key order
 using quant::GgmlType;
 
-// The manifest of the reference models: tests/data keeps a copy, the shared folder has the original.
+// A manifest of the reference models (manifest.json, or manifest-next.json of the files added later): tests/data
+// keeps a copy, the shared folder has the original.
+json read_manifest(const std::string& name) {
+  for (const std::string& path :
+       {std::string(HETMOE_TEST_DATA_DIR) + "/" + name, std::string(HETMOE_SHARED_REF) + "/models/" + name}) {
+    std::ifstream in(path);
+    if (in) return json::parse(in);
+  }
+  return json();
+}
+
 const json* manifest() {
-  static const json m = [] {
-    for (const std::string& path : {std::string(HETMOE_TEST_DATA_DIR) + "/manifest.json",
-                                    std::string(HETMOE_SHARED_REF) + "/models/manifest.json"}) {
-      std::ifstream in(path);
-      if (in) return json::parse(in);
-    }
-    return json();
-  }();
+  static const json m = read_manifest("manifest.json");
+  return m.is_null() ? nullptr : &m;
+}
+
+const json* manifest_next() {
+  static const json m = read_manifest("manifest-next.json");
   return m.is_null() ? nullptr : &m;
 }
 
@@ -306,30 +314,41 @@ TEST(BpeVocab, PreSplitLikeGpt2) {
 // (made by the converter), tensor by tensor.
 TEST(FileTypes, RulesReproduceTheReferenceFiles) {
   const json* m = manifest();
-  if (!m) GTEST_SKIP() << "no manifest.json in tests/data or the shared reference folder";
+  const json* next = manifest_next();
+  if (!m || !next)
+    GTEST_SKIP() << "no manifest.json and manifest-next.json in tests/data or the shared reference folder";
+  std::vector<const json*> entries;
+  for (const json& entry : *m) entries.push_back(&entry);
+  for (const json& entry : *next) entries.push_back(&entry);
   int checked_files = 0;
-  for (const json& entry : *m) {
+  for (const json* e : entries) {
+    const json& entry = *e;
     const std::string file = entry.at("file");
-    if (file.find("deepseek") == std::string::npos) continue;
+    // deepseek2 files, the sharded copy aside (its shards hold parts of the tensor list).
+    if (file.find("deepseek2lite") == std::string::npos && file.find("deepseek3-") == std::string::npos) continue;
+    if (file.starts_with("sharded/")) continue;
     SCOPED_TRACE(file);
     const json& md = entry.at("metadata");
     const auto ftype = static_cast<LlamaFtype>(md.at("general.file_type").get<uint32_t>());
     const FileType* ft = nullptr;
     for (const FileType& cand : file_types())
-      if (cand.ftype == ftype) ft = &cand;
+      if (cand.ftype == ftype && !ft) ft = &cand;  // the plain mix, not a dynamic one of the same ftype
     ASSERT_NE(ft, nullptr);
+    int ffn_down_index = 0;
     for (const json& t : entry.at("tensors")) {
       const std::string name = t.at("name");
       const std::vector<int64_t> ne = t.at("ne");
       const GgmlType got = tensor_type_for(*ft, {.name = name,
                                                  .ne = ne,
                                                  .n_layer = md.at("deepseek2.block_count").get<int>(),
-                                                 .n_expert = md.at("deepseek2.expert_count").get<int64_t>()});
+                                                 .n_expert = md.at("deepseek2.expert_count").get<int64_t>(),
+                                                 .ffn_down_index = ffn_down_index});
       EXPECT_EQ(quant::type_info(got).name, t.at("type").get<std::string>()) << name;
+      if (name.find("ffn_down") != std::string::npos) ++ffn_down_index;
     }
     ++checked_files;
   }
-  EXPECT_EQ(checked_files, 5);
+  EXPECT_EQ(checked_files, 6);  // the IQ2_XXS file among them
 }
 
 TEST(FileTypes, FallbacksAndOutputRule) {
@@ -366,7 +385,34 @@ TEST(FileTypes, FallbacksAndOutputRule) {
   EXPECT_EQ(type_of("F32", "blk.3.attn_q.weight", {2048, 3072}), GgmlType::F32);
   EXPECT_EQ(find_file_type("q4_k_m"), find_file_type("Q4_K_M"));
   EXPECT_EQ(find_file_type("Q4_K"), nullptr);
-  EXPECT_EQ(file_type_names().size(), 18u);
+  EXPECT_EQ(file_type_names().size(), 27u);
+  // The IQ mixes without an importance matrix, on V2-Lite's shapes (27 layers: the first 3 ffn_down tensors of the
+  // file get more bits in the 2-bit mixes).
+  auto iq = [](const char* ft, const char* name, const std::vector<int64_t>& ne, int ffn_down_index = 10) {
+    return tensor_type_for(*find_file_type(ft),
+                           {.name = name, .ne = ne, .n_layer = 27, .n_expert = 64, .ffn_down_index = ffn_down_index});
+  };
+  const std::vector<int64_t> down{2048, 7168, 256};  // V3's ffn_down_exps: whole 256-blocks
+  EXPECT_EQ(iq("IQ2_XXS", "blk.5.ffn_down_exps.weight", down), GgmlType::IQ2_XXS);
+  EXPECT_EQ(iq("IQ2_XXS", "blk.1.ffn_down_exps.weight", down, 2), GgmlType::Q2_K);
+  EXPECT_EQ(iq("IQ2_M", "blk.1.ffn_down_exps.weight", down, 2), GgmlType::IQ3_S);
+  EXPECT_EQ(iq("IQ2_S", "blk.5.ffn_up_exps.weight", {2048, 1408, 64}), GgmlType::IQ2_XS);
+  EXPECT_EQ(iq("IQ1_S", "blk.5.attn_output.weight", {2048, 2048}), GgmlType::IQ2_XXS);
+  EXPECT_EQ(iq("IQ1_M", "output.weight", out), GgmlType::Q5_K);
+  EXPECT_EQ(iq("IQ2_M", "token_embd.weight", out), GgmlType::IQ3_S);
+  EXPECT_EQ(iq("IQ3_XXS", "blk.5.ffn_down_exps.weight", down), GgmlType::Q3_K);
+  EXPECT_EQ(iq("IQ3_XXS", "blk.1.ffn_down_exps.weight", down), GgmlType::Q4_K);
+  EXPECT_EQ(iq("IQ3_XXS", "blk.5.attn_q.weight", {2048, 3072}), GgmlType::IQ2_S);
+  EXPECT_EQ(iq("IQ3_S", "blk.5.ffn_gate_exps.weight", {2048, 1408, 64}), GgmlType::IQ3_S);
+  EXPECT_EQ(iq("IQ3_S", "blk.3.attn_k_b.weight", k_b), GgmlType::IQ4_NL);
+  // The unsloth-like dynamic mix: routed gate/up IQ2_XXS, routed down IQ2_S, K-quants around them.
+  EXPECT_EQ(iq("UD-IQ2_XXS", "blk.5.ffn_gate_exps.weight", {2048, 1408, 64}), GgmlType::IQ2_XXS);
+  EXPECT_EQ(iq("UD-IQ2_XXS", "blk.5.ffn_down_exps.weight", down, 2), GgmlType::IQ2_S);
+  EXPECT_EQ(iq("UD-IQ2_XXS", "blk.5.ffn_down_shexp.weight", {2816, 2048}), GgmlType::Q5_K);
+  EXPECT_EQ(iq("UD-IQ2_XXS", "blk.5.attn_output.weight", {2048, 2048}), GgmlType::Q4_K);
+  EXPECT_EQ(iq("UD-IQ2_XXS", "blk.3.attn_k_b.weight", k_b), GgmlType::Q5_0);
+  EXPECT_EQ(iq("UD-IQ2_XXS", "output.weight", out), GgmlType::Q6_K);
+  EXPECT_EQ(iq("UD-IQ2_XXS", "blk.5.ffn_down_exps.weight", {1408, 2048, 64}), GgmlType::IQ4_NL);  // V2-Lite's rows
   // The ternary mixes: Q4_K embeddings, Q6_K output, Q4_0 where a row is not whole 256-blocks.
   EXPECT_EQ(type_of("TQ1_0", "blk.3.ffn_up_exps.weight", {2048, 1408, 64}), GgmlType::TQ1_0);
   EXPECT_EQ(type_of("TQ2_0", "blk.3.attn_output.weight", {2048, 2048}), GgmlType::TQ2_0);
