@@ -13,6 +13,7 @@
 #include "gpu_kernels/gpu.h"
 #include "quant/blocks.h"
 #include "quant/ggml_type.h"
+#include "quant/iq_grids.h"
 #include "quant/lowbit.h"
 
 namespace hetmoe::gpu {
@@ -183,6 +184,101 @@ struct BlockFormat<quant::GgmlType::Q6_K> {
         f(base + 64, d * static_cast<float>(sc[is + 4] * q3));
         f(base + 96, d * static_cast<float>(sc[is + 6] * q4));
       }
+    }
+  }
+};
+
+// The expert formats of the popular mixes (IQ2_XXS, IQ3_XXS, IQ4_XS, MXFP4). The IQ grids live in global memory
+// (lanes index them with different entries; constant memory would serialise that), copied from quant's tables once
+// per device before the first launch that needs them.
+__device__ uint64_t g_iq2xxs_grid[256];
+__device__ uint32_t g_iq3xxs_grid[256];
+__device__ const int8_t g_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+__device__ const int8_t g_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// 7 stored sign bits and the parity bit that makes the count of negatives even (quant/iq_grids.h).
+__device__ uint32_t parity_signs(uint32_t seven) { return seven | (static_cast<uint32_t>(__popc(seven)) & 1u) << 7; }
+__device__ float signed_byte(uint64_t entry, int j, uint32_t signs) {
+  const auto v = static_cast<float>((entry >> (8 * j)) & 0xff);
+  return (signs >> j & 1u) ? -v : v;
+}
+
+template <>
+struct BlockFormat<quant::GgmlType::IQ2_XXS> {
+  using Block = quant::BlockIQ2_XXS;
+  static constexpr int kValues = quant::kQK_K, kBytes = sizeof(Block);
+  template <typename F>
+  __device__ static void values(const uint8_t* p, F f) {
+    const Block& b = *reinterpret_cast<const Block*>(p);
+    const float d = half_bits(b.d);
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint16_t* q = b.qs + 4 * ib;  // 4 index bytes, then the sign and scale word (16-bit aligned only)
+      const uint32_t aux = q[2] | static_cast<uint32_t>(q[3]) << 16;
+      const float db = d * (0.5f + static_cast<float>(aux >> 28)) * 0.25f;
+      for (int l = 0; l < 4; ++l) {
+        const uint64_t entry = g_iq2xxs_grid[(q[l / 2] >> (8 * (l % 2))) & 0xff];
+        const uint32_t signs = parity_signs((aux >> (7 * l)) & 127u);
+        for (int j = 0; j < 8; ++j) f(32 * ib + 8 * l + j, db * signed_byte(entry, j, signs));
+      }
+    }
+  }
+};
+
+template <>
+struct BlockFormat<quant::GgmlType::IQ3_XXS> {
+  using Block = quant::BlockIQ3_XXS;
+  static constexpr int kValues = quant::kQK_K, kBytes = sizeof(Block);
+  template <typename F>
+  __device__ static void values(const uint8_t* p, F f) {
+    const Block& b = *reinterpret_cast<const Block*>(p);
+    const float d = half_bits(b.d);
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint8_t* s = b.qs + quant::kQK_K / 4 + 4 * ib;
+      const uint32_t aux = s[0] | s[1] << 8 | s[2] << 16 | static_cast<uint32_t>(s[3]) << 24;
+      const float db = d * (0.5f + static_cast<float>(aux >> 28)) * 0.5f;
+      for (int l = 0; l < 4; ++l) {
+        const uint32_t signs = parity_signs((aux >> (7 * l)) & 127u);
+        const uint64_t entry =
+            g_iq3xxs_grid[b.qs[8 * ib + 2 * l]] | static_cast<uint64_t>(g_iq3xxs_grid[b.qs[8 * ib + 2 * l + 1]]) << 32;
+        for (int j = 0; j < 8; ++j) f(32 * ib + 8 * l + j, db * signed_byte(entry, j, signs));
+      }
+    }
+  }
+};
+
+template <>
+struct BlockFormat<quant::GgmlType::IQ4_XS> {
+  using Block = quant::BlockIQ4_XS;
+  static constexpr int kValues = quant::kQK_K, kBytes = sizeof(Block);
+  template <typename F>
+  __device__ static void values(const uint8_t* p, F f) {
+    const Block& b = *reinterpret_cast<const Block*>(p);
+    const float d = half_bits(b.d);
+    for (int ib = 0; ib < 8; ++ib) {
+      const int ls = ((b.scales_l[ib / 2] >> (4 * (ib % 2))) & 15) | ((b.scales_h >> (2 * ib)) & 3) << 4;
+      const float dl = d * static_cast<float>(ls - 32);
+      for (int j = 0; j < 16; ++j) {
+        const uint8_t q = b.qs[16 * ib + j];
+        f(32 * ib + j, dl * static_cast<float>(g_iq4nl_values[q & 15]));
+        f(32 * ib + 16 + j, dl * static_cast<float>(g_iq4nl_values[q >> 4]));
+      }
+    }
+  }
+};
+
+template <>
+struct BlockFormat<quant::GgmlType::MXFP4> {
+  using Block = quant::BlockMXFP4;
+  static constexpr int kValues = quant::kQK_MXFP4, kBytes = sizeof(Block);
+  template <typename F>
+  __device__ static void values(const uint8_t* p, F f) {
+    const Block& b = *reinterpret_cast<const Block*>(p);
+    // E8M0 times one half (the codes are E2M1 doubled), as quant::e8m0_to_fp32_half.
+    const uint32_t bits = b.e < 2 ? 0x00200000u << b.e : static_cast<uint32_t>(b.e - 1) << 23;
+    const float d = __uint_as_float(bits);
+    for (int j = 0; j < kValues / 2; ++j) {
+      f(j, d * static_cast<float>(g_mxfp4_values[b.qs[j] & 15]));
+      f(j + kValues / 2, d * static_cast<float>(g_mxfp4_values[b.qs[j] >> 4]));
     }
   }
 };
@@ -680,9 +776,30 @@ bool with_block_format(quant::GgmlType type, F&& f) {
       return f(std::integral_constant<GgmlType, GgmlType::Q4_K>{}), true;
     case GgmlType::Q6_K:
       return f(std::integral_constant<GgmlType, GgmlType::Q6_K>{}), true;
+    case GgmlType::IQ2_XXS:
+      return f(std::integral_constant<GgmlType, GgmlType::IQ2_XXS>{}), true;
+    case GgmlType::IQ3_XXS:
+      return f(std::integral_constant<GgmlType, GgmlType::IQ3_XXS>{}), true;
+    case GgmlType::IQ4_XS:
+      return f(std::integral_constant<GgmlType, GgmlType::IQ4_XS>{}), true;
+    case GgmlType::MXFP4:
+      return f(std::integral_constant<GgmlType, GgmlType::MXFP4>{}), true;
     default:
       return false;
   }
+}
+
+// The IQ grids into the current device's global memory, once per device.
+void upload_iq_grids() {
+  static std::mutex mutex;
+  static bool done[64] = {};
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (device < 0 || device >= 64 || done[device]) return;
+  check(cudaMemcpyToSymbol(g_iq2xxs_grid, quant::kIq2xxsGrid, sizeof quant::kIq2xxsGrid), "IQ2_XXS grid upload");
+  check(cudaMemcpyToSymbol(g_iq3xxs_grid, quant::kIq3xxsGrid, sizeof quant::kIq3xxsGrid), "IQ3_XXS grid upload");
+  done[device] = true;
 }
 
 }  // namespace
@@ -695,6 +812,7 @@ void block_matmul(quant::GgmlType type, const void* w, int64_t rows, int64_t col
                   int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s) {
   if (!block_matmul_supports(type)) throw std::runtime_error("block_matmul: a weight type without a kernel");
   if (rows == 0 || n == 0) return;
+  if (type == quant::GgmlType::IQ2_XXS || type == quant::GgmlType::IQ3_XXS) upload_iq_grids();
   const unsigned grid = blocks_for(rows, kWarpsPerBlock);
   const auto* wb = static_cast<const uint8_t*>(w);
   const unsigned threads = kWarp * kWarpsPerBlock;

@@ -7,7 +7,6 @@
 //   IQ1_S, IQ1_M: signed bytes -1, 0, 1, plus a shift of +-1/8 per group.
 
 #include <array>
-#include <bit>
 #include <cstdint>
 
 namespace hetmoe::quant {
@@ -23,7 +22,11 @@ extern const uint64_t kIq1sGrid[2048];
 // Entry i is the full 8-bit sign mask (bit j set: element j negative), as ggml's ksigns_iq2xs.
 inline constexpr std::array<uint8_t, 128> kIqParitySigns = [] {
   std::array<uint8_t, 128> t{};
-  for (unsigned i = 0; i < 128; ++i) t[i] = static_cast<uint8_t>(i | (std::popcount(i) & 1u) << 7);
+  for (unsigned i = 0; i < 128; ++i) {
+    unsigned parity = 0;
+    for (unsigned b = i; b != 0; b >>= 1) parity ^= b & 1u;
+    t[i] = static_cast<uint8_t>(i | parity << 7);
+  }
   return t;
 }();
 

@@ -17,7 +17,7 @@
 #include "cpu_kernels/avx512/kernels_avx512.h"
 #include "cpu_kernels/scratch.h"
 #include "quant/blocks.h"
-#include "quant/iq.h"
+#include "quant/iq_decode.h"
 
 namespace hetmoe::cpu::avx512 {
 namespace {

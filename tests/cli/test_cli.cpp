@@ -439,6 +439,31 @@ TEST_F(Cli, ShardedModelsRunAsTheWholeFile) {
                "shard 2 of " + std::to_string(shards.size()) + " is missing (" + shards[1] + ")");
 }
 
+// The IQ mixes end to end: make-model writes them, the CPU and the emulated device give the same ids, and split takes
+// an IQ file as its source.
+TEST_F(Cli, IqMixesRunOnTheCpuAndTheEmulatedDeviceAndSplit) {
+  const std::string args = " --tokens 3,17,42,100,7 -n 6 --temp 0 --print-ids -t 1";
+  for (const char* type : {"IQ2_XXS", "UD-IQ2_XXS", "IQ1_M", "IQ3_XXS"}) {
+    SCOPED_TRACE(type);
+    const fs::path model = dir_ / (std::string(type) + ".gguf");
+    const Result made =
+        hetmoe(fmt::format("make-model --preset tiny-deepseek-v3 --type {} --seed 2 -t 1 -o {}", type, model.string()));
+    ASSERT_EQ(made.status, 0) << made.err;
+    const Result cpu = hetmoe("run -m " + model.string() + args);
+    ASSERT_EQ(cpu.status, 0) << cpu.err;
+    const Result device = hetmoe("run -m " + model.string() + args + " --device emulated");
+    ASSERT_EQ(device.status, 0) << device.err;
+    EXPECT_EQ(device.out, cpu.out);
+  }
+  const fs::path split = dir_ / "ud.split.gguf";
+  const Result s = hetmoe("split -m " + (dir_ / "UD-IQ2_XXS.gguf").string() + " -o " + split.string() +
+                          " --gpu-bits 2 --residual-bits 4 -t 1");
+  ASSERT_EQ(s.status, 0) << s.err;
+  const Result r = hetmoe("run -m " + split.string() + args + " --device emulated");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), ' ') + 1, 6) << r.out;
+}
+
 TEST_F(Cli, LogitsWritesOneRowPerToken) {
   const fs::path out = dir_ / "logits.bin";
   const Result r = hetmoe("logits -m " + kModel.string() + " --tokens 3,17,42 --out " + out.string());

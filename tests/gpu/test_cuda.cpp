@@ -73,8 +73,10 @@ TEST(Cuda, LowBitMatmulAndSiluMatchTheReference) {
           test_support::check_matmul_and_silu(*d, s, type, cols, rows, n, 5e-5, seed++);
   }
   // The GGUF block formats of dense and shared weights, against F32 activations.
+  // The IQ2_XXS, IQ3_XXS, IQ4_XS and MXFP4 experts of the popular mixes among them.
   for (quant::GgmlType type : {quant::GgmlType::F32, quant::GgmlType::F16, quant::GgmlType::Q8_0, quant::GgmlType::Q5_0,
-                               quant::GgmlType::Q4_K, quant::GgmlType::Q6_K}) {
+                               quant::GgmlType::Q4_K, quant::GgmlType::Q6_K, quant::GgmlType::IQ2_XXS,
+                               quant::GgmlType::IQ3_XXS, quant::GgmlType::IQ4_XS, quant::GgmlType::MXFP4}) {
     ASSERT_TRUE(d->supports(type));
     for (int64_t cols : {256, 2048})
       for (int64_t rows : {1, 17, 97})
