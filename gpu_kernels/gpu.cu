@@ -351,6 +351,11 @@ __global__ void add_kernel(const float* x, int64_t n, float* y) {
   if (i < n) y[i] += x[i];
 }
 
+__global__ void add_bias_kernel(const float* bias, int64_t width, int64_t n_rows, float* y, int64_t ldy) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < width * n_rows) y[i / width * ldy + i % width] += bias[i % width];
+}
+
 // One block per row: the mean square by a block reduction (warp shuffles, then the warps' sums in shared memory).
 __global__ void rms_norm_kernel(const float* x, int64_t ldx, const float* weight, int64_t width, float eps, float* y,
                                 int64_t ldy) {
@@ -797,8 +802,8 @@ void upload_iq_grids() {
   check(cudaGetDevice(&device), "cudaGetDevice");
   const std::lock_guard<std::mutex> lock(mutex);
   if (device < 0 || device >= 64 || done[device]) return;
-  check(cudaMemcpyToSymbol(g_iq2xxs_grid, quant::kIq2xxsGrid, sizeof quant::kIq2xxsGrid), "IQ2_XXS grid upload");
-  check(cudaMemcpyToSymbol(g_iq3xxs_grid, quant::kIq3xxsGrid, sizeof quant::kIq3xxsGrid), "IQ3_XXS grid upload");
+  check(cudaMemcpyToSymbol(g_iq2xxs_grid, quant::iq2xxs_grid, sizeof quant::iq2xxs_grid), "IQ2_XXS grid upload");
+  check(cudaMemcpyToSymbol(g_iq3xxs_grid, quant::iq3xxs_grid, sizeof quant::iq3xxs_grid), "IQ3_XXS grid upload");
   done[device] = true;
 }
 
@@ -845,6 +850,12 @@ void add(const float* x, int64_t n, float* y, Stream s) {
   if (n == 0) return;
   add_kernel<<<blocks_for(n, 256), 256, 0, stream_of(s)>>>(x, n, y);
   check(cudaGetLastError(), "add launch");
+}
+
+void add_bias(const float* bias, int64_t width, int64_t n_rows, float* y, int64_t ldy, Stream s) {
+  if (width == 0 || n_rows == 0) return;
+  add_bias_kernel<<<blocks_for(width * n_rows, 256), 256, 0, stream_of(s)>>>(bias, width, n_rows, y, ldy);
+  check(cudaGetLastError(), "add_bias launch");
 }
 
 void rms_norm(const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width, float eps, float* y,

@@ -47,7 +47,7 @@ struct IqDecoder<GgmlType::IQ2_XXS> {
       const uint32_t aux = iq_load_u32(bytes + 8 * ib + 4);
       iq_set_ls(out, ib, static_cast<int>(aux >> 28), static_cast<int>(aux >> 28));
       for (int l = 0; l < 4; ++l) {
-        out.mag[4 * ib + l] = kIq2xxsGrid[bytes[8 * ib + l]];
+        out.mag[4 * ib + l] = iq2xxs_grid[bytes[8 * ib + l]];
         out.sign[4 * ib + l] = kIqParitySigns[aux >> (7 * l) & 127];
       }
     }
@@ -63,7 +63,7 @@ struct IqDecoder<GgmlType::IQ2_XS> {
       iq_set_ls(out, ib, b.scales[ib] & 0xf, b.scales[ib] >> 4);
       for (int l = 0; l < 4; ++l) {
         const uint16_t v = b.qs[4 * ib + l];
-        out.mag[4 * ib + l] = kIq2xsGrid[v & 511];
+        out.mag[4 * ib + l] = iq2xs_grid[v & 511];
         out.sign[4 * ib + l] = kIqParitySigns[v >> 9];
       }
     }
@@ -78,7 +78,7 @@ struct IqDecoder<GgmlType::IQ2_S> {
     std::memcpy(out.sign, b.qs + kQK_K / 8, 32);
     for (int ib = 0; ib < 8; ++ib) {
       iq_set_ls(out, ib, b.scales[ib] & 0xf, b.scales[ib] >> 4);
-      for (int l = 0; l < 4; ++l) out.mag[4 * ib + l] = kIq2sGrid[b.qs[4 * ib + l] | (b.qh[ib] << (8 - 2 * l) & 0x300)];
+      for (int l = 0; l < 4; ++l) out.mag[4 * ib + l] = iq2s_grid[b.qs[4 * ib + l] | (b.qh[ib] << (8 - 2 * l) & 0x300)];
     }
   }
 };
@@ -93,7 +93,7 @@ struct IqDecoder<GgmlType::IQ3_XXS> {
       const uint32_t aux = iq_load_u32(qs + kQK_K / 4 + 4 * ib);
       iq_set_ls(out, ib, static_cast<int>(aux >> 28), static_cast<int>(aux >> 28));
       for (int l = 0; l < 4; ++l) {
-        out.mag[4 * ib + l] = kIq3xxsGrid[idx[2 * l]] | static_cast<uint64_t>(kIq3xxsGrid[idx[2 * l + 1]]) << 32;
+        out.mag[4 * ib + l] = iq3xxs_grid[idx[2 * l]] | static_cast<uint64_t>(iq3xxs_grid[idx[2 * l + 1]]) << 32;
         out.sign[4 * ib + l] = kIqParitySigns[aux >> (7 * l) & 127];
       }
     }
@@ -114,7 +114,7 @@ struct IqDecoder<GgmlType::IQ3_S> {
       for (int l = 0; l < 4; ++l) {
         const int first = idx[2 * l] | (qh << (8 - 2 * l) & 256);
         const int second = idx[2 * l + 1] | (qh << (7 - 2 * l) & 256);
-        out.mag[4 * ib + l] = kIq3sGrid[first] | static_cast<uint64_t>(kIq3sGrid[second]) << 32;
+        out.mag[4 * ib + l] = iq3s_grid[first] | static_cast<uint64_t>(iq3s_grid[second]) << 32;
       }
     }
   }

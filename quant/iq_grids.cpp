@@ -1,13 +1,13 @@
-// The grids of ggml's IQ formats: each entry is the 8 (uint64: IQ1, IQ2) or 4 (uint32: IQ3) codes of one group,
-// one byte per element, least significant byte first. The values are those of ggml-common.h in llama.cpp v0.5.0,
-// which every IQ file is written against (reference README 6.3: the tables are part of the format).
+// The grids of ggml's IQ formats (named as ggml names them): each entry is the 8 (uint64: IQ1, IQ2) or 4 (uint32: IQ3)
+// codes of one group, one byte per element, least significant byte first. The values are those of ggml-common.h in
+// llama.cpp v0.5.0, which every IQ file is written against (reference README 6.3: the tables are part of the format).
 
 #include "quant/iq_grids.h"
 
 namespace hetmoe::quant {
 
 // clang-format off
-alignas(64) const uint64_t kIq2xxsGrid[256] = {
+alignas(64) const uint64_t iq2xxs_grid[256] = {
     0x0808080808080808, 0x080808080808082b, 0x0808080808081919, 0x0808080808082b08, 0x0808080808082b2b, 0x0808080808190819,
     0x0808080808191908, 0x08080808082b0808, 0x08080808082b082b, 0x08080808082b2b08, 0x08080808082b2b2b, 0x0808080819080819,
     0x0808080819081908, 0x0808080819190808, 0x0808080819192b08, 0x08080808192b0819, 0x08080808192b1908, 0x080808082b080808,
@@ -52,7 +52,7 @@ alignas(64) const uint64_t kIq2xxsGrid[256] = {
     0x2b192b082b080819, 0x2b192b19082b0808, 0x2b2b08080808082b, 0x2b2b080819190808, 0x2b2b08082b081919, 0x2b2b081908082b19,
     0x2b2b082b08080808, 0x2b2b190808192b08, 0x2b2b2b0819190808, 0x2b2b2b1908081908,
 };
-alignas(64) const uint64_t kIq2xsGrid[512] = {
+alignas(64) const uint64_t iq2xs_grid[512] = {
     0x0808080808080808, 0x080808080808082b, 0x0808080808081919, 0x0808080808082b08, 0x0808080808082b2b, 0x0808080808190819,
     0x0808080808191908, 0x080808080819192b, 0x0808080808192b19, 0x08080808082b0808, 0x08080808082b082b, 0x08080808082b1919,
     0x08080808082b2b08, 0x0808080819080819, 0x0808080819081908, 0x080808081908192b, 0x0808080819082b19, 0x0808080819190808,
@@ -140,7 +140,7 @@ alignas(64) const uint64_t kIq2xsGrid[512] = {
     0x2b2b2b082b2b2b08, 0x2b2b2b1908081908, 0x2b2b2b192b081908, 0x2b2b2b192b08192b, 0x2b2b2b2b082b2b08, 0x2b2b2b2b082b2b2b,
     0x2b2b2b2b2b190819, 0x2b2b2b2b2b2b2b2b,
 };
-alignas(64) const uint64_t kIq2sGrid[1024] = {
+alignas(64) const uint64_t iq2s_grid[1024] = {
     0x0808080808080808, 0x080808080808082b, 0x0808080808081919, 0x0808080808082b08, 0x0808080808082b2b, 0x0808080808190819,
     0x0808080808191908, 0x080808080819192b, 0x0808080808192b19, 0x08080808082b0808, 0x08080808082b082b, 0x08080808082b1919,
     0x08080808082b2b08, 0x0808080819080819, 0x0808080819081908, 0x080808081908192b, 0x0808080819082b19, 0x0808080819190808,
@@ -313,7 +313,7 @@ alignas(64) const uint64_t kIq2sGrid[1024] = {
     0x2b2b2b082b2b082b, 0x2b2b2b1919191908, 0x2b2b2b192b08192b, 0x2b2b2b2b08082b08, 0x2b2b2b2b08082b2b, 0x2b2b2b2b082b0808,
     0x2b2b2b2b082b082b, 0x2b2b2b2b082b2b08, 0x2b2b2b2b2b082b08, 0x2b2b2b2b2b2b2b2b,
 };
-alignas(64) const uint32_t kIq3xxsGrid[256] = {
+alignas(64) const uint32_t iq3xxs_grid[256] = {
     0x04040404, 0x04040414, 0x04040424, 0x04040c0c, 0x04040c1c, 0x04040c3e, 0x04041404, 0x04041414, 0x04041c0c, 0x04042414,
     0x04043e1c, 0x04043e2c, 0x040c040c, 0x040c041c, 0x040c0c04, 0x040c0c14, 0x040c140c, 0x040c142c, 0x040c1c04, 0x040c1c14,
     0x040c240c, 0x040c2c24, 0x040c3e04, 0x04140404, 0x04140414, 0x04140424, 0x04140c0c, 0x04141404, 0x04141414, 0x04141c0c,
@@ -341,7 +341,7 @@ alignas(64) const uint32_t kIq3xxsGrid[256] = {
     0x3e042c14, 0x3e0c1434, 0x3e0c2404, 0x3e140c14, 0x3e14242c, 0x3e142c14, 0x3e1c0404, 0x3e1c0c2c, 0x3e1c1c1c, 0x3e1c3404,
     0x3e24140c, 0x3e24240c, 0x3e2c0404, 0x3e2c0414, 0x3e2c1424, 0x3e341c04,
 };
-alignas(64) const uint32_t kIq3sGrid[512] = {
+alignas(64) const uint32_t iq3s_grid[512] = {
     0x01010101, 0x01010103, 0x01010105, 0x0101010b, 0x0101010f, 0x01010301, 0x01010303, 0x01010305, 0x01010309, 0x0101030d,
     0x01010501, 0x01010503, 0x0101050b, 0x01010707, 0x01010901, 0x01010905, 0x0101090b, 0x0101090f, 0x01010b03, 0x01010b07,
     0x01010d01, 0x01010d05, 0x01010f03, 0x01010f09, 0x01010f0f, 0x01030101, 0x01030103, 0x01030105, 0x01030109, 0x01030301,
@@ -395,7 +395,7 @@ alignas(64) const uint32_t kIq3sGrid[512] = {
     0x0f07070b, 0x0f070b07, 0x0f090103, 0x0f09010b, 0x0f090307, 0x0f090501, 0x0f090b01, 0x0f0b0505, 0x0f0b0905, 0x0f0d0105,
     0x0f0d0703, 0x0f0f0101,
 };
-alignas(64) const uint64_t kIq1sGrid[2048] = {
+alignas(64) const uint64_t iq1s_grid[2048] = {
     0xffffffffffffffff, 0xffffffffffffff01, 0xffffffffffff0000, 0xffffffffffff01ff, 0xffffffffffff0101, 0xffffffffff00ff00,
     0xffffffffff000000, 0xffffffffff01ffff, 0xffffffffff01ff01, 0xffffffffff0101ff, 0xffffffffff010101, 0xffffffff00ff0000,
     0xffffffff0000ff00, 0xffffffff000000ff, 0xffffffff00000001, 0xffffffff00010000, 0xffffffff01ffffff, 0xffffffff01ffff01,

@@ -11,12 +11,12 @@
 
 namespace hetmoe::quant {
 
-extern const uint64_t kIq2xxsGrid[256];
-extern const uint64_t kIq2xsGrid[512];
-extern const uint64_t kIq2sGrid[1024];
-extern const uint32_t kIq3xxsGrid[256];
-extern const uint32_t kIq3sGrid[512];
-extern const uint64_t kIq1sGrid[2048];
+extern const uint64_t iq2xxs_grid[256];
+extern const uint64_t iq2xs_grid[512];
+extern const uint64_t iq2s_grid[1024];
+extern const uint32_t iq3xxs_grid[256];
+extern const uint32_t iq3s_grid[512];
+extern const uint64_t iq1s_grid[2048];
 
 // IQ2_XXS, IQ2_XS and IQ3_XXS store 7 sign bits per group of 8; the eighth makes the count of negatives even.
 // Entry i is the full 8-bit sign mask (bit j set: element j negative), as ggml's ksigns_iq2xs.

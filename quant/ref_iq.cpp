@@ -56,13 +56,13 @@ float vec_dot_iq(int64_t n, const void* weight, const void* activation) {
 
 const Iq1Group* iq1_groups() {
   static const std::vector<Iq1Group> table = [] {
-    std::vector<Iq1Group> t(2 * std::size(kIq1sGrid));
-    for (size_t e = 0; e < std::size(kIq1sGrid); ++e)
+    std::vector<Iq1Group> t(2 * std::size(iq1s_grid));
+    for (size_t e = 0; e < std::size(iq1s_grid); ++e)
       for (int negative = 0; negative < 2; ++negative) {
         Iq1Group& out = t[2 * e + static_cast<size_t>(negative)];
         out = {};
         for (int j = 0; j < 8; ++j) {
-          const int q = 8 * static_cast<int8_t>(kIq1sGrid[e] >> (8 * j) & 0xff) + (negative ? -1 : 1);
+          const int q = 8 * static_cast<int8_t>(iq1s_grid[e] >> (8 * j) & 0xff) + (negative ? -1 : 1);
           out.mag |= static_cast<uint64_t>(q < 0 ? -q : q) << (8 * j);
           if (q < 0) out.sign = static_cast<uint8_t>(out.sign | 1u << j);
         }

@@ -46,12 +46,12 @@ struct GridFormat {
   std::vector<float> levels;  // the distinct values of g_j, ascending
 };
 
-int8_t iq2xxs_element(int e, int j) { return static_cast<int8_t>(kIq2xxsGrid[e] >> (8 * j) & 0xff); }
-int8_t iq2xs_element(int e, int j) { return static_cast<int8_t>(kIq2xsGrid[e] >> (8 * j) & 0xff); }
-int8_t iq2s_element(int e, int j) { return static_cast<int8_t>(kIq2sGrid[e] >> (8 * j) & 0xff); }
-int8_t iq3xxs_element(int e, int j) { return static_cast<int8_t>(kIq3xxsGrid[e] >> (8 * j) & 0xff); }
-int8_t iq3s_element(int e, int j) { return static_cast<int8_t>(kIq3sGrid[e] >> (8 * j) & 0xff); }
-int8_t iq1s_element(int e, int j) { return static_cast<int8_t>(kIq1sGrid[e] >> (8 * j) & 0xff); }
+int8_t iq2xxs_element(int e, int j) { return static_cast<int8_t>(iq2xxs_grid[e] >> (8 * j) & 0xff); }
+int8_t iq2xs_element(int e, int j) { return static_cast<int8_t>(iq2xs_grid[e] >> (8 * j) & 0xff); }
+int8_t iq2s_element(int e, int j) { return static_cast<int8_t>(iq2s_grid[e] >> (8 * j) & 0xff); }
+int8_t iq3xxs_element(int e, int j) { return static_cast<int8_t>(iq3xxs_grid[e] >> (8 * j) & 0xff); }
+int8_t iq3s_element(int e, int j) { return static_cast<int8_t>(iq3s_grid[e] >> (8 * j) & 0xff); }
+int8_t iq1s_element(int e, int j) { return static_cast<int8_t>(iq1s_grid[e] >> (8 * j) & 0xff); }
 
 // The grid entries as floats and, for every pattern of per-element level indices, the entries nearest to it.
 struct GridIndex {
