@@ -7,6 +7,7 @@
 #include <string>
 
 #include "runtime/model/model.h"
+#include "tests/support/reference.h"
 
 namespace hetmoe {
 namespace {
@@ -34,8 +35,7 @@ TEST_P(Memory, LoadDoesNotCopyWeights) {
       path = root / "models" / GetParam();
       break;
     }
-  if (path.empty())
-    GTEST_SKIP() << "skipped: " << GetParam() << " is neither in tests/data nor in " << HETMOE_SHARED_REF;
+  if (path.empty()) HETMOE_MISSING_REFERENCE(GetParam() << " is neither in tests/data nor in " << HETMOE_SHARED_REF);
   const int64_t before = rss_anon();
   ASSERT_GT(before, 0) << "no RssAnon in /proc/self/status";
   auto model = model::Model::load(path.string(), 1);

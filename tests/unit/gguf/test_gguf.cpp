@@ -23,6 +23,7 @@
 #include "runtime/gguf/reader.h"
 #include "runtime/gguf/value.h"
 #include "runtime/gguf/writer.h"
+#include "tests/support/reference.h"
 
 namespace hetmoe::gguf {
 namespace {
@@ -869,7 +870,7 @@ std::filesystem::path shared_ref() { return HETMOE_SHARED_REF; }
 TEST(GgufReference, ModelsMatchManifest) {
   const std::filesystem::path models = shared_ref() / "models";
   if (!std::filesystem::exists(models / "manifest.json"))
-    GTEST_SKIP() << "reference models not found at " << models.string();
+    HETMOE_MISSING_REFERENCE("reference models not found at " << models.string());
   std::ifstream in(models / "manifest.json");
   const nlohmann::json manifest = nlohmann::json::parse(in);
   ASSERT_FALSE(manifest.empty());
@@ -920,7 +921,8 @@ TEST(GgufReference, ModelsMatchManifest) {
 
 TEST(GgufReference, VocabFilesParse) {
   const std::filesystem::path vocab = shared_ref() / "vocab";
-  if (!std::filesystem::is_directory(vocab)) GTEST_SKIP() << "reference vocab files not found at " << vocab.string();
+  if (!std::filesystem::is_directory(vocab))
+    HETMOE_MISSING_REFERENCE("reference vocab files not found at " << vocab.string());
   int parsed = 0;
   for (const auto& entry : std::filesystem::directory_iterator(vocab)) {
     if (entry.path().extension() != ".gguf") continue;

@@ -20,6 +20,7 @@
 #include "runtime/model/file_types.h"
 #include "runtime/model/make_model.h"
 #include "runtime/text/bpe_vocab.h"
+#include "tests/support/reference.h"
 
 namespace hetmoe {
 namespace {
@@ -59,7 +60,8 @@ const json* reference(const std::string& file) {
 
 #define REQUIRE_REFERENCE(var, file) \
   const json* var = reference(file); \
-  if (!var) GTEST_SKIP() << "no manifest.json (neither tests/data nor the shared reference folder) with " << (file)
+  if (!var)                          \
+  HETMOE_MISSING_REFERENCE("no manifest.json (neither tests/data nor the shared reference folder) with " << (file))
 
 class TempDir {
  public:
@@ -316,7 +318,7 @@ TEST(FileTypes, RulesReproduceTheReferenceFiles) {
   const json* m = manifest();
   const json* next = manifest_next();
   if (!m || !next)
-    GTEST_SKIP() << "no manifest.json and manifest-next.json in tests/data or the shared reference folder";
+    HETMOE_MISSING_REFERENCE("no manifest.json and manifest-next.json in tests/data or the shared reference folder");
   std::vector<const json*> entries;
   for (const json& entry : *m) entries.push_back(&entry);
   for (const json& entry : *next) entries.push_back(&entry);

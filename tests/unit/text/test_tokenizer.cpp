@@ -14,6 +14,7 @@
 #include "runtime/gguf/writer.h"
 #include "runtime/text/tokenizer.h"
 #include "runtime/text/tokenizer_internal.h"
+#include "tests/support/reference.h"
 
 namespace hetmoe::text {
 namespace {
@@ -108,7 +109,7 @@ TEST_P(RoundTrip, DecodeOfEncodeIsTheText) {
   const auto [sub, name] =
       std::pair{GetParam().substr(0, GetParam().find('/')), GetParam().substr(GetParam().find('/') + 1)};
   const auto tokenizer = load_ref(sub, name);
-  if (!tokenizer) GTEST_SKIP() << name << " is in neither tests/data nor " << HETMOE_SHARED_REF << "; skipped";
+  if (!tokenizer) HETMOE_MISSING_REFERENCE(name << " is in neither tests/data nor " << HETMOE_SHARED_REF);
   // Bytes whose byte-level character is a user-defined token (deepseek-llm and -coder add C0, C1 and F5..FF that
   // way): the token renders as its text, as in llama.cpp, so such a byte comes back as that character.
   std::string unrepresentable;
@@ -135,7 +136,7 @@ TEST_P(RoundTrip, DecodeOfEncodeIsTheText) {
 
 TEST(Tokenizer, DeepseekByteTokensRenderAsTheirText) {
   const auto t = load_ref("vocab", "ggml-vocab-deepseek-coder.gguf");
-  if (!t) GTEST_SKIP() << "ggml-vocab-deepseek-coder.gguf is not in " << HETMOE_SHARED_REF << "/vocab; skipped";
+  if (!t) HETMOE_MISSING_REFERENCE("ggml-vocab-deepseek-coder.gguf is not in " << HETMOE_SHARED_REF << "/vocab");
   // "ø" in text is that user-defined token (llama.cpp splits user-defined tokens out first) and renders as "ø";
   // the invalid byte F8 reaches the same token through its byte-level character, so it comes back as "ø" too.
   const std::vector<int32_t> letter = t->encode("ø", false, false);
