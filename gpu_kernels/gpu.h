@@ -62,6 +62,7 @@ void block_matmul(quant::GgmlType type, const void* w, int64_t rows, int64_t col
 // out[i] = silu(gate[i]) * up[i]; y[i] += x[i].
 void silu_mul(const float* gate, const float* up, int64_t n, float* out, Stream s);
 void add(const float* x, int64_t n, float* y, Stream s);
+void add_bias(const float* bias, int64_t width, int64_t n_rows, float* y, int64_t ldy, Stream s);
 
 // The layer ops of runtime/device/device.h (the Device interface documents each), on device memory.
 void rms_norm(const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width, float eps, float* y,

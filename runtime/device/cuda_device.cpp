@@ -105,6 +105,9 @@ class CudaDevice final : public Device {
     gpu::silu_mul(gate, up, n, out, s(stream));
   }
   void add(int stream, const float* x, int64_t n, float* y) override { gpu::add(x, n, y, s(stream)); }
+  void add_bias(int stream, const float* bias, int64_t width, int64_t n_rows, float* y, int64_t ldy) override {
+    gpu::add_bias(bias, width, n_rows, y, ldy, s(stream));
+  }
   void rms_norm(int stream, const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width, float eps,
                 float* y, int64_t ldy) override {
     gpu::rms_norm(x, ldx, weight, n_rows, width, eps, y, ldy, s(stream));

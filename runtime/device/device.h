@@ -93,6 +93,8 @@ class Device {
   virtual void silu_mul(int stream, const float* gate, const float* up, int64_t n, float* out) = 0;
   // y[i] += x[i] for i < n (device memory).
   virtual void add(int stream, const float* x, int64_t n, float* y) = 0;
+  // Row r of y (at y + r * ldy) += bias, `width` values per row: a projection's bias on every token (device memory).
+  virtual void add_bias(int stream, const float* bias, int64_t width, int64_t n_rows, float* y, int64_t ldy) = 0;
 
   // The layer ops of a forward pass on the device, each as the CPU's cpu_kernels/ops.h defines it; all pointers are
   // device memory.
@@ -257,7 +259,7 @@ std::unique_ptr<Device> make_emulated_device(const EmulatedOptions& opt);
 
 // The Device interface's version: the CUDA device library reports the one it was built with, and the loader refuses a
 // library of another (raise it whenever this interface or what its methods take changes).
-inline constexpr int kDeviceAbi = 1;
+inline constexpr int kDeviceAbi = 2;
 
 // The CPU as a device, computing with `pool` (which must outlive it).
 std::unique_ptr<Device> make_host_device(cpu::ThreadPool& pool);

@@ -161,6 +161,9 @@ class EmulatedDevice final : public Device {
   void silu_mul(int stream, const float* gate, const float* up, int64_t n, float* out) override {
     worker(stream).enqueue([=] { host_ops::silu_mul(gate, up, n, out); });
   }
+  void add_bias(int stream, const float* bias, int64_t width, int64_t n_rows, float* y, int64_t ldy) override {
+    worker(stream).enqueue([=] { host_ops::add_bias(bias, width, n_rows, y, ldy); });
+  }
   void add(int stream, const float* x, int64_t n, float* y) override {
     worker(stream).enqueue([=] { host_ops::add(x, n, y); });
   }

@@ -69,6 +69,9 @@ class HostDevice final : public Device {
     host_ops::silu_mul(gate, up, n, out);
   }
   void add(int, const float* x, int64_t n, float* y) override { host_ops::add(x, n, y); }
+  void add_bias(int, const float* bias, int64_t width, int64_t n_rows, float* y, int64_t ldy) override {
+    host_ops::add_bias(bias, width, n_rows, y, ldy);
+  }
   void rms_norm(int, const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width, float eps,
                 float* y, int64_t ldy) override {
     host_ops::rms_norm(x, ldx, weight, n_rows, width, eps, y, ldy);

@@ -1,5 +1,6 @@
 #include "runtime/model/config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "runtime/error.h"
@@ -66,6 +67,21 @@ ModelConfig read_config(const gguf::GgufFile& f) {
   if (c.rope.n_dims <= 0 || c.rope.n_dims % 2 != 0 || c.rope.n_dims > c.head_dim_k)
     fail("{}: rope.dimension_count {} does not fit a head of {}", f.path(), c.rope.n_dims, c.head_dim_k);
   return c;
+}
+
+void read_expert_routing(const ConfigKeys& k, ModelConfig& c, Gating default_gating) {
+  const int gating = static_cast<int>(k.opt_int("expert_gating_func", static_cast<int>(default_gating)));
+  if (gating != 1 && gating != 2)
+    fail("{}: expert_gating_func {} is not supported (1 softmax, 2 sigmoid)", k.file().path(), gating);
+  c.gating = static_cast<Gating>(gating);
+  c.expert_weights_norm = k.opt_bool("expert_weights_norm", false);
+  c.expert_weights_scale = static_cast<float>(k.opt_float("expert_weights_scale", 0.0));
+  c.n_group = k.opt_int("expert_group_count", 1);
+  c.n_group_used = k.opt_int("expert_group_used_count", 1);
+  if (c.n_group < 1 || c.n_group >= std::max<int64_t>(2, c.n_expert))
+    if (c.n_group != 1) fail("{}: expert_group_count {} is out of range", k.file().path(), c.n_group);
+  if (c.n_group > 1 && (c.n_expert % c.n_group != 0 || c.n_group_used <= 0 || c.n_group_used >= c.n_group))
+    fail("{}: expert groups {}/{} do not fit {} experts", k.file().path(), c.n_group_used, c.n_group, c.n_expert);
 }
 
 double active_bytes_per_token(const gguf::GgufFile& file, const ModelConfig& c) {

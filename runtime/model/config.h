@@ -33,9 +33,10 @@ struct ModelConfig {
   float kq_scale = 1.0f;  // softmax scale of attention
 
   // Feed-forward.
-  int64_t n_ff = 0;      // dense FFN width
-  int64_t n_ff_exp = 0;  // one routed expert's width
-  int64_t n_expert = 0;  // 0: dense model
+  std::string ffn_norm = "ffn_norm";  // the FFN input norm's tensor name (GLM-4.5: post_attention_norm)
+  int64_t n_ff = 0;                   // dense FFN width
+  int64_t n_ff_exp = 0;               // one routed expert's width
+  int64_t n_expert = 0;               // 0: dense model
   int64_t n_expert_used = 0;
   int64_t n_expert_shared = 0;  // shared experts, fused into one FFN of width n_ff_exp * n_expert_shared
   int64_t n_leading_dense = 0;  // blocks < this one use the dense FFN
@@ -76,6 +77,10 @@ class ConfigKeys {
   const gguf::GgufFile& f_;
   std::string arch_;
 };
+
+// The routing keys of the DeepSeek-V3 family (expert_gating_func, expert_weights_norm / _scale, expert groups), with
+// the gating llama.cpp assumes for the architecture when the key is absent.
+void read_expert_routing(const ConfigKeys& k, ModelConfig& c, Gating default_gating);
 
 // Weight bytes one decoded token reads: every dense tensor, one row of the embedding (when the output matrix is
 // separate), and n_used of n_expert of each routed-expert tensor (the expected share under uniform routing).

@@ -162,7 +162,7 @@ void Model::bind_common() {
   for (int64_t l = 0; l < c.n_layer; ++l) {
     LayerHandles& h = handles_[l];
     h.attn_norm = weights_.add(vector(blk(l, "attn_norm"), E), E);
-    h.ffn_norm = weights_.add(vector(blk(l, "ffn_norm"), E), E);
+    h.ffn_norm = weights_.add(vector(blk(l, c.ffn_norm), E), E);
     FfnWeights& f = ffn_[l];
     if (!c.is_moe_layer(l)) {
       if (c.n_ff <= 0) fail("{}: feed_forward_length is missing for dense block {}", file_->path(), l);

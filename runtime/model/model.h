@@ -113,8 +113,8 @@ class Model {
   // threads compute its rows (never a copy per node). HETMOE_NUMA=0 leaves pages where the kernel puts them.
   void place_on_nodes();
 
-  static std::string blk(int64_t layer, std::string_view name) {
-    return "blk." + std::to_string(layer) + "." + std::string(name) + ".weight";
+  static std::string blk(int64_t layer, std::string_view name, std::string_view kind = "weight") {
+    return "blk." + std::to_string(layer) + "." + std::string(name) + "." + std::string(kind);
   }
 
   std::unique_ptr<gguf::GgufFile> file_;

@@ -37,6 +37,11 @@ constexpr std::string_view kQwen2 =
     R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|)"
     R"( ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+// Qwen3.5: Qwen2's, with combining marks (\p{M}) kept in the letter runs and out of the punctuation runs.
+constexpr std::string_view kQwen35 =
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|)"
+    R"( ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 // DeepSeek LLM's letter class, escaped: several of its code points have canonically equivalent lookalikes
 // (U+1F7D and U+03CE, U+2126 and U+03A9, U+212A and K) that a literal copy silently swaps.
 constexpr std::string_view kDeepseekLetters =
@@ -118,6 +123,7 @@ const std::vector<PreTokenizerInfo>& families() {
        .regexes = {R"(\p{N}{1,3})", R"([\x{4E00}-\x{9FA5}\x{3040}-\x{309F}\x{30A0}-\x{30FF}]+)", kDeepseekV3Main}},
       {.names = {"kimi-k2"}, .regexes = {kimi_k2()}},
       {.names = {"qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan", "grok-2"}, .regexes = {kQwen2}},
+      {.names = {"qwen35"}, .regexes = {kQwen35}},
       {.names = {"gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion", "granite-docling", "jina-es", "jina-de",
                  "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum", "exaone4"},
        .regexes = {kGpt2}},

@@ -16,6 +16,7 @@
 
 #include "runtime/gguf/reader.h"
 #include "runtime/text/tokenizer.h"
+#include "tests/support/reference.h"
 
 namespace hetmoe {
 namespace {
@@ -94,8 +95,8 @@ TEST_P(VocabTest, EveryCaseMatchesLlamaCpp) {
   const auto inp_path = find_ref("vocab", name + ".inp");
   const auto out_path = find_ref("vocab", name + ".out");
   if (!gguf_path || !inp_path || !out_path)
-    GTEST_SKIP() << name << " and its .inp/.out are in neither tests/data/vocab nor " << HETMOE_SHARED_REF
-                 << "/vocab; skipped";
+    HETMOE_MISSING_REFERENCE(name << " and its .inp/.out are in neither tests/data/vocab nor " << HETMOE_SHARED_REF
+                                  << "/vocab");
 
   const gguf::GgufFile file = gguf::GgufFile::open(gguf_path->string());
   const std::unique_ptr<Tokenizer> tokenizer = Tokenizer::from_gguf(file);
@@ -128,18 +129,23 @@ INSTANTIATE_TEST_SUITE_P(LlamaCpp, VocabTest,
                            return s;
                          });
 
-// expected/tokenize-tiny.json: 8 strings per tiny model file, no BOS/EOS, specials not parsed.
+// expected/tokenize-tiny.json and tokenize-next.json (the models added later): 8 strings per tiny model file, no
+// BOS/EOS, specials not parsed.
 class TinyTokenizeTest : public testing::TestWithParam<std::string> {};
 
 TEST_P(TinyTokenizeTest, EveryStringMatchesLlamaCpp) {
-  const auto json_path = find_ref("expected", "tokenize-tiny.json");
-  ASSERT_TRUE(json_path) << "tokenize-tiny.json is missing from tests/data/expected";
-  const nlohmann::json ref = nlohmann::json::parse(read_file(*json_path));
   const std::string model = GetParam() + ".gguf";
-  ASSERT_TRUE(ref.contains(model)) << model << " is not in tokenize-tiny.json";
+  nlohmann::json ref;
+  for (const char* name : {"tokenize-tiny.json", "tokenize-next.json"}) {
+    const auto json_path = find_ref("expected", name);
+    ASSERT_TRUE(json_path) << name << " is missing from tests/data/expected";
+    nlohmann::json j = nlohmann::json::parse(read_file(*json_path));
+    if (j.contains(model)) ref = std::move(j);
+  }
+  ASSERT_TRUE(ref.contains(model)) << model << " is in neither tokenize-tiny.json nor tokenize-next.json";
   const auto model_path = find_ref("models", model);
   if (!model_path)
-    GTEST_SKIP() << model << " is in neither tests/data/models nor " << HETMOE_SHARED_REF << "/models; skipped";
+    HETMOE_MISSING_REFERENCE(model << " is in neither tests/data/models nor " << HETMOE_SHARED_REF << "/models");
 
   const gguf::GgufFile file = gguf::GgufFile::open(model_path->string());
   const std::unique_ptr<Tokenizer> tokenizer = Tokenizer::from_gguf(file);
@@ -155,7 +161,12 @@ TEST_P(TinyTokenizeTest, EveryStringMatchesLlamaCpp) {
 INSTANTIATE_TEST_SUITE_P(LlamaCpp, TinyTokenizeTest,
                          testing::Values("tiny-deepseek3-F32", "tiny-deepseek3-Q8_0", "tiny-deepseek3-Q4_K_M",
                                          "tiny-deepseek2lite-F16", "tiny-deepseek2lite-Q4_K_M", "tiny-qwen3moe-F16",
-                                         "tiny-qwen3moe-Q4_K_M", "tiny-mixtral-F16", "tiny-mixtral-Q4_K_M"),
+                                         "tiny-qwen3moe-Q4_K_M", "tiny-mixtral-F16", "tiny-mixtral-Q4_K_M",
+                                         "tiny-deepseek3-IQ2_XXS", "tiny-qwen3moe-IQ3_S", "tiny-glm4moe-F16",
+                                         "tiny-glm4moe-Q4_K_M", "tiny-minimax-m2-F16", "tiny-minimax-m2-Q4_K_M",
+                                         "tiny-gptoss-F16", "tiny-gptoss-Q4_K_M", "tiny-gptoss-MXFP4_MOE",
+                                         "tiny-deepseek32-F16", "tiny-deepseek32-Q4_K_M", "tiny-qwen35moe-F16",
+                                         "tiny-qwen35moe-Q4_K_M"),
                          [](const testing::TestParamInfo<std::string>& info) {
                            std::string s = info.param;
                            for (char& c : s)

@@ -124,6 +124,16 @@ inline void check_layer_ops(device::Device& d, int s, double tol) {
     EXPECT_LT(normalised_error(h.down(dy, want.size()), want), tol) << "rms_norm";
     EXPECT_LT(normalised_error(h.down(dx, want.size()), want_inplace), tol) << "rms_norm in place";
   }
+  {  // add_bias on strided rows: the bias on each row's first `width` values, the rest untouched
+    const int64_t rows = 4, width = 37, ld = 45;
+    const std::vector<float> y = random_values(rows * ld, 3), b = random_values(width, 4);
+    float* dy = h.up(y);
+    d.add_bias(s, h.up(b), width, rows, dy, ld);
+    std::vector<float> want = y;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < width; ++i) want[r * ld + i] += b[i];
+    EXPECT_LT(normalised_error(h.down(dy, want.size()), want), tol) << "add_bias";
+  }
   for (const bool neox : {false, true}) {  // rope on heads with a stride, YaRN table from the host
     cpu::RopeParams p{.n_dims = 16,
                       .neox = neox,

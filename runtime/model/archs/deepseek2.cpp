@@ -45,18 +45,7 @@ void configure(const ConfigKeys& k, ModelConfig& c) {
   k.check_positive("kv_lora_rank", c.kv_lora_rank, ConfigKeys::kMaxDim);
   k.check_positive("qk_nope", c.qk_nope, ConfigKeys::kMaxDim);
   k.check_positive("v_head", c.v_head, ConfigKeys::kMaxDim);
-  const int gating = static_cast<int>(k.opt_int("expert_gating_func", 1));
-  if (gating != 1 && gating != 2)
-    fail("{}: expert_gating_func {} is not supported (1 softmax, 2 sigmoid)", k.file().path(), gating);
-  c.gating = static_cast<Gating>(gating);
-  c.expert_weights_norm = k.opt_bool("expert_weights_norm", false);
-  c.expert_weights_scale = static_cast<float>(k.opt_float("expert_weights_scale", 0.0));
-  c.n_group = k.opt_int("expert_group_count", 1);
-  c.n_group_used = k.opt_int("expert_group_used_count", 1);
-  if (c.n_group < 1 || c.n_group >= std::max<int64_t>(2, c.n_expert))
-    if (c.n_group != 1) fail("{}: expert_group_count {} is out of range", k.file().path(), c.n_group);
-  if (c.n_group > 1 && (c.n_expert % c.n_group != 0 || c.n_group_used <= 0 || c.n_group_used >= c.n_group))
-    fail("{}: expert groups {}/{} do not fit {} experts", k.file().path(), c.n_group_used, c.n_group, c.n_expert);
+  read_expert_routing(k, c, Gating::kSoftmax);
 
   // YaRN as llama.cpp's deepseek2 loader applies it: beta 32/1 whatever the file says, ext_factor 1, the
   // rope magnitude kept at 1 and the whole YaRN magnitude moved into the softmax scale.

@@ -9,11 +9,12 @@ namespace {
 
 // One layer's attention weights, as handles of the pass's weights.
 struct GqaLayer {
-  PassWeights::Handle q = 0;         // [H * D, E]
-  PassWeights::Handle k = 0, v = 0;  // [KV * D, E]
-  PassWeights::Handle out = 0;       // [E, H * Dv]
-  PassWeights::Handle q_norm = 0;    // [D], qk_norm only
-  PassWeights::Handle k_norm = 0;    // [D]
+  PassWeights::Handle q = 0;                               // [H * D, E]
+  PassWeights::Handle k = 0, v = 0;                        // [KV * D, E]
+  PassWeights::Handle out = 0;                             // [E, H * Dv]
+  PassWeights::Handle q_norm = 0;                          // [D] per head, or [H * D] over the projection; 0: none
+  PassWeights::Handle k_norm = 0;                          // [D] or [KV * D]
+  PassWeights::Handle q_bias = 0, k_bias = 0, v_bias = 0;  // qkv_bias only
 };
 
 class GqaModel final : public Model {
@@ -30,9 +31,20 @@ class GqaModel final : public Model {
       L.k = weights_.add(matrix(blk(l, "attn_k"), E, KV * D));
       L.v = weights_.add(matrix(blk(l, "attn_v"), E, KV * Dv));
       L.out = weights_.add(matrix(blk(l, "attn_output"), H * Dv, E));
-      if (options_.qk_norm) {
-        L.q_norm = weights_.add(vector(blk(l, "attn_q_norm"), D), D);
-        L.k_norm = weights_.add(vector(blk(l, "attn_k_norm"), D), D);
+      if (options_.qk_norm != QkNorm::kNone) {
+        const bool whole = options_.qk_norm == QkNorm::kWholeProjection;
+        const int64_t nq = whole ? H * D : D, nk = whole ? KV * D : D;
+        const std::string qn = blk(l, "attn_q_norm"), kn = blk(l, "attn_k_norm");
+        const float* q_norm = options_.qk_norm_optional ? optional_vector(qn, nq) : vector(qn, nq);
+        if (q_norm) {
+          L.q_norm = weights_.add(q_norm, nq);
+          L.k_norm = weights_.add(vector(kn, nk), nk);
+        }
+      }
+      if (options_.qkv_bias) {
+        L.q_bias = weights_.add(vector(blk(l, "attn_q", "bias"), H * D), H * D);
+        L.k_bias = weights_.add(vector(blk(l, "attn_k", "bias"), KV * D), KV * D);
+        L.v_bias = weights_.add(vector(blk(l, "attn_v", "bias"), KV * Dv), KV * Dv);
       }
     }
   }
@@ -56,9 +68,17 @@ class GqaModel final : public Model {
     d.matmul(s, pass.matrix(L.q), x, n, q);
     d.matmul(s, pass.matrix(L.k), x, n, k);
     d.matmul(s, pass.matrix(L.v), x, n, v);
-    if (options_.qk_norm) {  // Qwen3: each head's q and k normalised before the rope
+    if (L.q_bias) {
+      d.add_bias(s, pass.vector(L.q_bias), H * D, n, q, H * D);
+      d.add_bias(s, pass.vector(L.k_bias), KV * D, n, k, KV * D);
+      d.add_bias(s, pass.vector(L.v_bias), KV * Dv, n, v, KV * Dv);
+    }
+    if (L.q_norm && options_.qk_norm == QkNorm::kPerHead) {  // each head's q and k normalised before the rope
       d.rms_norm(s, q, D, pass.vector(L.q_norm), n * H, D, c.rms_eps, q, D);
       d.rms_norm(s, k, D, pass.vector(L.k_norm), n * KV, D, c.rms_eps, k, D);
+    } else if (L.q_norm) {  // one norm over all heads of a token
+      d.rms_norm(s, q, H * D, pass.vector(L.q_norm), n, H * D, c.rms_eps, q, H * D);
+      d.rms_norm(s, k, KV * D, pass.vector(L.k_norm), n, KV * D, c.rms_eps, k, KV * D);
     }
     d.rope(s, pass.rope_table, q, n, H, H * D, D, c.rope.n_dims, c.rope.neox);
     d.rope(s, pass.rope_table, k, n, KV, KV * D, D, c.rope.n_dims, c.rope.neox);

@@ -15,10 +15,8 @@ extern const ArchSpec llama_arch{
           c.expert_weights_norm = c.n_expert > 0;
           c.kq_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim_k));
         },
-    .make =
-        [](std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads) {
-          return make_gqa_model(std::move(file), std::move(config), n_threads, GqaOptions{.qk_norm = false});
-        },
+    .make = [](std::unique_ptr<gguf::GgufFile> file, ModelConfig config,
+               int n_threads) { return make_gqa_model(std::move(file), std::move(config), n_threads, GqaOptions{}); },
 };
 
 }  // namespace hetmoe::model

@@ -18,7 +18,7 @@ extern const ArchSpec qwen3moe_arch{
         },
     .make =
         [](std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads) {
-          return make_gqa_model(std::move(file), std::move(config), n_threads, GqaOptions{.qk_norm = true});
+          return make_gqa_model(std::move(file), std::move(config), n_threads, GqaOptions{.qk_norm = QkNorm::kPerHead});
         },
 };
 
