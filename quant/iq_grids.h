@@ -30,4 +30,13 @@ inline constexpr std::array<uint8_t, 128> kIqParitySigns = [] {
   return t;
 }();
 
+// kIqParitySigns as byte masks: 0xff in the bytes of the negative elements.
+inline constexpr std::array<uint64_t, 128> kIqParitySignMasks = [] {
+  std::array<uint64_t, 128> t{};
+  for (unsigned i = 0; i < 128; ++i)
+    for (unsigned j = 0; j < 8; ++j)
+      if (kIqParitySigns[i] >> j & 1) t[i] |= uint64_t{0xff} << (8 * j);
+  return t;
+}();
+
 }  // namespace hetmoe::quant

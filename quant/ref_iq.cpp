@@ -20,14 +20,18 @@ template <GgmlType kType>
 void dequantize_iq(const void* src, float* dst, int64_t n) {
   const float unit = iq_unit(kType);
   const size_t size = type_info(kType).type_size;
-  IqBlock b;
+  IqChunk c;
   for (int64_t i = 0; i < n / kQK_K; ++i) {
-    IqDecoder<kType>::decode(static_cast<const uint8_t*>(src) + i * size, b);
-    float* y = dst + i * kQK_K;
-    for (int h = 0; h < 16; ++h) {
-      const float dl = b.d * (static_cast<float>(b.ls[h]) * unit);
-      for (int g = 2 * h; g < 2 * h + 2; ++g)
-        for (int j = 0; j < 8; ++j) y[8 * g + j] = dl * static_cast<float>(iq_value(b, g, j));
+    const uint8_t* b = static_cast<const uint8_t*>(src) + i * size;
+    const float d = IqDecoder<kType>::scale(b);
+    for (int k = 0; k < 8; ++k) {
+      IqDecoder<kType>::chunk(b, k, c);
+      float* y = dst + i * kQK_K + 32 * k;
+      for (int h = 0; h < 2; ++h) {
+        const float dl = d * (static_cast<float>(c.ls[h]) * unit);
+        for (int l = 2 * h; l < 2 * h + 2; ++l)
+          for (int j = 0; j < 8; ++j) y[8 * l + j] = dl * static_cast<float>(iq_value(c, l, j));
+      }
     }
   }
 }
@@ -35,19 +39,22 @@ void dequantize_iq(const void* src, float* dst, int64_t n) {
 template <GgmlType kType>
 float vec_dot_iq(int64_t n, const void* weight, const void* activation) {
   const size_t size = type_info(kType).type_size;
-  IqBlock b;
+  IqChunk c;
   float sum = 0.0f;
   for (int64_t i = 0; i < n / kQK_K; ++i) {
-    IqDecoder<kType>::decode(static_cast<const uint8_t*>(weight) + i * size, b);
+    const uint8_t* b = static_cast<const uint8_t*>(weight) + i * size;
     const auto a = load_block<BlockQ8_K>(activation, i);
     int32_t isum = 0;
-    for (int h = 0; h < 16; ++h) {
-      int32_t s = 0;
-      for (int g = 2 * h; g < 2 * h + 2; ++g)
-        for (int j = 0; j < 8; ++j) s += iq_value(b, g, j) * a.qs[8 * g + j];
-      isum += b.ls[h] * s;
+    for (int k = 0; k < 8; ++k) {
+      IqDecoder<kType>::chunk(b, k, c);
+      for (int h = 0; h < 2; ++h) {
+        int32_t s = 0;
+        for (int l = 2 * h; l < 2 * h + 2; ++l)
+          for (int j = 0; j < 8; ++j) s += iq_value(c, l, j) * a.qs[32 * k + 8 * l + j];
+        isum += c.ls[h] * s;
+      }
     }
-    sum += b.d * a.d * static_cast<float>(isum);
+    sum += IqDecoder<kType>::scale(b) * a.d * static_cast<float>(isum);
   }
   return sum * iq_unit(kType);
 }
@@ -64,7 +71,7 @@ const Iq1Group* iq1_groups() {
         for (int j = 0; j < 8; ++j) {
           const int q = 8 * static_cast<int8_t>(iq1s_grid[e] >> (8 * j) & 0xff) + (negative ? -1 : 1);
           out.mag |= static_cast<uint64_t>(q < 0 ? -q : q) << (8 * j);
-          if (q < 0) out.sign = static_cast<uint8_t>(out.sign | 1u << j);
+          if (q < 0) out.neg |= uint64_t{0xff} << (8 * j);
         }
       }
     return t;
