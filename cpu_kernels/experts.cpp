@@ -276,7 +276,7 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
         block_dots(k, up_tile, f.up, r, act.data() + p.up.offset, p.up.row_bytes, m, u.data());
         for (int64_t j = 0; j < m; ++j)
           for (int64_t i = 0; i < kTileRows; ++i)
-            h[j * n_ff + r + i] = silu_times(g[j * kTileRows + i], u[j * kTileRows + i]);
+            h[j * n_ff + r + i] = f.hidden(r + i, g[j * kTileRows + i], u[j * kTileRows + i]);
       }
     }
     float g[kItemChunk], up[kItemChunk];
@@ -299,7 +299,7 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
             up[j] += ur[j];
           }
         }
-        for (int64_t j = 0; j < nc; ++j) h[j * n_ff + r] = silu_times(g[j], up[j]);
+        for (int64_t j = 0; j < nc; ++j) h[j * n_ff + r] = f.hidden(r, g[j], up[j]);
       }
     }
   });
@@ -352,7 +352,10 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
           for (int64_t j = 0; j < m; ++j) {
             const int64_t i = i0 + j;
             float* dst = &partial[(batch.token[i] * per_token + batch.rank[i]) * span_rows + (first_rest - r0)];
-            for (int64_t q = 0; q < kTileRows; ++q) dst[q] = y8[j * kTileRows + q] * batch.weight[i];
+            for (int64_t q = 0; q < kTileRows; ++q) {
+              const float b = f.down_bias ? f.down_bias[first_rest + q] : 0.0f;
+              dst[q] = (y8[j * kTileRows + q] + b) * batch.weight[i];
+            }
           }
         }
       }
@@ -367,6 +370,8 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
                        down_act.data() + p.down_r.offset + c0 * p.down_r.row_bytes, p.down_r.row_bytes, nc, yr);
             for (int64_t j = 0; j < nc; ++j) y[j] += yr[j];
           }
+          if (f.down_bias)
+            for (int64_t j = 0; j < nc; ++j) y[j] += f.down_bias[r];
           for (int64_t j = 0; j < nc; ++j) {
             const int64_t i = i0 + c0 + j;
             partial[(batch.token[i] * per_token + batch.rank[i]) * span_rows + (r - r0)] = y[j] * batch.weight[i];

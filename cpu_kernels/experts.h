@@ -1,10 +1,13 @@
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "cpu_kernels/kernel_table.h"
 #include "cpu_kernels/matmul.h"
+#include "cpu_kernels/ops.h"
 #include "cpu_kernels/thread_pool.h"
 
 namespace hetmoe::cpu {
@@ -12,11 +15,30 @@ namespace hetmoe::cpu {
 // One SwiGLU expert: down(silu(gate x) * up x). gate and up are [n_ff, n_embd], down is [n_embd, n_ff].
 // A split expert run with its residual adds each residual matrix's product to its part's:
 // gate x = gate.x + gate_r.x, and likewise for up and down (residual matrices of the same shapes).
+// gpt-oss's experts have biases (gate and up before the activation, down before the mixing weight) and its clamped
+// SwiGLU: min(g, 7) * sigmoid(1.702 * min(g, 7)) * (clamp(u, -7, 7) + 1).
 struct ExpertFfn {
   WeightMatrix gate, up, down;
   WeightMatrix gate_r{}, up_r{}, down_r{};  // data == nullptr: no residual
+  const float* gate_bias = nullptr;         // [n_ff], or null (then up_bias is null too)
+  const float* up_bias = nullptr;           // [n_ff]
+  const float* down_bias = nullptr;         // [n_embd], or null
+  bool clamped_swiglu = false;
 
   bool has_residual() const { return gate_r.data != nullptr; }
+  // Hidden value r of the expert from its gate and up products.
+  float hidden(int64_t r, float g, float u) const {
+    if (gate_bias) {
+      g += gate_bias[r];
+      u += up_bias[r];
+    }
+    return clamped_swiglu ? clamped_swiglu_value(g, u) : silu_times(g, u);
+  }
+  static float clamped_swiglu_value(float g, float u) {
+    constexpr float kLimit = 7.0f, kAlpha = 1.702f;
+    const float x = std::min(g, kLimit), y = std::clamp(u, -kLimit, kLimit);
+    return x / (1.0f + std::exp(-kAlpha * x)) * (y + 1.0f);
+  }
 };
 
 // The expert work of one MoE layer for a batch of tokens: every token has up to `per_token` items (its routed

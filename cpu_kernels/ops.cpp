@@ -36,6 +36,18 @@ void softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
+void softmax_with_sink(float* x, int64_t n, float sink) {
+  float max = sink;
+  for (int64_t i = 0; i < n; ++i) max = std::max(max, x[i]);
+  double sum = std::exp(static_cast<double>(sink - max));
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += static_cast<double>(x[i]);
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
 void sigmoid(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = 1.0f / (1.0f + std::exp(-x[i]));
 }
@@ -114,20 +126,29 @@ void causal_attention(const AttentionShape& shape, const AttentionInput& in, int
       const int nh = static_cast<int>(std::min<int64_t>(slice_heads, group - h0));
       if (nh <= 0) continue;
       const int64_t n_keys = pos0 + t + 1;
-      for (int64_t j = 0; j < n_keys; ++j) {
+      const int64_t first = shape.window > 0 ? std::max<int64_t>(0, n_keys - shape.window) : 0;
+      const int64_t seen = n_keys - first;
+      for (int64_t j = first; j < n_keys; ++j) {
         const float* key = in.k + j * in.k_stride + static_cast<int64_t>(g) * shape.head_dim_k;
         for (int hh = 0; hh < nh; ++hh) {
           const float* q = in.q + t * in.q_token_stride + (g * group + h0 + hh) * in.q_head_stride;
-          scores[hh * max_keys + j] = dot(shape.head_dim_k, q, key) * shape.scale;
+          scores[hh * max_keys + j - first] = dot(shape.head_dim_k, q, key) * shape.scale;
         }
       }
-      for (int hh = 0; hh < nh; ++hh) softmax(scores.data() + hh * max_keys, n_keys);
+      for (int hh = 0; hh < nh; ++hh) {
+        if (shape.sinks) {
+          softmax_with_sink(scores.data() + hh * max_keys, seen, shape.sinks[g * group + h0 + hh]);
+        } else {
+          softmax(scores.data() + hh * max_keys, seen);
+        }
+      }
       float* o = out + t * out_stride + static_cast<int64_t>(g * group + h0) * shape.head_dim_v;
       std::fill(o, o + static_cast<int64_t>(nh) * shape.head_dim_v, 0.0f);
-      for (int64_t j = 0; j < n_keys; ++j) {
+      for (int64_t j = first; j < n_keys; ++j) {
         const float* v = in.v + j * in.v_stride + static_cast<int64_t>(g) * shape.head_dim_v;
         for (int hh = 0; hh < nh; ++hh)
-          k.axpy(shape.head_dim_v, scores[hh * max_keys + j], v, o + static_cast<int64_t>(hh) * shape.head_dim_v);
+          k.axpy(shape.head_dim_v, scores[hh * max_keys + j - first], v,
+                 o + static_cast<int64_t>(hh) * shape.head_dim_v);
       }
     }
   });
@@ -172,6 +193,13 @@ void mask_groups(const ExpertSelection& p, float* sel) {
 void select_experts(const ExpertSelection& p, float* logits, const float* bias, int32_t* ids, float* weights,
                     float* raw, float* normed) {
   const int64_t ne = p.n_expert, nu = p.n_used;
+  if (p.softmax_selected) {
+    top_k(logits, ne, nu, ids);
+    for (int64_t i = 0; i < nu; ++i) weights[i] = logits[ids[i]];
+    if (raw) std::copy(weights, weights + nu, raw);
+    softmax(weights, nu);
+    return;
+  }
   if (p.sigmoid) {
     sigmoid(logits, ne);
   } else {

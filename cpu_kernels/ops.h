@@ -16,6 +16,8 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
 
 // In place over n values.
 void softmax(float* x, int64_t n);
+// softmax with one more logit, `sink`, in the denominator only (gpt-oss's attention sinks).
+void softmax_with_sink(float* x, int64_t n, float sink);
 void sigmoid(float* x, int64_t n);
 // silu(g) * u, the one expression every SwiGLU path uses (so fused and unfused paths agree bit for bit).
 inline float silu_times(float g, float u) { return (g / (1.0f + std::exp(-g))) * u; }
@@ -30,6 +32,7 @@ struct ExpertSelection {
   int64_t n_expert = 0;
   int64_t n_used = 0;
   bool sigmoid = false;
+  bool softmax_selected = false;  // gpt-oss: select on the raw logits, weights = softmax over the selected ones
   bool norm = false;
   float scale = 0.0f;
   int64_t n_group = 1;  // group-limited routing when > 1
@@ -65,6 +68,11 @@ struct AttentionShape {
   int head_dim_k = 0;  // query and key length per head
   int head_dim_v = 0;
   float scale = 1.0f;  // applied to q.k before the softmax
+  // gpt-oss: one logit per head that joins each softmax's denominator without a value (memory of the attention's
+  // device); null: none.
+  const float* sinks = nullptr;
+  // Sliding window: a query at position p sees keys p - window + 1 .. p; 0: every earlier position.
+  int64_t window = 0;
 };
 
 // q: [n_tokens][n_head * q_stride_head] (query head h at h * q_head_stride); token t sits at position pos0 + t and

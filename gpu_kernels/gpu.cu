@@ -412,7 +412,8 @@ __global__ void attention_kernel(AttentionArgs a, int64_t pos0, float* out) {
   __syncthreads();
   float m = -INFINITY, l = 0;
   const int64_t n_keys = pos0 + t + 1;
-  for (int64_t j = w; j < n_keys; j += kAttnWarps) {
+  const int64_t first = a.window > 0 && n_keys > a.window ? n_keys - a.window : 0;
+  for (int64_t j = first + w; j < n_keys; j += kAttnWarps) {
     const float* k = a.k + j * a.k_stride + static_cast<int64_t>(g) * a.head_dim_k;
     float sc = 0;
     for (int i = lane; i < a.head_dim_k; i += kWarp) sc += q[i] * k[i];
@@ -430,10 +431,10 @@ __global__ void attention_kernel(AttentionArgs a, int64_t pos0, float* out) {
     sums[w] = l;
   }
   __syncthreads();
-  float top = -INFINITY;
+  float top = a.sinks ? a.sinks[h] : -INFINITY;  // a sink joins the denominator, with no value
   for (int i = 0; i < kAttnWarps; ++i)
     if (sums[i] > 0) top = fmaxf(top, maxima[i]);
-  float total = 0;
+  float total = a.sinks ? expf(a.sinks[h] - top) : 0.0f;
   for (int i = 0; i < kAttnWarps; ++i)
     if (sums[i] > 0) total += sums[i] * expf(maxima[i] - top);
   float* o = out + (t * a.n_head + h) * a.head_dim_v;

@@ -79,6 +79,8 @@ struct AttentionArgs {
   int64_t k_stride;
   const float* v;
   int64_t v_stride;
+  const float* sinks;  // [n_head] or null
+  int64_t window;      // 0: none
 };
 void attention(const AttentionArgs& a, int64_t n_tokens, int64_t pos0, float* out, Stream s);
 // cpu::ExpertSelection in one; select_experts is cpu::select_experts for n tokens, one thread per token.

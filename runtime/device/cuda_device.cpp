@@ -129,7 +129,9 @@ class CudaDevice final : public Device {
                                in.k,
                                in.k_stride,
                                in.v,
-                               in.v_stride};
+                               in.v_stride,
+                               shape.sinks,
+                               shape.window};
     gpu::attention(a, n_tokens, pos0, out, s(stream));
   }
   void select_experts(int stream, const cpu::ExpertSelection& p, float* logits, const float* bias, int64_t n,

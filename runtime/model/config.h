@@ -11,7 +11,8 @@
 namespace hetmoe::model {
 
 // How router logits become expert probabilities (values as GGUF's expert_gating_func).
-enum class Gating { kSoftmax = 1, kSigmoid = 2 };
+// kSoftmaxSelected (gpt-oss): the experts of the largest raw logits, weighted by the softmax over their logits.
+enum class Gating { kSoftmax = 1, kSigmoid = 2, kSoftmaxSelected = 3 };
 
 // Everything a forward pass needs to know about a model, read from GGUF metadata with the defaults llama.cpp's
 // loader applies. Shapes are checked against the tensors later, when the weights are bound.
@@ -30,7 +31,8 @@ struct ModelConfig {
   float rms_eps = 1e-6f;
 
   cpu::RopeParams rope;
-  float kq_scale = 1.0f;  // softmax scale of attention
+  float kq_scale = 1.0f;       // softmax scale of attention
+  int64_t sliding_window = 0;  // keys a sliding-window layer sees (the query's own included); 0: none
 
   // Feed-forward.
   std::string ffn_norm = "ffn_norm";  // the FFN input norm's tensor name (GLM-4.5: post_attention_norm)
@@ -41,6 +43,7 @@ struct ModelConfig {
   int64_t n_expert_shared = 0;  // shared experts, fused into one FFN of width n_ff_exp * n_expert_shared
   int64_t n_leading_dense = 0;  // blocks < this one use the dense FFN
   Gating gating = Gating::kSoftmax;
+  bool clamped_swiglu = false;  // gpt-oss's expert activation (cpu::ExpertFfn)
   bool expert_weights_norm = false;
   float expert_weights_scale = 0.0f;  // applied when not 0 or 1
   int64_t n_group = 1;

@@ -75,7 +75,7 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
   for (const Expert& e : experts) {
     if (e.expert < 0) continue;
     routed_[static_cast<size_t>(e.layer * n_expert_ + e.expert)] = e;
-    if (!runs(e.gate, e.up, e.down)) {
+    if (e.cpu_only || !runs(e.gate, e.up, e.down)) {
       layer_runs[static_cast<size_t>(e.layer)] = 0;
       continue;
     }

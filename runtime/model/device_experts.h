@@ -37,6 +37,9 @@ class DeviceExperts {
   struct Expert {
     int64_t layer = 0, expert = 0;
     cpu::WeightMatrix gate, up, down;
+    // An expert the device has no kernels for (gpt-oss's biases and clamped SwiGLU): its layer's routed experts
+    // all stay on the CPU, as a layer's do when the device cannot take their weight types.
+    bool cpu_only = false;
   };
 
   // How much of the device the weights may take, and how routed experts are scheduled.

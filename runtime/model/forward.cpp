@@ -52,8 +52,11 @@ void Model::attach_device(device::Device& device, const DeviceExperts::Placement
     // The shared experts serve every token: they go first.
     if (m.n_expert > 0 && m.has_shared)
       experts.push_back({l, DeviceExperts::kShared, m.gate_shexp, m.up_shexp, m.down_shexp});
+    // gpt-oss's routed experts (biases, clamped SwiGLU) have no device kernels yet: they stay on the CPU.
+    const bool cpu_only = m.gate_exps_bias != nullptr || m.clamped_swiglu;
     for (int64_t e = 0; e < m.n_expert; ++e)
-      experts.push_back({l, e, m.gate_exps.rows(e * ff, ff), m.up_exps.rows(e * ff, ff), m.down_exps.rows(e * E, E)});
+      experts.push_back(
+          {l, e, m.gate_exps.rows(e * ff, ff), m.up_exps.rows(e * ff, ff), m.down_exps.rows(e * E, E), cpu_only});
   }
   // The pass's own weights come first, all or nothing: placed once the experts' streams exist (the pass runs on their
   // compute stream).
@@ -186,10 +189,11 @@ void Model::ffn(Pass& p, int64_t layer, const float* x, int64_t n, float* out) {
   // come down instead and the host routes, reporting every step of it.
   const LayerHandles& h = handles_[layer];
   const int64_t ne = c.n_expert, nu = c.n_expert_used;
-  const bool select_here = !trace_ && d.selects_experts(c.n_expert, c.n_group);
+  const bool select_here = !trace_ && c.gating != Gating::kSoftmaxSelected && d.selects_experts(c.n_expert, c.n_group);
   const RoutingParams rp = routing_params();
   float* router_logits = p.scratch(kRouterSlot, n * ne + 2 * n * nu);
   d.matmul(s, p.matrix(h.router), x, n, router_logits);
+  if (h.router_logit_bias) d.add_bias(s, p.vector(h.router_logit_bias), ne, n, router_logits, ne);
   // One round trip brings the choice (or the logits) and the rows down.
   const float* host_x = nullptr;
   const float* host_routing = nullptr;

@@ -179,6 +179,15 @@ void Model::bind_common() {
     m.probs_bias = optional_vector("blk." + std::to_string(l) + ".exp_probs_b.bias", ne);
     h.router = weights_.add(m.gate_inp);
     if (m.probs_bias) h.router_bias = weights_.add(m.probs_bias, ne);
+    if (const float* b = optional_vector(blk(l, "ffn_gate_inp", "bias"), ne)) h.router_logit_bias = weights_.add(b, ne);
+    // Expert biases (gpt-oss): [n_expert][width] each, all three or none.
+    if (const gguf::TensorInfo* gb = optional_tensor(blk(l, "ffn_gate_exps", "bias"), {ff, ne})) {
+      m.gate_exps_bias = reinterpret_cast<const float*>(tensor(blk(l, "ffn_gate_exps", "bias"), {ff, ne}).data);
+      m.up_exps_bias = reinterpret_cast<const float*>(tensor(blk(l, "ffn_up_exps", "bias"), {ff, ne}).data);
+      m.down_exps_bias = reinterpret_cast<const float*>(tensor(blk(l, "ffn_down_exps", "bias"), {E, ne}).data);
+      if (gb->type != quant::GgmlType::F32) fail("{}: {} is not F32", file_->path(), gb->name);
+    }
+    m.clamped_swiglu = c.clamped_swiglu;
     if (split) {
       m.gate_exps = as_matrix(tensor(split_gpu_name(blk(l, "ffn_gate_exps")), {E, ff, ne}));
       m.up_exps = as_matrix(tensor(split_gpu_name(blk(l, "ffn_up_exps")), {E, ff, ne}));

@@ -130,6 +130,7 @@ class Model {
   // exp_probs_b); the output norm.
   struct LayerHandles {
     PassWeights::Handle attn_norm = 0, ffn_norm = 0, router = 0, router_bias = 0;
+    PassWeights::Handle router_logit_bias = 0;  // gpt-oss: added to the router's logits (ffn_gate_inp.bias)
   };
   std::vector<LayerHandles> handles_;
   PassWeights::Handle output_norm_ = 0;

@@ -57,7 +57,11 @@ void add_routed_expert(cpu::ExpertBatch& batch, const MoeWeights& w, const Route
                        int64_t e, int64_t nu, int64_t n_embd) {
   const cpu::ExpertFfn q{.gate = w.gate_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
                          .up = w.up_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
-                         .down = w.down_exps.rows(e * n_embd, n_embd)};
+                         .down = w.down_exps.rows(e * n_embd, n_embd),
+                         .gate_bias = w.gate_exps_bias ? w.gate_exps_bias + e * w.n_ff_exp : nullptr,
+                         .up_bias = w.up_exps_bias ? w.up_exps_bias + e * w.n_ff_exp : nullptr,
+                         .down_bias = w.down_exps_bias ? w.down_exps_bias + e * n_embd : nullptr,
+                         .clamped_swiglu = w.clamped_swiglu};
   // Unsplit: one entry per expert. Split: the items that run on W^Q alone, then those that add the residual.
   for (const int pass : {0, 1}) {
     if (pass == 1 && !w.split()) break;

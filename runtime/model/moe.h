@@ -28,6 +28,7 @@ struct RoutingParams {
     return {.n_expert = n_expert,
             .n_used = n_used,
             .sigmoid = gating == Gating::kSigmoid,
+            .softmax_selected = gating == Gating::kSoftmaxSelected,
             .norm = norm,
             .scale = scale,
             .n_group = n_group,
@@ -54,6 +55,12 @@ struct MoeWeights {
   const float* probs_bias = nullptr;     // [n_expert] (exp_probs_b), optional
   cpu::WeightMatrix gate_exps, up_exps;  // [n_expert * n_ff_exp, n_embd]
   cpu::WeightMatrix down_exps;           // [n_expert * n_embd, n_ff_exp]
+  // gpt-oss: per-expert biases ([n_expert][n_ff_exp] for gate and up, [n_expert][n_embd] for down; null: none) and
+  // its clamped SwiGLU.
+  const float* gate_exps_bias = nullptr;
+  const float* up_exps_bias = nullptr;
+  const float* down_exps_bias = nullptr;
+  bool clamped_swiglu = false;
   bool has_shared = false;
   cpu::WeightMatrix gate_shexp, up_shexp;  // [n_ff_shared, n_embd]
   cpu::WeightMatrix down_shexp;            // [n_embd, n_ff_shared]

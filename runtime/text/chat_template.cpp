@@ -1,5 +1,7 @@
 #include "runtime/text/chat_template.h"
 
+#include <cstddef>
+#include <ctime>
 #include <optional>
 #include <string>
 
@@ -102,6 +104,11 @@ ChatTemplate ChatTemplate::make(TemplateKind kind, Dialect dialect, const Tokeni
 // "User: "/"Assistant:" are plain words that other templates might contain).
 std::optional<ChatTemplate> ChatTemplate::from_text(std::string_view tmpl, const Tokenizer& tokenizer) {
   Dialect d;
+  if (contains(tmpl, "<|start|>") && contains(tmpl, "<|channel|>") && contains(tmpl, "<|message|>"))
+    return make(TemplateKind::kHarmony, std::move(d), tokenizer);
+  if (contains(tmpl, "]~!b[") && contains(tmpl, "]~b]")) return make(TemplateKind::kMinimax, std::move(d), tokenizer);
+  if (contains(tmpl, "[gMASK]<sop>") && contains(tmpl, "<|assistant|>"))
+    return make(TemplateKind::kGlm4, std::move(d), tokenizer);
   if (contains(tmpl, "<|im_middle|>")) {
     d.default_system = kKimiDefaultSystem;
     return make(TemplateKind::kKimiK2, std::move(d), tokenizer);
@@ -167,12 +174,16 @@ std::optional<ChatTemplate> ChatTemplate::by_name(std::string_view name, const T
     d.default_system = kKimiDefaultSystem;
     return make(TemplateKind::kKimiK2, std::move(d), tokenizer);
   }
+  if (name == "glm4") return make(TemplateKind::kGlm4, std::move(d), tokenizer);
+  if (name == "minimax-m2") return make(TemplateKind::kMinimax, std::move(d), tokenizer);
+  if (name == "gpt-oss") return make(TemplateKind::kHarmony, std::move(d), tokenizer);
   if (name == "generic") return make(TemplateKind::kGeneric, std::move(d), tokenizer);
   return std::nullopt;
 }
 
 std::vector<std::string> ChatTemplate::names() {
-  return {"deepseek3", "deepseek-r1", "deepseek2", "chatml", "mistral", "llama3", "kimi-k2", "generic"};
+  return {"deepseek3", "deepseek-r1", "deepseek2",  "chatml",  "mistral", "llama3",
+          "kimi-k2",   "glm4",        "minimax-m2", "gpt-oss", "generic"};
 }
 
 std::string ChatTemplate::name() const {
@@ -189,6 +200,12 @@ std::string ChatTemplate::name() const {
       return "llama3";
     case TemplateKind::kKimiK2:
       return "kimi-k2";
+    case TemplateKind::kGlm4:
+      return "glm4";
+    case TemplateKind::kMinimax:
+      return "minimax-m2";
+    case TemplateKind::kHarmony:
+      return "gpt-oss";
     case TemplateKind::kGeneric:
       return "generic";
   }
@@ -210,6 +227,12 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Re
       return render_llama3(messages, options);
     case TemplateKind::kKimiK2:
       return render_kimi_k2(messages, options);
+    case TemplateKind::kGlm4:
+      return render_glm4(messages, options);
+    case TemplateKind::kMinimax:
+      return render_minimax(messages, options);
+    case TemplateKind::kHarmony:
+      return render_harmony(messages, options);
     case TemplateKind::kGeneric:
       return render_generic(messages, options);
   }
@@ -397,6 +420,140 @@ std::string ChatTemplate::render_kimi_k2(std::span<const ChatMessage> messages, 
     out += m.content + "<|im_end|>";
   }
   if (options.add_generation_prompt) out += "<|im_assistant|>assistant<|im_middle|>";
+  return out;
+}
+
+namespace {
+
+// The index of the last user message, or -1.
+std::ptrdiff_t last_user(std::span<const ChatMessage> messages) {
+  for (size_t i = messages.size(); i-- > 0;)
+    if (messages[i].role == "user") return static_cast<std::ptrdiff_t>(i);
+  return -1;
+}
+
+}  // namespace
+
+// zai-org/GLM-4.6 (and 4.5, 4.7): "[gMASK]<sop>", then "<|system|>\ns", "<|user|>\nu" and "<|assistant|>" + a think
+// block + "\n" + the trimmed reply; the think block keeps a reply's reasoning only after the last user message
+// ("\n<think>r</think>"), else is empty ("\n<think></think>"). enable_thinking = false appends "/nothink" to user
+// messages and an empty think block to the generation prompt "<|assistant|>".
+std::string ChatTemplate::render_glm4(std::span<const ChatMessage> messages, const RenderOptions& options) const {
+  std::string out = "[gMASK]<sop>";
+  const std::ptrdiff_t last = last_user(messages);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user") {
+      out += "<|user|>\n" + m.content;
+      if (!options.enable_thinking && !m.content.ends_with("/nothink")) out += "/nothink";
+    } else if (m.role == "assistant") {
+      std::string_view content = m.content, reasoning;
+      if (contains(m.content, "</think>")) {
+        reasoning = lstrip(after_last(rstrip(before_first(m.content, "</think>"), "\n"), "<think>"), "\n");
+        content = lstrip(after_last(m.content, "</think>"), "\n");
+      }
+      out += "<|assistant|>";
+      const std::string_view r = strip(reasoning, kWhitespace);
+      if (static_cast<std::ptrdiff_t>(i) > last && !reasoning.empty()) {
+        out += "\n<think>";
+        out += r;
+        out += "</think>";
+      } else {
+        out += "\n<think></think>";
+      }
+      const std::string_view c = strip(content, kWhitespace);
+      if (!c.empty()) {
+        out += "\n";
+        out += c;
+      }
+    } else {
+      out += "<|system|>\n" + m.content;
+    }
+  }
+  if (options.add_generation_prompt) {
+    out += "<|assistant|>";
+    if (!options.enable_thinking) out += "\n<think></think>";
+  }
+  return out;
+}
+
+// MiniMaxAI/MiniMax-M2: "]~!b[]~b]system\n" + the first message if it is a system message (else "You are a helpful
+// assistant.") + "[e~[\n", then "]~b]user\nu[e~[\n" and "]~b]ai\n" + the reply + "[e~[\n"; a reply after the last
+// user message keeps its reasoning as "<think>\nr\n</think>\n\n". Later system messages are not rendered. The
+// generation prompt "]~b]ai\n<think>\n" opens the reasoning.
+std::string ChatTemplate::render_minimax(std::span<const ChatMessage> messages, const RenderOptions& options) const {
+  std::span<const ChatMessage> conversation = messages;
+  std::string system = "You are a helpful assistant.";
+  if (!messages.empty() && messages[0].role == "system") {
+    if (!messages[0].content.empty()) system = messages[0].content;
+    conversation = messages.subspan(1);
+  }
+  std::string out = "]~!b[]~b]system\n" + system + "[e~[\n";
+  const std::ptrdiff_t last = last_user(conversation);
+  for (size_t i = 0; i < conversation.size(); ++i) {
+    const ChatMessage& m = conversation[i];
+    if (m.role == "user") {
+      out += "]~b]user\n" + m.content + "[e~[\n";
+    } else if (m.role == "assistant") {
+      std::string_view content = m.content, reasoning;
+      if (contains(m.content, "</think>")) {
+        reasoning = strip(after_last(strip(before_first(m.content, "</think>"), "\n"), "<think>"), "\n");
+        content = strip(after_last(m.content, "</think>"), "\n");
+      }
+      out += "]~b]ai\n";
+      if (!reasoning.empty() && static_cast<std::ptrdiff_t>(i) > last) {
+        out += "<think>\n";
+        out += reasoning;
+        out += "\n</think>\n\n";
+      }
+      out += content;
+      out += "[e~[\n";
+    }
+  }
+  if (options.add_generation_prompt) out += "]~b]ai\n<think>\n";
+  return out;
+}
+
+// openai/gpt-oss-120b (harmony): a system message naming the model, knowledge cutoff, date, reasoning effort
+// (medium) and channels; a first system message becomes the developer message "# Instructions\n\ns\n\n"; then
+// "<|start|>user<|message|>u<|end|>" and, for a reply, its final channel
+// "<|start|>assistant<|channel|>final<|message|>a<|end|>" (<|return|> for a last reply without a generation prompt).
+// A stored reply's analysis (everything up to think_close) is dropped, as the template drops past reasoning.
+std::string ChatTemplate::render_harmony(std::span<const ChatMessage> messages, const RenderOptions& options) const {
+  std::string date = options.date;
+  if (date.empty()) {
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    localtime_r(&now, &tm);
+    char buf[16];
+    std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
+    date = buf;
+  }
+  std::string out =
+      "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: "
+      "2024-06\nCurrent date: " +
+      date +
+      "\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every "
+      "message.<|end|>";
+  std::span<const ChatMessage> rest = messages;
+  if (!messages.empty() && messages[0].role == "system") {
+    if (!messages[0].content.empty())
+      out += "<|start|>developer<|message|># Instructions\n\n" + messages[0].content + "\n\n<|end|>";
+    rest = messages.subspan(1);
+  }
+  for (size_t i = 0; i < rest.size(); ++i) {
+    const ChatMessage& m = rest[i];
+    if (m.role == "user") {
+      out += "<|start|>user<|message|>" + m.content + "<|end|>";
+    } else if (m.role == "assistant") {
+      const std::string_view content =
+          contains(m.content, think_close()) ? after_last(m.content, think_close()) : std::string_view(m.content);
+      out += "<|start|>assistant<|channel|>final<|message|>";
+      out += content;
+      out += i + 1 == rest.size() && !options.add_generation_prompt ? "<|return|>" : "<|end|>";
+    }
+  }
+  if (options.add_generation_prompt) out += "<|start|>assistant";
   return out;
 }
 

@@ -19,12 +19,24 @@ struct ChatMessage {
 
 struct RenderOptions {
   bool add_generation_prompt = true;  // end with the assistant's turn opening
-  bool enable_thinking = true;        // Qwen3: false renders an empty think block, as its template does
+  bool enable_thinking = true;        // Qwen3, GLM-4.5: false asks for no thinking, as their templates do
+  std::string date;                   // gpt-oss's "Current date" (YYYY-MM-DD); empty: today
 };
 
 // The chat formats hetmoe knows, rendered in C++ (no Jinja): each produces exactly the string the model's own
 // Jinja template produces for plain text conversations.
-enum class TemplateKind { kDeepseek3, kDeepseek2, kChatml, kMistral, kLlama3, kKimiK2, kGeneric };
+enum class TemplateKind {
+  kDeepseek3,
+  kDeepseek2,
+  kChatml,
+  kMistral,
+  kLlama3,
+  kKimiK2,
+  kGlm4,     // GLM-4.5 / 4.6 / 4.7
+  kMinimax,  // MiniMax-M2
+  kHarmony,  // gpt-oss
+  kGeneric
+};
 
 class ChatTemplate {
  public:
@@ -33,7 +45,8 @@ class ChatTemplate {
   static ChatTemplate detect(const gguf::GgufFile& file, const Tokenizer& tokenizer, std::string* warning);
   // --chat-template NAME; nullopt for an unknown name.
   static std::optional<ChatTemplate> by_name(std::string_view name, const Tokenizer& tokenizer);
-  // deepseek3, deepseek-r1, deepseek2, chatml (alias qwen3), mistral, llama3, kimi-k2, generic
+  // deepseek3, deepseek-r1, deepseek2, chatml (alias qwen3), mistral, llama3, kimi-k2, glm4, minimax-m2, gpt-oss,
+  // generic
   static std::vector<std::string> names();
 
   TemplateKind kind() const { return kind_; }
@@ -44,10 +57,15 @@ class ChatTemplate {
   // format cannot express, e.g. a system message after the first turn where the format has no place for it.
   std::string render(std::span<const ChatMessage> messages, const RenderOptions& options) const;
 
-  // Reasoning models (DeepSeek-R1, Qwen3, Kimi-K2-Thinking) wrap their thinking in these. The same for every
-  // format (never empty: callers search for them), since a model that does not reason never writes them.
-  std::string_view think_open() const { return "<think>"; }
-  std::string_view think_close() const { return "</think>"; }
+  // Reasoning models wrap their thinking in these: <think> and </think> (DeepSeek-R1, Qwen3, GLM-4.5, MiniMax-M2,
+  // Kimi-K2-Thinking; also for formats whose models do not reason, which never write them), gpt-oss's analysis
+  // channel and the switch to its final channel. Never empty: callers search for them.
+  std::string_view think_open() const {
+    return kind_ == TemplateKind::kHarmony ? "<|channel|>analysis<|message|>" : "<think>";
+  }
+  std::string_view think_close() const {
+    return kind_ == TemplateKind::kHarmony ? "<|end|><|start|>assistant<|channel|>final<|message|>" : "</think>";
+  }
 
  private:
   // What separates the official templates that share one kind; detect() reads it from the template text.
@@ -71,6 +89,9 @@ class ChatTemplate {
   std::string render_mistral(std::span<const ChatMessage> messages) const;
   std::string render_llama3(std::span<const ChatMessage> messages, const RenderOptions& options) const;
   std::string render_kimi_k2(std::span<const ChatMessage> messages, const RenderOptions& options) const;
+  std::string render_glm4(std::span<const ChatMessage> messages, const RenderOptions& options) const;
+  std::string render_minimax(std::span<const ChatMessage> messages, const RenderOptions& options) const;
+  std::string render_harmony(std::span<const ChatMessage> messages, const RenderOptions& options) const;
   std::string render_generic(std::span<const ChatMessage> messages, const RenderOptions& options) const;
 
   TemplateKind kind_;

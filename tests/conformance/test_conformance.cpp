@@ -12,6 +12,7 @@
 #include <set>
 
 #include "cpu_kernels/kernel_table.h"
+#include "cpu_kernels/ops.h"
 #include "runtime/model/model.h"
 #include "tests/support/reference.h"
 
@@ -126,7 +127,9 @@ int32_t argmax(const float* v, int64_t n) { return static_cast<int32_t>(std::max
 // difference is legitimate only where the reference's selection margin is below the tolerance (checked by the test).
 class ForceReferenceRouting : public model::RoutingOverride {
  public:
-  ForceReferenceRouting(const json& ref, int64_t n_prompt) : n_prompt_(n_prompt) {
+  // softmax_selected: the reference's weights are the chosen experts' router logits (gpt-oss), whose softmax mixes.
+  ForceReferenceRouting(const json& ref, int64_t n_prompt, bool softmax_selected)
+      : n_prompt_(n_prompt), softmax_selected_(softmax_selected) {
     for (const json& layer : ref["internals"])
       if (layer.contains("ffn_moe_topk")) layers_[layer["layer"].get<int64_t>()] = &layer;
   }
@@ -144,6 +147,7 @@ class ForceReferenceRouting : public model::RoutingOverride {
         ids[t * n_used + i] = l["ffn_moe_topk"][t][i].get<int32_t>();
         weights[t * n_used + i] = w[t][i].get<float>();
       }
+      if (softmax_selected_) cpu::softmax(weights + t * n_used, n_used);
       forced_.insert({layer, t});
     }
   }
@@ -158,6 +162,7 @@ class ForceReferenceRouting : public model::RoutingOverride {
 
  private:
   int64_t n_prompt_;
+  bool softmax_selected_;
   std::map<int64_t, const json*> layers_;
   std::set<std::pair<int64_t, int64_t>> forced_;
 };
@@ -180,7 +185,7 @@ TEST_P(Conformance, AgreesWithLlamaCpp) {
   ASSERT_EQ(V, ref["n_vocab"].get<int64_t>());
   model::KvCache cache = m->make_cache(64);
   Recorder rec;
-  ForceReferenceRouting force(ref, T);
+  ForceReferenceRouting force(ref, T, c.gating == model::Gating::kSoftmaxSelected);
   m->set_routing_override(&force);
   std::vector<float> logits;
   m->forward(kPrompt, 0, cache, true, logits, &rec);
@@ -348,6 +353,9 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tiny-glm4moe-Q4_K_M.gguf", "tiny-glm4moe-Q4_K_M.json", kQuant},
                     Case{"tiny-minimax-m2-F16.gguf", "tiny-minimax-m2-F16.json", kF16},
                     Case{"tiny-minimax-m2-Q4_K_M.gguf", "tiny-minimax-m2-Q4_K_M.json", kQuant},
+                    Case{"tiny-gptoss-F16.gguf", "tiny-gptoss-F16.json", kF16},
+                    Case{"tiny-gptoss-Q4_K_M.gguf", "tiny-gptoss-Q4_K_M.json", kQuant},
+                    Case{"tiny-gptoss-MXFP4_MOE.gguf", "tiny-gptoss-MXFP4_MOE.json", kQuant},
                     // llama.cpp's gguf-split of the Q4_K_M file into 3 shards: the same outputs (reference README 2.7).
                     Case{"sharded/tiny-deepseek3-Q4_K_M-00001-of-00003.gguf", "tiny-deepseek3-Q4_K_M.json", kQuant}),
     [](const testing::TestParamInfo<Case>& info) {

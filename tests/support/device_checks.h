@@ -158,11 +158,14 @@ inline void check_layer_ops(device::Device& d, int s, double tol) {
   }
   // Attention: grouped heads (GQA) and one wide shared latent head (MLA's absorbed form: values are a prefix of the
   // keys), a batch of tokens after earlier positions.
+  // gpt-oss's sinks and sliding window too.
   struct Case {
     int n_head, n_head_kv, dk, dv;
     bool latent;
+    bool sinks = false;
+    int64_t window = 0;
   };
-  for (const Case c : {Case{4, 2, 24, 16, false}, Case{3, 1, 72, 64, true}}) {
+  for (const Case c : {Case{4, 2, 24, 16, false}, Case{3, 1, 72, 64, true}, Case{4, 2, 24, 16, false, true, 3}}) {
     const int64_t pos0 = 5, n = 4, n_pos = pos0 + n;
     const int64_t q_stride = c.n_head * (c.dk + 3), k_stride = c.n_head_kv * c.dk + 1;
     const int64_t v_stride = c.latent ? k_stride : c.n_head_kv * c.dv;
@@ -172,14 +175,19 @@ inline void check_layer_ops(device::Device& d, int s, double tol) {
     float* dk = h.up(k);
     float* dv = c.latent ? dk : h.up(v);
     float* dout = h.zeros(n * c.n_head * c.dv);
-    const cpu::AttentionShape shape{c.n_head, c.n_head_kv, c.dk, c.dv, 0.3f};
+    const std::vector<float> sinks = random_values(c.n_head, 7);
+    cpu::AttentionShape shape{c.n_head, c.n_head_kv, c.dk, c.dv, 0.3f};
+    shape.window = c.window;
+    shape.sinks = c.sinks ? h.up(sinks) : nullptr;
     d.attention(s, shape, {dq, q_stride, c.dk + 3, dk, k_stride, dv, v_stride}, n, pos0, dout);
     std::vector<float> want(n * c.n_head * c.dv);
     cpu::ThreadPool pool(1);
+    shape.sinks = c.sinks ? sinks.data() : nullptr;
     cpu::causal_attention(shape,
                           {q.data(), q_stride, c.dk + 3, k.data(), k_stride, c.latent ? k.data() : v.data(), v_stride},
                           n, pos0, want.data(), pool);
-    EXPECT_LT(normalised_error(h.down(dout, want.size()), want), tol) << "attention heads " << c.n_head;
+    EXPECT_LT(normalised_error(h.down(dout, want.size()), want), tol)
+        << "attention heads " << c.n_head << " sinks " << c.sinks << " window " << c.window;
   }
   // The router's selection: plain softmax top-k, and DeepSeek-V3's sigmoid with bias, groups, norm and scale.
   for (const cpu::ExpertSelection& p :

@@ -15,6 +15,8 @@ struct GqaLayer {
   PassWeights::Handle q_norm = 0;                          // [D] per head, or [H * D] over the projection; 0: none
   PassWeights::Handle k_norm = 0;                          // [D] or [KV * D]
   PassWeights::Handle q_bias = 0, k_bias = 0, v_bias = 0;  // qkv_bias only
+  PassWeights::Handle out_bias = 0;                        // out_bias only
+  PassWeights::Handle sinks = 0;                           // [H], sinks only
 };
 
 class GqaModel final : public Model {
@@ -46,6 +48,8 @@ class GqaModel final : public Model {
         L.k_bias = weights_.add(vector(blk(l, "attn_k", "bias"), KV * D), KV * D);
         L.v_bias = weights_.add(vector(blk(l, "attn_v", "bias"), KV * Dv), KV * Dv);
       }
+      if (options_.out_bias) L.out_bias = weights_.add(vector(blk(l, "attn_output", "bias"), E), E);
+      if (options_.sinks) L.sinks = weights_.add(vector(blk(l, "attn_sinks"), H), H);
     }
   }
 
@@ -84,13 +88,17 @@ class GqaModel final : public Model {
     d.rope(s, pass.rope_table, k, n, KV, KV * D, D, c.rope.n_dims, c.rope.neox);
     d.copy_rows(s, k, KV * D, n, KV * D, cache.k(layer, pos0), KV * D);
     d.copy_rows(s, v, KV * Dv, n, KV * Dv, cache.v(layer, pos0), KV * Dv);
+    const bool sliding = options_.swa_period > 0 && layer % options_.swa_period == 0;
     const cpu::AttentionShape shape{.n_head = static_cast<int>(H),
                                     .n_head_kv = static_cast<int>(KV),
                                     .head_dim_k = static_cast<int>(D),
                                     .head_dim_v = static_cast<int>(Dv),
-                                    .scale = c.kq_scale};
+                                    .scale = c.kq_scale,
+                                    .sinks = L.sinks ? pass.vector(L.sinks) : nullptr,
+                                    .window = sliding ? c.sliding_window : 0};
     d.attention(s, shape, {q, H * D, D, cache.k(layer, 0), KV * D, cache.v(layer, 0), KV * Dv}, n, pos0, heads);
     d.matmul(s, pass.matrix(L.out), heads, n, out);
+    if (L.out_bias) d.add_bias(s, pass.vector(L.out_bias), c.n_embd, n, out, c.n_embd);
   }
 
  private:

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -13,6 +14,7 @@
 #include "runtime/gguf/reader.h"
 #include "runtime/text/chat_template.h"
 #include "runtime/text/tokenizer.h"
+#include "tests/support/reference.h"
 
 namespace hetmoe::text {
 namespace {
@@ -377,6 +379,89 @@ TEST(ChatTemplateKimiK2, DefaultSystemPromptWhenTheFirstMessageIsNoSystem) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// GLM-4.5 / 4.6, MiniMax-M2, gpt-oss: expected strings from their official templates (zai-org/GLM-4.6,
+// MiniMaxAI/MiniMax-M2, openai/gpt-oss-120b, as llama.cpp's models/templates ship them), rendered with jinja2
+// (trim_blocks, lstrip_blocks) for these conversations.
+
+const std::vector<ChatMessage> kReasoningReplies = {{"user", "u"},
+                                                    {"assistant", "<think>\nt\n</think>\n\na"},
+                                                    {"user", "v"},
+                                                    {"assistant", "<think>\nr\n</think>\n\nb"}};
+
+TEST(ChatTemplateGlm4, TwoTurns) {
+  const ChatTemplate t = named("glm4", deepseek_vocab());
+  EXPECT_EQ(render(t, kTwoTurns),
+            "[gMASK]<sop><|system|>\nYou are terse.<|user|>\nHi<|assistant|>\n<think></think>\nHello!<|user|>\n2+2?"
+            "<|assistant|>");
+}
+
+TEST(ChatTemplateGlm4, KeepsReasoningOnlyAfterTheLastUserMessage) {
+  EXPECT_EQ(render(named("glm4", deepseek_vocab()), kReasoningReplies, false),
+            "[gMASK]<sop><|user|>\nu<|assistant|>\n<think></think>\na<|user|>\nv<|assistant|>\n<think>r</think>\nb");
+}
+
+TEST(ChatTemplateGlm4, NoThinkingAsksWithNothink) {
+  const ChatTemplate t = named("glm4", deepseek_vocab());
+  EXPECT_EQ(
+      t.render(std::vector<ChatMessage>{{"user", "Hi"}}, {.add_generation_prompt = true, .enable_thinking = false}),
+      "[gMASK]<sop><|user|>\nHi/nothink<|assistant|>\n<think></think>");
+}
+
+TEST(ChatTemplateMinimax, TwoTurns) {
+  EXPECT_EQ(render(named("minimax-m2", deepseek_vocab()), kTwoTurns),
+            "]~!b[]~b]system\nYou are terse.[e~[\n]~b]user\nHi[e~[\n]~b]ai\nHello![e~[\n]~b]user\n2+2?[e~[\n"
+            "]~b]ai\n<think>\n");
+}
+
+TEST(ChatTemplateMinimax, DefaultSystemAndReasoningAfterTheLastUserMessage) {
+  EXPECT_EQ(render(named("minimax-m2", deepseek_vocab()), kReasoningReplies, false),
+            "]~!b[]~b]system\nYou are a helpful assistant.[e~[\n]~b]user\nu[e~[\n]~b]ai\na[e~[\n]~b]user\nv[e~[\n"
+            "]~b]ai\n<think>\nr\n</think>\n\nb[e~[\n");
+}
+
+constexpr std::string_view kHarmonySystem =
+    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: "
+    "2024-06\nCurrent date: 2026-12-01\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. "
+    "Channel must be included for every message.<|end|>";
+
+TEST(ChatTemplateHarmony, TwoTurnsWithTheSystemMessageAsDeveloperInstructions) {
+  const ChatTemplate t = named("gpt-oss", deepseek_vocab());
+  EXPECT_EQ(t.render(kTwoTurns, {.date = "2026-12-01"}),
+            std::string(kHarmonySystem) +
+                "<|start|>developer<|message|># Instructions\n\nYou are terse.\n\n<|end|><|start|>user<|message|>Hi"
+                "<|end|><|start|>assistant<|channel|>final<|message|>Hello!<|end|><|start|>user<|message|>2+2?<|end|>"
+                "<|start|>assistant");
+}
+
+TEST(ChatTemplateHarmony, StoredRepliesKeepOnlyTheirFinalChannel) {
+  const ChatTemplate t = named("gpt-oss", deepseek_vocab());
+  const std::string reply = std::string(t.think_open()) + "thinking" + std::string(t.think_close()) + "answer";
+  EXPECT_EQ(t.render(std::vector<ChatMessage>{{"user", "q"}, {"assistant", reply}},
+                     {.add_generation_prompt = false, .date = "2026-12-01"}),
+            std::string(kHarmonySystem) +
+                "<|start|>user<|message|>q<|end|><|start|>assistant<|channel|>final<|message|>answer<|return|>");
+  // Today's date when none is given.
+  EXPECT_NE(t.render(std::vector<ChatMessage>{{"user", "q"}}, {}).find("Current date: 20"), std::string::npos);
+}
+
+TEST(ChatTemplateDetect, TheNewReferenceModelsTemplatesMapToTheirFormats) {
+  struct Case {
+    const char* model;
+    TemplateKind kind;
+  };
+  for (const Case c :
+       {Case{"tiny-glm4moe-F16.gguf", TemplateKind::kGlm4}, Case{"tiny-minimax-m2-F16.gguf", TemplateKind::kMinimax},
+        Case{"tiny-gptoss-F16.gguf", TemplateKind::kHarmony}}) {
+    const std::string path = std::string(HETMOE_SHARED_REF) + "/models/" + c.model;
+    if (!std::ifstream(path)) HETMOE_MISSING_REFERENCE(path);
+    const gguf::GgufFile file = gguf::GgufFile::open(path);
+    std::string warning;
+    EXPECT_EQ(ChatTemplate::detect(file, deepseek_vocab(), &warning).kind(), c.kind) << c.model;
+    EXPECT_TRUE(warning.empty()) << warning;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Generic
 
 TEST(ChatTemplateGeneric, PlainHeadersAndEosAfterReplies) {
@@ -410,7 +495,7 @@ TEST(ChatTemplate, UnknownRolesFailInEveryFormat) {
 TEST(ChatTemplate, NamesRoundTripThroughByName) {
   const std::vector<std::string> names = ChatTemplate::names();
   EXPECT_EQ(names, (std::vector<std::string>{"deepseek3", "deepseek-r1", "deepseek2", "chatml", "mistral", "llama3",
-                                             "kimi-k2", "generic"}));
+                                             "kimi-k2", "glm4", "minimax-m2", "gpt-oss", "generic"}));
   for (const std::string& name : names) EXPECT_EQ(named(name, deepseek_vocab()).name(), name);
   EXPECT_EQ(named("deepseek-r1", deepseek_vocab()).kind(), TemplateKind::kDeepseek3);
   EXPECT_EQ(named("qwen3", qwen_vocab()).name(), "chatml");
