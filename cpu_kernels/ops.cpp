@@ -127,12 +127,19 @@ void causal_attention(const AttentionShape& shape, const AttentionInput& in, int
       if (nh <= 0) continue;
       const int64_t n_keys = pos0 + t + 1;
       const int64_t first = shape.window > 0 ? std::max<int64_t>(0, n_keys - shape.window) : 0;
-      const int64_t seen = n_keys - first;
-      for (int64_t j = first; j < n_keys; ++j) {
-        const float* key = in.k + j * in.k_stride + static_cast<int64_t>(g) * shape.head_dim_k;
+      // The key positions this query sees: a range, or the indexer's selection.
+      const int32_t* chosen = shape.keys ? shape.keys + t * shape.keys_per_query : nullptr;
+      int64_t seen = n_keys - first;
+      if (chosen) {
+        seen = 0;
+        while (seen < shape.keys_per_query && chosen[seen] >= 0) ++seen;
+      }
+      auto key_pos = [&](int64_t idx) { return chosen ? static_cast<int64_t>(chosen[idx]) : first + idx; };
+      for (int64_t idx = 0; idx < seen; ++idx) {
+        const float* key = in.k + key_pos(idx) * in.k_stride + static_cast<int64_t>(g) * shape.head_dim_k;
         for (int hh = 0; hh < nh; ++hh) {
           const float* q = in.q + t * in.q_token_stride + (g * group + h0 + hh) * in.q_head_stride;
-          scores[hh * max_keys + j - first] = dot(shape.head_dim_k, q, key) * shape.scale;
+          scores[hh * max_keys + idx] = dot(shape.head_dim_k, q, key) * shape.scale;
         }
       }
       for (int hh = 0; hh < nh; ++hh) {
@@ -144,12 +151,52 @@ void causal_attention(const AttentionShape& shape, const AttentionInput& in, int
       }
       float* o = out + t * out_stride + static_cast<int64_t>(g * group + h0) * shape.head_dim_v;
       std::fill(o, o + static_cast<int64_t>(nh) * shape.head_dim_v, 0.0f);
-      for (int64_t j = first; j < n_keys; ++j) {
-        const float* v = in.v + j * in.v_stride + static_cast<int64_t>(g) * shape.head_dim_v;
+      for (int64_t idx = 0; idx < seen; ++idx) {
+        const float* v = in.v + key_pos(idx) * in.v_stride + static_cast<int64_t>(g) * shape.head_dim_v;
         for (int hh = 0; hh < nh; ++hh)
-          k.axpy(shape.head_dim_v, scores[hh * max_keys + j - first], v,
-                 o + static_cast<int64_t>(hh) * shape.head_dim_v);
+          k.axpy(shape.head_dim_v, scores[hh * max_keys + idx], v, o + static_cast<int64_t>(hh) * shape.head_dim_v);
       }
+    }
+  });
+}
+
+void layer_norm(const float* x, const float* weight, const float* bias, float* y, int64_t n, float eps) {
+  double mean = 0;
+  for (int64_t i = 0; i < n; ++i) mean += x[i];
+  mean /= static_cast<double>(n);
+  double var = 0;
+  for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+  var /= static_cast<double>(n);
+  const auto inv = static_cast<float>(1.0 / std::sqrt(var + eps));
+  const auto m = static_cast<float>(mean);
+  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - m) * inv * (weight ? weight[i] : 1.0f) + (bias ? bias[i] : 0.0f);
+}
+
+void indexer_select(const IndexerInput& in, int64_t n_tokens, int64_t pos0, int32_t* selected, float* scores,
+                    ThreadPool& pool) {
+  const VecDotFn dot = kernels().dot_for(quant::GgmlType::F32);
+  const int64_t n_pos = pos0 + n_tokens;
+  pool.parallel_for(n_tokens, 1, [&](int64_t t0, int64_t t1) {
+    std::span<float> s = scratch<float, struct IndexerScoreSite>(static_cast<size_t>(n_pos));
+    std::span<int32_t> order = scratch<int32_t, struct IndexerOrderSite>(static_cast<size_t>(n_pos));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t visible = pos0 + t + 1;
+      for (int64_t p = 0; p < visible; ++p) {
+        float sum = 0;
+        for (int h = 0; h < in.n_head; ++h) {
+          const float qk = dot(in.dim, in.q + (t * in.n_head + h) * in.dim, in.k + p * in.k_stride);
+          sum += in.w[t * in.n_head + h] * std::max(qk, 0.0f);
+        }
+        s[p] = sum * in.w_scale;
+      }
+      if (scores) std::copy(s.begin(), s.begin() + visible, scores + t * n_pos);
+      const int64_t keep = std::min(visible, in.top_k);
+      std::iota(order.begin(), order.begin() + visible, 0);
+      std::partial_sort(order.begin(), order.begin() + keep, order.begin() + visible,
+                        [&](int32_t a, int32_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
+      int32_t* out = selected + t * in.top_k;
+      std::copy(order.begin(), order.begin() + keep, out);
+      std::fill(out + keep, out + in.top_k, -1);
     }
   });
 }

@@ -73,6 +73,10 @@ struct AttentionShape {
   const float* sinks = nullptr;
   // Sliding window: a query at position p sees keys p - window + 1 .. p; 0: every earlier position.
   int64_t window = 0;
+  // DeepSeek-V3.2: query t sees only the key positions keys[t * keys_per_query + i] that are >= 0 (the indexer's
+  // selection, memory of the attention's device); null: the causal range.
+  const int32_t* keys = nullptr;
+  int64_t keys_per_query = 0;
 };
 
 // q: [n_tokens][n_head * q_stride_head] (query head h at h * q_head_stride); token t sits at position pos0 + t and
@@ -89,5 +93,26 @@ struct AttentionInput {
 };
 void causal_attention(const AttentionShape& shape, const AttentionInput& in, int64_t n_tokens, int64_t pos0, float* out,
                       ThreadPool& pool);
+
+// y = LayerNorm(x) * weight + bias over n values (mean and variance in double).
+void layer_norm(const float* x, const float* weight, const float* bias, float* y, int64_t n, float eps);
+
+// DeepSeek-V3.2's lightning indexer. Query t (position pos0 + t) scores every cached key position s <= pos0 + t as
+// w_scale * sum_h w[t][h] * relu(q[t][h] . k[s]) (k: one head of `dim` values at k + s * k_stride, shared by the
+// n_head query heads) and keeps the top_k positions, highest score first (ties: the lower position); a query with no
+// more than top_k positions keeps them all. selected: [n_tokens][top_k], -1 after a query's last position; scores
+// (optional): [n_tokens][pos0 + n_tokens], the visible ones written.
+struct IndexerInput {
+  const float* q = nullptr;  // [n_tokens][n_head][dim]
+  const float* w = nullptr;  // [n_tokens][n_head]
+  float w_scale = 1.0f;
+  const float* k = nullptr;
+  int64_t k_stride = 0;
+  int n_head = 0;
+  int dim = 0;
+  int64_t top_k = 0;
+};
+void indexer_select(const IndexerInput& in, int64_t n_tokens, int64_t pos0, int32_t* selected, float* scores,
+                    ThreadPool& pool);
 
 }  // namespace hetmoe::cpu

@@ -413,7 +413,14 @@ __global__ void attention_kernel(AttentionArgs a, int64_t pos0, float* out) {
   float m = -INFINITY, l = 0;
   const int64_t n_keys = pos0 + t + 1;
   const int64_t first = a.window > 0 && n_keys > a.window ? n_keys - a.window : 0;
-  for (int64_t j = first + w; j < n_keys; j += kAttnWarps) {
+  const int32_t* chosen = a.keys ? a.keys + t * a.keys_per_query : nullptr;
+  int64_t seen = n_keys - first;
+  if (chosen) {
+    seen = 0;
+    while (seen < a.keys_per_query && chosen[seen] >= 0) ++seen;
+  }
+  for (int64_t idx = w; idx < seen; idx += kAttnWarps) {
+    const int64_t j = chosen ? chosen[idx] : first + idx;
     const float* k = a.k + j * a.k_stride + static_cast<int64_t>(g) * a.head_dim_k;
     float sc = 0;
     for (int i = lane; i < a.head_dim_k; i += kWarp) sc += q[i] * k[i];
@@ -853,10 +860,83 @@ void add(const float* x, int64_t n, float* y, Stream s) {
   check(cudaGetLastError(), "add launch");
 }
 
+// One block per row: mean and variance by block reductions, then (x - mean) / sqrt(var + eps) * weight + bias.
+__global__ void layer_norm_kernel(const float* x, int64_t ldx, const float* weight, const float* bias, int64_t width,
+                                  float eps, float* y, int64_t ldy) {
+  const float* xr = x + blockIdx.x * ldx;
+  float* yr = y + blockIdx.x * ldy;
+  __shared__ float partial[32];
+  auto block_sum = [&](float v) {
+    for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (threadIdx.x % kWarp == 0) partial[threadIdx.x / kWarp] = v;
+    __syncthreads();
+    float total = 0;
+    for (int i = 0; i < static_cast<int>(blockDim.x / kWarp); ++i) total += partial[i];
+    __syncthreads();
+    return total;
+  };
+  float sum = 0;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) sum += xr[i];
+  const float mean = block_sum(sum) / static_cast<float>(width);
+  float sq = 0;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) sq += (xr[i] - mean) * (xr[i] - mean);
+  const float inv = rsqrtf(block_sum(sq) / static_cast<float>(width) + eps);
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x)
+    yr[i] = (xr[i] - mean) * inv * (weight ? weight[i] : 1.0f) + (bias ? bias[i] : 0.0f);
+}
+
+// One block per token: every visible position's score in shared memory, then the top_k by repeated maximum (the
+// lower position on ties), thread 0 writing them in order.
+__global__ void indexer_kernel(IndexerArgs a, int64_t pos0, int32_t* selected) {
+  const int64_t t = blockIdx.x;
+  const int64_t visible = pos0 + t + 1;
+  extern __shared__ float scores[];
+  for (int64_t p = threadIdx.x; p < visible; p += blockDim.x) {
+    float sum = 0;
+    for (int h = 0; h < a.n_head; ++h) {
+      const float* q = a.q + (t * a.n_head + h) * a.dim;
+      const float* k = a.k + p * a.k_stride;
+      float qk = 0;
+      for (int i = 0; i < a.dim; ++i) qk += q[i] * k[i];
+      sum += a.w[t * a.n_head + h] * fmaxf(qk, 0.0f);
+    }
+    scores[p] = sum * a.w_scale;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  int32_t* out = selected + t * a.top_k;
+  const int64_t keep = visible < a.top_k ? visible : a.top_k;
+  for (int64_t r = 0; r < keep; ++r) {
+    int64_t best = -1;
+    for (int64_t p = 0; p < visible; ++p)
+      if (scores[p] > -INFINITY && (best < 0 || scores[p] > scores[best])) best = p;
+    out[r] = static_cast<int32_t>(best);
+    scores[best] = -INFINITY;
+  }
+  for (int64_t r = keep; r < a.top_k; ++r) out[r] = -1;
+}
+
 void add_bias(const float* bias, int64_t width, int64_t n_rows, float* y, int64_t ldy, Stream s) {
   if (width == 0 || n_rows == 0) return;
   add_bias_kernel<<<blocks_for(width * n_rows, 256), 256, 0, stream_of(s)>>>(bias, width, n_rows, y, ldy);
   check(cudaGetLastError(), "add_bias launch");
+}
+
+void layer_norm(const float* x, int64_t ldx, const float* weight, const float* bias, int64_t n_rows, int64_t width,
+                float eps, float* y, int64_t ldy, Stream s) {
+  if (n_rows == 0) return;
+  layer_norm_kernel<<<static_cast<unsigned>(n_rows), 256, 0, stream_of(s)>>>(x, ldx, weight, bias, width, eps, y, ldy);
+  check(cudaGetLastError(), "layer_norm launch");
+}
+
+void indexer_select(const IndexerArgs& a, int64_t n_tokens, int64_t pos0, int32_t* selected, Stream s) {
+  if (n_tokens == 0) return;
+  const size_t shared = static_cast<size_t>(pos0 + n_tokens) * sizeof(float);
+  if (shared > 48 * 1024)
+    throw std::runtime_error("indexer_select: the CUDA kernel scores up to 12288 positions, the context has " +
+                             std::to_string(pos0 + n_tokens));
+  indexer_kernel<<<static_cast<unsigned>(n_tokens), 256, shared, stream_of(s)>>>(a, pos0, selected);
+  check(cudaGetLastError(), "indexer launch");
 }
 
 void rms_norm(const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width, float eps, float* y,

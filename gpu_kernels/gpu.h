@@ -63,6 +63,19 @@ void block_matmul(quant::GgmlType type, const void* w, int64_t rows, int64_t col
 void silu_mul(const float* gate, const float* up, int64_t n, float* out, Stream s);
 void add(const float* x, int64_t n, float* y, Stream s);
 void add_bias(const float* bias, int64_t width, int64_t n_rows, float* y, int64_t ldy, Stream s);
+void layer_norm(const float* x, int64_t ldx, const float* weight, const float* bias, int64_t n_rows, int64_t width,
+                float eps, float* y, int64_t ldy, Stream s);
+// cpu::IndexerInput / cpu::indexer_select, one block per token.
+struct IndexerArgs {
+  const float* q;
+  const float* w;
+  float w_scale;
+  const float* k;
+  int64_t k_stride;
+  int n_head, dim;
+  int64_t top_k;
+};
+void indexer_select(const IndexerArgs& a, int64_t n_tokens, int64_t pos0, int32_t* selected, Stream s);
 
 // The layer ops of runtime/device/device.h (the Device interface documents each), on device memory.
 void rms_norm(const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width, float eps, float* y,
@@ -79,8 +92,10 @@ struct AttentionArgs {
   int64_t k_stride;
   const float* v;
   int64_t v_stride;
-  const float* sinks;  // [n_head] or null
-  int64_t window;      // 0: none
+  const float* sinks;   // [n_head] or null
+  int64_t window;       // 0: none
+  const int32_t* keys;  // [n_tokens][keys_per_query] selected key positions (-1: none), or null
+  int64_t keys_per_query;
 };
 void attention(const AttentionArgs& a, int64_t n_tokens, int64_t pos0, float* out, Stream s);
 // cpu::ExpertSelection in one; select_experts is cpu::select_experts for n tokens, one thread per token.

@@ -108,6 +108,15 @@ class CudaDevice final : public Device {
   void add_bias(int stream, const float* bias, int64_t width, int64_t n_rows, float* y, int64_t ldy) override {
     gpu::add_bias(bias, width, n_rows, y, ldy, s(stream));
   }
+  void layer_norm(int stream, const float* x, int64_t ldx, const float* weight, const float* bias, int64_t n_rows,
+                  int64_t width, float eps, float* y, int64_t ldy) override {
+    gpu::layer_norm(x, ldx, weight, bias, n_rows, width, eps, y, ldy, s(stream));
+  }
+  void indexer_select(int stream, const cpu::IndexerInput& in, int64_t n_tokens, int64_t pos0,
+                      int32_t* selected) override {
+    gpu::indexer_select({in.q, in.w, in.w_scale, in.k, in.k_stride, in.n_head, in.dim, in.top_k}, n_tokens, pos0,
+                        selected, s(stream));
+  }
   void rms_norm(int stream, const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width, float eps,
                 float* y, int64_t ldy) override {
     gpu::rms_norm(x, ldx, weight, n_rows, width, eps, y, ldy, s(stream));
@@ -131,7 +140,9 @@ class CudaDevice final : public Device {
                                in.v,
                                in.v_stride,
                                shape.sinks,
-                               shape.window};
+                               shape.window,
+                               shape.keys,
+                               shape.keys_per_query};
     gpu::attention(a, n_tokens, pos0, out, s(stream));
   }
   void select_experts(int stream, const cpu::ExpertSelection& p, float* logits, const float* bias, int64_t n,

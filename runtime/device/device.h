@@ -95,6 +95,12 @@ class Device {
   virtual void add(int stream, const float* x, int64_t n, float* y) = 0;
   // Row r of y (at y + r * ldy) += bias, `width` values per row: a projection's bias on every token (device memory).
   virtual void add_bias(int stream, const float* bias, int64_t width, int64_t n_rows, float* y, int64_t ldy) = 0;
+  // Row r of y = cpu::layer_norm(row r of x) with weight and bias (either may be null); y may alias x.
+  virtual void layer_norm(int stream, const float* x, int64_t ldx, const float* weight, const float* bias,
+                          int64_t n_rows, int64_t width, float eps, float* y, int64_t ldy) = 0;
+  // cpu::indexer_select (DeepSeek-V3.2's key selection); selected [n_tokens][top_k] int32, device memory.
+  virtual void indexer_select(int stream, const cpu::IndexerInput& in, int64_t n_tokens, int64_t pos0,
+                              int32_t* selected) = 0;
 
   // The layer ops of a forward pass on the device, each as the CPU's cpu_kernels/ops.h defines it; all pointers are
   // device memory.
@@ -259,7 +265,7 @@ std::unique_ptr<Device> make_emulated_device(const EmulatedOptions& opt);
 
 // The Device interface's version: the CUDA device library reports the one it was built with, and the loader refuses a
 // library of another (raise it whenever this interface or what its methods take changes).
-inline constexpr int kDeviceAbi = 2;
+inline constexpr int kDeviceAbi = 3;
 
 // The CPU as a device, computing with `pool` (which must outlive it).
 std::unique_ptr<Device> make_host_device(cpu::ThreadPool& pool);

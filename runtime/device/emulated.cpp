@@ -164,6 +164,14 @@ class EmulatedDevice final : public Device {
   void add_bias(int stream, const float* bias, int64_t width, int64_t n_rows, float* y, int64_t ldy) override {
     worker(stream).enqueue([=] { host_ops::add_bias(bias, width, n_rows, y, ldy); });
   }
+  void layer_norm(int stream, const float* x, int64_t ldx, const float* weight, const float* bias, int64_t n_rows,
+                  int64_t width, float eps, float* y, int64_t ldy) override {
+    worker(stream).enqueue([=] { host_ops::layer_norm(x, ldx, weight, bias, n_rows, width, eps, y, ldy); });
+  }
+  void indexer_select(int stream, const cpu::IndexerInput& in, int64_t n_tokens, int64_t pos0,
+                      int32_t* selected) override {
+    worker(stream).enqueue([=, this] { cpu::indexer_select(in, n_tokens, pos0, selected, nullptr, one_thread_); });
+  }
   void add(int stream, const float* x, int64_t n, float* y) override {
     worker(stream).enqueue([=] { host_ops::add(x, n, y); });
   }

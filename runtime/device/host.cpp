@@ -72,6 +72,13 @@ class HostDevice final : public Device {
   void add_bias(int, const float* bias, int64_t width, int64_t n_rows, float* y, int64_t ldy) override {
     host_ops::add_bias(bias, width, n_rows, y, ldy);
   }
+  void layer_norm(int, const float* x, int64_t ldx, const float* weight, const float* bias, int64_t n_rows,
+                  int64_t width, float eps, float* y, int64_t ldy) override {
+    host_ops::layer_norm(x, ldx, weight, bias, n_rows, width, eps, y, ldy);
+  }
+  void indexer_select(int, const cpu::IndexerInput& in, int64_t n_tokens, int64_t pos0, int32_t* selected) override {
+    cpu::indexer_select(in, n_tokens, pos0, selected, nullptr, pool_);
+  }
   void rms_norm(int, const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width, float eps,
                 float* y, int64_t ldy) override {
     host_ops::rms_norm(x, ldx, weight, n_rows, width, eps, y, ldy);

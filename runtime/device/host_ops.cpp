@@ -32,6 +32,11 @@ void add_bias(const float* bias, int64_t width, int64_t n_rows, float* y, int64_
   for (int64_t r = 0; r < n_rows; ++r) add(bias, width, y + r * ldy);
 }
 
+void layer_norm(const float* x, int64_t ldx, const float* weight, const float* bias, int64_t n_rows, int64_t width,
+                float eps, float* y, int64_t ldy) {
+  for (int64_t r = 0; r < n_rows; ++r) cpu::layer_norm(x + r * ldx, weight, bias, y + r * ldy, width, eps);
+}
+
 void rms_norm(const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width, float eps, float* y,
               int64_t ldy) {
   for (int64_t r = 0; r < n_rows; ++r) cpu::rms_norm(x + r * ldx, weight, y + r * ldy, width, eps);

@@ -26,6 +26,8 @@ void matmul_heads(cpu::ThreadPool& pool, const DeviceMatrix& w, const cpu::Heads
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 void add(const float* x, int64_t n, float* y);
 void add_bias(const float* bias, int64_t width, int64_t n_rows, float* y, int64_t ldy);
+void layer_norm(const float* x, int64_t ldx, const float* weight, const float* bias, int64_t n_rows, int64_t width,
+                float eps, float* y, int64_t ldy);
 void rms_norm(const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width, float eps, float* y,
               int64_t ldy);
 void rope(const float* table, float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,

@@ -3,10 +3,11 @@
 namespace hetmoe::model {
 
 // The architectures this build runs, one line each (their files are in archs/).
-extern const ArchSpec deepseek2_arch, qwen3moe_arch, llama_arch, glm4moe_arch, minimax_m2_arch, gpt_oss_arch;
+extern const ArchSpec deepseek2_arch, deepseek32_arch, qwen3moe_arch, llama_arch, glm4moe_arch, minimax_m2_arch,
+    gpt_oss_arch;
 namespace {
-constexpr const ArchSpec* kArchs[] = {&deepseek2_arch, &qwen3moe_arch,   &llama_arch,
-                                      &glm4moe_arch,   &minimax_m2_arch, &gpt_oss_arch};
+constexpr const ArchSpec* kArchs[] = {&deepseek2_arch, &deepseek32_arch, &qwen3moe_arch,  &llama_arch,
+                                      &glm4moe_arch,   &gpt_oss_arch,    &minimax_m2_arch};
 }  // namespace
 
 const ArchSpec* find_arch(std::string_view name) {

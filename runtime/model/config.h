@@ -55,6 +55,10 @@ struct ModelConfig {
   int64_t qk_nope = 0;
   int64_t qk_rope = 0;
   int64_t v_head = 0;
+  // DeepSeek-V3.2's lightning indexer (0 heads: none).
+  int64_t indexer_heads = 0;
+  int64_t indexer_dim = 0;
+  int64_t indexer_top_k = 0;
 
   bool is_moe_layer(int64_t layer) const { return n_expert > 0 && layer >= n_leading_dense; }
 };

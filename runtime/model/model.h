@@ -75,6 +75,8 @@ class Model {
   void set_routing_observer(RoutingObserver* observer) { routing_observer_ = observer; }
   // Every MoE layer's routing is replaced by `override` from now on (null: the model's own). It must outlive its use.
   void set_routing_override(RoutingOverride* override) { routing_override_ = override; }
+  // Every indexer selection (DeepSeek-V3.2) is replaced by `override` from now on (null: the model's own).
+  void set_selection_override(SelectionOverride* override) { selection_override_ = override; }
 
   // A KV cache for n_ctx positions (at most the training context): on the device when the forward pass runs there
   // and the cache fits in what is left of the device's memory, else in host memory (the calls on this cache then run
@@ -137,6 +139,7 @@ class Model {
   Trace* trace_ = nullptr;  // set during forward
   RoutingObserver* routing_observer_ = nullptr;
   RoutingOverride* routing_override_ = nullptr;
+  SelectionOverride* selection_override_ = nullptr;
   size_t numa_bound_bytes_ = 0;
 
  private:

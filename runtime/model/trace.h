@@ -32,4 +32,13 @@ class RoutingOverride {
   virtual void reroute(int64_t layer, int64_t n_tokens, int64_t n_used, int32_t* ids, float* weights) = 0;
 };
 
+// Replaces DeepSeek-V3.2's indexer selection of each layer before the attention uses it, in place: selected
+// [n_tokens][top_k] key positions (-1 after a query's last). Conformance tests force the reference's choice where a
+// legitimate rounding difference changed it. Host pass only.
+class SelectionOverride {
+ public:
+  virtual ~SelectionOverride() = default;
+  virtual void reselect(int64_t layer, int64_t n_tokens, int64_t top_k, int32_t* selected) = 0;
+};
+
 }  // namespace hetmoe::model

@@ -167,6 +167,38 @@ class ForceReferenceRouting : public model::RoutingOverride {
   std::set<std::pair<int64_t, int64_t>> forced_;
 };
 
+// The same for DeepSeek-V3.2's indexer: a query whose selected key set differs from the reference's (legitimate only
+// below the reference's boundary gap, checked by the test) attends to the reference's keys instead.
+class ForceReferenceSelection : public model::SelectionOverride {
+ public:
+  ForceReferenceSelection(const json* ix, int64_t n_prompt) : n_prompt_(n_prompt) {
+    if (!ix) return;
+    for (const json& layer : (*ix)["layers"]) layers_[layer["layer"].get<int64_t>()] = &layer;
+  }
+  void reselect(int64_t layer, int64_t n_tokens, int64_t top_k, int32_t* selected) override {
+    if (n_tokens != n_prompt_) return;
+    const auto it = layers_.find(layer);
+    if (it == layers_.end()) return;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      int32_t* row = selected + t * top_k;
+      std::set<int32_t> mine, theirs;
+      for (int64_t i = 0; i < top_k; ++i)
+        if (row[i] >= 0) mine.insert(row[i]);
+      const json& want = (*it->second)["selected"][t];
+      for (const json& p : want) theirs.insert(p.get<int32_t>());
+      if (mine == theirs) continue;
+      for (int64_t i = 0; i < top_k; ++i) row[i] = i < static_cast<int64_t>(want.size()) ? want[i].get<int32_t>() : -1;
+      ++forced_;
+    }
+  }
+  int n_forced() const { return forced_; }
+
+ private:
+  int64_t n_prompt_;
+  std::map<int64_t, const json*> layers_;
+  int forced_ = 0;
+};
+
 class Conformance : public testing::TestWithParam<Case> {};
 
 TEST_P(Conformance, AgreesWithLlamaCpp) {
@@ -187,13 +219,51 @@ TEST_P(Conformance, AgreesWithLlamaCpp) {
   Recorder rec;
   ForceReferenceRouting force(ref, T, c.gating == model::Gating::kSoftmaxSelected);
   m->set_routing_override(&force);
+  // DeepSeek-V3.2: the reference's indexer selections.
+  json ix;
+  if (c.indexer_heads > 0) {
+    const std::string stem = tc.expected.substr(0, tc.expected.size() - 5);
+    const auto indexer_path = find_ref("expected", stem + ".indexer.json");
+    if (!indexer_path) HETMOE_MISSING_REFERENCE(stem << ".indexer.json");
+    std::ifstream(*indexer_path) >> ix;
+  }
+  ForceReferenceSelection force_selection(c.indexer_heads > 0 ? &ix : nullptr, T);
+  m->set_selection_override(&force_selection);
   std::vector<float> logits;
   m->forward(kPrompt, 0, cache, true, logits, &rec);
   m->set_routing_override(nullptr);
+  m->set_selection_override(nullptr);
 
   // Layer by layer, every token. A token whose expert set differs from the reference's (legitimate only below the
   // reference's selection margin) ran on llama.cpp's choice from there on (ForceReferenceRouting), so its later
   // layers, logits and the tokens after it are all still compared.
+  // DeepSeek-V3.2's indexer: each query's selected key positions as a set, wherever the reference's boundary gap
+  // (8th minus 9th best score) is at least the tolerance (reference README 9.9: F16 3e-3, quantized 1e-2).
+  int indexer_checked = 0, indexer_equal = 0;
+  if (c.indexer_heads > 0) {
+    const double gap_tol = tc.tol.logits_abs >= 0 ? 3e-3 : 1e-2;
+    for (const json& layer : ix["layers"]) {
+      const int64_t l = layer["layer"].get<int64_t>();
+      const auto* mine = rec.ids(l, "indexer_topk");
+      ASSERT_NE(mine, nullptr) << "layer " << l << " reported no indexer selection";
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<double> scores = layer["scores"][t].get<std::vector<double>>();
+        std::sort(scores.rbegin(), scores.rend());
+        const auto top_k = static_cast<size_t>(c.indexer_top_k);
+        const double gap = scores.size() > top_k ? scores[top_k - 1] - scores[top_k] : INFINITY;
+        std::set<int32_t> got;
+        for (int64_t i = 0; i < c.indexer_top_k; ++i)
+          if (const int32_t p = (*mine)[t * c.indexer_top_k + i]; p >= 0) got.insert(p);
+        std::set<int32_t> want;
+        for (const json& p : layer["selected"][t]) want.insert(p.get<int32_t>());
+        indexer_equal += got == want;
+        if (gap < gap_tol) continue;
+        ++indexer_checked;
+        EXPECT_EQ(got, want) << "indexer selection, layer " << l << " token " << t << " (gap " << gap << ")";
+      }
+    }
+  }
+
   double worst_l_out = 0, worst_probs = 0;
   int sets_equal = 0, sets_total = 0;
   int64_t pairs_checked = 0, pairs_total = 0;
@@ -326,11 +396,15 @@ TEST_P(Conformance, AgreesWithLlamaCpp) {
                    "[ summary  ] {} (isa {}): (token, layer) pairs checked {}/{} ({:.0f}%), {} forced to llama.cpp's "
                    "experts; logits rel {:.2e} abs {:.2e}; worst l_out rel {:.2e}; router probs {:.2e}; expert sets "
                    "equal {}/{}; top-1 {}/{} checked, top-10 ranks {}; greedy {} equal in a row ({} steps above the "
-                   "margin)\n",
+                   "margin){}\n",
                    tc.expected, cpu::isa_name(cpu::kernels().isa), pairs_checked, pairs_total,
                    100.0 * static_cast<double>(pairs_checked) / static_cast<double>(pairs_total), force.n_forced(),
                    worst_rel, worst_abs, worst_l_out, worst_probs, sets_equal, sets_total, top1_equal, top1_checked,
-                   top10_checked, greedy_equal, greedy_checked)
+                   top10_checked, greedy_equal, greedy_checked,
+                   c.indexer_heads > 0
+                       ? fmt::format("; indexer selections equal {}/{} ({} above the gap, {} forced)", indexer_equal,
+                                     T * static_cast<int64_t>(c.n_layer), indexer_checked, force_selection.n_forced())
+                       : std::string())
             << std::flush;
 }
 
@@ -356,6 +430,8 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tiny-gptoss-F16.gguf", "tiny-gptoss-F16.json", kF16},
                     Case{"tiny-gptoss-Q4_K_M.gguf", "tiny-gptoss-Q4_K_M.json", kQuant},
                     Case{"tiny-gptoss-MXFP4_MOE.gguf", "tiny-gptoss-MXFP4_MOE.json", kQuant},
+                    Case{"tiny-deepseek32-F16.gguf", "tiny-deepseek32-F16.json", kF16},
+                    Case{"tiny-deepseek32-Q4_K_M.gguf", "tiny-deepseek32-Q4_K_M.json", kQuant},
                     // llama.cpp's gguf-split of the Q4_K_M file into 3 shards: the same outputs (reference README 2.7).
                     Case{"sharded/tiny-deepseek3-Q4_K_M-00001-of-00003.gguf", "tiny-deepseek3-Q4_K_M.json", kQuant}),
     [](const testing::TestParamInfo<Case>& info) {

@@ -1,5 +1,6 @@
 // DeepSeek-V2/V2-Lite/V2.5/V3/R1 and Kimi-K2 (GGUF arch "deepseek2"): multi-head latent attention (MLA) with an
-// optional low-rank query, leading dense blocks, routed plus shared experts.
+// optional low-rank query, leading dense blocks, routed plus shared experts. DeepSeek-V3.2 (arch "deepseek32") is
+// the same model plus its lightning indexer, so both are defined here.
 #include <algorithm>
 #include <cmath>
 
@@ -80,6 +81,13 @@ struct MlaLayer {
   PassWeights::Handle v_b = 0;        // [H * v_head, kv_lora]: per head, latent -> value
   PassWeights::Handle kv_b = 0;       // legacy [H * (nope + v_head), kv_lora]
   PassWeights::Handle out = 0;        // [E, H * v_head]
+  // DeepSeek-V3.2's indexer: q from the q LoRA latent, one key head from x (LayerNorm with weight and bias), the
+  // heads' weights from x.
+  PassWeights::Handle ix_q = 0;       // [Hi * Di, q_lora]
+  PassWeights::Handle ix_k = 0;       // [Di, E]
+  PassWeights::Handle ix_norm_w = 0;  // [Di]
+  PassWeights::Handle ix_norm_b = 0;  // [Di]
+  PassWeights::Handle ix_proj = 0;    // [Hi, E]
 };
 
 class Deepseek2 final : public Model {
@@ -122,6 +130,16 @@ class Deepseek2 final : public Model {
         L.kv_b = weights_.add(matrix(blk(l, "attn_kv_b"), kvl, H * (nope + vh)));
       }
       L.out = weights_.add(matrix(blk(l, "attn_output"), H * vh, E));
+      if (c.indexer_heads > 0) {
+        if (!L.q_lora || !absorbed_)
+          fail("{}: the indexer needs the q LoRA and the split attn_k_b/attn_v_b (block {})", file_->path(), l);
+        const int64_t Hi = c.indexer_heads, Di = c.indexer_dim;
+        L.ix_q = weights_.add(matrix(blk(l, "indexer.attn_q_b"), L.q_rank, Hi * Di));
+        L.ix_k = weights_.add(matrix(blk(l, "indexer.attn_k"), E, Di));
+        L.ix_norm_w = weights_.add(vector(blk(l, "indexer.k_norm"), Di), Di);
+        L.ix_norm_b = weights_.add(vector(blk(l, "indexer.k_norm", "bias"), Di), Di);
+        L.ix_proj = weights_.add(matrix(blk(l, "indexer.proj"), E, Hi));
+      }
     }
   }
 
@@ -130,7 +148,8 @@ class Deepseek2 final : public Model {
     const ModelConfig& c = config_;
     return absorbed_ ? c.kv_lora_rank + c.qk_rope : c.n_head * (c.qk_nope + c.qk_rope);
   }
-  int64_t cache_v_width() const override { return absorbed_ ? 0 : config_.n_head * config_.v_head; }
+  // The absorbed layout caches no values; DeepSeek-V3.2 keeps its indexer keys in that room.
+  int64_t cache_v_width() const override { return absorbed_ ? config_.indexer_dim : config_.n_head * config_.v_head; }
 
   void attention(Pass& pass, int64_t layer, const float* x, int64_t n, int64_t pos0, KvCache& cache,
                  float* out) override {
@@ -143,11 +162,13 @@ class Deepseek2 final : public Model {
     const size_t slot = Pass::kAttentionSlots;
     // Queries: [n][H][nope | rope].
     float* q = pass.scratch(slot, n * H * qk);
+    const int32_t* selected = nullptr;
     if (L.q_lora) {
       float* qa = pass.scratch(slot + 1, n * L.q_rank);
       d.matmul(s, pass.matrix(L.q_a), x, n, qa);
       d.rms_norm(s, qa, L.q_rank, pass.vector(L.q_a_norm), n, L.q_rank, c.rms_eps, qa, L.q_rank);
       d.matmul(s, pass.matrix(L.q_b), qa, n, q);
+      if (L.ix_q) selected = select_keys(pass, layer, x, qa, n, pos0, cache);
     } else {
       d.matmul(s, pass.matrix(L.q), x, n, q);
     }
@@ -177,7 +198,9 @@ class Deepseek2 final : public Model {
                                       .n_head_kv = 1,
                                       .head_dim_k = static_cast<int>(width),
                                       .head_dim_v = static_cast<int>(kvl),
-                                      .scale = c.kq_scale};
+                                      .scale = c.kq_scale,
+                                      .keys = selected,
+                                      .keys_per_query = selected ? c.indexer_top_k : 0};
       d.attention(s, shape, {q_lat, H * width, width, cache.k(layer, 0), width, cache.k(layer, 0), width}, n, pos0,
                   lat);
       d.matmul_heads(s, pass.matrix(L.v_b),
@@ -207,11 +230,77 @@ class Deepseek2 final : public Model {
   }
 
  private:
+  // DeepSeek-V3.2's lightning indexer: this layer's indexer keys for the new positions into the cache's value room,
+  // then each query's top-k key positions (the MLA attends to those only). x: the normalised block input; qa: the
+  // normalised q LoRA latent. Both q and k are roped on their first rope dims (NEOX), head layout [rope | nope].
+  // llama.cpp also multiplies both by a Walsh-Hadamard matrix; being orthonormal and applied to both, it leaves
+  // q . k unchanged, so it is left out.
+  const int32_t* select_keys(Pass& pass, int64_t layer, const float* x, const float* qa, int64_t n, int64_t pos0,
+                             KvCache& cache) {
+    const ModelConfig& c = config_;
+    const MlaLayer& L = layers_[layer];
+    device::Device& d = pass.device;
+    const int s = pass.stream;
+    const int64_t Hi = c.indexer_heads, Di = c.indexer_dim;
+    const size_t slot = Pass::kAttentionSlots + 6;
+    float* k = pass.scratch(slot, n * Di);
+    d.matmul(s, pass.matrix(L.ix_k), x, n, k);
+    d.layer_norm(s, k, Di, pass.vector(L.ix_norm_w), pass.vector(L.ix_norm_b), n, Di, 1e-6f, k, Di);
+    d.rope(s, pass.rope_table, k, n, 1, Di, 0, c.rope.n_dims, true);
+    d.copy_rows(s, k, Di, n, Di, cache.v(layer, pos0), Di);
+    float* q = pass.scratch(slot + 1, n * Hi * Di);
+    d.matmul(s, pass.matrix(L.ix_q), qa, n, q);
+    d.rope(s, pass.rope_table, q, n, Hi, Hi * Di, Di, c.rope.n_dims, true);
+    float* w = pass.scratch(slot + 2, n * Hi);
+    d.matmul(s, pass.matrix(L.ix_proj), x, n, w);
+    auto* selected = reinterpret_cast<int32_t*>(pass.scratch(slot + 3, n * c.indexer_top_k));
+    const cpu::IndexerInput in{.q = q,
+                               .w = w,
+                               .w_scale = 1.0f / std::sqrt(static_cast<float>(Di * Hi)),
+                               .k = cache.v(layer, 0),
+                               .k_stride = Di,
+                               .n_head = static_cast<int>(Hi),
+                               .dim = static_cast<int>(Di),
+                               .top_k = c.indexer_top_k};
+    d.indexer_select(s, in, n, pos0, selected);
+    if (trace_ && d.is_host()) trace_->ids(layer, "indexer_topk", selected, n, c.indexer_top_k);
+    if (selection_override_ && d.is_host()) selection_override_->reselect(layer, n, c.indexer_top_k, selected);
+    return selected;
+  }
+
   bool absorbed_ = true;
   std::vector<MlaLayer> layers_;
 };
 
+// DeepSeek-V3.2 (GGUF arch "deepseek32"): deepseek2's V3 layout plus the lightning indexer (the MLA of each query
+// restricted to its top-k key positions), with the MTP block at the end read past.
+void configure_deepseek32(const ConfigKeys& k, ModelConfig& c) {
+  configure(k, c);
+  const int64_t nextn = k.opt_int("nextn_predict_layers", 0);
+  if (nextn < 0 || nextn >= c.n_layer)
+    fail("{}: nextn_predict_layers {} leaves no trunk of the {} blocks", k.file().path(), nextn, c.n_layer);
+  c.n_layer -= nextn;
+  k.req_int("attention.q_lora_rank");
+  k.req_int("expert_gating_func");
+  c.indexer_heads = k.req_int("attention.indexer.head_count");
+  c.indexer_dim = k.req_int("attention.indexer.key_length");
+  c.indexer_top_k = k.req_int("attention.indexer.top_k");
+  k.check_positive("attention.indexer.head_count", c.indexer_heads, 4096);
+  k.check_positive("attention.indexer.key_length", c.indexer_dim, ConfigKeys::kMaxDim);
+  k.check_positive("attention.indexer.top_k", c.indexer_top_k, ConfigKeys::kMaxDim);
+  if (c.rope.n_dims > c.indexer_dim)
+    fail("{}: the rope's {} dims do not fit the indexer's heads of {}", k.file().path(), c.rope.n_dims, c.indexer_dim);
+}
+
 }  // namespace
+
+extern const ArchSpec deepseek32_arch{
+    .name = "deepseek32",
+    .configure = configure_deepseek32,
+    .make = [](std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads) -> std::unique_ptr<Model> {
+      return std::make_unique<Deepseek2>(std::move(file), std::move(config), n_threads);
+    },
+};
 
 extern const ArchSpec deepseek2_arch{
     .name = "deepseek2",
