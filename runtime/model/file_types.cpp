@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "quant/iq.h"
 #include "runtime/error.h"
 
 namespace hetmoe {
@@ -185,14 +186,7 @@ GgmlType mix_rule(const FileType& ft, const TensorTypeQuery& q, GgmlType t) {
 GgmlType fallback(GgmlType t, int64_t ncols) {
   if (ncols % quant::type_info(t).block_size == 0) return t;
   GgmlType r = t;
-  switch (t) {
-    case GgmlType::IQ1_S:
-    case GgmlType::IQ1_M:
-    case GgmlType::IQ2_XXS:
-    case GgmlType::IQ2_XS:
-    case GgmlType::IQ2_S:
-    case GgmlType::IQ3_XXS:
-    case GgmlType::IQ3_S:
+  switch (quant::is_iq_grid_type(t) ? GgmlType::IQ4_XS : t) {  // every IQ type falls back as IQ4_XS does
     case GgmlType::IQ4_XS:
       r = GgmlType::IQ4_NL;
       break;
