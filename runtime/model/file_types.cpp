@@ -71,11 +71,14 @@ bool allows_quantization(const TensorTypeQuery& q) {
 // (attn_q_a, attn_q_b, attn_kv_a_mqa, attn_k_b, attn_v_b) match none of the attention patterns ("attn_k_b.weight"
 // does not contain "attn_k.weight"), so they keep the default type; deepseek2 files have no attn_v/attn_qkv/attn_kv_b
 // in the split layout, which leaves llama.cpp's attn_v rules unused here.
-enum class Category { kOutput, kTokenEmbd, kAttnQ, kAttnOutput, kFfnDown, kOther };
+enum class Category { kOutput, kTokenEmbd, kAttnQ, kAttnK, kAttnV, kAttnOutput, kFfnDown, kOther };
 
 Category category_of(std::string_view name) {
   if (name == "output.weight") return Category::kOutput;
   if (name == "token_embd.weight") return Category::kTokenEmbd;
+  if (contains(name, "attn_v.weight") || contains(name, "attn_qkv.weight") || contains(name, "attn_kv_b.weight"))
+    return Category::kAttnV;
+  if (contains(name, "attn_k.weight")) return Category::kAttnK;
   if (contains(name, "attn_q.weight")) return Category::kAttnQ;  // V2-Lite's unsplit query (no q_lora)
   if (contains(name, "attn_output.weight")) return Category::kAttnOutput;
   // ffn_up / ffn_gate are tested before ffn_down in llama.cpp; neither has a rule for these mixes.
@@ -138,6 +141,11 @@ GgmlType mix_rule(const FileType& ft, const TensorTypeQuery& q, GgmlType t) {
       break;
   }
   if (is_low_bit_iq(f)) {
+    if (category == Category::kAttnV) {
+      if (q.n_gqa >= 4 || q.n_expert >= 4) return GgmlType::Q4_K;
+      return is_iq2_s_or_m(f) ? GgmlType::IQ3_S : GgmlType::Q2_K;
+    }
+    if (category == Category::kAttnK && q.n_expert == 8) return GgmlType::Q4_K;
     if (category == Category::kFfnDown) {
       if (q.ffn_down_index < q.n_layer / 8) return is_iq2_s_or_m(f) ? GgmlType::IQ3_S : GgmlType::Q2_K;
       return t;
@@ -150,6 +158,21 @@ GgmlType mix_rule(const FileType& ft, const TensorTypeQuery& q, GgmlType t) {
     return t;
   }
   switch (category) {
+    case Category::kAttnV: {
+      GgmlType v = t;
+      if (f == LlamaFtype::kMostlyQ2_K) v = q.n_gqa >= 4 ? GgmlType::Q4_K : GgmlType::Q3_K;
+      if (f == LlamaFtype::kMostlyIQ3_XXS) v = q.n_gqa >= 4 ? GgmlType::Q4_K : GgmlType::IQ3_S;
+      if (f == LlamaFtype::kMostlyIQ3_S && q.n_gqa >= 4) v = GgmlType::Q4_K;
+      if (f == LlamaFtype::kMostlyQ3_K_M) v = q.attn_v_index < 2 ? GgmlType::Q5_K : GgmlType::Q4_K;
+      if ((f == LlamaFtype::kMostlyIQ4_NL || f == LlamaFtype::kMostlyIQ4_XS) && q.n_gqa >= 4) v = GgmlType::Q5_K;
+      if ((f == LlamaFtype::kMostlyQ4_K_M || f == LlamaFtype::kMostlyQ5_K_M) &&
+          use_more_bits(q.attn_v_index, q.n_layer))
+        v = GgmlType::Q6_K;
+      return q.n_expert == 8 ? GgmlType::Q8_0 : v;
+    }
+    case Category::kAttnK:
+      if (q.n_expert == 8) return GgmlType::Q8_0;
+      return f == LlamaFtype::kMostlyIQ3_XXS ? GgmlType::IQ2_S : t;
     case Category::kAttnQ:
       return f == LlamaFtype::kMostlyIQ3_XXS ? GgmlType::IQ2_S : t;
     case Category::kAttnOutput:

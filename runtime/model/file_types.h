@@ -59,6 +59,8 @@ struct TensorTypeQuery {
   int n_layer = 0;              // block count of the model
   int64_t n_expert = 0;         // routed experts per MoE block
   int ffn_down_index = 0;       // how many tensors named "*ffn_down*" come before this one in the file
+  int attn_v_index = 0;         // how many attn_v tensors come before this one (GQA files)
+  int64_t n_gqa = 1;            // query heads per key/value head
 };
 
 // The type llama.cpp's quantizer (llama_tensor_get_type, no importance matrix, no overrides) gives this tensor when

@@ -68,14 +68,16 @@ std::string shape_string(const std::vector<int64_t>& ne) {
 }
 
 // Metadata keys and order of llama.cpp's DeepSeek converter, as in the reference tiny deepseek files.
+bool is_mla(const ModelPreset& p) { return p.arch == "deepseek2" || p.arch == "deepseek32"; }
+
 std::vector<std::pair<std::string, Value>> build_metadata(const ModelPreset& p, const FileType& ft, int n_layer,
                                                           int n_leading_dense) {
-  const std::string a = "deepseek2.";
+  const std::string a = std::string(p.arch) + ".";
   auto u32 = [](int64_t v) { return Value::u32(static_cast<uint32_t>(v)); };
   std::vector<std::pair<std::string, Value>> kv;
   auto add = [&kv](std::string key, Value v) { kv.emplace_back(std::move(key), std::move(v)); };
 
-  add("general.architecture", Value::string("deepseek2"));
+  add("general.architecture", Value::string(std::string(p.arch)));
   add("general.type", Value::string("model"));
   add("general.name", Value::string(std::string(p.name)));
   add(a + "block_count", u32(n_layer));
@@ -83,35 +85,69 @@ std::vector<std::pair<std::string, Value>> build_metadata(const ModelPreset& p, 
   add(a + "embedding_length", u32(p.n_embd));
   add(a + "feed_forward_length", u32(p.n_ff));
   add(a + "attention.head_count", u32(p.n_head));
-  add(a + "attention.head_count_kv", u32(1));  // MLA: one latent head
-  add(a + "rope.scaling.type", Value::string("yarn"));
-  add(a + "rope.scaling.factor", Value::f32(p.yarn_factor));
-  add(a + "rope.scaling.original_context_length", u32(p.yarn_original_context));
-  add(a + "rope.scaling.yarn_beta_fast", Value::f32(p.yarn_beta_fast));
-  add(a + "rope.scaling.yarn_beta_slow", Value::f32(p.yarn_beta_slow));
-  add(a + "rope.freq_base", Value::f32(p.rope_freq_base));
-  add(a + "attention.layer_norm_rms_epsilon", Value::f32(p.rms_norm_eps));
-  add(a + "expert_count", u32(p.n_expert));
-  add(a + "expert_used_count", u32(p.n_expert_used));
-  add(a + "expert_group_count", u32(p.n_group));
-  add(a + "expert_group_used_count", u32(p.n_group_used));
-  add(a + "expert_gating_func", u32(p.gating_func));
-  add("general.file_type", u32(static_cast<int64_t>(ft.ftype)));
-  add(a + "leading_dense_block_count", u32(n_leading_dense));
-  add(a + "vocab_size", u32(p.n_vocab));
-  add(a + "attention.q_lora_rank", u32(p.q_lora_rank));  // 0 written explicitly: llama.cpp requires the key
-  add(a + "attention.kv_lora_rank", u32(p.kv_lora_rank));
-  add(a + "attention.key_length", u32(p.kv_lora_rank + p.qk_rope));
-  add(a + "attention.value_length", u32(p.kv_lora_rank));
-  add(a + "attention.key_length_mla", u32(p.qk_nope + p.qk_rope));
-  add(a + "attention.value_length_mla", u32(p.v_head));
-  add(a + "expert_feed_forward_length", u32(p.n_ff_exp));
-  add(a + "expert_shared_count", u32(p.n_expert_shared));
-  add(a + "expert_weights_scale", Value::f32(p.weights_scale));
-  if (p.weights_norm) add(a + "expert_weights_norm", Value::boolean(true));
-  add(a + "rope.dimension_count", u32(p.qk_rope));
-  // The converter's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]: 0.1 * mscale_all_dim, computed in double as Python does.
-  add(a + "rope.scaling.yarn_log_multiplier", Value::f32(static_cast<float>(0.1 * p.mscale_all_dim)));
+  if (is_mla(p)) {                               // in the order of the reference files (README section 2.3)
+    add(a + "attention.head_count_kv", u32(1));  // MLA: one latent head
+    add(a + "rope.scaling.type", Value::string("yarn"));
+    add(a + "rope.scaling.factor", Value::f32(p.yarn_factor));
+    add(a + "rope.scaling.original_context_length", u32(p.yarn_original_context));
+    add(a + "rope.scaling.yarn_beta_fast", Value::f32(p.yarn_beta_fast));
+    add(a + "rope.scaling.yarn_beta_slow", Value::f32(p.yarn_beta_slow));
+    add(a + "rope.freq_base", Value::f32(p.rope_freq_base));
+    add(a + "attention.layer_norm_rms_epsilon", Value::f32(p.rms_norm_eps));
+    add(a + "expert_count", u32(p.n_expert));
+    add(a + "expert_used_count", u32(p.n_expert_used));
+    add(a + "expert_group_count", u32(p.n_group));
+    add(a + "expert_group_used_count", u32(p.n_group_used));
+    add(a + "expert_gating_func", u32(p.gating_func));
+    add("general.file_type", u32(static_cast<int64_t>(ft.ftype)));
+    add(a + "leading_dense_block_count", u32(n_leading_dense));
+    add(a + "vocab_size", u32(p.n_vocab));
+    add(a + "attention.q_lora_rank", u32(p.q_lora_rank));  // 0 written explicitly: llama.cpp requires the key
+    add(a + "attention.kv_lora_rank", u32(p.kv_lora_rank));
+    add(a + "attention.key_length", u32(p.kv_lora_rank + p.qk_rope));
+    add(a + "attention.value_length", u32(p.kv_lora_rank));
+    add(a + "attention.key_length_mla", u32(p.qk_nope + p.qk_rope));
+    add(a + "attention.value_length_mla", u32(p.v_head));
+    add(a + "expert_feed_forward_length", u32(p.n_ff_exp));
+    add(a + "expert_shared_count", u32(p.n_expert_shared));
+    add(a + "expert_weights_scale", Value::f32(p.weights_scale));
+    if (p.weights_norm) add(a + "expert_weights_norm", Value::boolean(true));
+    add(a + "rope.dimension_count", u32(p.qk_rope));
+    // The converter's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]: 0.1 * mscale_all_dim, computed in double as Python does.
+    add(a + "rope.scaling.yarn_log_multiplier", Value::f32(static_cast<float>(0.1 * p.mscale_all_dim)));
+    if (p.indexer_heads > 0) {
+      add(a + "attention.indexer.head_count", u32(p.indexer_heads));
+      add(a + "attention.indexer.key_length", u32(p.indexer_dim));
+      add(a + "attention.indexer.top_k", u32(p.indexer_top_k));
+    }
+  } else {
+    add(a + "attention.head_count_kv", u32(p.n_head_kv));
+    add(a + "attention.key_length", u32(p.head_dim));
+    add(a + "attention.value_length", u32(p.head_dim));
+    add(a + "rope.dimension_count", u32(p.rope_dims > 0 ? p.rope_dims : p.head_dim));
+    if (p.yarn_factor > 1.0f) {
+      add(a + "rope.scaling.type", Value::string("yarn"));
+      add(a + "rope.scaling.factor", Value::f32(p.yarn_factor));
+      add(a + "rope.scaling.original_context_length", u32(p.yarn_original_context));
+    }
+    add(a + "rope.freq_base", Value::f32(p.rope_freq_base));
+    add(a + "attention.layer_norm_rms_epsilon", Value::f32(p.rms_norm_eps));
+    add(a + "expert_count", u32(p.n_expert));
+    add(a + "expert_used_count", u32(p.n_expert_used));
+    add("general.file_type", u32(static_cast<int64_t>(ft.ftype)));
+    add(a + "expert_feed_forward_length", u32(p.n_ff_exp));
+    if (p.arch == "glm4moe") {
+      add(a + "leading_dense_block_count", u32(n_leading_dense));
+      add(a + "expert_shared_count", u32(p.n_expert_shared));
+      add(a + "expert_gating_func", u32(p.gating_func));
+      add(a + "expert_weights_norm", Value::boolean(p.weights_norm));
+      add(a + "expert_weights_scale", Value::f32(p.weights_scale));
+    } else if (p.arch == "minimax-m2") {
+      add(a + "expert_gating_func", u32(p.gating_func));
+    } else if (p.arch == "gpt-oss") {
+      add(a + "attention.sliding_window", u32(p.sliding_window));
+    }
+  }
   add("general.quantization_version", Value::u32(kQuantizationVersion));
 
   BpeVocab vocab = build_bpe_vocab({.n_vocab = p.n_vocab});
@@ -128,7 +164,8 @@ std::vector<std::pair<std::string, Value>> build_metadata(const ModelPreset& p, 
   return kv;
 }
 
-// Tensor names, shapes and order of llama.cpp's DeepSeek converter (split MLA layout, README section 2.4).
+// Tensor names, shapes and order of llama.cpp's converters: DeepSeek's split MLA layout (README section 2.4, plus
+// DeepSeek-V3.2's indexer), and the GQA families' (section 9).
 std::vector<PlannedTensor> build_tensors(const ModelPreset& p, int n_layer, int n_leading_dense) {
   const int64_t e = p.n_embd;
   const int64_t h = p.n_head;
@@ -140,7 +177,7 @@ std::vector<PlannedTensor> build_tensors(const ModelPreset& p, int n_layer, int 
     PlannedTensor t{.name = std::move(name), .type = GgmlType::F32, .ne = std::move(ne)};
     if (t.name.ends_with("_norm.weight")) {
       t.init = WeightInit::kNorm;
-    } else if (t.name.ends_with("exp_probs_b.bias")) {
+    } else if (t.name.ends_with(".bias") || t.name.ends_with("attn_sinks.weight")) {
       t.init = WeightInit::kBias;
     } else {
       t.init = WeightInit::kMatrix;
@@ -154,29 +191,62 @@ std::vector<PlannedTensor> build_tensors(const ModelPreset& p, int n_layer, int 
   for (int il = 0; il < n_layer; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     add(b + "attn_norm.weight", {e});
-    if (p.q_lora_rank > 0) {
-      add(b + "attn_q_a.weight", {e, p.q_lora_rank});
-      add(b + "attn_q_a_norm.weight", {p.q_lora_rank});
-      add(b + "attn_q_b.weight", {p.q_lora_rank, h * (p.qk_nope + p.qk_rope)});
+    if (is_mla(p)) {
+      if (p.q_lora_rank > 0) {
+        add(b + "attn_q_a.weight", {e, p.q_lora_rank});
+        add(b + "attn_q_a_norm.weight", {p.q_lora_rank});
+        add(b + "attn_q_b.weight", {p.q_lora_rank, h * (p.qk_nope + p.qk_rope)});
+      } else {
+        add(b + "attn_q.weight", {e, h * (p.qk_nope + p.qk_rope)});
+      }
+      add(b + "attn_kv_a_mqa.weight", {e, p.kv_lora_rank + p.qk_rope});
+      add(b + "attn_kv_a_norm.weight", {p.kv_lora_rank});
+      add(b + "attn_k_b.weight", {p.qk_nope, p.kv_lora_rank, h});
+      add(b + "attn_v_b.weight", {p.kv_lora_rank, p.v_head, h});
+      add(b + "attn_output.weight", {h * p.v_head, e});
+      if (p.indexer_heads > 0) {
+        add(b + "indexer.attn_k.weight", {e, p.indexer_dim});
+        add(b + "indexer.k_norm.weight", {p.indexer_dim});
+        add(b + "indexer.k_norm.bias", {p.indexer_dim});
+        add(b + "indexer.proj.weight", {e, p.indexer_heads});
+        add(b + "indexer.attn_q_b.weight", {p.q_lora_rank, p.indexer_heads * p.indexer_dim});
+      }
     } else {
-      add(b + "attn_q.weight", {e, h * (p.qk_nope + p.qk_rope)});
+      const int64_t d = p.head_dim, kv_w = p.n_head_kv * p.head_dim;
+      add(b + "attn_q.weight", {e, h * d});
+      if (p.qkv_bias) add(b + "attn_q.bias", {h * d});
+      add(b + "attn_k.weight", {e, kv_w});
+      if (p.qkv_bias) add(b + "attn_k.bias", {kv_w});
+      add(b + "attn_v.weight", {e, kv_w});
+      if (p.qkv_bias) add(b + "attn_v.bias", {kv_w});
+      add(b + "attn_output.weight", {h * d, e});
+      if (p.gpt_oss) {
+        add(b + "attn_output.bias", {e});
+        add(b + "attn_sinks.weight", {h});
+      }
+      if (p.qk_norm > 0) {
+        add(b + "attn_q_norm.weight", {p.qk_norm == 1 ? d : h * d});
+        add(b + "attn_k_norm.weight", {p.qk_norm == 1 ? d : kv_w});
+      }
     }
-    add(b + "attn_kv_a_mqa.weight", {e, p.kv_lora_rank + p.qk_rope});
-    add(b + "attn_kv_a_norm.weight", {p.kv_lora_rank});
-    add(b + "attn_k_b.weight", {p.qk_nope, p.kv_lora_rank, h});
-    add(b + "attn_v_b.weight", {p.kv_lora_rank, p.v_head, h});
-    add(b + "attn_output.weight", {h * p.v_head, e});
-    add(b + "ffn_norm.weight", {e});
+    const bool post = p.arch == "glm4moe" || p.arch == "gpt-oss";
+    add(b + (post ? "post_attention_norm.weight" : "ffn_norm.weight"), {e});
     if (il < n_leading_dense) {
       add(b + "ffn_gate.weight", {e, p.n_ff});
       add(b + "ffn_up.weight", {e, p.n_ff});
       add(b + "ffn_down.weight", {p.n_ff, e});
     } else {
       add(b + "ffn_gate_inp.weight", {e, n_exp});
+      if (p.gpt_oss) add(b + "ffn_gate_inp.bias", {n_exp});
       if (p.has_exp_probs_b) add(b + "exp_probs_b.bias", {n_exp});
       add(b + "ffn_gate_exps.weight", {e, fe, n_exp});
       add(b + "ffn_up_exps.weight", {e, fe, n_exp});
       add(b + "ffn_down_exps.weight", {fe, e, n_exp});
+      if (p.gpt_oss) {
+        add(b + "ffn_gate_exps.bias", {fe, n_exp});
+        add(b + "ffn_up_exps.bias", {fe, n_exp});
+        add(b + "ffn_down_exps.bias", {e, n_exp});
+      }
       if (p.n_expert_shared > 0) {
         add(b + "ffn_gate_shexp.weight", {e, f_shared});
         add(b + "ffn_up_shexp.weight", {e, f_shared});
@@ -333,14 +403,17 @@ ModelPlan plan_model(const MakeModelOptions& opt) {
   plan.seed = opt.seed;
   plan.metadata = build_metadata(*preset, *ft, plan.n_layer, plan.n_leading_dense);
   plan.tensors = build_tensors(*preset, plan.n_layer, plan.n_leading_dense);
-  int ffn_down_index = 0;
+  int ffn_down_index = 0, attn_v_index = 0;
   for (PlannedTensor& t : plan.tensors) {
     t.type = tensor_type_for(*ft, {.name = t.name,
                                    .ne = t.ne,
                                    .n_layer = plan.n_layer,
                                    .n_expert = preset->n_expert,
-                                   .ffn_down_index = ffn_down_index});
+                                   .ffn_down_index = ffn_down_index,
+                                   .attn_v_index = attn_v_index,
+                                   .n_gqa = preset->n_head_kv > 0 ? preset->n_head / preset->n_head_kv : 1});
     if (t.name.find("ffn_down") != std::string::npos) ++ffn_down_index;
+    if (t.name.ends_with("attn_v.weight")) ++attn_v_index;
   }
   return plan;
 }

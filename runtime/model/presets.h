@@ -10,8 +10,9 @@ namespace hetmoe {
 // dimensions that constant would blow activations up by sqrt(row length) per matrix, so those use 1/sqrt(row).
 enum class MatrixScale { kConstant005, kInverseSqrtRow };
 
-// The hyperparameters of one deepseek2-architecture model that `hetmoe make-model` can generate. Field names follow
-// the GGUF keys they become (section 3 of the reference README).
+// The hyperparameters of one model that `hetmoe make-model` can generate (and `hetmoe simulate` sizes). Field names
+// follow the GGUF keys they become (section 3 of the reference README). The MLA fields serve deepseek2 and
+// deepseek32, the GQA ones glm4moe, gpt-oss, minimax-m2 and qwen3moe.
 struct ModelPreset {
   std::string_view name;         // --preset value and general.name
   std::string_view description;  // one line for --help
@@ -47,6 +48,19 @@ struct ModelPreset {
   float rms_norm_eps = 1e-6f;
   std::string_view tokenizer_pre;  // deepseek-v3 or deepseek-llm
   MatrixScale matrix_scale = MatrixScale::kConstant005;
+  std::string_view arch = "deepseek2";  // general.architecture
+  // GQA architectures.
+  int64_t n_head_kv = 0;
+  int64_t head_dim = 0;
+  int64_t rope_dims = 0;       // rotated dims per head (partial rope); 0: the whole head
+  int qk_norm = 0;             // 0 none, 1 per head (GLM-4.5, Qwen3), 2 over the whole projection (MiniMax-M2)
+  bool qkv_bias = false;       // attn_q/k/v biases (GLM-4.5, gpt-oss)
+  bool gpt_oss = false;        // output bias, sinks, router and expert biases, softmax over the chosen experts
+  int64_t sliding_window = 0;  // gpt-oss: every other layer
+  // deepseek32's lightning indexer.
+  int64_t indexer_heads = 0;
+  int64_t indexer_dim = 0;
+  int64_t indexer_top_k = 0;
 };
 
 std::span<const ModelPreset> model_presets();

@@ -372,6 +372,16 @@ TEST_F(Cli, SimulatePredictsEveryPolicyOnAShippedProfile) {
   for (const char* field : {"\"results\"", "\"policy\": \"kt\"", "\"prefill_tok_s\"", "\"decode_tok_s\"",
                             "\"dram_bytes\"", "\"vram_bytes\"", "\"predicted\": true"})
     EXPECT_NE(j.find(field), std::string::npos) << field << " missing in " << j;
+  // The real models of every family the runtime reads have presets: their sizes are the published shapes at
+  // Q4_K_M (DRAM GB column, about 4.8 bits per weight).
+  for (const auto& [preset, dram_gb] :
+       {std::pair{"glm-4.5", 213.1}, std::pair{"glm-4.5-air", 70.4}, std::pair{"gpt-oss-120b", 87.8},
+        std::pair{"minimax-m2", 138.3}, std::pair{"deepseek-v3.2", 405.0}, std::pair{"qwen3-235b", 142.1}}) {
+    const Result sim = hetmoe(
+        fmt::format("simulate --hw {} --model-config {} --policies cpu --prompt 16 --gen 2", hw.string(), preset));
+    ASSERT_EQ(sim.status, 0) << preset << ": " << sim.err;
+    EXPECT_NE(sim.out.find(fmt::format("{:.1f}", dram_gb)), std::string::npos) << preset << ": " << sim.out;
+  }
   expect_error(hetmoe("simulate --hw " + (dir_ / "none.json").string()), "cannot open the machine profile");
   expect_error(hetmoe("simulate --hw " + hw.string() + " --model-config gpt-5"), "not a preset");
   expect_error(hetmoe("simulate --hw " + hw.string() + " --policies fastest"), "unknown policy");
@@ -462,6 +472,31 @@ TEST_F(Cli, IqMixesRunOnTheCpuAndTheEmulatedDeviceAndSplit) {
   const Result r = hetmoe("run -m " + split.string() + args + " --device emulated");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), ' ') + 1, 6) << r.out;
+}
+
+// make-model's presets of every architecture: the file opens as that architecture, and the CPU and the emulated
+// device (with the forward pass on it) give the same ids. Ten prompt tokens pass the tiny indexer's top 8.
+TEST_F(Cli, EveryArchitecturesPresetRunsOnTheCpuAndTheEmulatedDevice) {
+  const std::string args = " --tokens 3,17,42,100,7,9,11,13,15,17 -n 4 --temp 0 --print-ids -t 1";
+  struct Case {
+    const char* preset;
+    const char* arch;
+  };
+  for (const Case c : {Case{"tiny-glm4moe", "glm4moe"}, Case{"tiny-gpt-oss", "gpt-oss"},
+                       Case{"tiny-minimax-m2", "minimax-m2"}, Case{"tiny-deepseek-v3.2", "deepseek32"}}) {
+    SCOPED_TRACE(c.preset);
+    const fs::path model = dir_ / (std::string(c.preset) + ".gguf");
+    const Result made = hetmoe(fmt::format("make-model --preset {} --seed 4 -t 1 -o {}", c.preset, model.string()));
+    ASSERT_EQ(made.status, 0) << made.err;
+    const Result inspect = hetmoe("inspect -m " + model.string());
+    ASSERT_EQ(inspect.status, 0) << inspect.err;
+    EXPECT_NE(inspect.out.find(std::string("architecture  ") + c.arch), std::string::npos) << inspect.out;
+    const Result cpu = hetmoe("run -m " + model.string() + args);
+    ASSERT_EQ(cpu.status, 0) << cpu.err;
+    const Result device = hetmoe("run -m " + model.string() + args + " --device emulated");
+    ASSERT_EQ(device.status, 0) << device.err;
+    EXPECT_EQ(device.out, cpu.out);
+  }
 }
 
 TEST_F(Cli, LogitsWritesOneRowPerToken) {

@@ -326,8 +326,13 @@ TEST(FileTypes, RulesReproduceTheReferenceFiles) {
   for (const json* e : entries) {
     const json& entry = *e;
     const std::string file = entry.at("file");
-    // deepseek2 files, the sharded copy aside (its shards hold parts of the tensor list).
-    if (file.find("deepseek2lite") == std::string::npos && file.find("deepseek3-") == std::string::npos) continue;
+    // deepseek2 files and the GQA families' quantized ones, the sharded copy aside (its shards hold parts of the
+    // tensor list).
+    const bool gqa = file.find("glm4moe") != std::string::npos || file.find("minimax") != std::string::npos ||
+                     file.find("gptoss") != std::string::npos || file.find("qwen3moe") != std::string::npos ||
+                     file.find("mixtral") != std::string::npos;
+    if (file.find("deepseek2lite") == std::string::npos && file.find("deepseek3-") == std::string::npos && !gqa)
+      continue;
     if (file.starts_with("sharded/")) continue;
     SCOPED_TRACE(file);
     const json& md = entry.at("metadata");
@@ -336,21 +341,29 @@ TEST(FileTypes, RulesReproduceTheReferenceFiles) {
     for (const FileType& cand : file_types())
       if (cand.ftype == ftype && !ft) ft = &cand;  // the plain mix, not a dynamic one of the same ftype
     ASSERT_NE(ft, nullptr);
-    int ffn_down_index = 0;
+    const std::string arch = md.at("general.architecture");
+    const int64_t heads = md.at(arch + ".attention.head_count").get<int64_t>();
+    const int64_t kv_heads = md.contains(arch + ".attention.head_count_kv")
+                                 ? md.at(arch + ".attention.head_count_kv").get<int64_t>()
+                                 : heads;
+    int ffn_down_index = 0, attn_v_index = 0;
     for (const json& t : entry.at("tensors")) {
       const std::string name = t.at("name");
       const std::vector<int64_t> ne = t.at("ne");
       const GgmlType got = tensor_type_for(*ft, {.name = name,
                                                  .ne = ne,
-                                                 .n_layer = md.at("deepseek2.block_count").get<int>(),
-                                                 .n_expert = md.at("deepseek2.expert_count").get<int64_t>(),
-                                                 .ffn_down_index = ffn_down_index});
+                                                 .n_layer = md.at(arch + ".block_count").get<int>(),
+                                                 .n_expert = md.at(arch + ".expert_count").get<int64_t>(),
+                                                 .ffn_down_index = ffn_down_index,
+                                                 .attn_v_index = attn_v_index,
+                                                 .n_gqa = heads / kv_heads});
       EXPECT_EQ(quant::type_info(got).name, t.at("type").get<std::string>()) << name;
       if (name.find("ffn_down") != std::string::npos) ++ffn_down_index;
+      if (name.ends_with("attn_v.weight")) ++attn_v_index;
     }
     ++checked_files;
   }
-  EXPECT_EQ(checked_files, 6);  // the IQ2_XXS file among them
+  EXPECT_EQ(checked_files, 18);  // 6 deepseek2 (the IQ2_XXS one among them), 12 of the GQA families
 }
 
 TEST(FileTypes, FallbacksAndOutputRule) {
