@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -123,6 +124,23 @@ TEST_F(Cli, UnknownArchitecture) {
       },
       [](const gguf::TensorInfo&, gguf::GgufWriter&) { return true; });
   expect_error(hetmoe("run -m " + p.string() + " " + kTokens), "unsupported architecture 'gpt99'");
+}
+
+// A weight format hetmoe does not read (ggml's I8, type 24) is one line naming the tensor and the type.
+TEST_F(Cli, UnknownWeightFormat) {
+  std::string bytes = read_all(kModel);
+  const std::string name = "output_norm.weight";
+  const size_t at = bytes.find(name);  // the first occurrence is the tensor's info entry
+  ASSERT_NE(at, std::string::npos);
+  uint32_t n_dims = 0;
+  std::memcpy(&n_dims, bytes.data() + at + name.size(), sizeof n_dims);
+  ASSERT_EQ(n_dims, 1u);
+  const uint32_t i8 = 24;
+  std::memcpy(bytes.data() + at + name.size() + 4 + 8 * n_dims, &i8, sizeof i8);
+  const fs::path p = dir_ / "i8.gguf";
+  std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  expect_error(hetmoe("run -m " + p.string() + " " + kTokens),
+               "tensor 'output_norm.weight' has unknown or unsupported type 24");
 }
 
 TEST_F(Cli, MissingTensor) {
