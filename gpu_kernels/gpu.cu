@@ -449,7 +449,7 @@ __global__ void attention_kernel(AttentionArgs a, int64_t pos0, float* out) {
     float v = 0;
     for (int i = 0; i < kAttnWarps; ++i)
       if (sums[i] > 0) v += acc[i * a.head_dim_v + c] * expf(maxima[i] - top);
-    o[c] = v / total;
+    o[c] = total > 0 ? v / total : 0.0f;  // no key and no sink: zeros, as the CPU
   }
 }
 
@@ -809,9 +809,12 @@ void upload_iq_grids() {
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
   const std::lock_guard<std::mutex> lock(mutex);
-  if (device < 0 || device >= 64 || done[device]) return;
+  if (device < 0 || device >= 64) throw std::runtime_error("IQ grid upload: device index out of range");
+  if (done[device]) return;
   check(cudaMemcpyToSymbol(g_iq2xxs_grid, quant::iq2xxs_grid, sizeof quant::iq2xxs_grid), "IQ2_XXS grid upload");
   check(cudaMemcpyToSymbol(g_iq3xxs_grid, quant::iq3xxs_grid, sizeof quant::iq3xxs_grid), "IQ3_XXS grid upload");
+  // The copies run on the legacy stream, which the non-blocking streams of the kernels do not wait for.
+  check(cudaDeviceSynchronize(), "IQ grid upload");
   done[device] = true;
 }
 
@@ -885,12 +888,17 @@ __global__ void layer_norm_kernel(const float* x, int64_t ldx, const float* weig
     yr[i] = (xr[i] - mean) * inv * (weight ? weight[i] : 1.0f) + (bias ? bias[i] : 0.0f);
 }
 
-// One block per token: every visible position's score in shared memory, then the top_k by repeated maximum (the
-// lower position on ties), thread 0 writing them in order.
+// One block per token: every visible position's score in shared memory, then the top_k one pick at a time, each pick
+// a block-wide argmax (the lower position on ties) over the positions not taken yet (taken: -inf). A pick that finds
+// nothing left (only non-finite scores) ends the query's list with -1s.
+constexpr int kIndexerThreads = 256;
+
 __global__ void indexer_kernel(IndexerArgs a, int64_t pos0, int32_t* selected) {
   const int64_t t = blockIdx.x;
   const int64_t visible = pos0 + t + 1;
   extern __shared__ float scores[];
+  __shared__ float best_score[kIndexerThreads];
+  __shared__ int64_t best_pos[kIndexerThreads];
   for (int64_t p = threadIdx.x; p < visible; p += blockDim.x) {
     float sum = 0;
     for (int h = 0; h < a.n_head; ++h) {
@@ -903,17 +911,41 @@ __global__ void indexer_kernel(IndexerArgs a, int64_t pos0, int32_t* selected) {
     scores[p] = sum * a.w_scale;
   }
   __syncthreads();
-  if (threadIdx.x != 0) return;
   int32_t* out = selected + t * a.top_k;
   const int64_t keep = visible < a.top_k ? visible : a.top_k;
-  for (int64_t r = 0; r < keep; ++r) {
-    int64_t best = -1;
-    for (int64_t p = 0; p < visible; ++p)
-      if (scores[p] > -INFINITY && (best < 0 || scores[p] > scores[best])) best = p;
-    out[r] = static_cast<int32_t>(best);
-    scores[best] = -INFINITY;
+  int64_t r = 0;
+  for (; r < keep; ++r) {
+    float s = -INFINITY;
+    int64_t at = -1;
+    for (int64_t p = threadIdx.x; p < visible; p += blockDim.x)
+      if (scores[p] > s) {  // strictly larger: the first (lowest) position of a tie within this thread's stride
+        s = scores[p];
+        at = p;
+      }
+    best_score[threadIdx.x] = s;
+    best_pos[threadIdx.x] = at;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {
+      if (threadIdx.x < half) {
+        const float o = best_score[threadIdx.x + half];
+        const int64_t op = best_pos[threadIdx.x + half];
+        if (op >= 0 && (best_pos[threadIdx.x] < 0 || o > best_score[threadIdx.x] ||
+                        (o == best_score[threadIdx.x] && op < best_pos[threadIdx.x]))) {
+          best_score[threadIdx.x] = o;
+          best_pos[threadIdx.x] = op;
+        }
+      }
+      __syncthreads();
+    }
+    const int64_t pick = best_pos[0];
+    if (pick < 0) break;  // the same in every thread: nothing finite left
+    if (threadIdx.x == 0) {
+      out[r] = static_cast<int32_t>(pick);
+      scores[pick] = -INFINITY;
+    }
+    __syncthreads();
   }
-  for (int64_t r = keep; r < a.top_k; ++r) out[r] = -1;
+  for (int64_t i = r + threadIdx.x; i < a.top_k; i += blockDim.x) out[i] = -1;
 }
 
 void add_bias(const float* bias, int64_t width, int64_t n_rows, float* y, int64_t ldy, Stream s) {
@@ -932,10 +964,11 @@ void layer_norm(const float* x, int64_t ldx, const float* weight, const float* b
 void indexer_select(const IndexerArgs& a, int64_t n_tokens, int64_t pos0, int32_t* selected, Stream s) {
   if (n_tokens == 0) return;
   const size_t shared = static_cast<size_t>(pos0 + n_tokens) * sizeof(float);
-  if (shared > 48 * 1024)
-    throw std::runtime_error("indexer_select: the CUDA kernel scores up to 12288 positions, the context has " +
+  // 48 KB per block, less the 3 KB of the pick's reduction arrays.
+  if (shared > 45 * 1024)
+    throw std::runtime_error("indexer_select: the CUDA kernel scores up to 11520 positions, the context has " +
                              std::to_string(pos0 + n_tokens));
-  indexer_kernel<<<static_cast<unsigned>(n_tokens), 256, shared, stream_of(s)>>>(a, pos0, selected);
+  indexer_kernel<<<static_cast<unsigned>(n_tokens), kIndexerThreads, shared, stream_of(s)>>>(a, pos0, selected);
   check(cudaGetLastError(), "indexer launch");
 }
 

@@ -147,6 +147,7 @@ class CudaDevice final : public Device {
   }
   void select_experts(int stream, const cpu::ExpertSelection& p, float* logits, const float* bias, int64_t n,
                       int32_t* ids, float* weights) override {
+    if (p.softmax_selected) throw std::logic_error("cuda device: select_experts has no softmax-over-the-chosen mode");
     const gpu::SelectionArgs a{p.n_expert, p.n_used, p.sigmoid, p.norm, p.scale, p.n_group, p.n_group_used};
     gpu::select_experts(a, logits, bias, n, ids, weights, s(stream));
   }

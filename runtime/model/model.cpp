@@ -181,11 +181,14 @@ void Model::bind_common() {
     if (m.probs_bias) h.router_bias = weights_.add(m.probs_bias, ne);
     if (const float* b = optional_vector(blk(l, "ffn_gate_inp", "bias"), ne)) h.router_logit_bias = weights_.add(b, ne);
     // Expert biases (gpt-oss): [n_expert][width] each, all three or none.
-    if (const gguf::TensorInfo* gb = optional_tensor(blk(l, "ffn_gate_exps", "bias"), {ff, ne})) {
-      m.gate_exps_bias = reinterpret_cast<const float*>(tensor(blk(l, "ffn_gate_exps", "bias"), {ff, ne}).data);
-      m.up_exps_bias = reinterpret_cast<const float*>(tensor(blk(l, "ffn_up_exps", "bias"), {ff, ne}).data);
-      m.down_exps_bias = reinterpret_cast<const float*>(tensor(blk(l, "ffn_down_exps", "bias"), {E, ne}).data);
-      if (gb->type != quant::GgmlType::F32) fail("{}: {} is not F32", file_->path(), gb->name);
+    if (optional_tensor(blk(l, "ffn_gate_exps", "bias"), {ff, ne})) {
+      auto f32 = [&](const gguf::TensorInfo& t) {
+        if (t.type != quant::GgmlType::F32) fail("{}: tensor '{}' must be F32", file_->path(), t.name);
+        return reinterpret_cast<const float*>(t.data);
+      };
+      m.gate_exps_bias = f32(tensor(blk(l, "ffn_gate_exps", "bias"), {ff, ne}));
+      m.up_exps_bias = f32(tensor(blk(l, "ffn_up_exps", "bias"), {ff, ne}));
+      m.down_exps_bias = f32(tensor(blk(l, "ffn_down_exps", "bias"), {E, ne}));
     }
     m.clamped_swiglu = c.clamped_swiglu;
     if (split) {

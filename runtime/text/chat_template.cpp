@@ -546,8 +546,10 @@ std::string ChatTemplate::render_harmony(std::span<const ChatMessage> messages, 
     if (m.role == "user") {
       out += "<|start|>user<|message|>" + m.content + "<|end|>";
     } else if (m.role == "assistant") {
-      const std::string_view content =
+      std::string_view content =
           contains(m.content, think_close()) ? after_last(m.content, think_close()) : std::string_view(m.content);
+      constexpr std::string_view kFinal = "<|channel|>final<|message|>";  // a reply recorded without analysis
+      if (content.starts_with(kFinal)) content.remove_prefix(kFinal.size());
       out += "<|start|>assistant<|channel|>final<|message|>";
       out += content;
       out += i + 1 == rest.size() && !options.add_generation_prompt ? "<|return|>" : "<|end|>";

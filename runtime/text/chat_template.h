@@ -54,7 +54,8 @@ class ChatTemplate {
 
   // The conversation as the model expects it, special tokens as text (tokenize with parse_special = true).
   // Includes the BOS text when the template writes one itself. Fails (hetmoe::Error, one line) on a role the
-  // format cannot express, e.g. a system message after the first turn where the format has no place for it.
+  // format cannot express, e.g. a system message after the first turn where the format has no place for it
+  // (MiniMax-M2's and gpt-oss's official templates drop such messages instead; so do these renderers).
   std::string render(std::span<const ChatMessage> messages, const RenderOptions& options) const;
 
   // Reasoning models wrap their thinking in these: <think> and </think> (DeepSeek-R1, Qwen3, GLM-4.5, MiniMax-M2,

@@ -134,6 +134,67 @@ inline void check_layer_ops(device::Device& d, int s, double tol) {
       for (int64_t i = 0; i < width; ++i) want[r * ld + i] += b[i];
     EXPECT_LT(normalised_error(h.down(dy, want.size()), want), tol) << "add_bias";
   }
+  {  // layer_norm on strided rows, with weight and bias, and in place without them
+    const int64_t rows = 3, width = 70, ld = 75;
+    const std::vector<float> x = random_values(rows * ld, 8), w = random_values(width, 9), b = random_values(width, 10);
+    float* dx = h.up(x);
+    float* dy = h.zeros(rows * ld);
+    d.layer_norm(s, dx, ld, h.up(w), h.up(b), rows, width, 1e-6f, dy, ld);
+    d.layer_norm(s, dx, ld, nullptr, nullptr, rows, width, 1e-6f, dx, ld);
+    std::vector<float> want(rows * ld, 0.0f), want_inplace = x;
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::layer_norm(&x[r * ld], w.data(), b.data(), &want[r * ld], width, 1e-6f);
+      cpu::layer_norm(&x[r * ld], nullptr, nullptr, &want_inplace[r * ld], width, 1e-6f);
+    }
+    EXPECT_LT(normalised_error(h.down(dy, want.size()), want), tol) << "layer_norm";
+    EXPECT_LT(normalised_error(h.down(dx, want.size()), want_inplace), tol) << "layer_norm in place";
+  }
+  {  // DeepSeek-V3.2's indexer: the early queries see fewer positions than top_k, the later ones choose
+    const int heads = 3, dim = 16;
+    const int64_t pos0 = 4, n = 5, top_k = 6, n_pos = pos0 + n;
+    const std::vector<float> q = random_values(n * heads * dim, 11), w = random_values(n * heads, 12),
+                             k = random_values(n_pos * dim, 13);
+    const cpu::IndexerInput in{.q = h.up(q),
+                               .w = h.up(w),
+                               .w_scale = 0.5f,
+                               .k = h.up(k),
+                               .k_stride = dim,
+                               .n_head = heads,
+                               .dim = dim,
+                               .top_k = top_k};
+    auto* dsel = reinterpret_cast<int32_t*>(h.zeros(n * top_k));
+    d.indexer_select(s, in, n, pos0, dsel);
+    const std::vector<float> got_bits = h.down(reinterpret_cast<float*>(dsel), static_cast<size_t>(n * top_k));
+    std::vector<int32_t> got(got_bits.size()), want(got_bits.size());
+    std::memcpy(got.data(), got_bits.data(), got.size() * sizeof(int32_t));
+    cpu::ThreadPool pool(1);
+    cpu::IndexerInput host = in;
+    host.q = q.data();
+    host.w = w.data();
+    host.k = k.data();
+    cpu::indexer_select(host, n, pos0, want.data(), nullptr, pool);
+    EXPECT_EQ(got, want) << "indexer_select";
+  }
+  {  // attention over explicit key lists (the indexer's selection), one of them shorter than the others
+    const int H = 2, D = 8;
+    const int64_t pos0 = 3, n = 2, n_pos = pos0 + n, per_query = 3;
+    const std::vector<float> q = random_values(n * H * D, 14), kv = random_values(n_pos * D, 15);
+    const std::vector<int32_t> keys = {4, 0, -1, 2, 4, 1};
+    std::vector<float> keys_bits(keys.size());
+    std::memcpy(keys_bits.data(), keys.data(), keys.size() * sizeof(int32_t));
+    float* dq = h.up(q);
+    float* dkv = h.up(kv);
+    float* dout = h.zeros(n * H * D);
+    cpu::AttentionShape shape{H, 1, D, D, 0.4f};
+    shape.keys = reinterpret_cast<const int32_t*>(h.up(keys_bits));
+    shape.keys_per_query = per_query;
+    d.attention(s, shape, {dq, H * D, D, dkv, D, dkv, D}, n, pos0, dout);
+    std::vector<float> want(n * H * D);
+    cpu::ThreadPool pool(1);
+    shape.keys = keys.data();
+    cpu::causal_attention(shape, {q.data(), H * D, D, kv.data(), D, kv.data(), D}, n, pos0, want.data(), pool);
+    EXPECT_LT(normalised_error(h.down(dout, want.size()), want), tol) << "attention over selected keys";
+  }
   for (const bool neox : {false, true}) {  // rope on heads with a stride, YaRN table from the host
     cpu::RopeParams p{.n_dims = 16,
                       .neox = neox,

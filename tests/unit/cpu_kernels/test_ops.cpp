@@ -60,5 +60,56 @@ TEST(Ops, AttentionWithSinksAndSlidingWindowMatchesTheFormula) {
     }
 }
 
+TEST(Ops, LayerNormMatchesTheFormula) {
+  const std::vector<float> x = normal(37, 5), w = normal(37, 6), b = normal(37, 7);
+  std::vector<float> y(37);
+  layer_norm(x.data(), w.data(), b.data(), y.data(), 37, 1e-6f);
+  double mean = 0, var = 0;
+  for (float v : x) mean += v;
+  mean /= 37;
+  for (float v : x) var += (v - mean) * (v - mean);
+  var /= 37;
+  for (int i = 0; i < 37; ++i) EXPECT_NEAR(y[i], (x[i] - mean) / std::sqrt(var + 1e-6) * w[i] + b[i], 1e-5) << i;
+}
+
+// DeepSeek-V3.2's indexer: scores sum_h w_h relu(q_h . k_s) * scale over the visible positions; the top_k by score
+// (ties: lower position), all of them while a query sees no more than top_k; -1 after the last.
+TEST(Ops, IndexerSelectsTheBestVisiblePositions) {
+  const int heads = 2, dim = 8;
+  const int64_t pos0 = 3, n = 4, top_k = 4, n_pos = pos0 + n;
+  const std::vector<float> q = normal(n * heads * dim, 8), w = normal(n * heads, 9), k = normal(n_pos * dim, 10);
+  std::vector<int32_t> selected(n * top_k);
+  std::vector<float> scores(n * n_pos, 0.0f);
+  ThreadPool pool(2);
+  indexer_select({.q = q.data(),
+                  .w = w.data(),
+                  .w_scale = 0.25f,
+                  .k = k.data(),
+                  .k_stride = dim,
+                  .n_head = heads,
+                  .dim = dim,
+                  .top_k = top_k},
+                 n, pos0, selected.data(), scores.data(), pool);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t visible = pos0 + t + 1;
+    std::vector<std::pair<double, int32_t>> want;
+    for (int64_t s = 0; s < visible; ++s) {
+      double sum = 0;
+      for (int h = 0; h < heads; ++h) {
+        double qk = 0;
+        for (int i = 0; i < dim; ++i) qk += static_cast<double>(q[(t * heads + h) * dim + i]) * k[s * dim + i];
+        sum += w[t * heads + h] * std::max(qk, 0.0);
+      }
+      EXPECT_NEAR(scores[t * n_pos + s], sum * 0.25, 1e-5) << "token " << t << " position " << s;
+      want.emplace_back(-sum, static_cast<int32_t>(s));
+    }
+    std::sort(want.begin(), want.end());
+    for (int64_t i = 0; i < top_k; ++i) {
+      const int32_t expected = i < visible ? want[static_cast<size_t>(i)].second : -1;
+      EXPECT_EQ(selected[t * top_k + i], expected) << "token " << t << " rank " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hetmoe::cpu
