@@ -24,17 +24,8 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   }
 }
 
-void softmax(float* x, int64_t n) {
-  float max = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) max = std::max(max, x[i]);
-  double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - max);
-    sum += static_cast<double>(x[i]);
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
-}
+// A sink of -inf adds exp(-inf) = 0 to the sum: the plain softmax, to the bit.
+void softmax(float* x, int64_t n) { softmax_with_sink(x, n, -std::numeric_limits<float>::infinity()); }
 
 void softmax_with_sink(float* x, int64_t n, float sink) {
   float max = sink;

@@ -26,6 +26,5 @@ const Iq1Group* iq1_groups();  // [2 * entry + (shift negative)], 4096 entries, 
 
 float iq_half_to_float(uint16_t h);   // quant/half.h's conversion, out of line for the inline decoders
 bool is_iq_grid_type(GgmlType type);  // the seven formats above
-float iq_unit(GgmlType type);         // the format's constant factor
 
 }  // namespace hetmoe::quant

@@ -6,7 +6,7 @@
 // flags never meet at link time (for the same reason blocks are copied out with memcpy here, not load_block, and
 // halves converted out of line).
 
-#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -25,15 +25,6 @@ struct IqChunk {
   int ls[2];        // the odd multipliers of the two 16s
 };
 
-// For each sign byte, its byte mask.
-inline constexpr std::array<uint64_t, 256> kIqSignByteMasks = [] {
-  std::array<uint64_t, 256> t{};
-  for (unsigned s = 0; s < 256; ++s)
-    for (unsigned j = 0; j < 8; ++j)
-      if (s >> j & 1) t[s] |= uint64_t{0xff} << (8 * j);
-  return t;
-}();
-
 inline uint32_t iq_u32(const uint8_t* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);
@@ -41,12 +32,15 @@ inline uint32_t iq_u32(const uint8_t* p) {
 }
 inline uint16_t iq_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); }
 
+// One per format: kBytes per block, kUnit (quant/iq.h's unit), scale(block) and chunk(block, k, chunk).
 template <GgmlType kType>
 struct IqDecoder;
 
 // d, then per 32: 4 index bytes, a uint32 of 4 x 7 sign bits and the 4-bit scale.
 template <>
 struct IqDecoder<GgmlType::IQ2_XXS> {
+  static constexpr size_t kBytes = sizeof(BlockIQ2_XXS);
+  static constexpr float kUnit = 0.125f;
   static float scale(const uint8_t* b) { return iq_half_to_float(iq_u16(b)); }
   static void chunk(const uint8_t* b, int k, IqChunk& c) {
     const uint8_t* g = b + 2 + 8 * k;
@@ -63,6 +57,8 @@ struct IqDecoder<GgmlType::IQ2_XXS> {
 // d, 32 uint16 (9-bit index, 7 sign bits), 8 scale bytes (two 4-bit scales each).
 template <>
 struct IqDecoder<GgmlType::IQ2_XS> {
+  static constexpr size_t kBytes = sizeof(BlockIQ2_XS);
+  static constexpr float kUnit = 0.125f;
   static float scale(const uint8_t* b) { return iq_half_to_float(iq_u16(b)); }
   static void chunk(const uint8_t* b, int k, IqChunk& c) {
 #pragma GCC unroll 4
@@ -80,6 +76,8 @@ struct IqDecoder<GgmlType::IQ2_XS> {
 // d, 32 index low bytes, 32 sign bytes, 8 qh bytes (2 high index bits per group), 8 scale bytes.
 template <>
 struct IqDecoder<GgmlType::IQ2_S> {
+  static constexpr size_t kBytes = sizeof(BlockIQ2_S);
+  static constexpr float kUnit = 0.125f;
   static float scale(const uint8_t* b) { return iq_half_to_float(iq_u16(b)); }
   static void chunk(const uint8_t* b, int k, IqChunk& c) {
     const uint8_t* qs = b + 2;
@@ -98,6 +96,8 @@ struct IqDecoder<GgmlType::IQ2_S> {
 // d, 64 index bytes (groups of 4), then per 32 a uint32 of 4 x 7 sign bits and the scale.
 template <>
 struct IqDecoder<GgmlType::IQ3_XXS> {
+  static constexpr size_t kBytes = sizeof(BlockIQ3_XXS);
+  static constexpr float kUnit = 0.25f;
   static float scale(const uint8_t* b) { return iq_half_to_float(iq_u16(b)); }
   static void chunk(const uint8_t* b, int k, IqChunk& c) {
     const uint8_t* idx = b + 2 + 8 * k;
@@ -114,6 +114,8 @@ struct IqDecoder<GgmlType::IQ3_XXS> {
 // d, 64 index low bytes, 8 qh bytes (the ninth bits), 32 sign bytes, 4 scale bytes (two 4-bit scales: one per 32).
 template <>
 struct IqDecoder<GgmlType::IQ3_S> {
+  static constexpr size_t kBytes = sizeof(BlockIQ3_S);
+  static constexpr float kUnit = 1.0f;
   static float scale(const uint8_t* b) { return iq_half_to_float(iq_u16(b)); }
   static void chunk(const uint8_t* b, int k, IqChunk& c) {
     const uint8_t* idx = b + 2 + 8 * k;
@@ -139,6 +141,8 @@ inline void iq1_put(const Iq1Group* groups, int index, bool negative_shift, IqCh
 // d, 32 index low bytes, 8 uint16 qh (4 x 3 index bits, a 3-bit scale, the shift's sign).
 template <>
 struct IqDecoder<GgmlType::IQ1_S> {
+  static constexpr size_t kBytes = sizeof(BlockIQ1_S);
+  static constexpr float kUnit = 0.125f;
   static float scale(const uint8_t* b) { return iq_half_to_float(iq_u16(b)); }
   static void chunk(const uint8_t* b, int k, IqChunk& c) {
     const Iq1Group* groups = iq1_groups();
@@ -153,6 +157,8 @@ struct IqDecoder<GgmlType::IQ1_S> {
 // nibbles hold the fp16 block scale.
 template <>
 struct IqDecoder<GgmlType::IQ1_M> {
+  static constexpr size_t kBytes = sizeof(BlockIQ1_M);
+  static constexpr float kUnit = 0.125f;
   static float scale(const uint8_t* b) {
     const uint16_t s0 = iq_u16(b + 48), s1 = iq_u16(b + 50), s2 = iq_u16(b + 52), s3 = iq_u16(b + 54);
     return iq_half_to_float(

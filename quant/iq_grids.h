@@ -30,12 +30,19 @@ inline constexpr std::array<uint8_t, 128> kIqParitySigns = [] {
   return t;
 }();
 
-// kIqParitySigns as byte masks: 0xff in the bytes of the negative elements.
+// For each sign byte, 0xff in the bytes of the elements it marks negative (IQ2_S and IQ3_S store whole sign bytes).
+inline constexpr std::array<uint64_t, 256> kIqSignByteMasks = [] {
+  std::array<uint64_t, 256> t{};
+  for (unsigned s = 0; s < 256; ++s)
+    for (unsigned j = 0; j < 8; ++j)
+      if (s >> j & 1) t[s] |= uint64_t{0xff} << (8 * j);
+  return t;
+}();
+
+// kIqParitySigns as byte masks.
 inline constexpr std::array<uint64_t, 128> kIqParitySignMasks = [] {
   std::array<uint64_t, 128> t{};
-  for (unsigned i = 0; i < 128; ++i)
-    for (unsigned j = 0; j < 8; ++j)
-      if (kIqParitySigns[i] >> j & 1) t[i] |= uint64_t{0xff} << (8 * j);
+  for (unsigned i = 0; i < 128; ++i) t[i] = kIqSignByteMasks[kIqParitySigns[i]];
   return t;
 }();
 

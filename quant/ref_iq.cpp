@@ -18,8 +18,8 @@ namespace {
 
 template <GgmlType kType>
 void dequantize_iq(const void* src, float* dst, int64_t n) {
-  const float unit = iq_unit(kType);
-  const size_t size = type_info(kType).type_size;
+  const float unit = IqDecoder<kType>::kUnit;
+  const size_t size = IqDecoder<kType>::kBytes;
   IqChunk c;
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const uint8_t* b = static_cast<const uint8_t*>(src) + i * size;
@@ -38,7 +38,7 @@ void dequantize_iq(const void* src, float* dst, int64_t n) {
 
 template <GgmlType kType>
 float vec_dot_iq(int64_t n, const void* weight, const void* activation) {
-  const size_t size = type_info(kType).type_size;
+  const size_t size = IqDecoder<kType>::kBytes;
   IqChunk c;
   float sum = 0.0f;
   for (int64_t i = 0; i < n / kQK_K; ++i) {
@@ -56,7 +56,7 @@ float vec_dot_iq(int64_t n, const void* weight, const void* activation) {
     }
     sum += IqDecoder<kType>::scale(b) * a.d * static_cast<float>(isum);
   }
-  return sum * iq_unit(kType);
+  return sum * IqDecoder<kType>::kUnit;
 }
 
 }  // namespace
@@ -93,17 +93,6 @@ bool is_iq_grid_type(GgmlType type) {
       return true;
     default:
       return false;
-  }
-}
-
-float iq_unit(GgmlType type) {
-  switch (type) {
-    case GgmlType::IQ3_XXS:
-      return 0.25f;
-    case GgmlType::IQ3_S:
-      return 1.0f;
-    default:
-      return 0.125f;
   }
 }
 

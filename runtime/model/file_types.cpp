@@ -245,6 +245,19 @@ const FileType* find_file_type(std::string_view name) {
   return nullptr;
 }
 
+GgmlType TensorTypeWalk::next(std::string_view name, std::span<const int64_t> ne) {
+  const GgmlType t = tensor_type_for(ft_, {.name = name,
+                                           .ne = ne,
+                                           .n_layer = n_layer_,
+                                           .n_expert = n_expert_,
+                                           .ffn_down_index = ffn_down_index_,
+                                           .attn_v_index = attn_v_index_,
+                                           .n_gqa = n_gqa_});
+  if (contains(name, "ffn_down")) ++ffn_down_index_;
+  if (ends_with(name, "attn_v.weight")) ++attn_v_index_;
+  return t;
+}
+
 GgmlType tensor_type_for(const FileType& ft, const TensorTypeQuery& q) {
   if (!allows_quantization(q)) return GgmlType::F32;
   GgmlType t = ft.default_type;

@@ -68,4 +68,20 @@ struct TensorTypeQuery {
 // converter rule (every 2-D+ ".weight" except ffn_gate_inp); F32 keeps everything F32.
 quant::GgmlType tensor_type_for(const FileType& ft, const TensorTypeQuery& q);
 
+// tensor_type_for over a file's tensors in file order, keeping the counts of ffn_down and attn_v tensors seen so far
+// that llama.cpp's quantizer keeps.
+class TensorTypeWalk {
+ public:
+  TensorTypeWalk(const FileType& ft, int n_layer, int64_t n_expert, int64_t n_gqa)
+      : ft_(ft), n_layer_(n_layer), n_expert_(n_expert), n_gqa_(n_gqa) {}
+  // The type of the next tensor of the file.
+  quant::GgmlType next(std::string_view name, std::span<const int64_t> ne);
+
+ private:
+  const FileType& ft_;
+  int n_layer_;
+  int64_t n_expert_, n_gqa_;
+  int ffn_down_index_ = 0, attn_v_index_ = 0;
+};
+
 }  // namespace hetmoe

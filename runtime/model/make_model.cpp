@@ -403,18 +403,9 @@ ModelPlan plan_model(const MakeModelOptions& opt) {
   plan.seed = opt.seed;
   plan.metadata = build_metadata(*preset, *ft, plan.n_layer, plan.n_leading_dense);
   plan.tensors = build_tensors(*preset, plan.n_layer, plan.n_leading_dense);
-  int ffn_down_index = 0, attn_v_index = 0;
-  for (PlannedTensor& t : plan.tensors) {
-    t.type = tensor_type_for(*ft, {.name = t.name,
-                                   .ne = t.ne,
-                                   .n_layer = plan.n_layer,
-                                   .n_expert = preset->n_expert,
-                                   .ffn_down_index = ffn_down_index,
-                                   .attn_v_index = attn_v_index,
-                                   .n_gqa = preset->n_head_kv > 0 ? preset->n_head / preset->n_head_kv : 1});
-    if (t.name.find("ffn_down") != std::string::npos) ++ffn_down_index;
-    if (t.name.ends_with("attn_v.weight")) ++attn_v_index;
-  }
+  TensorTypeWalk types(*ft, plan.n_layer, preset->n_expert,
+                       preset->n_head_kv > 0 ? preset->n_head / preset->n_head_kv : 1);
+  for (PlannedTensor& t : plan.tensors) t.type = types.next(t.name, t.ne);
   return plan;
 }
 

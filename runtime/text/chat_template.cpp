@@ -53,6 +53,19 @@ std::string_view after_last(std::string_view s, std::string_view sep) {
 // `s.split(sep)[0]`: the text before the first `sep`.
 std::string_view before_first(std::string_view s, std::string_view sep) { return s.substr(0, s.find(sep)); }
 
+// A stored reply as the reasoning templates split it when it holds "</think>": the reasoning between the last
+// "<think>" before the first "</think>" and it, the content after the last "</think>"; both with leading newlines
+// stripped (Qwen3, GLM-4.5), or newlines at both ends (MiniMax-M2: strip_both_ends). No "</think>": all content.
+struct Reply {
+  std::string_view reasoning, content;
+};
+Reply split_reply(std::string_view reply, bool strip_both_ends) {
+  if (!contains(reply, "</think>")) return {{}, reply};
+  auto trim = [&](std::string_view v) { return strip_both_ends ? strip(v, "\n") : lstrip(v, "\n"); };
+  return {trim(after_last(rstrip(before_first(reply, "</think>"), "\n"), "<think>")),
+          trim(after_last(reply, "</think>"))};
+}
+
 // A Qwen2-style ChatML template writes a fixed system prompt when the conversation has none:
 //   {{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}
 // It is the literal between "<|im_start|>system" + newline and "<|im_end|>" that contains no Jinja (no quote,
@@ -326,12 +339,7 @@ std::string ChatTemplate::render_chatml(std::span<const ChatMessage> messages, c
     if (m.role == "user" || (m.role == "system" && i > 0)) {
       out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
     } else if (m.role == "assistant") {
-      std::string_view content = m.content;
-      std::string_view reasoning;
-      if (contains(m.content, "</think>")) {
-        content = lstrip(after_last(m.content, "</think>"), "\n");
-        reasoning = lstrip(after_last(rstrip(before_first(m.content, "</think>"), "\n"), "<think>"), "\n");
-      }
+      const auto [reasoning, content] = split_reply(m.content, false);
       out += "<|im_start|>assistant\n";
       if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {
         out += "<think>\n";
@@ -447,11 +455,7 @@ std::string ChatTemplate::render_glm4(std::span<const ChatMessage> messages, con
       out += "<|user|>\n" + m.content;
       if (!options.enable_thinking && !m.content.ends_with("/nothink")) out += "/nothink";
     } else if (m.role == "assistant") {
-      std::string_view content = m.content, reasoning;
-      if (contains(m.content, "</think>")) {
-        reasoning = lstrip(after_last(rstrip(before_first(m.content, "</think>"), "\n"), "<think>"), "\n");
-        content = lstrip(after_last(m.content, "</think>"), "\n");
-      }
+      const auto [reasoning, content] = split_reply(m.content, false);
       out += "<|assistant|>";
       const std::string_view r = strip(reasoning, kWhitespace);
       if (static_cast<std::ptrdiff_t>(i) > last && !reasoning.empty()) {
@@ -495,11 +499,7 @@ std::string ChatTemplate::render_minimax(std::span<const ChatMessage> messages, 
     if (m.role == "user") {
       out += "]~b]user\n" + m.content + "[e~[\n";
     } else if (m.role == "assistant") {
-      std::string_view content = m.content, reasoning;
-      if (contains(m.content, "</think>")) {
-        reasoning = strip(after_last(strip(before_first(m.content, "</think>"), "\n"), "<think>"), "\n");
-        content = strip(after_last(m.content, "</think>"), "\n");
-      }
+      const auto [reasoning, content] = split_reply(m.content, true);
       out += "]~b]ai\n";
       if (!reasoning.empty() && static_cast<std::ptrdiff_t>(i) > last) {
         out += "<think>\n";

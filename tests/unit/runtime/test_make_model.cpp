@@ -346,20 +346,12 @@ TEST(FileTypes, RulesReproduceTheReferenceFiles) {
     const int64_t kv_heads = md.contains(arch + ".attention.head_count_kv")
                                  ? md.at(arch + ".attention.head_count_kv").get<int64_t>()
                                  : heads;
-    int ffn_down_index = 0, attn_v_index = 0;
+    TensorTypeWalk types(*ft, md.at(arch + ".block_count").get<int>(), md.at(arch + ".expert_count").get<int64_t>(),
+                         heads / kv_heads);
     for (const json& t : entry.at("tensors")) {
       const std::string name = t.at("name");
       const std::vector<int64_t> ne = t.at("ne");
-      const GgmlType got = tensor_type_for(*ft, {.name = name,
-                                                 .ne = ne,
-                                                 .n_layer = md.at(arch + ".block_count").get<int>(),
-                                                 .n_expert = md.at(arch + ".expert_count").get<int64_t>(),
-                                                 .ffn_down_index = ffn_down_index,
-                                                 .attn_v_index = attn_v_index,
-                                                 .n_gqa = heads / kv_heads});
-      EXPECT_EQ(quant::type_info(got).name, t.at("type").get<std::string>()) << name;
-      if (name.find("ffn_down") != std::string::npos) ++ffn_down_index;
-      if (name.ends_with("attn_v.weight")) ++attn_v_index;
+      EXPECT_EQ(quant::type_info(types.next(name, ne)).name, t.at("type").get<std::string>()) << name;
     }
     ++checked_files;
   }
