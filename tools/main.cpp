@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
   c_chat->add_option("-c,--ctx-size", chat.ctx_size, "context size (default: min(4096, the model's))")
       ->check(CLI::NonNegativeNumber);
   c_chat->add_flag("--hide-think", chat.hide_think, "hide a reasoning model's <think> block instead of dimming it");
-  c_chat->add_flag("!--no-think", chat.enable_thinking, "ask Qwen3 not to think (enable_thinking = false)");
+  c_chat->add_flag("!--no-think", chat.enable_thinking, "ask Qwen3 or GLM-4.5 not to think (enable_thinking = false)");
   add_threads(c_chat, &chat.threads);
   add_critical(c_chat, &chat.critical);
   add_device(c_chat, &chat.device);
