@@ -34,11 +34,10 @@ std::string RoutingTrace::step_line(const RoutingStep& step) const {
   return json{{"layer", step.layer}, {"n", step.n_tokens}, {"ids", step.ids}, {"weights", step.weights}}.dump();
 }
 
-void RoutingTrace::save(const std::string& path) const {
-  std::ofstream f(path);
-  f << header_line() << "\n";
-  for (const RoutingStep& s : steps) f << step_line(s) << "\n";
-  if (!f) throw std::runtime_error(path + ": cannot write the routing trace");
+std::string RoutingTrace::text() const {
+  std::string out = header_line() + "\n";
+  for (const RoutingStep& s : steps) out += step_line(s) + "\n";
+  return out;
 }
 
 RoutingTrace RoutingTrace::load(const std::string& path) {

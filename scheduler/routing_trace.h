@@ -33,7 +33,8 @@ struct RoutingTrace {
   // Throws std::runtime_error naming the file and line for a missing file, bad JSON, a wrong format or an id out of
   // range.
   static RoutingTrace load(const std::string& path);
-  void save(const std::string& path) const;
+  // The whole trace as hetmoe-routing/1 lines (the scheduler writes no files; the tools do, through io::OutputFile).
+  std::string text() const;
   // The header line and one step's line (for writers that stream).
   std::string header_line() const;
   std::string step_line(const RoutingStep& step) const;

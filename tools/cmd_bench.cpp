@@ -19,6 +19,7 @@
 #include "runtime/engine/session.h"
 #include "runtime/error.h"
 #include "runtime/gguf/reader.h"
+#include "runtime/io/output_file.h"
 #include "runtime/model/config.h"
 #include "runtime/model/model.h"
 #include "runtime/model/split.h"
@@ -368,9 +369,7 @@ int bench(const BenchOptions& opt) {
              {"prefetch_hits", r.traffic.prefetch_hits}}},
            {"runs", runs}});
     }
-    std::ofstream f(opt.json);
-    f << j.dump(2) << "\n";
-    if (!f) fail("cannot write {}", opt.json);
+    io::write_file(opt.json, j.dump(2) + "\n");
   }
   return 0;
 }

@@ -16,6 +16,7 @@
 #include "cpu_kernels/thread_pool.h"
 #include "runtime/device/device.h"
 #include "runtime/error.h"
+#include "runtime/io/output_file.h"
 #include "runtime/model/model.h"
 #include "scheduler/machine.h"
 #include "tools/commands.h"
@@ -165,9 +166,7 @@ int calibrate(const CalibrateOptions& opt) {
 
   if (const auto d = engine::open_device(opt.device)) profile.update(measure_device(*d, e0, c.n_embd, opt.max_rows));
 
-  std::ofstream f(opt.out);
-  f << profile.dump(2) << "\n";
-  if (!f) fail("cannot write {}", opt.out);
+  io::write_file(opt.out, profile.dump(2) + "\n");
   fmt::print("profile written to {}\n", opt.out);
 
   // The crossover of each tier: from how many rows moving this expert to the device pays.

@@ -21,6 +21,7 @@
 #include "runtime/engine/sampler.h"
 #include "runtime/engine/session.h"
 #include "runtime/error.h"
+#include "runtime/io/output_file.h"
 #include "runtime/model/model.h"
 #include "runtime/text/chat_template.h"
 #include "runtime/text/think_filter.h"
@@ -34,16 +35,9 @@ using text::ThinkFilter;
 
 std::atomic<bool> g_interrupt{false};
 
+// SIGINT only raises a flag: generation checks it before every token, the prompt clears its line. The handler is
+// io's (installed without SA_RESTART: select() returns, so the prompt notices at once).
 void on_sigint(int) { g_interrupt = true; }
-
-// SIGINT only raises a flag: generation checks it before every token, the prompt clears its line.
-void install_sigint() {
-  struct sigaction sa {};
-  sa.sa_handler = on_sigint;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = 0;  // no SA_RESTART: select() returns, so the prompt notices at once
-  sigaction(SIGINT, &sa, nullptr);
-}
 
 class LineReader;
 LineReader* g_reader = nullptr;  // the reader whose line readline's callback completes
@@ -123,7 +117,7 @@ class Chat {
   }
 
   int run() {
-    install_sigint();
+    io::set_interrupt_hook(on_sigint);
     if (tty_)
       fmt::print(
           "{}hetmoe chat: {} ({}), template {}, context {}. /help for commands, Ctrl-C stops a reply, "
@@ -229,14 +223,8 @@ class Chat {
     nlohmann::json j = {{"format", "hetmoe-chat/1"}, {"messages", nlohmann::json::array()}};
     for (const text::ChatMessage& m : conversation_.messages())
       j["messages"].push_back({{"role", m.role}, {"content", m.content}});
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream f(tmp);
-      // A reply cut inside a character is not valid UTF-8; JSON gets U+FFFD there.
-      f << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-      if (!f) fail("cannot write {}", path);
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot write {}", path);
+    // A reply cut inside a character is not valid UTF-8; JSON gets U+FFFD there.
+    io::write_file(path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     note(fmt::format("(saved {} messages to {})", conversation_.messages().size(), path));
   }
 

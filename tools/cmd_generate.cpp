@@ -12,28 +12,14 @@
 #include "runtime/engine/sampler.h"
 #include "runtime/engine/session.h"
 #include "runtime/error.h"
+#include "runtime/io/output_file.h"
 #include "runtime/model/model.h"
 #include "runtime/text/tokenizer.h"
 #include "scheduler/routing_trace.h"
 #include "tools/commands.h"
 
 namespace hetmoe::cli {
-namespace {
-
-// Writes all of `bytes` or fails; the file is replaced only when everything was written.
-void write_file(const std::string& path, const void* data, size_t size) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) fail("cannot open {} for writing", tmp);
-  const bool ok = std::fwrite(data, 1, size, f) == size;
-  const bool closed = std::fclose(f) == 0;
-  if (!ok || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    fail("cannot write {}", path);
-  }
-}
-
-}  // namespace
+namespace {}  // namespace
 
 std::unique_ptr<engine::Engine> open_engine(const engine::EngineOptions& options) {
   std::unique_ptr<engine::Engine> e = engine::Engine::open(options);
@@ -71,27 +57,22 @@ int logits(const LogitsOptions& opt) {
   model::KvCache cache = model->make_cache(std::min<int64_t>(n, model->config().n_ctx_train));
   std::vector<float> out;
   model->forward(opt.tokens, 0, cache, /*all_logits=*/true, out);
-  write_file(opt.out, out.data(), out.size() * sizeof(float));
+  io::write_file(opt.out, std::string_view(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float)));
   return 0;
 }
 
 namespace {
 
-// Streams each MoE layer's routing to a file as hetmoe-routing/1 lines; a write that fails is reported once, at the
-// end.
+// Streams each MoE layer's routing to a file as hetmoe-routing/1 lines. The file appears under its name only when the
+// run finished: a failed write is reported at the end, and the temporary file is removed.
 class RoutingWriter final : public model::RoutingObserver {
  public:
-  RoutingWriter(const std::string& path, const model::ModelConfig& c)
-      : path_(path), file_(std::fopen(path.c_str(), "w")) {
-    if (!file_) fail("cannot open {} for the routing trace", path);
+  RoutingWriter(const std::string& path, const model::ModelConfig& c) : file_(path) {
     trace_.model = c.name;
     trace_.n_layer = c.n_layer;
     trace_.n_expert = c.n_expert;
     trace_.n_used = c.n_expert_used;
     write(trace_.header_line());
-  }
-  ~RoutingWriter() override {
-    if (file_) std::fclose(file_);
   }
   void routed(int64_t layer, int64_t n, int64_t n_used, const int32_t* ids, const float* weights) override {
     const sched::RoutingStep step{.layer = layer,
@@ -101,17 +82,23 @@ class RoutingWriter final : public model::RoutingObserver {
     write(trace_.step_line(step));
   }
   void finish() {
-    const bool closed = std::fclose(file_) == 0;
-    file_ = nullptr;
-    if (!ok_ || !closed) fail("cannot write the routing trace {}", path_);
+    if (error_) std::rethrow_exception(error_);
+    file_.commit();
   }
 
  private:
-  void write(const std::string& line) { ok_ = ok_ && std::fprintf(file_, "%s\n", line.c_str()) >= 0; }
-  std::string path_;
-  std::FILE* file_;
+  // Called from inside the forward pass: an error is kept for finish() rather than thrown through the model.
+  void write(const std::string& line) {
+    if (error_) return;
+    try {
+      file_.print("{}\n", line);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  }
+  io::OutputFile file_;
   sched::RoutingTrace trace_;  // the header's fields
-  bool ok_ = true;
+  std::exception_ptr error_;
 };
 
 }  // namespace

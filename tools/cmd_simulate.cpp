@@ -8,6 +8,7 @@
 
 #include "quant/lowbit.h"
 #include "runtime/error.h"
+#include "runtime/io/output_file.h"
 #include "runtime/model/make_model.h"
 #include "runtime/model/split_writer.h"
 #include "scheduler/machine.h"
@@ -142,9 +143,7 @@ int simulate(const SimulateOptions& opt) {
                               {"vram_bytes", r.vram_bytes},
                               {"resident_experts", r.resident_experts},
                               {"crossover_rows", r.crossover_rows}});
-    std::ofstream f(opt.json);
-    f << j.dump(2) << "\n";
-    if (!f) fail("cannot write {}", opt.json);
+    io::write_file(opt.json, j.dump(2) + "\n");
   }
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <new>
 
 #include "runtime/error.h"
+#include "runtime/io/output_file.h"
 #include "runtime/model/make_model.h"
 #include "scheduler/policies.h"
 #include "tools/commands.h"
@@ -78,6 +79,7 @@ void add_sampling(CLI::App* cmd, engine::SamplingParams* p) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  io::install_signal_cleanup();
   CLI::App app{"hetmoe: DeepSeek-class MoE models from GGUF files on a CPU workstation, with or without a GPU"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "hetmoe 0.1");

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "runtime/error.h"
+#include "runtime/io/output_file.h"
 
 namespace hetmoe::cli {
 namespace {
@@ -143,11 +144,6 @@ std::vector<CostCurve> crossover_curves(const sched::Machine& machine, const sch
   return curves;
 }
 
-void write_svg(const std::string& path, const std::string& svg) {
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) fail("cannot open {} for writing", path);
-  const bool ok = std::fwrite(svg.data(), 1, svg.size(), f) == svg.size();
-  if (std::fclose(f) != 0 || !ok) fail("cannot write {}", path);
-}
+void write_svg(const std::string& path, const std::string& svg) { io::write_file(path, svg); }
 
 }  // namespace hetmoe::cli

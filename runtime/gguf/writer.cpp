@@ -11,21 +11,18 @@
 
 #include "runtime/error.h"
 #include "runtime/gguf/reader.h"
+#include "runtime/io/output_file.h"
 
 namespace hetmoe::gguf {
 
 namespace {
 
-struct FileCloser {
-  void operator()(std::FILE* f) const { std::fclose(f); }
-};
-
 class Out {
  public:
-  Out(std::FILE* f, const std::string& path) : f_(f), path_(path) {}
+  explicit Out(io::OutputFile& f) : f_(f) {}
 
   void bytes(const void* p, size_t n) {
-    if (n && std::fwrite(p, 1, n, f_) != n) fail("cannot write {}: {}", path_, std::strerror(errno));
+    f_.write(p, n);
     pos_ += n;
   }
   template <typename T>
@@ -48,8 +45,7 @@ class Out {
   uint64_t pos() const { return pos_; }
 
  private:
-  std::FILE* f_;
-  const std::string& path_;
+  io::OutputFile& f_;
   uint64_t pos_ = 0;
 };
 
@@ -153,11 +149,9 @@ void GgufWriter::add_tensor_bytes(std::string name, quant::GgmlType type, std::v
   });
 }
 
-void GgufWriter::write_file(const std::string& tmp, const std::vector<std::pair<std::string, Value>>& kv, size_t first,
+void GgufWriter::write_file(io::OutputFile& file, const std::vector<std::pair<std::string, Value>>& kv, size_t first,
                             size_t end) const {
-  std::unique_ptr<std::FILE, FileCloser> file(std::fopen(tmp.c_str(), "wb"));
-  if (!file) fail("cannot create {}: {}", tmp, std::strerror(errno));
-  Out out(file.get(), tmp);
+  Out out(file);
   out.pod<uint32_t>(kMagic);
   out.pod<uint32_t>(3);
   out.pod<uint64_t>(end - first);
@@ -187,7 +181,6 @@ void GgufWriter::write_file(const std::string& tmp, const std::vector<std::pair<
     out.bytes(buffer.data(), buffer.size());
     out.pad_to(alignment_);
   }
-  if (std::fflush(file.get()) != 0) fail("cannot write {}: {}", tmp, std::strerror(errno));
 }
 
 std::vector<std::string> GgufWriter::write(const std::string& path, uint64_t max_shard_bytes) const {
@@ -218,31 +211,22 @@ std::vector<std::string> GgufWriter::write(const std::string& path, uint64_t max
         path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0 ? path.substr(0, path.size() - 5) : path;
     for (int i = 0; i < count; ++i) paths.push_back(shard_path(prefix, i + 1, count));
   }
-  // Every shard under a temporary name first; the set is renamed only once all of it is written.
-  try {
-    for (int i = 0; i < count; ++i) {
-      std::vector<std::pair<std::string, Value>> shard_kv;
-      if (i == 0) shard_kv = kv;
-      if (count > 1) {
-        shard_kv.emplace_back(std::string(kSplitNoKey), Value::u16(static_cast<uint16_t>(i)));
-        shard_kv.emplace_back(std::string(kSplitTensorsKey), Value::i32(static_cast<int32_t>(tensors_.size())));
-        shard_kv.emplace_back(std::string(kSplitCountKey), Value::u16(static_cast<uint16_t>(count)));
-      }
-      tmps.push_back(paths[i] + ".tmp");
-      const size_t end = i + 1 < count ? starts[i + 1] : tensors_.size();
-      write_file(tmps.back(), shard_kv, starts[i], end);
-    }
-  } catch (...) {
-    for (const std::string& tmp : tmps) std::remove(tmp.c_str());
-    throw;
-  }
+  // Every shard under a temporary name first; the set is renamed only once all of it is written (an error or a
+  // signal before that removes every temporary file: OutputFile).
+  std::vector<std::unique_ptr<io::OutputFile>> files;
   for (int i = 0; i < count; ++i) {
-    if (std::rename(tmps[i].c_str(), paths[i].c_str()) != 0) {
-      const int err = errno;
-      for (int j = i; j < count; ++j) std::remove(tmps[j].c_str());
-      fail("cannot rename {} to {}: {}", tmps[i], paths[i], std::strerror(err));
+    std::vector<std::pair<std::string, Value>> shard_kv;
+    if (i == 0) shard_kv = kv;
+    if (count > 1) {
+      shard_kv.emplace_back(std::string(kSplitNoKey), Value::u16(static_cast<uint16_t>(i)));
+      shard_kv.emplace_back(std::string(kSplitTensorsKey), Value::i32(static_cast<int32_t>(tensors_.size())));
+      shard_kv.emplace_back(std::string(kSplitCountKey), Value::u16(static_cast<uint16_t>(count)));
     }
+    files.push_back(std::make_unique<io::OutputFile>(paths[i]));
+    const size_t end = i + 1 < count ? starts[i + 1] : tensors_.size();
+    write_file(*files.back(), shard_kv, starts[i], end);
   }
+  for (auto& file : files) file->commit();
   return paths;
 }
 

@@ -11,12 +11,16 @@
 #include "quant/ggml_type.h"
 #include "runtime/gguf/value.h"
 
+namespace hetmoe::io {
+class OutputFile;
+}
+
 namespace hetmoe::gguf {
 
 // Writes a GGUF v3 file. Metadata and tensor descriptions are collected first; the data is then streamed one
 // tensor at a time through a fill callback, so writing a model never holds more than one tensor in memory.
-// The file (or each shard) is written under a temporary name and renamed at the end: a failed write leaves no
-// partial file.
+// The file (or each shard) is written under a temporary name and renamed at the end: a failed write or a signal
+// leaves no partial file and the old one as it was.
 class GgufWriter {
  public:
   // Fills `out` (exactly the tensor's byte size) with the tensor's data in its GGUF type.
@@ -45,8 +49,8 @@ class GgufWriter {
     FillFn fill;
   };
 
-  // One file of tensors [first, end) with metadata kv, to `tmp`.
-  void write_file(const std::string& tmp, const std::vector<std::pair<std::string, Value>>& kv, size_t first,
+  // One file of tensors [first, end) with metadata kv.
+  void write_file(io::OutputFile& file, const std::vector<std::pair<std::string, Value>>& kv, size_t first,
                   size_t end) const;
 
   std::vector<std::pair<std::string, Value>> kv_;

@@ -1,0 +1,205 @@
+#include "runtime/io/output_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "runtime/error.h"
+
+namespace hetmoe::io {
+
+namespace {
+
+// The temporary files not yet committed, for the signal handler. A fixed table of lock-free pointers: the handler
+// may read it at any moment, so registering publishes a complete copy of the name and removing one clears the
+// pointer before freeing it. 4096 files at once (a sharded model writes one per shard) is far past any real use.
+constexpr int kPendingSlots = 4096;
+std::atomic<char*> g_pending[kPendingSlots];
+std::atomic<void (*)(int)> g_interrupt_hook{nullptr};
+static_assert(std::atomic<char*>::is_always_lock_free);
+
+int register_pending(const std::string& path) {
+  char* copy = strdup(path.c_str());
+  if (!copy) throw std::bad_alloc();
+  for (int i = 0; i < kPendingSlots; ++i) {
+    char* expected = nullptr;
+    if (g_pending[i].compare_exchange_strong(expected, copy)) return i;
+  }
+  std::free(copy);
+  return -1;  // not covered by the signal handler; every other guarantee holds
+}
+
+void unregister_pending(int slot) {
+  if (slot < 0) return;
+  std::free(g_pending[slot].exchange(nullptr));
+}
+
+void on_signal(int sig) {
+  if (sig == SIGINT) {
+    if (void (*hook)(int) = g_interrupt_hook.load()) {
+      hook(sig);
+      return;
+    }
+  }
+  const int saved = errno;
+  for (std::atomic<char*>& slot : g_pending)
+    if (const char* path = slot.load()) ::unlink(path);  // async-signal-safe
+  errno = saved;
+  // End as the signal would have: the default action, raised again once this handler returns.
+  std::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+// Permissions for a new file: 0666 less the umask, read once (umask() can only be read by setting it).
+mode_t new_file_mode() {
+  static const mode_t mode = [] {
+    const mode_t mask = ::umask(022);
+    ::umask(mask);
+    return static_cast<mode_t>(0666 & ~mask);
+  }();
+  return mode;
+}
+
+std::string parent_dir(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+constexpr size_t kBufferBytes = size_t{1} << 20;  // writes below this are gathered; larger ones go straight through
+
+}  // namespace
+
+OutputFile::OutputFile(std::string target) : target_(std::move(target)) {
+  if (target_.empty()) fail("no output file name given");
+  if (target_.back() == '/') fail("{} names a folder, not a file", target_);
+  struct stat st {};
+  if (::stat(target_.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) fail("{} is a folder, not a file", target_);
+  std::string name = target_ + ".XXXXXX.tmp";
+  const int fd = ::mkostemps(name.data(), 4, O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    fail("cannot create a file in {} for {}: {}", parent_dir(target_), target_, std::strerror(err));
+  }
+  fd_ = fd;
+  temporary_ = std::move(name);
+  try {
+    slot_ = register_pending(temporary_);
+    buffer_.resize(kBufferBytes);
+  } catch (...) {
+    discard();
+    throw;
+  }
+}
+
+OutputFile::~OutputFile() {
+  if (!committed_) discard();
+}
+
+void OutputFile::discard() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (!temporary_.empty()) ::unlink(temporary_.c_str());
+  temporary_.clear();
+  unregister_pending(slot_);
+  slot_ = -1;
+}
+
+void OutputFile::fail_io(const char* what, int err) {
+  discard();
+  fail("cannot {} {}: {}{}", what, target_, std::strerror(err),
+       err == ENOSPC || err == EDQUOT || err == EFBIG ? " (the old file, if any, is unchanged)" : "");
+}
+
+void OutputFile::write_fd(const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd_, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail_io("write", errno);
+    }
+    if (n == 0) fail_io("write", ENOSPC);
+    data += n;
+    size -= static_cast<size_t>(n);
+    written_ += static_cast<uint64_t>(n);
+  }
+}
+
+void OutputFile::flush_buffer() {
+  const size_t n = buffered_;
+  buffered_ = 0;
+  write_fd(buffer_.data(), n);
+}
+
+void OutputFile::write(const void* data, size_t size) {
+  if (fd_ < 0) fail("{}: written after it was committed or failed", target_);
+  const char* p = static_cast<const char*>(data);
+  if (buffered_ + size <= buffer_.size()) {
+    if (size) std::memcpy(buffer_.data() + buffered_, p, size);
+    buffered_ += size;
+    return;
+  }
+  flush_buffer();
+  if (size >= buffer_.size()) {
+    write_fd(p, size);
+  } else {
+    std::memcpy(buffer_.data(), p, size);
+    buffered_ = size;
+  }
+}
+
+void OutputFile::commit() {
+  if (fd_ < 0) fail("{}: committed twice or after a failure", target_);
+  flush_buffer();
+  if (::fsync(fd_) != 0 && errno != EINVAL) fail_io("write", errno);
+  struct stat st {};
+  const mode_t mode = ::stat(target_.c_str(), &st) == 0 ? (st.st_mode & 07777) : new_file_mode();
+  if (::fchmod(fd_, mode) != 0) fail_io("set the permissions of", errno);
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail_io("write", errno);
+  if (::rename(temporary_.c_str(), target_.c_str()) != 0) fail_io("replace", errno);
+  committed_ = true;
+  unregister_pending(slot_);
+  slot_ = -1;
+  // The rename is durable once the folder is: sync it too (a failure here cannot be undone, and the data is written).
+  const int dir = ::open(parent_dir(target_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+void write_file(const std::string& path, std::string_view bytes) {
+  OutputFile f(path);
+  f.write(bytes);
+  f.commit();
+}
+
+void install_signal_cleanup() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;  // no SA_RESTART: a chat waiting in select() sees the interrupt at once
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+      struct sigaction old {};
+      // A signal the parent told this process to ignore (nohup, a shell's background job) stays ignored.
+      if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+      ::sigaction(sig, &sa, nullptr);
+    }
+  });
+}
+
+void set_interrupt_hook(void (*hook)(int)) { g_interrupt_hook.store(hook); }
+
+}  // namespace hetmoe::io

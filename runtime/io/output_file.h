@@ -1,0 +1,68 @@
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace hetmoe::io {
+
+// A file written whole or not at all; every file hetmoe writes goes through one.
+//
+// The bytes go to a temporary file beside the target, named "<target>.XXXXXX.tmp" and created with O_EXCL (mkstemp),
+// so two writers of one target never share it. Every write is checked; commit() writes what is buffered, fsyncs the
+// file, gives it the target's permissions (or 0666 less the umask for a new file), renames it over the target and
+// fsyncs the folder. Until commit() returns, the target is untouched: a failed write or close, an exception (the
+// destructor) and a SIGINT, SIGTERM or SIGHUP that ends the program (install_signal_cleanup) remove the temporary
+// file. Errors are hetmoe::Error, one line naming the target.
+class OutputFile {
+ public:
+  explicit OutputFile(std::string target);
+  ~OutputFile();  // not committed: the temporary file is removed
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+
+  void write(const void* data, size_t size);
+  void write(std::string_view text) { write(text.data(), text.size()); }
+  template <typename... Args>
+  void print(fmt::format_string<Args...> format, Args&&... args) {
+    write(fmt::format(format, std::forward<Args>(args)...));
+  }
+  // Bytes written so far.
+  uint64_t size() const { return written_ + buffered_; }
+
+  // Makes the file the target. After a failure the target is as it was and the temporary file is gone.
+  void commit();
+
+  const std::string& target() const { return target_; }
+  const std::string& temporary() const { return temporary_; }
+
+ private:
+  void flush_buffer();
+  void write_fd(const char* data, size_t size);
+  [[noreturn]] void fail_io(const char* what, int err);
+  void discard();
+
+  std::string target_, temporary_;
+  int fd_ = -1;
+  int slot_ = -1;  // the signal handler's record of temporary_
+  std::vector<char> buffer_;
+  size_t buffered_ = 0;
+  uint64_t written_ = 0;
+  bool committed_ = false;
+};
+
+// Writes `bytes` to `path` whole or not at all.
+void write_file(const std::string& path, std::string_view bytes);
+
+// SIGINT, SIGTERM and SIGHUP remove every uncommitted temporary file, then end the program as the signal would have.
+// Called once at start-up, before any thread is made (the handlers apply to the whole process).
+void install_signal_cleanup();
+
+// While set, SIGINT calls `hook` instead (from the signal handler: it may only touch lock-free atomics) and the
+// program goes on; files being written are kept. Null restores the default. Chat uses it to stop a reply.
+void set_interrupt_hook(void (*hook)(int));
+
+}  // namespace hetmoe::io
