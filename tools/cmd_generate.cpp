@@ -17,12 +17,14 @@
 #include "runtime/text/tokenizer.h"
 #include "scheduler/routing_trace.h"
 #include "tools/commands.h"
+#include "tools/flags.h"
 
 namespace hetmoe::cli {
 namespace {}  // namespace
 
 std::unique_ptr<engine::Engine> open_engine(const engine::EngineOptions& options) {
   std::unique_ptr<engine::Engine> e = engine::Engine::open(options);
+  for (const std::string& note : flag_notes()) fmt::print(stderr, "{}\n", note);
   for (const std::string& note : e->notes()) fmt::print(stderr, "{}\n", note);
   return e;
 }

@@ -2,22 +2,33 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "runtime/error.h"
 #include "runtime/io/output_file.h"
 #include "runtime/model/make_model.h"
 #include "scheduler/policies.h"
 #include "tools/commands.h"
+#include "tools/flags.h"
 
 namespace {
 
 using namespace hetmoe;
 
 void add_threads(CLI::App* cmd, int* threads) {
-  cmd->add_option("-t,--threads", *threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("-t,--threads", *threads, "CPU threads (default: all cores; more than the machine has are capped)")
+      ->check(cli::in_range(0, 1e6, "threads"))
+      ->transform(CLI::Validator(
+          [](std::string& text) {
+            text = std::to_string(cli::cap_threads(std::stoi(text)));
+            return std::string();
+          },
+          ""));
 }
 
 void add_max_shard_size(CLI::App* cmd, uint64_t* bytes) {
@@ -32,26 +43,37 @@ void add_critical(CLI::App* cmd, std::string* critical) {
                   "0 = W^Q only, 'all' (or any count above the experts per token) = every expert");
 }
 
+void add_link(CLI::App* cmd, cli::DeviceOptions* d) {
+  cmd->add_option("--link-gbs", d->link_gb_s, "emulated: host-device bandwidth in GB/s (0: unthrottled)")
+      ->check(cli::in_range(0, 1e4, "GB/s"));
+  cmd->add_option("--link-latency-us", d->link_latency_us, "emulated: latency per copy in microseconds")
+      ->check(cli::in_range(0, 1e6, "us"));
+}
+
 void add_device(CLI::App* cmd, cli::DeviceOptions* d) {
   cmd->add_option("--device", d->kind,
                   "where the pass and the experts that fit run: cpu, emulated (a GPU stand-in), cuda, auto")
       ->capture_default_str();
-  cmd->add_option("--device-memory", d->memory_gb, "device memory for experts, GB (emulated default: 24)");
-  cmd->add_option("--link-gbs", d->link_gb_s, "emulated: host-device bandwidth in GB/s (0: unthrottled)");
-  cmd->add_option("--link-latency-us", d->link_latency_us, "emulated: latency per copy in microseconds");
+  cmd->add_option("--device-memory", d->memory_gb, "device memory for experts, GB (emulated default: 24)")
+      ->check(cli::in_range(0, 1e5, "GB"));
+  add_link(cmd, d);
   cmd->add_option("--move-rows", d->move_rows, "copy a non-resident expert to the device for a step of this many rows")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cli::at_least(0, "rows"));
   cmd->add_option("--move-slots", d->move_slots,
                   "device slots (one expert each) that moved and prefetched experts go through in turn")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cli::in_range(0, 4096, "slots"));
   cmd->add_option("--admissions", d->admissions,
                   "crossover, split: experts admitted to the device per step by routing frequency (0: keep the "
                   "placement at load)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cli::at_least(0, "experts"));
   cmd->add_option("--prefetch", d->prefetch,
                   "crossover, split: next-layer experts copied in per step while the link is idle (at most half "
                   "the move slots)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cli::at_least(0, "experts"));
   cmd->add_option(
       "--policy", d->policy,
       "offload policy for routed experts: " + sched::policy_list() +
@@ -62,17 +84,29 @@ void add_device(CLI::App* cmd, cli::DeviceOptions* d) {
   cmd->add_option("--warm-trace", d->warm_trace, "routing trace whose hottest experts go to the device first");
   cmd->add_flag("--host-pass", d->host_pass,
                 "keep norms, attention and the KV cache on the CPU (only FFN weights go to the device)");
+  // llama.cpp's offload flags, read as hetmoe's settings once the command line is parsed.
+  auto* llama = new cli::LlamaOffload();  // lives as long as the program
+  cli::add_llama_offload(cmd, llama);
+  cmd->callback([llama, d] {
+    for (std::string& line : cli::apply_llama_offload(*llama, *d)) cli::flag_notes().push_back(std::move(line));
+  });
 }
 
 void add_sampling(CLI::App* cmd, engine::SamplingParams* p) {
-  cmd->add_option("--temp", p->temperature, "temperature (0: greedy)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--top-k", p->top_k, "keep the k most likely tokens (0: off)");
-  cmd->add_option("--top-p", p->top_p, "keep the smallest set with this probability mass (1: off)");
-  cmd->add_option("--min-p", p->min_p, "drop tokens below this fraction of the best one's probability (0: off)");
-  cmd->add_option("--repeat-penalty", p->repeat_penalty, "penalise repeated tokens (1: off)");
-  cmd->add_option("--presence-penalty", p->presence_penalty, "subtract for tokens already present (0: off)");
-  cmd->add_option("--frequency-penalty", p->frequency_penalty, "subtract per occurrence (0: off)");
-  cmd->add_option("--repeat-last-n", p->penalty_last_n, "tokens the penalties look back on (-1: all)");
+  cmd->add_option("--temp", p->temperature, "temperature (0: greedy)")->check(cli::in_range(0, 100));
+  cmd->add_option("--top-k", p->top_k, "keep the k most likely tokens (0: off)")->check(cli::at_least(0, "tokens"));
+  cmd->add_option("--top-p", p->top_p, "keep the smallest set with this probability mass (1: off)")
+      ->check(cli::in_range(0, 1));
+  cmd->add_option("--min-p", p->min_p, "drop tokens below this fraction of the best one's probability (0: off)")
+      ->check(cli::in_range(0, 1));
+  cmd->add_option("--repeat-penalty", p->repeat_penalty, "divide repeated tokens' logits by this (1: off)")
+      ->check(cli::in_range(0.01, 100));
+  cmd->add_option("--presence-penalty", p->presence_penalty, "subtract for tokens already present (0: off)")
+      ->check(cli::in_range(-2, 2));
+  cmd->add_option("--frequency-penalty", p->frequency_penalty, "subtract per occurrence (0: off)")
+      ->check(cli::in_range(-2, 2));
+  cmd->add_option("--repeat-last-n", p->penalty_last_n, "tokens the penalties look back on (-1: all)")
+      ->check(cli::at_least(-1, "tokens"));
   cmd->add_option("--seed", p->seed, "sampling seed");
 }
 
@@ -88,8 +122,6 @@ int main(int argc, char** argv) {
   CLI::App* c_inspect = app.add_subcommand("inspect", "architecture, hyperparameters and tensor table of a model");
   c_inspect->add_option("-m,--model", inspect.model, "GGUF file")->required();
   c_inspect->add_flag("--metadata", inspect.all_metadata, "also list every metadata key");
-  int inspect_threads = 0;
-  add_threads(c_inspect, &inspect_threads);
 
   SplitOptions split;
   bool split_report = false;
@@ -117,31 +149,42 @@ int main(int argc, char** argv) {
   c_simulate->add_option("--model-config", simulate.model_config, "a make-model preset (deepseek-v3, ...)")
       ->capture_default_str();
   c_simulate->add_option("--type", simulate.type, "its file type")->capture_default_str();
-  c_simulate->add_option("--layers", simulate.layers, "blocks (default: the real model's depth)");
+  c_simulate->add_option("--layers", simulate.layers, "blocks (default: the real model's depth)")
+      ->check(cli::in_range(1, 1e4, "blocks"));
   c_simulate->add_option("--policies", simulate.policies, sched::policy_list())->delimiter(',');
   c_simulate->add_option("--prompt", simulate.prompt, "prompt tokens")
-      ->check(CLI::PositiveNumber)
+      ->check(cli::in_range(1, 1e7, "tokens"))
       ->capture_default_str();
   c_simulate->add_option("--gen", simulate.gen, "generated tokens")
-      ->check(CLI::NonNegativeNumber)
+      ->check(cli::in_range(0, 1e7, "tokens"))
       ->capture_default_str();
   c_simulate->add_option("--isa", simulate.isa, "the CPU tier of the profile (default: its best)");
-  c_simulate->add_option("--zipf", simulate.zipf, "synthetic routing's skew s")->capture_default_str();
+  c_simulate->add_option("--zipf", simulate.zipf, "synthetic routing's skew s (0: uniform)")
+      ->capture_default_str()
+      ->check(cli::in_range(0, 100));
   c_simulate->add_option("--trace", simulate.trace, "replay this routing trace (hetmoe run --trace-routing)");
   c_simulate->add_option("--kt-experts", simulate.kt_experts, "kt: routed experts on the device (-1: all that fit)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cli::at_least(-1, "experts"));
   c_simulate
       ->add_option("--kt-prefill-tokens", simulate.kt_prefill_tokens,
                    "kt: prompts of this many tokens move their experts to the device")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cli::at_least(0, "tokens"));
   c_simulate
       ->add_option("--prefetch", simulate.prefetch,
                    "crossover, split: next-layer experts prefetched per step while the link is idle")
-      ->check(CLI::NonNegativeNumber)
+      ->check(cli::at_least(0, "experts"))
       ->capture_default_str();
-  c_simulate->add_option("--critical", simulate.critical, "split: residuals per token")->capture_default_str();
-  c_simulate->add_option("--gpu-bits", simulate.gpu_bits, "split: W^Q bits")->capture_default_str();
-  c_simulate->add_option("--residual-bits", simulate.residual_bits, "split: W^R bits")->capture_default_str();
+  c_simulate->add_option("--critical", simulate.critical, "split: residuals per token")
+      ->capture_default_str()
+      ->check(cli::at_least(0, "experts"));
+  c_simulate->add_option("--gpu-bits", simulate.gpu_bits, "split: W^Q bits")
+      ->capture_default_str()
+      ->check(CLI::IsMember({2, 3, 4}));
+  c_simulate->add_option("--residual-bits", simulate.residual_bits, "split: W^R bits")
+      ->capture_default_str()
+      ->check(CLI::IsMember({2, 3, 4, 5, 6, 8}));
   c_simulate->add_option("--seed", simulate.seed, "synthetic routing's seed")->capture_default_str();
   c_simulate->add_option("--json", simulate.json, "also write the predictions here");
   c_simulate->add_option("--svg", simulate.svg, "and draw them with the crossover curves (SVG)");
@@ -178,10 +221,12 @@ int main(int argc, char** argv) {
   CLI::Option* o_prompt = c_run->add_option("-p,--prompt", run.prompt, "prompt text");
   CLI::Option* o_tokens = c_run->add_option("--tokens", run_tokens, "prompt token ids, e.g. 3,17,42");
   o_prompt->excludes(o_tokens);
-  c_run->add_option("-n,--n-predict", run.n_predict, "tokens to generate")->check(CLI::NonNegativeNumber);
+  c_run->add_option("-n,--n-predict,--max-tokens", run.n_predict, "tokens to generate")
+      ->check(cli::in_range(0, 1e9, "tokens"));
   add_sampling(c_run, &run.sampling);
   c_run->add_flag("--ignore-eos", run.ignore_eos, "do not stop at the end-of-generation token");
-  c_run->add_option("-c,--ctx-size", run.ctx_size, "context size (default: prompt + n)")->check(CLI::NonNegativeNumber);
+  c_run->add_option("-c,--ctx-size", run.ctx_size, "context size (default: prompt + n)")
+      ->check(cli::in_range(0, 1e9, "tokens"));
   c_run->add_flag("--print-ids", run.print_ids, "print only the generated ids on stdout");
   c_run->add_option("--trace-routing", run.trace_routing,
                     "write the experts every MoE layer chose for every token to this file (JSON lines)");
@@ -195,9 +240,10 @@ int main(int argc, char** argv) {
   c_chat->add_option("--system", chat.system, "system message");
   c_chat->add_option("--chat-template", chat.chat_template, "override the template found in the file");
   add_sampling(c_chat, &chat.sampling);
-  c_chat->add_option("-n,--max-tokens", chat.max_tokens, "tokens per reply at most (-1: no limit)");
+  c_chat->add_option("-n,--n-predict,--max-tokens", chat.max_tokens, "tokens per reply at most (-1: no limit)")
+      ->check(cli::in_range(-1, 1e9, "tokens"));
   c_chat->add_option("-c,--ctx-size", chat.ctx_size, "context size (default: min(4096, the model's))")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::in_range(0, 1e9, "tokens"));
   c_chat->add_flag("--hide-think", chat.hide_think, "hide a reasoning model's <think> block instead of dimming it");
   c_chat->add_flag("!--no-think", chat.enable_thinking, "ask Qwen3 or GLM-4.5 not to think (enable_thinking = false)");
   add_threads(c_chat, &chat.threads);
@@ -209,8 +255,6 @@ int main(int argc, char** argv) {
   c_tokenize->add_option("-m,--model", tokenize.model, "GGUF file (a vocab-only one will do)")->required();
   c_tokenize->add_option("-f,--file", tokenize.file, "text file")->required();
   c_tokenize->add_flag("--no-bos", tokenize.no_bos, "do not add the BOS token the model asks for");
-  int tokenize_threads = 0;
-  add_threads(c_tokenize, &tokenize_threads);
 
   cli::BenchOptions bench;
   CLI::App* c_bench = app.add_subcommand(
@@ -219,8 +263,8 @@ int main(int argc, char** argv) {
   c_bench->add_option("-m,--model", bench.model, "GGUF file")->required();
   c_bench->add_option("--policies", bench.policies, "offload policies to compare: " + sched::policy_list())
       ->delimiter(',');
-  c_bench->add_option("--prompt", bench.prompt, "prefill tokens")->check(CLI::PositiveNumber);
-  c_bench->add_option("--gen", bench.gen, "decoded tokens")->check(CLI::PositiveNumber);
+  c_bench->add_option("--prompt", bench.prompt, "prefill tokens")->check(cli::in_range(1, 1e6, "tokens"));
+  c_bench->add_option("--gen", bench.gen, "decoded tokens")->check(cli::in_range(1, 1e6, "tokens"));
   c_bench->add_option("--json", bench.json, "also write the results as JSON");
   c_bench->add_option("--svg", bench.svg, "draw the policies and --profile's crossover curves (SVG)");
   c_bench->add_option("--synthetic", bench.synthetic,
@@ -228,7 +272,8 @@ int main(int argc, char** argv) {
   c_bench->add_option("--trace", bench.trace,
                       "replay this routing trace (hetmoe run --trace-routing) instead of the model's routing; its "
                       "counts place the experts");
-  c_bench->add_option("--repeat", bench.repeat, "measured runs per policy after a warm-up (median and spread)");
+  c_bench->add_option("--repeat", bench.repeat, "measured runs per policy after a warm-up (median and spread)")
+      ->check(cli::in_range(1, 1000, "runs"));
   add_threads(c_bench, &bench.threads);
   add_critical(c_bench, &bench.critical);
   add_device(c_bench, &bench.device);
@@ -239,15 +284,15 @@ int main(int argc, char** argv) {
   c_calibrate->add_option("-m,--model", calibrate.model, "GGUF file whose first MoE layer's expert is timed")
       ->required();
   c_calibrate->add_option("-o,--out", calibrate.out, "profile file");
-  c_calibrate->add_option("--max-rows", calibrate.max_rows, "largest row count timed")->check(CLI::PositiveNumber);
+  c_calibrate->add_option("--max-rows", calibrate.max_rows, "largest row count timed")
+      ->check(cli::in_range(1, 65536, "rows"));
   add_threads(c_calibrate, &calibrate.threads);
   c_calibrate
       ->add_option("--device", calibrate.device.kind,
                    "also measure this device's link and expert time: "
                    "emulated, cuda, auto")
       ->capture_default_str();
-  c_calibrate->add_option("--link-gbs", calibrate.device.link_gb_s, "emulated: host-device bandwidth in GB/s");
-  c_calibrate->add_option("--link-latency-us", calibrate.device.link_latency_us, "emulated: latency per copy");
+  add_link(c_calibrate, &calibrate.device);
   c_calibrate->add_option("--hw", calibrate.hw,
                           "or take the link and GPU of this hardware profile (hetmoe-hw/1) for the crossovers");
 
@@ -256,14 +301,18 @@ int main(int argc, char** argv) {
   c_make->add_option("--preset", make.preset, "model layout")->required()->check(CLI::IsMember(preset_names()));
   c_make->add_option("-o,--out", make.out_path, "output GGUF file")->required();
   c_make->add_option("--type", make.type, "file type")->check(CLI::IsMember(file_type_names()));
-  c_make->add_option("--layers", make.layers, "number of blocks (default: the preset's)");
+  c_make->add_option("--layers", make.layers, "number of blocks (default: the preset's)")
+      ->check(cli::in_range(1, 1e5, "blocks"));
   c_make->add_option("--seed", make.seed, "weight seed");
   add_max_shard_size(c_make, &make.max_shard_bytes);
   int make_threads = 0;
   add_threads(c_make, &make_threads);
 
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> args = cli::rename_llama_flags(argc, argv);
+    std::reverse(args.begin(), args.end());
+    args.pop_back();  // the program's name
+    app.parse(args);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
@@ -272,6 +321,9 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     fmt::print(stderr, "hetmoe: error: {} (see hetmoe --help)\n", e.what());
+    return 2;
+  } catch (const Error& e) {  // a command's flags that contradict each other
+    fmt::print(stderr, "hetmoe: error: {}\n", e.what());
     return 2;
   }
 

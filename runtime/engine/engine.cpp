@@ -95,8 +95,22 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options) {
   if (policy.traits.needs_split_model && !m.split())
     fail("--policy {} needs a split model (hetmoe split writes one); {} is not split", policy.name, options.model);
   set_critical(m, options.critical, options.model);
+  if (o.gpu_layers > 0) {
+    if (o.gpu_layers < m.config().n_layer)
+      fail(
+          "-ngl {}: {} has {} layers, and hetmoe runs the forward pass on the device for all of them or none: use "
+          "-ngl {} (all) or -ngl 0 (none); --device-memory GB bounds what the experts take",
+          o.gpu_layers, options.model, m.config().n_layer, m.config().n_layer);
+    if (o.host_pass) fail("-ngl {} puts the layers on the device; it contradicts --host-pass", o.gpu_layers);
+  }
   device::Device* d = engine->device_.get();
-  if (!d) return engine;
+  if (!d) {
+    if (o.gpu_layers > 0)
+      engine->notes_.push_back(
+          fmt::format("-ngl {}: no device ({}): everything runs on the CPU", o.gpu_layers,
+                      o.kind == "auto" ? "--device auto found no CUDA GPU" : "the policy uses none"));
+    return engine;
+  }
 
   // The weights take the device's memory (--device-memory caps it) but a reserve for the step's working rows (a
   // quarter, at most 1 GB).

@@ -18,13 +18,14 @@ struct DeviceOptions {
   double memory_gb = 0;        // emulated: its capacity (default 24 GB); any device: the weights' budget
   double link_gb_s = 0;        // emulated: throttle copies to this host-device bandwidth (0: no throttle)
   double link_latency_us = 0;  // emulated: and this latency per copy
-  int64_t move_rows = 32;  // without a profile: experts not resident but with this many rows in a step move (0: never)
-  int move_slots = 2;      // the ring the moved (and prefetched) experts go through
-  int64_t admissions = 1;  // adaptive policies: experts the residency may admit per step (0: none)
-  int64_t prefetch = 1;    // adaptive policies: next-layer experts prefetched over an idle link per step
-  bool host_pass = false;  // norms, attention, routers and the KV cache stay on the host device
-  std::string policy{};    // the scheduler's policy for routed experts; empty: its default for the device
-  std::string profile{};   // a machine profile for the cost model (calibrate's or hetmoe-hw/1)
+  int64_t move_rows = 32;   // without a profile: experts not resident but with this many rows in a step move (0: never)
+  int move_slots = 2;       // the ring the moved (and prefetched) experts go through
+  int64_t admissions = 1;   // adaptive policies: experts the residency may admit per step (0: none)
+  int64_t prefetch = 1;     // adaptive policies: next-layer experts prefetched over an idle link per step
+  bool host_pass = false;   // norms, attention, routers and the KV cache stay on the host device
+  int64_t gpu_layers = -1;  // llama.cpp's -ngl N > 0: checked against the model (all layers or none); -1: not given
+  std::string policy{};     // the scheduler's policy for routed experts; empty: its default for the device
+  std::string profile{};    // a machine profile for the cost model (calibrate's or hetmoe-hw/1)
   std::string warm_trace{};                        // a routing trace whose counts place the routed experts
   std::vector<std::vector<double>> warm_counts{};  // or these counts (bench's synthetic routing)
 };
