@@ -128,14 +128,6 @@ Machine parse_machine(const std::string& text, const std::string& where) {
   return m;
 }
 
-Machine load_machine(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error(path + ": cannot open the machine profile");
-  std::stringstream text;
-  text << f.rdbuf();
-  return parse_machine(text.str(), path);
-}
-
 std::string machine_json(const Machine& m) {
   json tiers = json::array();
   for (const CpuTier& t : m.tiers) {

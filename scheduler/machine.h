@@ -29,10 +29,8 @@ struct Machine {
   CostModel cost_model() const;
 };
 
-// Throws std::runtime_error with a one-line message naming the file and the field for a missing file, bad JSON, an
-// unknown format or a missing or invalid value.
-Machine load_machine(const std::string& path);
-// The same from text (what load_machine reads), `where` naming it in errors.
+// A profile's text (the scheduler reads no files: engine::load_machine does). Throws std::runtime_error with a
+// one-line message naming `where` and the field for bad JSON, an unknown format or a missing or invalid value.
 Machine parse_machine(const std::string& text, const std::string& where);
 // The machine as a "hetmoe-hw/1" document.
 std::string machine_json(const Machine& m);

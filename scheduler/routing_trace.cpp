@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -40,9 +40,8 @@ std::string RoutingTrace::text() const {
   return out;
 }
 
-RoutingTrace RoutingTrace::load(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error(path + ": cannot open the routing trace");
+RoutingTrace RoutingTrace::parse(const std::string& text, const std::string& path) {
+  std::istringstream f(text);
   RoutingTrace t;
   std::string line;
   int64_t number = 0;

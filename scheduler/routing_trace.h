@@ -30,9 +30,9 @@ struct RoutingTrace {
   // How often each expert was chosen: [n_layer][n_expert] (layers without steps: zeros).
   std::vector<std::vector<double>> counts() const;
 
-  // Throws std::runtime_error naming the file and line for a missing file, bad JSON, a wrong format or an id out of
-  // range.
-  static RoutingTrace load(const std::string& path);
+  // Reads the text of a trace file (the scheduler reads no files: engine::load_routing_trace does); throws
+  // std::runtime_error naming `path` and the line for bad JSON, a wrong format or an id out of range.
+  static RoutingTrace parse(const std::string& text, const std::string& path);
   // The whole trace as hetmoe-routing/1 lines (the scheduler writes no files; the tools do, through io::OutputFile).
   std::string text() const;
   // The header line and one step's line (for writers that stream).

@@ -235,7 +235,7 @@ int bench(const BenchOptions& opt) {
       warm = sched::ZipfRouter(n_expert, n_used, *zipf, 1, 3).counts(c.n_layer, c.n_leading_dense, 256);
     } else {
       try {
-        trace = sched::RoutingTrace::load(opt.trace);
+        trace = engine::load_routing_trace(opt.trace);
       } catch (const std::exception& e) {
         fail("--trace: {}", e.what());
       }
@@ -253,7 +253,7 @@ int bench(const BenchOptions& opt) {
   // A warm trace is read once for all the policies.
   DeviceOptions device_options = opt.device;
   if (!device_options.warm_trace.empty()) {
-    device_options.warm_counts = sched::RoutingTrace::load(device_options.warm_trace).counts();
+    device_options.warm_counts = engine::load_routing_trace(device_options.warm_trace).counts();
     device_options.warm_trace.clear();
   }
 
@@ -319,7 +319,7 @@ int bench(const BenchOptions& opt) {
     std::vector<CostCurve> curves;
     if (!opt.device.profile.empty()) {
       // One routed expert of the model (its first MoE layer) against --profile's link and device.
-      curves = crossover_curves(sched::load_machine(opt.device.profile),
+      curves = crossover_curves(engine::load_machine(opt.device.profile),
                                 e->model().ffn_weights(e->model().config().n_leading_dense).moe.expert_shape());
     }
     write_svg(opt.svg, policies_svg(fmt::format("{} (measured, median of {})", opt.model, opt.repeat), bars, curves));

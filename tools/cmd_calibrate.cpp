@@ -15,6 +15,7 @@
 #include "cpu_kernels/kernel_table.h"
 #include "cpu_kernels/thread_pool.h"
 #include "runtime/device/device.h"
+#include "runtime/engine/engine.h"
 #include "runtime/error.h"
 #include "runtime/io/output_file.h"
 #include "runtime/model/model.h"
@@ -172,7 +173,7 @@ int calibrate(const CalibrateOptions& opt) {
   // The crossover of each tier: from how many rows moving this expert to the device pays.
   sched::Machine machine = sched::parse_machine(profile.dump(), opt.out);
   if (!opt.hw.empty()) {
-    const sched::Machine hw = sched::load_machine(opt.hw);
+    const sched::Machine hw = engine::load_machine(opt.hw);
     if (!hw.gpu) fail("{}: the hardware profile has no GPU to take the crossovers against", opt.hw);
     machine.link = hw.link;
     machine.gpu = hw.gpu;

@@ -21,9 +21,11 @@
 #include "runtime/engine/sampler.h"
 #include "runtime/engine/session.h"
 #include "runtime/error.h"
+#include "runtime/io/input_file.h"
 #include "runtime/io/output_file.h"
 #include "runtime/model/model.h"
 #include "runtime/text/chat_template.h"
+#include "runtime/text/terminal_safe.h"
 #include "runtime/text/think_filter.h"
 #include "runtime/text/tokenizer.h"
 #include "tools/commands.h"
@@ -57,12 +59,10 @@ class LineReader {
     }
   }
 
+  // A line, at most kMaxLineBytes of it: a longer one is read past and comes back as kTooLong.
   std::optional<std::string> read(const std::string& prompt) {
-    if (!tty_) {
-      std::string line;
-      if (!std::getline(std::cin, line)) return std::nullopt;
-      return line;
-    }
+    if (!tty_) return read_piped();
+    g_interrupt = false;  // a Ctrl-C that stopped the last reply is spent: it must not cancel this prompt
     done_ = false;
     line_.reset();
     g_reader = this;
@@ -90,10 +90,31 @@ class LineReader {
       if (ready > 0) rl_callback_read_char();
     }
     if (line_ && !line_->empty()) add_history(line_->c_str());
+    if (line_ && line_->size() > kMaxLineBytes) return std::string(kTooLong);
     return line_;
   }
 
+  static constexpr size_t kMaxLineBytes = size_t{16} << 20;
+  static constexpr std::string_view kTooLong{"\0too long", 9};  // no message can be this (it holds a NUL)
+
  private:
+  // std::getline would grow without bound on a stream without newlines.
+  static std::optional<std::string> read_piped() {
+    std::string line;
+    bool any = false, too_long = false;
+    for (int c; (c = std::cin.get()) != EOF;) {
+      any = true;
+      if (c == '\n') break;
+      if (line.size() < kMaxLineBytes)
+        line += static_cast<char>(c);
+      else
+        too_long = true;
+    }
+    if (!any) return std::nullopt;
+    if (too_long) return std::string(kTooLong);
+    return line;
+  }
+
   bool tty_;
   bool done_ = false;
   std::optional<std::string> line_;
@@ -116,6 +137,7 @@ class Chat {
     conversation_.set_cancel(&g_interrupt);
   }
 
+  // 0, or 1 when a message from a pipe was not sent (a script learns that from the exit status).
   int run() {
     io::set_interrupt_hook(on_sigint);
     if (tty_)
@@ -128,6 +150,11 @@ class Chat {
       std::optional<std::string> line = read_message();
       if (!line) break;
       if (line->empty()) continue;
+      ++messages_;
+      if (*line == LineReader::kTooLong) {
+        refuse(fmt::format("a message of more than {} MiB; not sent", LineReader::kMaxLineBytes >> 20));
+        continue;
+      }
       if ((*line)[0] == '/') {
         if (!command(*line)) break;
         continue;
@@ -135,6 +162,10 @@ class Chat {
       turn(*line);
     }
     if (tty_) fmt::print("\n");
+    if (!tty_ && refused_ > 0) {
+      fmt::print(stderr, "hetmoe: error: {} of {} messages were not sent (see the notes above)\n", refused_, messages_);
+      return 1;
+    }
     return 0;
   }
 
@@ -165,6 +196,12 @@ class Chat {
       text += *more;
     }
     return text;
+  }
+
+  // A message that was not sent: said, counted for the exit status, and nothing else changed.
+  void refuse(const std::string& why) {
+    ++refused_;
+    note(why);
   }
 
   void note(const std::string& text) const {
@@ -213,7 +250,7 @@ class Chat {
         note(fmt::format("unknown command {}; /help lists them", name));
       }
     } catch (const std::exception& e) {
-      note(fmt::format("error: {}", e.what()));
+      refuse(fmt::format("error: {}", e.what()));
     }
     return true;
   }
@@ -230,11 +267,10 @@ class Chat {
 
   void load(const std::string& path) {
     if (path.empty()) fail("/load needs a file name");
-    std::ifstream f(path);
-    if (!f) fail("cannot open {}", path);
+    const std::string saved = io::read_file(path, io::kMaxChatBytes, "a saved conversation");
     std::vector<text::ChatMessage> messages;
     try {
-      const nlohmann::json j = nlohmann::json::parse(f);
+      const nlohmann::json j = nlohmann::json::parse(saved);
       for (const nlohmann::json& m : j.at("messages")) {
         const std::string role = m.at("role").get<std::string>();
         if (role != "system" && role != "user" && role != "assistant") fail("{}: unknown role '{}'", path, role);
@@ -247,40 +283,49 @@ class Chat {
     note(fmt::format("(loaded {} messages from {})", conversation_.messages().size(), path));
   }
 
-  // Makes room for `text`: asks on a terminal, drops the oldest turns otherwise. False: the message is skipped.
+  // Makes room for `text`: asks on a terminal, drops the oldest turns otherwise. False: the message is not sent and
+  // the conversation is as it was.
   bool make_room(const std::string& text) {
-    int64_t margin = conversation_.fit_margin(text);
-    if (margin >= 0) return true;
-    if (tty_) {
-      note(fmt::format("the context is full ({} tokens): this message needs {} more positions.", session_.n_ctx(),
-                       -margin));
-      std::optional<std::string> answer = reader_.read(
-          fmt::format("[c]lear, keep the last [N] of {} turns, or [s]kip this message? ", conversation_.n_turns()));
-      if (!answer || answer->empty() || (*answer)[0] == 's') return false;
-      if ((*answer)[0] == 'c') {
-        conversation_.clear();
-      } else {
-        char* end = nullptr;
-        const long n = std::strtol(answer->c_str(), &end, 10);
-        if (end == answer->c_str() || n < 0) return false;
-        conversation_.keep_last_turns(n);
-      }
-    } else {
-      while (conversation_.fit_margin(text) < 0 && conversation_.n_turns() > 0)
-        conversation_.keep_last_turns(conversation_.n_turns() - 1);
-      note("(context full: dropped the oldest turns)");
-    }
-    margin = conversation_.fit_margin(text);
-    if (margin < 0) {
-      note(fmt::format("this message does not fit the context of {} tokens even alone; not sent", session_.n_ctx()));
+    if (conversation_.fit_margin(text) >= 0) return true;
+    if (conversation_.fit_margin(text, 0) < 0) {
+      refuse(fmt::format("this message does not fit the context of {} tokens even alone; not sent", session_.n_ctx()));
       return false;
     }
+    // The most recent turns that can stay with it.
+    const int64_t turns = conversation_.n_turns();
+    int64_t most = turns - 1;
+    while (most > 0 && conversation_.fit_margin(text, most) < 0) --most;
+    if (tty_) {
+      note(fmt::format("the context is full ({} tokens): this message fits with at most the last {} of {} turns.",
+                       session_.n_ctx(), most, turns));
+      for (;;) {
+        std::optional<std::string> answer =
+            reader_.read(fmt::format("[c]lear, keep the last [N] of {} turns, or [s]kip this message? ", turns));
+        if (!answer || answer->empty() || (*answer)[0] == 's') {
+          refuse("(not sent)");
+          return false;
+        }
+        if ((*answer)[0] == 'c') {
+          conversation_.clear();
+          return true;
+        }
+        char* end = nullptr;
+        const long n = std::strtol(answer->c_str(), &end, 10);
+        if (end != answer->c_str() && n >= 0 && n <= most) {
+          conversation_.keep_last_turns(n);
+          return true;
+        }
+        note(fmt::format("answer c, s or a number of turns from 0 to {}", most));
+      }
+    }
+    conversation_.keep_last_turns(most);
+    note(fmt::format("(context full: dropped the oldest {} of {} turns)", turns - most, turns));
     return true;
   }
 
   void turn(const std::string& text) {
     if (const auto bad = text::find_invalid_utf8(text)) {
-      note(fmt::format("the message is not valid UTF-8 (byte {}); not sent", *bad));
+      refuse(fmt::format("the message is not valid UTF-8 (byte {}); not sent", *bad));
       return;
     }
     g_interrupt = false;  // a Ctrl-C from here on stops this turn, even one pressed during the prefill
@@ -292,7 +337,7 @@ class Chat {
       note("(stopped)");
       return;
     } catch (const std::exception& e) {
-      note(fmt::format("error: {}", e.what()));
+      refuse(fmt::format("error: {}; not sent", e.what()));
       return;
     }
     const bool think_open = rendered_ends_inside_think();
@@ -303,6 +348,7 @@ class Chat {
     // exactly as the cache holds it and the next turn reuses all of it.
     text::StreamDecoder decoder(*tokenizer_);
     text::StreamDecoder recorder(*tokenizer_, /*render_special=*/true);
+    text::TerminalSafe safe;  // what is shown: no control bytes of the model's reach the terminal
     std::string reply = think_open ? std::string(template_.think_open()) + "\n" : "";
     const int64_t before = session_.n_past();
     engine::GenerateOptions gen{.max_tokens = opt_.max_tokens, .interrupt = &g_interrupt};
@@ -311,7 +357,7 @@ class Chat {
       result = engine::generate(session_, last_logits(), sampler_, tokenizer_.get(), gen, [&](int32_t token) {
         if (tokenizer_->is_end_of_generation(token)) return true;
         reply += recorder.push(token);
-        fmt::print("{}", filter.push(decoder.push(token)));
+        fmt::print("{}", filter.push(safe.push(decoder.push(token))));
         std::fflush(stdout);
         return true;
       });
@@ -319,7 +365,12 @@ class Chat {
       note(fmt::format("error: {}", e.what()));
     }
     reply += recorder.flush();
-    fmt::print("{}{}\n", filter.push(decoder.flush()), filter.flush());
+    // In order (the operands of + and a call's arguments are evaluated in no fixed order).
+    std::string tail = safe.push(decoder.flush());
+    tail += safe.flush();
+    tail = filter.push(tail);
+    tail += filter.flush();
+    fmt::print("{}\n", tail);
     std::fflush(stdout);
     const int64_t evaluated = session_.n_past() - before;
     for (int64_t i = 0; i < evaluated; ++i) conversation_.on_generated(result.tokens[static_cast<size_t>(i)]);
@@ -358,6 +409,7 @@ class Chat {
   engine::Sampler sampler_;
   LineReader reader_;
   engine::Session::Counters total_;
+  int64_t messages_ = 0, refused_ = 0;  // lines read (commands included), and those not sent
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "quant/lowbit.h"
+#include "runtime/engine/engine.h"
 #include "runtime/error.h"
 #include "runtime/io/output_file.h"
 #include "runtime/model/make_model.h"
@@ -84,13 +85,13 @@ sched::SimModel sim_model(const SimulateOptions& opt) {
 int simulate(const SimulateOptions& opt) {
   sched::Machine machine;
   try {
-    machine = sched::load_machine(opt.hw);
+    machine = engine::load_machine(opt.hw);
   } catch (const std::runtime_error& e) {
     fail("{}", e.what());
   }
   const sched::SimModel model = sim_model(opt);
   std::optional<sched::RoutingTrace> trace;
-  if (!opt.trace.empty()) trace = sched::RoutingTrace::load(opt.trace);
+  if (!opt.trace.empty()) trace = engine::load_routing_trace(opt.trace);
   sched::SimOptions so;
   so.policies = opt.policies;
   so.prompt = opt.prompt;

@@ -1,24 +1,20 @@
 // `hetmoe tokenize`: the token ids of a file's exact bytes, as llama.cpp's llama-tokenize --ids prints them.
 #include <fmt/format.h>
 
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/error.h"
 #include "runtime/gguf/reader.h"
+#include "runtime/io/input_file.h"
 #include "runtime/text/tokenizer.h"
 #include "tools/commands.h"
 
 namespace hetmoe::cli {
 
 int tokenize(const TokenizeOptions& opt) {
-  std::ifstream in(opt.file, std::ios::binary);
-  if (!in) fail("cannot read {}", opt.file);
-  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (in.bad()) fail("cannot read {}", opt.file);
+  const std::string text = io::read_file(opt.file, io::kMaxTextBytes, "a text file");
 
   const gguf::GgufFile file = gguf::GgufFile::open(opt.model);
   const std::unique_ptr<text::Tokenizer> tokenizer = text::Tokenizer::from_gguf(file);

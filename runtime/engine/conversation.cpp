@@ -33,18 +33,20 @@ int64_t Conversation::n_turns() const {
   return std::count_if(messages_.begin(), messages_.end(), [](const text::ChatMessage& m) { return m.role == "user"; });
 }
 
-void Conversation::keep_last_turns(int64_t n) {
+std::vector<text::ChatMessage> Conversation::last_turns(int64_t n) const {
   std::vector<size_t> users;
   for (size_t i = 0; i < messages_.size(); ++i)
     if (messages_[i].role == "user") users.push_back(i);
-  if (n >= static_cast<int64_t>(users.size())) return;
+  if (n < 0 || n >= static_cast<int64_t>(users.size())) return messages_;
   // Everything from the first kept user message on stays, and the system message before it.
-  const size_t first = n <= 0 ? messages_.size() : users[users.size() - static_cast<size_t>(n)];
+  const size_t first = n == 0 ? messages_.size() : users[users.size() - static_cast<size_t>(n)];
   std::vector<text::ChatMessage> kept;
   if (!messages_.empty() && messages_.front().role == "system") kept.push_back(messages_.front());
   kept.insert(kept.end(), messages_.begin() + static_cast<std::ptrdiff_t>(first), messages_.end());
-  messages_ = std::move(kept);
+  return kept;
 }
+
+void Conversation::keep_last_turns(int64_t n) { messages_ = last_turns(n); }
 
 Conversation::Plan Conversation::plan(const std::vector<text::ChatMessage>& messages) const {
   Plan p;
@@ -92,8 +94,8 @@ int64_t Conversation::add_user(std::string text) {
   return n;
 }
 
-int64_t Conversation::fit_margin(const std::string& text) const {
-  std::vector<text::ChatMessage> next = messages_;
+int64_t Conversation::fit_margin(const std::string& text, int64_t keep_turns) const {
+  std::vector<text::ChatMessage> next = last_turns(keep_turns);
   next.push_back({"user", text});
   const Plan p = plan(next);
   return session_.n_ctx() - p.keep - static_cast<int64_t>(p.tokens.size());

@@ -44,8 +44,9 @@ class Conversation {
   // Throws ContextFull (nothing changed) when they do not fit, and Cancelled when `cancel` (set_cancel) is raised
   // during the prefill (the message is not added; cached turns after the common prefix are re-evaluated later).
   int64_t add_user(std::string text);
-  // Free positions that would remain after add_user(text); negative when the turn does not fit.
-  int64_t fit_margin(const std::string& text) const;
+  // Free positions that would remain after add_user(text); negative when the turn does not fit. With keep_turns >= 0:
+  // after keep_last_turns(keep_turns) first (0: the system message alone), without changing anything.
+  int64_t fit_margin(const std::string& text, int64_t keep_turns = -1) const;
 
   // Accounts for a generated token the caller evaluated on the session (keeps the text map in step). Call it
   // only for tokens that were evaluated: generate() leaves the end token and the last one unevaluated.
@@ -63,6 +64,8 @@ class Conversation {
     std::string text;             // the full rendering
   };
   Plan plan(const std::vector<text::ChatMessage>& messages) const;
+  // The messages keep_last_turns(n) keeps (n < 0: all).
+  std::vector<text::ChatMessage> last_turns(int64_t n) const;
   int64_t apply(const Plan& p);
 
   Session& session_;

@@ -9,6 +9,7 @@
 
 #include "cpu_kernels/kernel_table.h"
 #include "runtime/error.h"
+#include "runtime/io/input_file.h"
 #include "scheduler/machine.h"
 #include "scheduler/policies.h"
 #include "scheduler/routing_trace.h"
@@ -64,6 +65,24 @@ void check(const DeviceOptions& o) {
 }
 
 }  // namespace
+
+sched::Machine load_machine(const std::string& path) {
+  const std::string text = io::read_file(path, io::kMaxProfileBytes, "a machine profile");
+  try {
+    return sched::parse_machine(text, path);
+  } catch (const std::runtime_error& e) {
+    throw Error(e.what());
+  }
+}
+
+sched::RoutingTrace load_routing_trace(const std::string& path) {
+  const std::string text = io::read_file(path, io::kMaxTraceBytes, "a routing trace");
+  try {
+    return sched::RoutingTrace::parse(text, path);
+  } catch (const std::runtime_error& e) {
+    throw Error(e.what());
+  }
+}
 
 bool cuda_available() { return device::cuda_device_count() > 0; }
 
@@ -121,7 +140,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options) {
   std::optional<sched::CostModel> cost;
   std::string isa(cpu::isa_name(cpu::kernels().isa));
   if (!o.profile.empty()) {
-    machine = sched::load_machine(o.profile);
+    machine = load_machine(o.profile);
     // calibrate without --device measured no link and no device: no crossover to take.
     if (!machine->gpu)
       fail("{}: the profile has no device; run hetmoe calibrate with --device (or use a hetmoe-hw/1 profile)",
@@ -132,7 +151,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& options) {
       isa = machine->best_tier().isa;
   }
   std::vector<std::vector<double>> warm = o.warm_counts;
-  if (!o.warm_trace.empty()) warm = sched::RoutingTrace::load(o.warm_trace).counts();
+  if (!o.warm_trace.empty()) warm = load_routing_trace(o.warm_trace).counts();
   m.attach_device(*d,
                   {.budget_bytes = budget - std::min(budget / 4, size_t{1} << 30),
                    .move_rows = o.move_rows,

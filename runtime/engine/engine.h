@@ -8,6 +8,8 @@
 #include "runtime/device/device.h"
 #include "runtime/engine/session.h"
 #include "runtime/model/model.h"
+#include "scheduler/machine.h"
+#include "scheduler/routing_trace.h"
 
 namespace hetmoe::engine {
 
@@ -39,6 +41,11 @@ struct EngineOptions {
 
 // Whether a CUDA GPU can be used: a driver, a GPU and this build's CUDA device (loaded only when asked).
 bool cuda_available();
+
+// A machine profile (calibrate's or hetmoe-hw/1) and a routing trace from their files, read with the inputs' bounds
+// (io::read_file); errors are hetmoe::Error naming the file.
+sched::Machine load_machine(const std::string& path);
+sched::RoutingTrace load_routing_trace(const std::string& path);
 // Whether the options ask for a device: emulated or cuda, or auto on a machine with a CUDA GPU.
 bool wants_device(const DeviceOptions& options);
 // The device `options.kind` names; null for "cpu", and for "auto" without a CUDA GPU. Fails with one line for an

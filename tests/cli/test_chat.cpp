@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/small_fs.h"
+
 namespace hetmoe {
 namespace {
 
@@ -105,19 +107,38 @@ TEST(ChatPiped, SaveAndLoadKeepTheConversation) {
   EXPECT_GT(prompts[1], prompts[0]) << r.err;
 }
 
+// The context positions in use after each turn ("| context N/C]").
+std::vector<int> context_used(const std::string& err) {
+  std::vector<int> used;
+  const std::regex re(R"(\| context (\d+)/)");
+  for (std::sregex_iterator it(err.begin(), err.end(), re), end; it != end; ++it) used.push_back(std::stoi((*it)[1]));
+  return used;
+}
+
 TEST(ChatPiped, ContextOverflowDropsOldTurnsAndKeepsRunning) {
   const Piped r = chat_piped("--chat-template deepseek3 --temp 0 -n 8 -c 400",
                              kLong + "\n" + kLong + "\n" + kLong + "\n" + std::string(2000, 'x') + "\nshort\n");
-  ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.err.find("dropped the oldest turns"), std::string::npos) << r.err;
+  // The message too long even alone is refused: the exit status says so, and it changed nothing.
+  EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_NE(r.err.find("does not fit the context"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("hetmoe: error: 1 of 5 messages were not sent"), std::string::npos) << r.err;
+  // Only one message (the one after the refused one) dropped a turn, and the note says so once.
+  const std::regex dropped(R"(\(context full: dropped the oldest (\d+) of (\d+) turns\))");
+  EXPECT_EQ(std::distance(std::sregex_iterator(r.err.begin(), r.err.end(), dropped), std::sregex_iterator()), 1)
+      << r.err;
   EXPECT_EQ(prompt_counts(r.err).size(), 4u) << "four of the five messages were answered:\n" << r.err;
+  // "short" went on from the turns that fit beside it (the refused message dropped none of them): more context in
+  // use than one long turn takes.
+  const std::vector<int> used = context_used(r.err);
+  ASSERT_EQ(used.size(), 4u) << r.err;
+  EXPECT_GT(used[3], used[0]) << r.err;
 }
 
 TEST(ChatPiped, InvalidUtf8IsRefusedNotFatal) {
   const Piped r = chat_piped("--chat-template deepseek3 --temp 0 -n 4", "bad \xff\xfe bytes\nfine\n");
-  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.status, 1) << r.err;  // a script learns that a message was not sent
   EXPECT_NE(r.err.find("not valid UTF-8"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("hetmoe: error: 1 of 2 messages were not sent"), std::string::npos) << r.err;
   EXPECT_EQ(prompt_counts(r.err).size(), 1u) << r.err;
 }
 
@@ -128,9 +149,58 @@ TEST(ChatPiped, AConversationTheTemplateCannotRenderIsReportedAndTheChatGoesOn) 
   std::ofstream(file) << R"({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]})";
   const Piped r = chat_piped("--chat-template mistral --temp 0 -n 2", "/load " + file.string() + "\nhi\n/clear\nhi\n");
   fs::remove(file);
-  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_NE(r.err.find("error: "), std::string::npos) << r.err;
   EXPECT_EQ(prompt_counts(r.err).size(), 1u) << "only the message after /clear is answered:\n" << r.err;
+}
+
+// The tiny model's random replies are full of control bytes and broken UTF-8: none of it reaches the terminal.
+TEST(ChatPiped, RepliesAreTerminalSafe) {
+  const Piped r = chat_piped("--temp 1.5 --seed 7 -n 400", "hello\nmore text please\n");
+  ASSERT_EQ(r.status, 0) << r.err;
+  ASSERT_GT(r.out.size(), 400u);
+  for (const char c : r.out) {
+    const auto b = static_cast<unsigned char>(c);
+    EXPECT_FALSE((b < 0x20 && b != '\n' && b != '\t') || b == 0x7f) << "byte " << int(b) << " in: " << r.out;
+  }
+  EXPECT_NE(r.out.find("\\x"), std::string::npos) << "no control byte shown escaped:\n" << r.out;
+  // Valid UTF-8 throughout (U+FFFD where the model wrote none).
+  for (size_t i = 0; i < r.out.size();) {
+    const auto b = static_cast<unsigned char>(r.out[i]);
+    const size_t n = b < 0x80 ? 1 : b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC2 ? 2 : 0;
+    ASSERT_GT(n, 0u) << "invalid lead byte at " << i;
+    ASSERT_LE(i + n, r.out.size());
+    for (size_t k = 1; k < n; ++k) ASSERT_EQ(static_cast<unsigned char>(r.out[i + k]) & 0xC0, 0x80) << i;
+    i += n;
+  }
+}
+
+// A "message" of more than 16 MiB without a newline is read past and refused; the chat goes on.
+TEST(ChatPiped, AnEndlessLineIsRefused) {
+  const Piped r = chat_piped("--temp 0 -n 2", std::string((16 << 20) + 100, 'z') + "\nhi\n");
+  EXPECT_EQ(r.status, 1) << r.err.substr(0, 500);
+  EXPECT_NE(r.err.find("a message of more than 16 MiB; not sent"), std::string::npos) << r.err.substr(0, 500);
+  EXPECT_EQ(prompt_counts(r.err).size(), 1u) << r.err.substr(0, 500);
+}
+
+// /save on a full disk says so and leaves the conversation saved before as it was.
+TEST(ChatPiped, SaveOnAFullDiskKeepsTheOldFile) {
+  const fs::path dir = fs::temp_directory_path() / ("hetmoe_chat_full_" + std::to_string(::getpid()));
+  test_support::SmallFs small(dir, 64);
+  if (!small.mounted()) GTEST_SKIP() << small.error();
+  const fs::path saved = dir / "chat.json";
+  std::ofstream(saved) << "{\"format\": \"hetmoe-chat/1\", \"messages\": []}";
+  {
+    std::ofstream filler(dir / "filler");
+    filler << std::string(1 << 20, 'f');  // more than the file system holds: it fills to the last byte
+  }
+  const std::string before = read_file(saved);
+  const Piped r = chat_piped("--temp 0 -n 4", "a question\n/save " + saved.string() + "\n");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("cannot write " + saved.string() + ": No space left"), std::string::npos) << r.err;
+  EXPECT_EQ(read_file(saved), before);
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
 }
 
 TEST(ChatPiped, UnknownTemplateAndMissingTemplate) {
@@ -219,7 +289,13 @@ TEST(ChatTerminal, TurnsCtrlCClearAndExit) {
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   pty.send("\x03");  // Ctrl-C: stops the reply, not the program
   ASSERT_TRUE(pty.expect("(stopped)")) << pty.output();
+  const size_t stopped = pty.output().size();
   ASSERT_TRUE(pty.expect("> ")) << pty.output();
+  // One prompt, and no ghost of it: the Ctrl-C that stopped the reply is not taken again by the prompt.
+  pty.expect("never printed", 0.6);
+  const std::string after = pty.output().substr(stopped);
+  EXPECT_EQ(after.find("^C"), std::string::npos) << after;
+  EXPECT_EQ(after.find("> "), after.rfind("> ")) << after;
   pty.send("abc\x03");  // Ctrl-C at the prompt drops the line
   ASSERT_TRUE(pty.expect("^C")) << pty.output();
   pty.send("/clear\r");
@@ -242,10 +318,11 @@ TEST(ChatTerminal, FullContextOffersClearOrKeep) {
   pty.send("1\r");
   ASSERT_TRUE(pty.expect("[prompt ")) << pty.output();
   ASSERT_TRUE(pty.expect("> ")) << pty.output();
-  pty.send(std::string(3000, 'y') + "\r");  // too long even alone: refused, the chat goes on
-  ASSERT_TRUE(pty.expect("[c]lear")) << pty.output();
-  pty.send("c\r");
+  pty.send(std::string(3000, 'y') + "\r");  // too long even alone: refused at once, nothing changes
   ASSERT_TRUE(pty.expect("does not fit the context")) << pty.output();
+  ASSERT_TRUE(pty.expect("> ")) << pty.output();
+  pty.send("/stats\r");
+  ASSERT_TRUE(pty.expect(", 2 turns")) << pty.output();
   pty.send("/exit\r");
   EXPECT_EQ(pty.wait_exit(), 0) << pty.output();
 }

@@ -1,7 +1,9 @@
 // Every numeric flag is checked (finite, in range, with its unit in the message), llama.cpp's offload flags are
 // read as hetmoe's settings or refused with the equivalent, and thread counts are bounded by the machine.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <fstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -110,6 +112,28 @@ TEST_F(Cli, RunAndChatShareTheLongNames) {
     const Result c = hetmoe("chat -m " + kModel.string() + " -t 1 " + n + " </dev/null");
     EXPECT_EQ(c.status, 0) << n << ": " << c.err;
   }
+}
+
+// Inputs that would block or grow without bound: a FIFO as the model (opened without blocking and refused), a
+// character device or an oversized file as text or profile. `timeout` turns a hang into a failure.
+TEST_F(Cli, InputsThatBlockOrNeverEndAreRefused) {
+  const fs::path fifo = dir_ / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_error(hetmoe("inspect -m " + fifo.string(), "timeout 20"), "is a pipe (FIFO), not a GGUF model");
+  expect_error(hetmoe("run --tokens 3 -m " + fifo.string(), "timeout 20"), "is a pipe (FIFO)");
+  expect_error(hetmoe("tokenize -m " + kModel.string() + " -f /dev/zero", "timeout 20"),
+               "/dev/zero is a character device, not a text file");
+  expect_error(hetmoe("tokenize -m " + kModel.string() + " -f " + fifo.string(), "timeout 20"), "is a pipe (FIFO)");
+  const fs::path big = dir_ / "big.txt";
+  fs::resize_file((std::ofstream(big), big), (uint64_t{256} << 20) + 1);  // sparse: no disk space taken
+  expect_error(hetmoe("tokenize -m " + kModel.string() + " -f " + big.string(), "timeout 20"),
+               "more than the 256 MiB hetmoe reads");
+  expect_error(
+      hetmoe("run --tokens 3 -m " + kModel.string() + " --device emulated --profile " + fifo.string(), "timeout 20"),
+      "not a machine profile");
+  expect_error(
+      hetmoe("run --tokens 3 -m " + kModel.string() + " --device emulated --warm-trace /dev/zero", "timeout 20"),
+      "a routing trace");
 }
 
 }  // namespace

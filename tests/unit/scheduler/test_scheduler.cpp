@@ -456,7 +456,6 @@ TEST(Machine, RefusesBadProfilesWithTheFileAndField) {
   std::string no_link = kProfile;
   no_link.erase(no_link.find(R"("link")"), std::string(R"("link": {"bytes_per_s": 25e9, "latency_s": 1e-5},)").size());
   EXPECT_NE(error(no_link).find("needs a 'link'"), std::string::npos);
-  EXPECT_THROW(load_machine("/nonexistent/profile.json"), std::runtime_error);
 }
 
 // --- routing traces -----------------------------------------------------------------------------------------------
@@ -469,9 +468,8 @@ TEST(RoutingTrace, SavesLoadsAndCounts) {
   t.n_used = 2;
   t.steps.push_back({.layer = 1, .n_tokens = 2, .ids = {0, 3, 3, 1}, .weights = {0.7f, 0.3f, 0.5f, 0.5f}});
   t.steps.push_back({.layer = 2, .n_tokens = 1, .ids = {2, 3}, .weights = {0.1f, 0.9f}});
-  const std::string path = (std::filesystem::temp_directory_path() / "hetmoe_trace_test.jsonl").string();
-  std::ofstream(path) << t.text();
-  const RoutingTrace back = RoutingTrace::load(path);
+  const std::string path = "trace.jsonl";
+  const RoutingTrace back = RoutingTrace::parse(t.text(), path);
   EXPECT_EQ(back.n_expert, 4);
   ASSERT_EQ(back.steps.size(), 2u);
   EXPECT_EQ(back.steps[0].ids, t.steps[0].ids);
@@ -490,17 +488,14 @@ TEST(RoutingTrace, SavesLoadsAndCounts) {
   EXPECT_EQ(r.experts[2].critical_rows, 1);
   EXPECT_FLOAT_EQ(static_cast<float>(r.experts[2].gate), 0.8f);
 
-  std::ofstream(path) << t.header_line() << "\n{\"layer\": 1, \"n\": 1, \"ids\": [0, 9], \"weights\": [1, 0]}\n";
   try {
-    RoutingTrace::load(path);
+    RoutingTrace::parse(t.header_line() + "\n{\"layer\": 1, \"n\": 1, \"ids\": [0, 9], \"weights\": [1, 0]}\n", path);
     ADD_FAILURE() << "loaded an id out of range";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find(":2: expert id 9 out of range"), std::string::npos) << e.what();
   }
-  std::ofstream(path) << "{\"format\": \"other\"}\n";
-  EXPECT_THROW(RoutingTrace::load(path), std::runtime_error);
-  std::filesystem::remove(path);
-  EXPECT_THROW(RoutingTrace::load(path), std::runtime_error);
+  EXPECT_THROW(RoutingTrace::parse("{\"format\": \"other\"}\n", path), std::runtime_error);
+  EXPECT_THROW(RoutingTrace::parse("", path), std::runtime_error);
 }
 
 TEST(RoutingTrace, ZipfSkewsTheChoiceAndKeepsTokensValid) {
