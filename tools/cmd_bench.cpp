@@ -322,7 +322,19 @@ int bench(const BenchOptions& opt) {
       curves = crossover_curves(engine::load_machine(opt.device.profile),
                                 e->model().ffn_weights(e->model().config().n_leading_dense).moe.expert_shape());
     }
-    write_svg(opt.svg, policies_svg(fmt::format("{} (measured, median of {})", opt.model, opt.repeat), bars, curves));
+    // Say what ran: an emulated device is host memory behind a throttled link, not a GPU.
+    const bool emulated = std::any_of(results.begin(), results.end(), [](const PolicyResult& r) {
+      return r.device.find("emulated") != std::string::npos;
+    });
+    const SvgLabels labels{
+        .title = opt.model,
+        .source =
+            fmt::format("measured by hetmoe bench, median of {} runs{}", opt.repeat,
+                        emulated ? "; the device is EMULATED (host memory behind a modelled link, not a GPU)" : ""),
+        .no_curves = opt.device.profile.empty()
+                         ? "no --profile given: no crossover curves (hetmoe calibrate --device writes one)"
+                         : "the profile has no device: no crossover to draw"};
+    write_svg(opt.svg, policies_svg(labels, bars, curves));
   }
   if (!opt.json.empty()) {
     nlohmann::json j = {{"model", opt.model},
@@ -341,7 +353,8 @@ int bench(const BenchOptions& opt) {
                         {"ttft_s", run.ttft_s},
                         {"cpu_expert_bytes_per_token", run.cpu_expert_bytes_per_token},
                         {"dram_read_bytes_per_token", run.dram_bytes_per_token},
-                        {"energy_j_per_token", run.joules_per_token}});
+                        {"energy_j_per_token", run.joules_per_token},
+                        {"energy_source", energy.source()}});
       // The agreed fields hold the medians; "runs" keeps every measurement.
       j["results"].push_back(
           {{"policy", r.policy},

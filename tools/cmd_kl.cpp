@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "runtime/gguf/reader.h"
+#include "runtime/model/config.h"
 #include "runtime/text/tokenizer.h"
 #include "tools/commands.h"
 
@@ -32,11 +34,39 @@ std::vector<float> all_logits(model::Model& m, const std::vector<int32_t>& token
   return logits;
 }
 
+// KL divergence compares two distributions over the same tokens: the models must share the architecture, the hidden
+// size and the vocabulary (every token's text, where the files carry a tokenizer), or the numbers mean nothing.
+void check_comparable(const model::Model& base, const std::string& base_path, const std::string& path) {
+  const gguf::GgufFile file = gguf::GgufFile::open(path);
+  const model::ModelConfig other = model::read_config(file);
+  const model::ModelConfig& c = base.config();
+  if (other.arch_name != c.arch_name)
+    fail("kl: {} is a {} model and {} a {} model; compare models of one architecture", path, other.arch_name, base_path,
+         c.arch_name);
+  if (other.n_embd != c.n_embd)
+    fail("kl: {} has a hidden size of {}, {} of {}; compare variants of one model", path, other.n_embd, base_path,
+         c.n_embd);
+  if (other.n_vocab != c.n_vocab)
+    fail("kl: {} has a vocabulary of {} tokens, {} of {}; compare models with one vocabulary", path, other.n_vocab,
+         base_path, c.n_vocab);
+  const gguf::Value* mine = base.file().find("tokenizer.ggml.tokens");
+  const gguf::Value* theirs = file.find("tokenizer.ggml.tokens");
+  if (mine && theirs && mine->strings() != theirs->strings()) {
+    const auto& a = mine->strings();
+    const auto& b = theirs->strings();
+    size_t i = 0;
+    while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+    fail("kl: {} and {} have different vocabularies (token {} differs); compare models with one vocabulary", path,
+         base_path, i);
+  }
+}
+
 }  // namespace
 
 int kl(const KlOptions& opt) {
   const int threads = resolve_threads(opt.threads);
   auto base = model::Model::load(opt.base, threads);
+  check_comparable(*base, opt.base, opt.model);
   std::vector<int32_t> tokens = opt.tokens;
   std::string source = "--tokens";
   if (!opt.prompt.empty()) {
@@ -59,8 +89,6 @@ int kl(const KlOptions& opt) {
   for (const std::string& critical : opt.critical) {
     const auto engine = engine::Engine::open({opt.model, threads, critical, {}});
     model::Model* m = &engine->model();
-    if (m->config().n_vocab != n_vocab)
-      fail("{}: vocabulary of {} tokens, the base has {}", opt.model, m->config().n_vocab, n_vocab);
     const std::vector<float> got = all_logits(*m, tokens);
     std::vector<double> kls;
     int64_t same = 0;

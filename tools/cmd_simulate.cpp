@@ -125,7 +125,11 @@ int simulate(const SimulateOptions& opt) {
   if (!opt.svg.empty()) {
     std::vector<PolicyBar> bars;
     for (const sched::SimResult& r : results) bars.push_back({r.policy, r.prefill_tok_s, r.decode_tok_s});
-    write_svg(opt.svg, policies_svg(fmt::format("{} on {} (predicted)", model.name, machine.name), bars,
+    const SvgLabels labels{
+        .title = fmt::format("{} on {}", model.name, machine.name),
+        .source = "predicted by hetmoe simulate from the profile's rates and the cost model (nothing was run)",
+        .no_curves = "the profile has no GPU: no crossover to draw"};
+    write_svg(opt.svg, policies_svg(labels, bars,
                                     crossover_curves(machine, sched::ExpertShape::whole(
                                                                   model.expert_bytes, model.n_embd, model.n_ff_exp))));
   }

@@ -65,20 +65,32 @@ void bars(std::string& svg, const std::vector<PolicyBar>& b, double PolicyBar::*
   }
 }
 
+// A line of text that never runs past the picture's right edge: a line longer than the room (at about 0.6 em per
+// character) is squeezed to fit instead of clipped.
+std::string fitted_text(double x, double y, double size, const char* weight, const std::string& text, double room) {
+  const double estimate = 0.6 * size * static_cast<double>(text.size());
+  const std::string squeeze =
+      estimate > room ? fmt::format(R"( textLength="{:.0f}" lengthAdjust="spacingAndGlyphs")", room) : "";
+  return fmt::format(R"(<text x="{}" y="{}" font-size="{}" font-weight="{}"{}>{}</text>)", x, y, size, weight, squeeze,
+                     escape(text));
+}
+
 }  // namespace
 
-std::string policies_svg(const std::string& title, const std::vector<PolicyBar>& b,
+std::string policies_svg(const SvgLabels& labels, const std::vector<PolicyBar>& b,
                          const std::vector<CostCurve>& curves) {
-  const double width = 960, height = 420;
+  const double width = 960, height = 440;
   std::string svg = fmt::format(
       R"(<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif">)", width, height);
   svg += fmt::format(R"(<rect width="100%" height="100%" fill="white"/>)");
-  svg += fmt::format(R"(<text x="20" y="24" font-size="15" font-weight="bold">{}</text>)", escape(title));
-  bars(svg, b, &PolicyBar::prefill_tok_s, "prefill tokens/s", 60, 60, 190, 300);
-  bars(svg, b, &PolicyBar::decode_tok_s, "decode tokens/s", 310, 60, 190, 300);
+  svg += fitted_text(20, 24, 15, "bold", labels.title, width - 40);
+  svg += fitted_text(20, 44, 12, "normal", labels.source, width - 40);
+  const double top = 82;
+  bars(svg, b, &PolicyBar::prefill_tok_s, "prefill tokens/s", 60, top, 190, 300);
+  bars(svg, b, &PolicyBar::decode_tok_s, "decode tokens/s", 310, top, 190, 300);
 
   // The curves: seconds (log) against rows (log), one expert.
-  const double cx = 580, cy = 60, cw = 340, ch = 300;
+  const double cx = 580, cy = top, cw = 340, ch = 300;
   svg += fmt::format(R"(<text x="{}" y="{}" font-size="13" font-weight="bold">one expert: time against rows</text>)",
                      cx, cy - 8);
   double lo = 1e30, hi = 0;
@@ -90,7 +102,7 @@ std::string policies_svg(const std::string& title, const std::vector<PolicyBar>&
       max_rows = std::max(max_rows, c.rows[i]);
     }
   if (curves.empty() || hi <= 0) {
-    svg += fmt::format(R"(<text x="{}" y="{}" font-size="11">no device: no crossover</text>)", cx, cy + 20);
+    svg += fitted_text(cx, cy + 20, 11, "normal", labels.no_curves, width - cx - 10);
     return svg + "</svg>\n";
   }
   const double ly0 = std::floor(std::log10(lo)), ly1 = std::ceil(std::log10(hi));

@@ -24,7 +24,14 @@ struct CostCurve {
   int64_t crossover = -1;  // a CPU tier's crossover row count, marked on its curve (-1: none)
 };
 
-std::string policies_svg(const std::string& title, const std::vector<PolicyBar>& bars,
+// The picture's words: what it shows, and how the figures were obtained, said on a line of its own so that no title
+// hides it ("measured on the emulated device", "predicted by the simulator"); and, when there are no curves, why.
+struct SvgLabels {
+  std::string title;
+  std::string source;
+  std::string no_curves;
+};
+std::string policies_svg(const SvgLabels& labels, const std::vector<PolicyBar>& bars,
                          const std::vector<CostCurve>& curves);
 // One expert of shape `e` on each CPU tier of the machine and, with a device, moved and run there: seconds at 1, 2,
 // 4, ... 4096 rows, each tier's crossover marked (no curves without a device).

@@ -173,9 +173,14 @@ TEST_F(Cli, TokenizePrintsTheIdsOfTheFileBytes) {
 
 TEST_F(Cli, BenchWritesTheAgreedJsonFields) {
   const fs::path json = dir_ / "bench.json";
+  const fs::path svg = dir_ / "bench.svg";
   const Result r = hetmoe("bench -m " + kModel.string() + " --policies cpu --prompt 8 --gen 4 -t 1 --repeat 2 --json " +
-                          json.string());
+                          json.string() + " --svg " + svg.string());
   ASSERT_EQ(r.status, 0) << r.err;
+  // Without a profile the picture says that is why it has no curves (not "no device"), and nothing is emulated.
+  const std::string picture = read_all(svg);
+  EXPECT_NE(picture.find("no --profile given"), std::string::npos) << picture;
+  EXPECT_EQ(picture.find("EMULATED"), std::string::npos) << picture;
   const std::string j = read_all(json);
   // The medians in the agreed fields, and every run kept: two of them here.
   size_t runs = 0;
@@ -203,7 +208,8 @@ TEST_F(Cli, BenchComparesPoliciesOnTheEmulatedDevice) {
                           json.string() + " --svg " + svg.string() + " --profile " + profile.string());
   ASSERT_EQ(r.status, 0) << r.err;
   const std::string picture = read_all(svg);
-  for (const char* part : {"<svg ", ">crossover<", "CPU amx", "move + RTX 4090"})
+  for (const char* part :
+       {"<svg ", ">crossover<", "CPU amx", "move + RTX 4090", "measured by hetmoe bench", "the device is EMULATED"})
     EXPECT_NE(picture.find(part), std::string::npos) << part;
   for (const char* policy : {"\ncpu ", "\nstatic ", "\nkt ", "\ncrossover "})
     EXPECT_NE(r.out.find(policy), std::string::npos) << policy << " missing in " << r.out;
@@ -217,9 +223,13 @@ TEST_F(Cli, BenchComparesPoliciesOnTheEmulatedDevice) {
   // Every median is filled in: speeds, time to first token and energy are positive for every policy.
   const nlohmann::json parsed = nlohmann::json::parse(j);
   ASSERT_EQ(parsed["results"].size(), 4u);
-  for (const nlohmann::json& x : parsed["results"])
+  for (const nlohmann::json& x : parsed["results"]) {
     for (const char* field : {"prefill_tok_s", "decode_tok_s", "ttft_s", "energy_j_per_token"})
       EXPECT_GT(x[field].get<double>(), 0) << x["policy"] << " " << field;
+    // Each run says where its energy figure comes from (measured by RAPL/NVML, or modelled).
+    for (const nlohmann::json& run : x["runs"])
+      EXPECT_EQ(run.value("energy_source", ""), x["energy_source"].get<std::string>()) << run;
+  }
   // Synthetic Zipf routing: runs, says so, and refuses a spec it cannot read.
   const Result zipf =
       hetmoe("bench -m " + kModel.string() +
@@ -323,6 +333,11 @@ TEST_F(Cli, SimulatePredictsEveryPolicyOnAShippedProfile) {
   ASSERT_EQ(r.status, 0) << r.err;
   const std::string picture = read_all(svg);
   EXPECT_EQ(picture.rfind("<svg ", 0), 0u);
+  // The figures are predictions, said on a line of their own; the long title is fitted to the width, not clipped.
+  EXPECT_NE(picture.find(">predicted by hetmoe simulate"), std::string::npos) << picture;
+  const size_t title = picture.find("<text x=\"20\" y=\"24\"");
+  ASSERT_NE(title, std::string::npos);
+  EXPECT_NE(picture.substr(title, picture.find('>', title) - title).find("textLength=\"920\""), std::string::npos);
   for (const char* part : {"prefill tokens/s", "decode tokens/s", "CPU avx512", "CPU amx", "move + RTX 4090D", ">kt<"})
     EXPECT_NE(picture.find(part), std::string::npos) << part;
   for (const char* policy : {"cpu ", "static ", "kt ", "crossover ", "split "})
@@ -342,7 +357,7 @@ TEST_F(Cli, SimulatePredictsEveryPolicyOnAShippedProfile) {
     ASSERT_EQ(sim.status, 0) << preset << ": " << sim.err;
     EXPECT_NE(sim.out.find(fmt::format("{:.1f}", dram_gb)), std::string::npos) << preset << ": " << sim.out;
   }
-  expect_error(hetmoe("simulate --hw " + (dir_ / "none.json").string()), "cannot open the machine profile");
+  expect_error(hetmoe("simulate --hw " + (dir_ / "none.json").string()), "none.json (a machine profile)");
   expect_error(hetmoe("simulate --hw " + hw.string() + " --model-config gpt-5"), "not a preset");
   expect_error(hetmoe("simulate --hw " + hw.string() + " --policies fastest"), "unknown policy");
 }

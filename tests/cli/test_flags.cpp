@@ -136,5 +136,31 @@ TEST_F(Cli, InputsThatBlockOrNeverEndAreRefused) {
       "a routing trace");
 }
 
+// kl compares distributions over one vocabulary: models of another architecture, hidden size or vocabulary are
+// refused before any number is printed.
+TEST_F(Cli, KlRefusesModelsThatCannotBeCompared) {
+  const fs::path data = fs::path(HETMOE_TEST_DATA_DIR) / "models";
+  const std::string kl = "kl --n-tokens 4 -t 1 --base " + kModel.string() + " -m ";
+  const Result other_arch = hetmoe(kl + (data / "tiny-qwen3moe-Q4_K_M.gguf").string());
+  expect_error(other_arch, "is a qwen3moe model and");
+  EXPECT_EQ(other_arch.out, "");
+  // The same model with one token's text changed: same sizes, another vocabulary.
+  const fs::path renamed = rewrite(
+      "renamed.gguf",
+      [](std::string& key, gguf::Value& v) {
+        if (key == "tokenizer.ggml.tokens") {
+          std::vector<std::string> tokens = v.strings();
+          tokens[100] = "<renamed>";
+          v = gguf::Value::string_array(std::move(tokens));
+        }
+        return true;
+      },
+      [](const gguf::TensorInfo&, gguf::GgufWriter&) { return true; });
+  const Result other_vocab = hetmoe(kl + renamed.string());
+  expect_error(other_vocab, "different vocabularies (token 100 differs)");
+  EXPECT_EQ(other_vocab.out, "");
+  EXPECT_EQ(hetmoe(kl + kModel.string()).status, 0);
+}
+
 }  // namespace
 }  // namespace hetmoe
