@@ -127,7 +127,7 @@ class Chat {
         tty_(isatty(STDIN_FILENO) && isatty(STDOUT_FILENO)),
         engine_(open_engine({opt.model, opt.threads, opt.critical, opt.device})),
         model_(&engine_->model()),
-        tokenizer_(text::Tokenizer::from_gguf(model_->file())),
+        tokenizer_(open_tokenizer(model_->file())),
         template_(pick_template()),
         session_(*model_, opt.ctx_size > 0 ? opt.ctx_size : std::min<int64_t>(4096, model_->config().n_ctx_train)),
         conversation_(session_, *tokenizer_, template_, text::RenderOptions{.enable_thinking = opt.enable_thinking}),

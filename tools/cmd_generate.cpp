@@ -29,6 +29,12 @@ std::unique_ptr<engine::Engine> open_engine(const engine::EngineOptions& options
   return e;
 }
 
+std::unique_ptr<text::Tokenizer> open_tokenizer(const gguf::GgufFile& file) {
+  std::unique_ptr<text::Tokenizer> t = text::Tokenizer::from_gguf(file);
+  for (const std::string& w : t->warnings()) fmt::print(stderr, "hetmoe: warning: {}\n", w);
+  return t;
+}
+
 std::vector<int32_t> parse_token_list(const std::string& text) {
   std::vector<int32_t> ids;
   size_t i = 0;
@@ -122,7 +128,7 @@ int run(const RunOptions& opt) {
   std::vector<int32_t> prompt = opt.tokens;
   if (!opt.prompt.empty() || prompt.empty()) {
     if (const auto bad = text::find_invalid_utf8(opt.prompt)) fail("the prompt is not valid UTF-8 (byte {})", *bad);
-    tokenizer = text::Tokenizer::from_gguf(model->file());
+    tokenizer = open_tokenizer(model->file());
     prompt = tokenizer->encode(opt.prompt, /*add_special=*/true, /*parse_special=*/false);
     if (prompt.empty()) fail("the prompt is empty");
   }

@@ -70,8 +70,7 @@ int kl(const KlOptions& opt) {
   std::vector<int32_t> tokens = opt.tokens;
   std::string source = "--tokens";
   if (!opt.prompt.empty()) {
-    tokens =
-        text::Tokenizer::from_gguf(base->file())->encode(opt.prompt, /*add_special=*/true, /*parse_special=*/false);
+    tokens = open_tokenizer(base->file())->encode(opt.prompt, /*add_special=*/true, /*parse_special=*/false);
     source = "--prompt";
   } else if (tokens.empty()) {
     // Reproducible pseudo-random ids: the models this is for (random-weight test models) have no text to read.

@@ -17,7 +17,7 @@ int tokenize(const TokenizeOptions& opt) {
   const std::string text = io::read_file(opt.file, io::kMaxTextBytes, "a text file");
 
   const gguf::GgufFile file = gguf::GgufFile::open(opt.model);
-  const std::unique_ptr<text::Tokenizer> tokenizer = text::Tokenizer::from_gguf(file);
+  const std::unique_ptr<text::Tokenizer> tokenizer = open_tokenizer(file);
   // The BOS (and EOS) the model asks for, as llama-tokenize adds them; special-token texts stay plain text.
   const std::vector<int32_t> ids = tokenizer->encode(text, !opt.no_bos, /*parse_special=*/false);
 

@@ -10,6 +10,7 @@
 #include "runtime/engine/sampler.h"
 #include "runtime/model/model.h"
 #include "runtime/model/split_writer.h"
+#include "runtime/text/tokenizer.h"
 
 namespace hetmoe::cli {
 
@@ -139,6 +140,8 @@ int tokenize(const TokenizeOptions& opt);
 using cpu::resolve_threads;
 // Opens a model through the engine and prints on stderr what opening decided (which device, what it holds).
 std::unique_ptr<engine::Engine> open_engine(const engine::EngineOptions& options);
+// The file's tokenizer, its warnings (special ids dropped) printed on stderr.
+std::unique_ptr<text::Tokenizer> open_tokenizer(const gguf::GgufFile& file);
 // "3,17,42" or "3 17 42" to ids; fails on anything else.
 std::vector<int32_t> parse_token_list(const std::string& text);
 

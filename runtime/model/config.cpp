@@ -9,19 +9,26 @@
 namespace hetmoe::model {
 namespace {
 
-// Vocabulary size: the arch key when present, else the token list's length, else token_embd's rows.
+// Vocabulary size: the token list's length (as llama.cpp), which the arch key must then agree with; else the arch
+// key; else token_embd's rows. The embedding and the output matrix are checked against it when the model binds
+// them: a tokenizer of fewer tokens than the embedding has rows would fail only once such an id was sampled.
 int64_t vocab_size(const gguf::GgufFile& f, const ConfigKeys& keys) {
-  if (auto v = keys.opt_int("vocab_size", 0); v > 0) return v;
-  if (const gguf::Value* tokens = f.find("tokenizer.ggml.tokens"); tokens && tokens->is_array())
-    return static_cast<int64_t>(tokens->array_size());
+  const int64_t key = keys.opt_int("vocab_size", 0);
+  if (const gguf::Value* tokens = f.find("tokenizer.ggml.tokens"); tokens && tokens->is_array()) {
+    const auto n = static_cast<int64_t>(tokens->array_size());
+    if (key > 0 && key != n)
+      keys.bad("vocab_size", key, fmt::format("differs from the {} entries of tokenizer.ggml.tokens", n));
+    return n;
+  }
+  if (key > 0) return key;
   if (const gguf::TensorInfo* t = f.find_tensor("token_embd.weight"); t && t->n_dims >= 2) return t->ne[1];
   fail("{}: cannot tell the vocabulary size (no vocab_size, tokenizer or token_embd)", f.path());
 }
 
 }  // namespace
 
-void ConfigKeys::check_positive(std::string_view what, int64_t v, int64_t max) const {
-  if (v <= 0 || v > max) fail("{}: {} = {} is out of range (1..{})", f_.path(), what, v, max);
+void ConfigKeys::check_positive(std::string_view k, int64_t v, int64_t max) const {
+  if (v <= 0 || v > max) bad(k, v, fmt::format("is out of range (1..{})", max));
 }
 
 ModelConfig read_config(const gguf::GgufFile& f) {
@@ -45,43 +52,57 @@ ModelConfig read_config(const gguf::GgufFile& f) {
   k.check_positive("context_length", c.n_ctx_train, int64_t{1} << 32);
   k.check_positive("vocab_size", c.n_vocab, int64_t{1} << 31);
   if (c.n_head % c.n_head_kv != 0)
-    fail("{}: head_count {} is not a multiple of head_count_kv {}", f.path(), c.n_head, c.n_head_kv);
-  c.rms_eps = static_cast<float>(k.opt_float("attention.layer_norm_rms_epsilon", 1e-5));
-  if (!(c.rms_eps > 0 && c.rms_eps < 1)) fail("{}: layer_norm_rms_epsilon {} is out of range", f.path(), c.rms_eps);
+    k.bad("attention.head_count_kv", c.n_head_kv,
+          fmt::format("does not divide {} = {}", k.key("attention.head_count"), c.n_head));
+  const double eps = k.opt_float("attention.layer_norm_rms_epsilon", 1e-5);
+  if (!(eps > 0 && eps < 1)) k.bad("attention.layer_norm_rms_epsilon", eps, "is out of range (0..1)");
+  c.rms_eps = static_cast<float>(eps);
 
   c.head_dim_k = k.opt_int("attention.key_length", c.n_embd / c.n_head);
   c.head_dim_v = k.opt_int("attention.value_length", c.n_embd / c.n_head);
+  k.check_positive("attention.key_length", c.head_dim_k, kMaxDim);
+  k.check_positive("attention.value_length", c.head_dim_v, kMaxDim);
   c.n_ff = k.opt_int("feed_forward_length", 0);
+  if (c.n_ff < 0 || c.n_ff > kMaxDim)
+    k.bad("feed_forward_length", c.n_ff, fmt::format("is out of range (0..{})", kMaxDim));
   c.n_expert = k.opt_int("expert_count", 0);
   c.n_expert_used = k.opt_int("expert_used_count", 0);
-  if (c.n_expert < 0 || c.n_expert > 65536) fail("{}: expert_count {} is out of range", f.path(), c.n_expert);
+  if (c.n_expert < 0 || c.n_expert > 65536) k.bad("expert_count", c.n_expert, "is out of range (0..65536)");
   if (c.n_expert > 0) k.check_positive("expert_used_count", c.n_expert_used, c.n_expert);
 
   // Rope defaults; archs adjust below.
   c.rope.n_dims = static_cast<int>(k.opt_int("rope.dimension_count", c.head_dim_k));
-  c.rope.freq_base = static_cast<float>(k.opt_float("rope.freq_base", 10000.0));
-  if (!(c.rope.freq_base > 1)) fail("{}: rope.freq_base {} is out of range", f.path(), c.rope.freq_base);
+  const double base = k.opt_float("rope.freq_base", 10000.0);
+  if (!(base > 1 && base < 1e12)) k.bad("rope.freq_base", base, "is out of range (above 1)");
+  c.rope.freq_base = static_cast<float>(base);
 
   arch->configure(k, c);
   if (c.n_expert > 0) k.check_positive("expert_feed_forward_length", c.n_ff_exp, kMaxDim);
   if (c.rope.n_dims <= 0 || c.rope.n_dims % 2 != 0 || c.rope.n_dims > c.head_dim_k)
-    fail("{}: rope.dimension_count {} does not fit a head of {}", f.path(), c.rope.n_dims, c.head_dim_k);
+    k.bad("rope.dimension_count", c.rope.n_dims,
+          fmt::format("does not fit a head of {} = {} (an even count up to it)", k.key("attention.key_length"),
+                      c.head_dim_k));
   return c;
 }
 
 void read_expert_routing(const ConfigKeys& k, ModelConfig& c, Gating default_gating) {
-  const int gating = static_cast<int>(k.opt_int("expert_gating_func", static_cast<int>(default_gating)));
-  if (gating != 1 && gating != 2)
-    fail("{}: expert_gating_func {} is not supported (1 softmax, 2 sigmoid)", k.file().path(), gating);
+  // These architectures are mixtures of experts: the routing keys below mean nothing without experts.
+  k.check_positive("expert_count", c.n_expert, 65536);
+  const int64_t gating = k.opt_int("expert_gating_func", static_cast<int>(default_gating));
+  if (gating != 1 && gating != 2) k.bad("expert_gating_func", gating, "is not supported (1 softmax, 2 sigmoid)");
   c.gating = static_cast<Gating>(gating);
   c.expert_weights_norm = k.opt_bool("expert_weights_norm", false);
-  c.expert_weights_scale = static_cast<float>(k.opt_float("expert_weights_scale", 0.0));
+  const double scale = k.opt_float("expert_weights_scale", 0.0);
+  if (!(scale >= 0 && scale < 1e6)) k.bad("expert_weights_scale", scale, "is out of range (0 or more)");
+  c.expert_weights_scale = static_cast<float>(scale);
   c.n_group = k.opt_int("expert_group_count", 1);
   c.n_group_used = k.opt_int("expert_group_used_count", 1);
-  if (c.n_group < 1 || c.n_group >= std::max<int64_t>(2, c.n_expert))
-    if (c.n_group != 1) fail("{}: expert_group_count {} is out of range", k.file().path(), c.n_group);
-  if (c.n_group > 1 && (c.n_expert % c.n_group != 0 || c.n_group_used <= 0 || c.n_group_used >= c.n_group))
-    fail("{}: expert groups {}/{} do not fit {} experts", k.file().path(), c.n_group_used, c.n_group, c.n_expert);
+  if (c.n_group != 1 && (c.n_group < 1 || c.n_group >= std::max<int64_t>(2, c.n_expert) || c.n_expert % c.n_group))
+    k.bad("expert_group_count", c.n_group,
+          fmt::format("does not divide {} = {} into groups", k.key("expert_count"), c.n_expert));
+  if (c.n_group > 1 && (c.n_group_used <= 0 || c.n_group_used >= c.n_group))
+    k.bad("expert_group_used_count", c.n_group_used,
+          fmt::format("is out of range (1..{}, below {})", c.n_group - 1, k.key("expert_group_count")));
 }
 
 double active_bytes_per_token(const gguf::GgufFile& file, const ModelConfig& c) {

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "cpu_kernels/ops.h"
+#include "runtime/error.h"
 #include "runtime/gguf/reader.h"
 
 namespace hetmoe::model {
@@ -75,8 +76,13 @@ class ConfigKeys {
   bool opt_bool(std::string_view k, bool def) const { return f_.get_bool(key(k)).value_or(def); }
   std::optional<std::string> opt_string(std::string_view k) const { return f_.get_string(key(k)); }
   const gguf::Value* find(std::string_view k) const { return f_.find(key(k)); }
-  // Fails with a one-line error unless 0 < v <= max.
-  void check_positive(std::string_view what, int64_t v, int64_t max) const;
+  // Fails with a one-line error naming the key ("<arch>.<k> = v is out of range (1..max)") unless 0 < v <= max.
+  void check_positive(std::string_view k, int64_t v, int64_t max) const;
+  // Fails with "<file>: <arch>.<k> = <value> <why>": every hyperparameter error names the key that is wrong.
+  template <typename T>
+  [[noreturn]] void bad(std::string_view k, const T& value, std::string_view why) const {
+    fail("{}: {} = {} {}", f_.path(), key(k), value, why);
+  }
 
   static constexpr int64_t kMaxDim = 1 << 20;
 

@@ -22,6 +22,30 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// The index of the first NaN or infinity in v[0, n), or -1. An exponent of all ones is both; the integer test
+// vectorises, where std::isfinite in a loop does not.
+int64_t first_non_finite(const float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, v + i, sizeof bits);
+    if ((bits & 0x7F800000u) == 0x7F800000u) return i;
+  }
+  return -1;
+}
+
+// The diagnostic run's check after every layer: the first layer whose output holds a non-finite value.
+class NonFiniteLayer final : public Trace {
+ public:
+  void values(int64_t layer, std::string_view name, const float* data, int64_t rows, int64_t cols) override {
+    if (layer_ < 0 && name == "l_out" && first_non_finite(data, rows * cols) >= 0) layer_ = layer;
+  }
+  void ids(int64_t, std::string_view, const int32_t*, int64_t, int64_t) override {}
+  int64_t layer() const { return layer_; }
+
+ private:
+  int64_t layer_ = -1;
+};
+
 }  // namespace
 
 RoutingParams Model::routing_params() const {
@@ -83,6 +107,24 @@ void Model::attach_device(device::Device& device, const DeviceExperts::Placement
 
 void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,
                     std::vector<float>& logits, Trace* trace, const std::atomic<bool>* cancel) {
+  if (forward_once(tokens, pos0, cache, all_logits, logits, trace, cancel)) return;
+  // Broken weights: run the batch again (it rewrites the same cache rows) with a check after every layer, to say
+  // where it breaks. The run it repeats was deterministic, so it breaks at the same place.
+  NonFiniteLayer finder;
+  std::vector<float> again;
+  forward_once(tokens, pos0, cache, all_logits, again, &finder, cancel);
+  if (finder.layer() >= 0)
+    fail(
+        "the model computed NaN or infinity in layer {} (the output of blk.{}): its weights or scales are broken; "
+        "generation stopped",
+        finder.layer(), finder.layer());
+  fail(
+      "the model computed NaN or infinity in the logits (output_norm / output.weight): its weights are broken; "
+      "generation stopped");
+}
+
+bool Model::forward_once(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,
+                         std::vector<float>& logits, Trace* trace, const std::atomic<bool>* cancel) {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t E = c.n_embd, nd = c.rope.n_dims;
@@ -111,6 +153,11 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cach
   float* up = p.staging_up(n * (E + nd));
   for (int64_t t = 0; t < n; ++t) {
     quant::dequantize_row(token_embd_->type, token_embd_->row(tokens[t]), up + t * E, E);
+    if (first_non_finite(up + t * E, E) >= 0)
+      fail(
+          "the embedding of token {} (a row of token_embd.weight) holds NaN or infinity: the model's weights are "
+          "broken",
+          tokens[t]);
     cpu::rope_cache(c.rope, pos0 + t, up + n * E + t * nd);
   }
   // The residual stream, its normalised copy and a branch's output, in the pass's memory.
@@ -145,13 +192,17 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cach
   d.rms_norm(s, x + first * E, E, p.vector(output_norm_), n_out, E, c.rms_eps, xn, E);
   logits.resize(n_out * c.n_vocab);
   const auto t_out = std::chrono::steady_clock::now();
+  // The rows the head reads, checked on the host: its quantized activations would turn a NaN into zero logits.
+  const float* rows = p.to_host(xn, n_out * E);
+  bool finite = first_non_finite(rows, n_out * E) < 0;
   // The output head where it is resident on a device, else on the CPU.
   const float* device_rows = p.on_host() ? nullptr : xn;
   const float* host_rows = p.on_host() ? xn : nullptr;
   if (!(device_experts_ &&
         device_experts_->run_matrix(-1, DeviceExperts::kOutput, host_rows, n_out, logits.data(), device_rows)))
-    cpu::matmul(kernels_, *pool_, output_, p.to_host(xn, n_out * E), n_out, logits.data(), c.n_vocab);
+    cpu::matmul(kernels_, *pool_, output_, rows, n_out, logits.data(), c.n_vocab);
   d.synchronize(d.record(s));
+  finite = finite && first_non_finite(logits.data(), n_out * c.n_vocab) < 0;
   if (profile_.enabled) {
     const double t_output = seconds_since(t_out), t_total = seconds_since(t_start);
     profile_.attention += t_attention;
@@ -162,6 +213,7 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cach
     profile_.calls += 1;
     profile_.tokens += n;
   }
+  return finite;
 }
 
 void Model::ffn(Pass& p, int64_t layer, const float* x, int64_t n, float* out) {

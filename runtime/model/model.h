@@ -88,11 +88,19 @@ class Model {
   // Fails (before touching the cache) on an out-of-range token id or when the batch does not fit the context.
   // `cancel`, when set, is checked between layers: a long prefill stops within one layer by throwing Cancelled
   // (the cache rows it wrote are past the caller's positions and get overwritten later).
+  // Non-finite values (broken weights or scales) stop it with an error that names where they first appear: the
+  // embedding rows, the rows the output head reads and the logits are checked on every call (n_embd floats a token,
+  // in host memory; the head's quantized activations would turn a NaN row into zero logits); when one is not finite
+  // the batch runs again with a check after every layer to name the first one.
   void forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,
                std::vector<float>& logits, Trace* trace = nullptr, const std::atomic<bool>* cancel = nullptr);
 
  protected:
   Model(std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads);
+  // One pass of forward() without the search for a non-finite layer; false when the output rows or logits are not
+  // finite.
+  bool forward_once(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,
+                    std::vector<float>& logits, Trace* trace, const std::atomic<bool>* cancel);
 
   // Attention of layer `layer` on the pass's device: the normalised input x [n][n_embd] to out [n][n_embd], both in
   // the pass's memory, with `cache` on the same device. The weights are the handles the architecture registered in

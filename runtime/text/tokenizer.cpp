@@ -98,12 +98,18 @@ void Tokenizer::load_vocab(const gguf::GgufFile& file, const VocabDefaults& defa
     types_[i] = type_list ? to_token_type(type_list->array_int(i).value_or(0)) : TokenType::kNormal;
   }
 
-  // A metadata id outside the vocabulary is ignored, and so is a default that is (llama.cpp's rule).
+  // A metadata id outside the vocabulary is dropped with a warning, and so is a default that is (llama.cpp's rule).
   const auto n_tokens = static_cast<int64_t>(n);
   auto read_id = [&](std::string_view key, std::optional<int32_t> fallback) -> std::optional<int32_t> {
     if (fallback && *fallback >= n_tokens) fallback.reset();
     const std::optional<int64_t> v = file.get_int(key);
-    return v && *v >= 0 && *v < n_tokens ? std::optional<int32_t>(static_cast<int32_t>(*v)) : fallback;
+    if (v && (*v < 0 || *v >= n_tokens)) {
+      warnings_.push_back(fmt::format("{}: {} = {} is outside the vocabulary of {} tokens; {}", file.path(), key, *v,
+                                      n_tokens,
+                                      fallback ? fmt::format("using the default id {}", *fallback) : "ignored"));
+      return fallback;
+    }
+    return v ? std::optional<int32_t>(static_cast<int32_t>(*v)) : fallback;
   };
   bos_ = read_id("tokenizer.ggml.bos_token_id", defaults.bos);
   eos_ = read_id("tokenizer.ggml.eos_token_id", defaults.eos);

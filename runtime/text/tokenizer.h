@@ -58,6 +58,9 @@ class Tokenizer {
   bool is_end_of_generation(int32_t id) const;
   const std::string& model() const { return model_; }  // "gpt2" or "llama"
   const std::string& pre() const { return pre_; }
+  // What loading the metadata set aside, one line each (a special token id outside the vocabulary): the caller
+  // shows them (nothing below the command line prints).
+  const std::vector<std::string>& warnings() const { return warnings_; }
 
  protected:
   // What a model type assumes when the metadata is silent (llama.cpp's defaults per tokenizer.ggml.model/pre).
@@ -91,6 +94,7 @@ class Tokenizer {
   bool add_space_prefix_ = false;  // SentencePiece: a space is prepended to text at the start and after specials
   std::unordered_map<std::string, int32_t> token_to_id_;
   std::vector<int32_t> special_tokens_;  // candidates for partition_special, longest text first
+  std::vector<std::string> warnings_;
 };
 
 // Turns a stream of token ids into text that is safe to print as it comes: a multi-byte UTF-8 character split

@@ -104,6 +104,97 @@ TEST_F(Cli, MisshapenTensor) {
   expect_error(hetmoe("run -m " + p.string() + " " + kTokens), "'blk.0.attn_output.weight' has shape");
 }
 
+// Broken weights (NaN or infinity) stop generation with an error that says where, instead of running on and printing
+// token 0 over and over; on the CPU and with the pass on the (emulated) device.
+TEST_F(Cli, NonFiniteWeightsStopWithTheLayer) {
+  // The tensor `name` with every byte 0xFF: an F32 tensor becomes NaNs, a quantized one NaN block scales.
+  auto broken = [&](const std::string& file, const std::string& name) {
+    return rewrite(
+        file, [](std::string&, gguf::Value&) { return true; },
+        [name](const gguf::TensorInfo& t, gguf::GgufWriter& w) {
+          if (t.name != name) return true;
+          w.add_tensor_bytes(t.name, t.type, std::vector<int64_t>(t.ne.begin(), t.ne.begin() + t.n_dims),
+                             std::vector<uint8_t>(t.nbytes, 0xFF));
+          return false;
+        });
+  };
+  const fs::path norm = broken("norm.gguf", "blk.1.ffn_norm.weight");
+  const fs::path embd = broken("embd.gguf", "token_embd.weight");
+  const fs::path head = broken("head.gguf", "output.weight");
+  // The device's notes come first on stderr; the error is the last line.
+  auto last_line_error = [](const Result& r, const std::string& needle) {
+    EXPECT_EQ(r.status, 1) << r.err;
+    const size_t start = r.err.rfind('\n', r.err.size() - 2);
+    const std::string line = r.err.substr(start == std::string::npos ? 0 : start + 1);
+    EXPECT_EQ(line.rfind("hetmoe: error: ", 0), 0u) << r.err;
+    EXPECT_NE(line.find(needle), std::string::npos) << "'" << needle << "' not in: " << r.err;
+  };
+  for (const std::string device : {"cpu", "emulated"}) {
+    SCOPED_TRACE(device);
+    const std::string run = " --tokens 3,17,42 -n 4 --temp 0 --print-ids --device " + device;
+    last_line_error(hetmoe("run -m " + norm.string() + run), "NaN or infinity in layer 1 (the output of blk.1)");
+    last_line_error(hetmoe("run -m " + embd.string() + run), "embedding of token 3");
+    last_line_error(hetmoe("run -m " + head.string() + run), "NaN or infinity in the logits");
+  }
+}
+
+// Hyperparameter errors name the key that is wrong (not a later check it upsets).
+TEST_F(Cli, HyperparameterErrorsNameTheKey) {
+  auto with = [&](const std::string& file, const std::string& key, gguf::Value value) {
+    return rewrite(
+        file,
+        [&](std::string& k, gguf::Value& v) {
+          if (k == key) v = value;
+          return true;
+        },
+        [](const gguf::TensorInfo&, gguf::GgufWriter&) { return true; });
+  };
+  expect_error(hetmoe("inspect -m " + with("experts.gguf", "deepseek2.expert_count", gguf::Value::u32(0)).string()),
+               "deepseek2.expert_count = 0 is out of range");
+  expect_error(hetmoe("inspect -m " + with("key.gguf", "deepseek2.attention.key_length", gguf::Value::u32(0)).string()),
+               "deepseek2.attention.key_length = 0 is out of range");
+  expect_error(
+      hetmoe("inspect -m " + with("groups.gguf", "deepseek2.expert_group_count", gguf::Value::u32(3)).string()),
+      "deepseek2.expert_group_count = 3 does not divide");
+  expect_error(hetmoe("inspect -m " + with("vocab.gguf", "deepseek2.vocab_size", gguf::Value::u32(1000)).string()),
+               "deepseek2.vocab_size = 1000 differs from the 512 entries of tokenizer.ggml.tokens");
+  expect_error(hetmoe("inspect -m " +
+                      with("eps.gguf", "deepseek2.attention.layer_norm_rms_epsilon", gguf::Value::f32(-1)).string()),
+               "deepseek2.attention.layer_norm_rms_epsilon = -1 is out of range");
+}
+
+// A tokenizer of fewer tokens than the embedding has rows is refused at load (it used to fail once such an id was
+// sampled); a special token id outside the vocabulary is dropped with a warning.
+TEST_F(Cli, VocabularyAndSpecialTokensAreCheckedAtLoad) {
+  const fs::path small = rewrite(
+      "small-vocab.gguf",
+      [](std::string& key, gguf::Value& v) {
+        if (key == "tokenizer.ggml.tokens") {
+          std::vector<std::string> tokens = v.strings();
+          tokens.resize(500);
+          v = gguf::Value::string_array(std::move(tokens));
+        }
+        return key != "deepseek2.vocab_size";  // no key to disagree with: the embedding's rows must
+      },
+      [](const gguf::TensorInfo&, gguf::GgufWriter&) { return true; });
+  expect_error(hetmoe("run -m " + small.string() + " " + kTokens), "token_embd.weight");
+  const fs::path bos = rewrite(
+      "bos.gguf",
+      [](std::string& key, gguf::Value& v) {
+        if (key == "tokenizer.ggml.eos_token_id") v = gguf::Value::u32(99999);
+        return true;
+      },
+      [](const gguf::TensorInfo&, gguf::GgufWriter&) { return true; });
+  const fs::path text = dir_ / "text.txt";
+  std::ofstream(text) << "hello";
+  const Result r = hetmoe("tokenize -m " + bos.string() + " -f " + text.string());
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("hetmoe: warning: " + bos.string() +
+                       ": tokenizer.ggml.eos_token_id = 99999 is outside the vocabulary of 512 tokens"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST_F(Cli, MissingMetadataKey) {
   const fs::path p = rewrite(
       "key.gguf", [](std::string& key, gguf::Value&) { return key != "deepseek2.embedding_length"; },

@@ -20,7 +20,7 @@ int64_t expert_ff(const ConfigKeys& k) {
   int64_t ff = 0;
   for (size_t i = 0; i < v->array_size(); ++i) {
     int64_t x = v->array_int(i).value_or(0);
-    if (x > 0 && ff > 0 && x != ff) fail("{}: per-layer expert_feed_forward_length values differ", k.file().path());
+    if (x > 0 && ff > 0 && x != ff) k.bad("expert_feed_forward_length", x, "differs between layers");
     if (x > 0) ff = x;
   }
   return ff;
@@ -43,9 +43,12 @@ void configure(const ConfigKeys& k, ModelConfig& c) {
     c.qk_nope = c.head_dim_k - c.qk_rope;
     c.v_head = c.head_dim_v;
   }
-  k.check_positive("kv_lora_rank", c.kv_lora_rank, ConfigKeys::kMaxDim);
-  k.check_positive("qk_nope", c.qk_nope, ConfigKeys::kMaxDim);
-  k.check_positive("v_head", c.v_head, ConfigKeys::kMaxDim);
+  k.check_positive("attention.kv_lora_rank", c.kv_lora_rank, ConfigKeys::kMaxDim);
+  if (c.qk_nope <= 0 || c.qk_nope > ConfigKeys::kMaxDim)
+    k.bad(key_mla > 0 ? "attention.key_length_mla" : "attention.key_length", c.qk_nope + c.qk_rope,
+          fmt::format("leaves {} dims per head beside the rope's {}", c.qk_nope, c.qk_rope));
+  k.check_positive(value_mla > 0 ? "attention.value_length_mla" : "attention.value_length", c.v_head,
+                   ConfigKeys::kMaxDim);
   read_expert_routing(k, c, Gating::kSoftmax);
 
   // YaRN as llama.cpp's deepseek2 loader applies it: beta 32/1 whatever the file says, ext_factor 1, the
@@ -53,7 +56,7 @@ void configure(const ConfigKeys& k, ModelConfig& c) {
   float factor = 1.0f;
   if (k.opt_string("rope.scaling.type").value_or("none") == "yarn")
     factor = static_cast<float>(k.opt_float("rope.scaling.factor", 1.0));
-  if (!(factor >= 1.0f && factor < 1e6f)) fail("{}: rope.scaling.factor {} is out of range", k.file().path(), factor);
+  if (!(factor >= 1.0f && factor < 1e6f)) k.bad("rope.scaling.factor", factor, "is out of range (1..1e6)");
   const float freq_scale = 1.0f / factor;
   const float log_mul = static_cast<float>(k.opt_float("rope.scaling.yarn_log_multiplier", 0.0));
   c.rope.freq_scale = freq_scale;
@@ -99,7 +102,8 @@ class Deepseek2 final : public Model {
     const int64_t E = c.n_embd, H = c.n_head, nope = c.qk_nope, rope = c.qk_rope, kvl = c.kv_lora_rank;
     const int64_t vh = c.v_head, qk = nope + rope;
     if (c.n_head_kv != 1 && !file_->find_tensor(blk(0, "attn_kv_b")))
-      fail("{}: deepseek2 expects head_count_kv = 1 for MLA, got {}", file_->path(), c.n_head_kv);
+      fail("{}: {}.attention.head_count_kv = {}: MLA files have 1 (or the old attn_kv_b)", file_->path(), c.arch_name,
+           c.n_head_kv);
     // The current converter splits kv_b into attn_k_b/attn_v_b (absorbed MLA, latent cache); older files carry
     // the fused attn_kv_b and cache full per-head keys and values instead.
     absorbed_ = file_->find_tensor(blk(0, "attn_k_b")) != nullptr;
@@ -278,7 +282,7 @@ void configure_deepseek32(const ConfigKeys& k, ModelConfig& c) {
   configure(k, c);
   const int64_t nextn = k.opt_int("nextn_predict_layers", 0);
   if (nextn < 0 || nextn >= c.n_layer)
-    fail("{}: nextn_predict_layers {} leaves no trunk of the {} blocks", k.file().path(), nextn, c.n_layer);
+    k.bad("nextn_predict_layers", nextn, fmt::format("leaves no trunk of the {} blocks", c.n_layer));
   c.n_layer -= nextn;
   k.req_int("attention.q_lora_rank");
   k.req_int("expert_gating_func");
@@ -289,7 +293,8 @@ void configure_deepseek32(const ConfigKeys& k, ModelConfig& c) {
   k.check_positive("attention.indexer.key_length", c.indexer_dim, ConfigKeys::kMaxDim);
   k.check_positive("attention.indexer.top_k", c.indexer_top_k, ConfigKeys::kMaxDim);
   if (c.rope.n_dims > c.indexer_dim)
-    fail("{}: the rope's {} dims do not fit the indexer's heads of {}", k.file().path(), c.rope.n_dims, c.indexer_dim);
+    k.bad("attention.indexer.key_length", c.indexer_dim,
+          fmt::format("is smaller than {} = {}", k.key("rope.dimension_count"), c.rope.n_dims));
 }
 
 }  // namespace

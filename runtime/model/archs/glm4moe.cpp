@@ -16,7 +16,7 @@ extern const ArchSpec glm4moe_arch{
         [](const ConfigKeys& k, ModelConfig& c) {
           const int64_t nextn = k.opt_int("nextn_predict_layers", 0);
           if (nextn < 0 || nextn >= c.n_layer)
-            fail("{}: nextn_predict_layers {} leaves no trunk of the {} blocks", k.file().path(), nextn, c.n_layer);
+            k.bad("nextn_predict_layers", nextn, fmt::format("leaves no trunk of the {} blocks", c.n_layer));
           c.n_layer -= nextn;
           c.n_ff_exp = k.opt_int("expert_feed_forward_length", 0);
           c.n_expert_shared = k.opt_int("expert_shared_count", 0);

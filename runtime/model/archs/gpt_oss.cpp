@@ -20,13 +20,11 @@ extern const ArchSpec gpt_oss_arch{
           c.gating = Gating::kSoftmaxSelected;
           c.clamped_swiglu = true;
           c.sliding_window = k.opt_int("attention.sliding_window", 0);
-          if (c.sliding_window < 0)
-            fail("{}: attention.sliding_window {} is negative", k.file().path(), c.sliding_window);
+          if (c.sliding_window < 0) k.bad("attention.sliding_window", c.sliding_window, "is negative");
           c.rope.neox = true;
           if (k.opt_string("rope.scaling.type").value_or("none") == "yarn") {
             const auto factor = static_cast<float>(k.opt_float("rope.scaling.factor", 1.0));
-            if (!(factor >= 1.0f && factor < 1e6f))
-              fail("{}: rope.scaling.factor {} is out of range", k.file().path(), factor);
+            if (!(factor >= 1.0f && factor < 1e6f)) k.bad("rope.scaling.factor", factor, "is out of range (1..1e6)");
             c.rope.freq_scale = 1.0f / factor;
             c.rope.ext_factor = 1.0f;
             c.rope.attn_factor = 1.0f;  // the rope table then carries YaRN's 1 + 0.1 ln(factor), as llama.cpp's

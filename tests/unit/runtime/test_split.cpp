@@ -305,7 +305,7 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
       // and up rows and bring back the hidden rows. Device pass: the embeddings and the RoPE table go up once; per MoE
       // layer the router's logits and the normed rows come down, the rows to gather, the combine's rows and weights
       // and (when the CPU computed anything) the CPU's part go up, the residual rows as before; with a trace, the
-      // residual stream comes down after each layer.
+      // residual stream comes down after each layer; the output head's rows come down.
       const model::ModelConfig& c = on_device->config();
       const int64_t nu = c.n_expert_used, n = static_cast<int64_t>(tokens.size()), E = c.n_embd;
       uint64_t up = 0, down = 0;
@@ -313,11 +313,12 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
         up += 4 * n * (E + c.rope.n_dims);
         down += 4 * n * E * c.n_layer;  // the trace's l_out
       }
+      // The rows the output head reads come down on a device pass (checked for NaN on the host; the CPU head reads
+      // them there); a resident head's logits come down too.
+      if (whole_pass) down += 4 * n * E;
       if (held.resident(-1, model::DeviceExperts::kOutput)) {  // the output head: every token's row up, logits down
         up += whole_pass ? 0 : 4 * n * E;
         down += 4 * n * c.n_vocab;
-      } else if (whole_pass) {
-        down += 4 * n * E;
       }
       for (int64_t l = 0; l < c.n_layer; ++l)
         if (!c.is_moe_layer(l)) {
