@@ -125,6 +125,7 @@ class Chat {
   Chat(const ChatOptions& opt)
       : opt_(opt),
         tty_(isatty(STDIN_FILENO) && isatty(STDOUT_FILENO)),
+        tty_out_(isatty(STDOUT_FILENO)),
         engine_(open_engine({opt.model, opt.threads, opt.critical, opt.device})),
         model_(&engine_->model()),
         tokenizer_(open_tokenizer(model_->file())),
@@ -150,7 +151,7 @@ class Chat {
       std::optional<std::string> line = read_message();
       if (!line) break;
       if (line->empty()) continue;
-      ++messages_;
+      if ((*line)[0] != '/') ++messages_;
       if (*line == LineReader::kTooLong) {
         refuse(fmt::format("a message of more than {} MiB; not sent", LineReader::kMaxLineBytes >> 20));
         continue;
@@ -162,8 +163,13 @@ class Chat {
       turn(*line);
     }
     if (tty_) fmt::print("\n");
-    if (!tty_ && refused_ > 0) {
-      fmt::print(stderr, "hetmoe: error: {} of {} messages were not sent (see the notes above)\n", refused_, messages_);
+    if (!tty_ && (refused_ > 0 || failed_commands_ > 0)) {
+      std::string what;
+      if (refused_ > 0) what = fmt::format("{} of {} messages failed", refused_, messages_);
+      if (failed_commands_ > 0)
+        what += fmt::format("{}{} command{} failed", what.empty() ? "" : ", ", failed_commands_,
+                            failed_commands_ == 1 ? "" : "s");
+      fmt::print(stderr, "hetmoe: error: {} (see the notes above)\n", what);
       return 1;
     }
     return 0;
@@ -189,10 +195,12 @@ class Chat {
     std::optional<std::string> line = reader_.read(tty_ ? "> " : "");
     if (!line || !tty_) return line;
     std::string text = *line;
-    while (!text.empty() && text.back() == '\\') {
+    while (text != LineReader::kTooLong && !text.empty() && text.back() == '\\') {
       text.back() = '\n';
       std::optional<std::string> more = reader_.read(". ");
       if (!more) break;
+      if (*more == LineReader::kTooLong || text.size() + more->size() > LineReader::kMaxLineBytes)
+        return std::string(LineReader::kTooLong);
       text += *more;
     }
     return text;
@@ -250,7 +258,8 @@ class Chat {
         note(fmt::format("unknown command {}; /help lists them", name));
       }
     } catch (const std::exception& e) {
-      refuse(fmt::format("error: {}", e.what()));
+      ++failed_commands_;
+      note(fmt::format("error: {}", e.what()));
     }
     return true;
   }
@@ -348,32 +357,37 @@ class Chat {
     // exactly as the cache holds it and the next turn reuses all of it.
     text::StreamDecoder decoder(*tokenizer_);
     text::StreamDecoder recorder(*tokenizer_, /*render_special=*/true);
-    text::TerminalSafe safe;  // what is shown: no control bytes of the model's reach the terminal
+    // What goes to a terminal is made safe: no control byte of the model's drives it. A pipe gets the bytes as they
+    // are.
+    text::TerminalSafe safe;
+    auto shown = [&](const std::string& piece) { return tty_out_ ? safe.push(piece) : piece; };
     std::string reply = think_open ? std::string(template_.think_open()) + "\n" : "";
     const int64_t before = session_.n_past();
     engine::GenerateOptions gen{.max_tokens = opt_.max_tokens, .interrupt = &g_interrupt};
     engine::GenerateResult result;
+    std::vector<int32_t> generated;  // what the callback saw: the result is lost when generation throws
     try {
       result = engine::generate(session_, last_logits(), sampler_, tokenizer_.get(), gen, [&](int32_t token) {
+        generated.push_back(token);
         if (tokenizer_->is_end_of_generation(token)) return true;
         reply += recorder.push(token);
-        fmt::print("{}", filter.push(safe.push(decoder.push(token))));
+        fmt::print("{}", filter.push(shown(decoder.push(token))));
         std::fflush(stdout);
         return true;
       });
     } catch (const std::exception& e) {
-      note(fmt::format("error: {}", e.what()));
+      refuse(fmt::format("error: {}; the reply stops here", e.what()));
     }
     reply += recorder.flush();
     // In order (the operands of + and a call's arguments are evaluated in no fixed order).
-    std::string tail = safe.push(decoder.flush());
-    tail += safe.flush();
+    std::string tail = shown(decoder.flush());
+    if (tty_out_) tail += safe.flush();
     tail = filter.push(tail);
     tail += filter.flush();
     fmt::print("{}\n", tail);
     std::fflush(stdout);
-    const int64_t evaluated = session_.n_past() - before;
-    for (int64_t i = 0; i < evaluated; ++i) conversation_.on_generated(result.tokens[static_cast<size_t>(i)]);
+    const int64_t evaluated = std::min<int64_t>(session_.n_past() - before, static_cast<int64_t>(generated.size()));
+    for (int64_t i = 0; i < evaluated; ++i) conversation_.on_generated(generated[static_cast<size_t>(i)]);
     conversation_.add_assistant(reply);
 
     if (result.stop == engine::StopReason::kInterrupted) note("(stopped)");
@@ -384,7 +398,7 @@ class Chat {
     total_.decode_tokens += c.decode_tokens;
     total_.decode_seconds += c.decode_seconds;
     note(fmt::format("[prompt {} tokens, {:.1f} tok/s | reply {} tokens, {:.1f} tok/s | context {}/{}]",
-                     c.prefill_tokens, c.prefill_tokens / std::max(c.prefill_seconds, 1e-9), result.tokens.size(),
+                     c.prefill_tokens, c.prefill_tokens / std::max(c.prefill_seconds, 1e-9), generated.size(),
                      c.decode_tokens / std::max(c.decode_seconds, 1e-9), session_.n_past(), session_.n_ctx()));
   }
 
@@ -400,6 +414,7 @@ class Chat {
 
   ChatOptions opt_;
   bool tty_;
+  bool tty_out_;  // replies go to a terminal (stdin may still be a pipe)
   std::unique_ptr<engine::Engine> engine_;
   model::Model* model_;
   std::unique_ptr<text::Tokenizer> tokenizer_;
@@ -409,7 +424,8 @@ class Chat {
   engine::Sampler sampler_;
   LineReader reader_;
   engine::Session::Counters total_;
-  int64_t messages_ = 0, refused_ = 0;  // lines read (commands included), and those not sent
+  int64_t messages_ = 0, refused_ = 0;  // messages read (commands are not), and those not sent or not answered
+  int64_t failed_commands_ = 0;
 };
 
 }  // namespace

@@ -20,11 +20,11 @@
 #include "tools/flags.h"
 
 namespace hetmoe::cli {
-namespace {}  // namespace
 
 std::unique_ptr<engine::Engine> open_engine(const engine::EngineOptions& options) {
   std::unique_ptr<engine::Engine> e = engine::Engine::open(options);
   for (const std::string& note : flag_notes()) fmt::print(stderr, "{}\n", note);
+  flag_notes().clear();  // said once
   for (const std::string& note : e->notes()) fmt::print(stderr, "{}\n", note);
   return e;
 }

@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -121,6 +122,7 @@ std::vector<std::string> apply_llama_offload(const LlamaOffload& f, engine::Devi
     d.kind = "cpu";
     notes.push_back("-ngl 0 -> --device cpu");
   } else if (f.gpu_layers > 0) {
+    if (d.kind == "cpu") fail("-ngl {} puts layers on a device; it contradicts --device cpu", f.gpu_layers);
     d.gpu_layers = f.gpu_layers;
     notes.push_back(
         fmt::format("-ngl {} -> the forward pass on the device (--device {}); routed experts placed by the policy",
@@ -177,15 +179,23 @@ std::vector<std::string>& flag_notes() {
   return notes;
 }
 
-int cap_threads(int requested) {
-  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (requested <= 0) return 0;  // every hardware thread (cpu::resolve_threads)
-  if (requested > hardware) {
-    fmt::print(stderr, "hetmoe: warning: -t {} is more than the {} hardware threads here; using {}\n", requested,
-               hardware, hardware);
-    return hardware;
-  }
-  return requested;
+CLI::Validator thread_count() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        int64_t n = -1;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+        if (ec != std::errc() || end != text.data() + text.size() || n < 0 || n > 1000000)
+          return fmt::format("'{}' is not a thread count: use 0 (all) to 1000000", text);
+        const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+        if (n > hardware) {
+          fmt::print(stderr, "hetmoe: warning: -t {} is more than the {} hardware threads here; using {}\n", n,
+                     hardware, hardware);
+          n = hardware;
+        }
+        text = std::to_string(n);
+        return "";
+      },
+      "0..");
 }
 
 }  // namespace hetmoe::cli

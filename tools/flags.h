@@ -31,7 +31,8 @@ std::vector<std::string> apply_llama_offload(const LlamaOffload& flags, engine::
 // What the flags were mapped to, printed by open_engine once the model and device opened (a failure stays one line).
 std::vector<std::string>& flag_notes();
 
-// -t N: 0 means every hardware thread; more than the machine has is capped to it, with a warning on stderr.
-int cap_threads(int requested);
+// -t N: a whole number from 0 (every hardware thread); more than the machine has is capped to it, with a warning on
+// stderr. A transform: it checks the text and rewrites it to the capped count.
+CLI::Validator thread_count();
 
 }  // namespace hetmoe::cli

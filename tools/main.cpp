@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -22,13 +23,7 @@ using namespace hetmoe;
 
 void add_threads(CLI::App* cmd, int* threads) {
   cmd->add_option("-t,--threads", *threads, "CPU threads (default: all cores; more than the machine has are capped)")
-      ->check(cli::in_range(0, 1e6, "threads"))
-      ->transform(CLI::Validator(
-          [](std::string& text) {
-            text = std::to_string(cli::cap_threads(std::stoi(text)));
-            return std::string();
-          },
-          ""));
+      ->transform(cli::thread_count());
 }
 
 void add_max_shard_size(CLI::App* cmd, uint64_t* bytes) {
@@ -50,7 +45,8 @@ void add_link(CLI::App* cmd, cli::DeviceOptions* d) {
       ->check(cli::in_range(0, 1e6, "us"));
 }
 
-void add_device(CLI::App* cmd, cli::DeviceOptions* d) {
+// llama_flags: also take llama.cpp's offload flags (not bench, whose --policies decide the policy of each run).
+void add_device(CLI::App* cmd, cli::DeviceOptions* d, bool llama_flags = true) {
   cmd->add_option("--device", d->kind,
                   "where the pass and the experts that fit run: cpu, emulated (a GPU stand-in), cuda, auto")
       ->capture_default_str();
@@ -84,9 +80,10 @@ void add_device(CLI::App* cmd, cli::DeviceOptions* d) {
   cmd->add_option("--warm-trace", d->warm_trace, "routing trace whose hottest experts go to the device first");
   cmd->add_flag("--host-pass", d->host_pass,
                 "keep norms, attention and the KV cache on the CPU (only FFN weights go to the device)");
+  if (!llama_flags) return;
   // llama.cpp's offload flags, read as hetmoe's settings once the command line is parsed.
-  auto* llama = new cli::LlamaOffload();  // lives as long as the program
-  cli::add_llama_offload(cmd, llama);
+  auto llama = std::make_shared<cli::LlamaOffload>();
+  cli::add_llama_offload(cmd, llama.get());
   cmd->callback([llama, d] {
     for (std::string& line : cli::apply_llama_offload(*llama, *d)) cli::flag_notes().push_back(std::move(line));
   });
@@ -276,7 +273,7 @@ int main(int argc, char** argv) {
       ->check(cli::in_range(1, 1000, "runs"));
   add_threads(c_bench, &bench.threads);
   add_critical(c_bench, &bench.critical);
-  add_device(c_bench, &bench.device);
+  add_device(c_bench, &bench.device, /*llama_flags=*/false);
 
   cli::CalibrateOptions calibrate;
   CLI::App* c_calibrate =
@@ -309,9 +306,10 @@ int main(int argc, char** argv) {
   add_threads(c_make, &make_threads);
 
   try {
+    app.name("hetmoe");
     std::vector<std::string> args = cli::rename_llama_flags(argc, argv);
     std::reverse(args.begin(), args.end());
-    args.pop_back();  // the program's name
+    if (!args.empty()) args.pop_back();  // the program's name (App::parse of a vector wants it gone, reversed)
     app.parse(args);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

@@ -226,7 +226,9 @@ std::vector<std::string> GgufWriter::write(const std::string& path, uint64_t max
     const size_t end = i + 1 < count ? starts[i + 1] : tensors_.size();
     write_file(*files.back(), shard_kv, starts[i], end);
   }
-  for (auto& file : files) file->commit();
+  // Every shard written out and synced before any is renamed: a full disk fails the set, not its last shard.
+  for (auto& file : files) file->prepare();
+  for (auto& file : files) file->publish();
   return paths;
 }
 

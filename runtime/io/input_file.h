@@ -10,8 +10,8 @@ namespace hetmoe::io {
 // without bound. Both functions open without blocking (O_NONBLOCK) and fail (hetmoe::Error, one line naming the path
 // and `what` it was meant to be) for anything but what they accept.
 
-// A whole text or JSON input (profile, trace, saved chat, text to tokenize): a regular file of at most `max_bytes`,
-// the limit stated in the message when it is larger.
+// A whole text or JSON input (profile, trace, saved chat, text to tokenize): a regular file or a pipe (`-f
+// /dev/stdin`, read as it comes) of at most `max_bytes`, the limit stated in the message when it is larger.
 std::string read_file(const std::string& path, uint64_t max_bytes, const char* what);
 
 // A model: a regular file or a block device. Returns an open descriptor (O_RDONLY, close-on-exec, blocking again)

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
 
 #include "runtime/error.h"
@@ -18,8 +19,9 @@ namespace hetmoe::io {
 namespace {
 
 // The temporary files not yet committed, for the signal handler. A fixed table of lock-free pointers: the handler
-// may read it at any moment, so registering publishes a complete copy of the name and removing one clears the
-// pointer before freeing it. 4096 files at once (a sharded model writes one per shard) is far past any real use.
+// may read it at any moment, on any thread, so registering publishes a complete copy of the name, and a name is never
+// freed (a removed one is cleared from the table, but a handler on another thread may still be reading it; a few
+// bytes per file written). 4096 files at once (a sharded model writes one per shard) is far past any real use.
 constexpr int kPendingSlots = 4096;
 std::atomic<char*> g_pending[kPendingSlots];
 std::atomic<void (*)(int)> g_interrupt_hook{nullptr};
@@ -37,8 +39,12 @@ int register_pending(const std::string& path) {
 }
 
 void unregister_pending(int slot) {
-  if (slot < 0) return;
-  std::free(g_pending[slot].exchange(nullptr));
+  if (slot >= 0) g_pending[slot].store(nullptr);
+}
+
+void remove_pending() {
+  for (std::atomic<char*>& slot : g_pending)
+    if (const char* path = slot.load()) ::unlink(path);  // async-signal-safe
 }
 
 void on_signal(int sig) {
@@ -49,8 +55,7 @@ void on_signal(int sig) {
     }
   }
   const int saved = errno;
-  for (std::atomic<char*>& slot : g_pending)
-    if (const char* path = slot.load()) ::unlink(path);  // async-signal-safe
+  remove_pending();
   errno = saved;
   // End as the signal would have: the default action, raised again once this handler returns.
   std::signal(sig, SIG_DFL);
@@ -82,8 +87,24 @@ OutputFile::OutputFile(std::string target) : target_(std::move(target)) {
   if (target_.empty()) fail("no output file name given");
   if (target_.back() == '/') fail("{} names a folder, not a file", target_);
   struct stat st {};
-  if (::stat(target_.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) fail("{} is a folder, not a file", target_);
-  std::string name = target_ + ".XXXXXX.tmp";
+  if (::stat(target_.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) fail("{} is a folder, not a file", target_);
+    if (!S_ISREG(st.st_mode)) {
+      // A device or a pipe (/dev/stdout, /dev/null, a FIFO): nothing to replace, so written in place.
+      fd_ = ::open(target_.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
+      if (fd_ < 0) fail("cannot open {}: {}", target_, std::strerror(errno));
+      buffer_.resize(kBufferBytes);
+      return;
+    }
+  }
+  // A symbolic link stays one: the file it points to is the one replaced, from beside it.
+  std::string real = target_;
+  if (char* resolved = ::realpath(target_.c_str(), nullptr)) {
+    real = resolved;
+    std::free(resolved);
+  }
+  final_ = real;
+  std::string name = real + ".XXXXXX.tmp";
   const int fd = ::mkostemps(name.data(), 4, O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
@@ -156,26 +177,44 @@ void OutputFile::write(const void* data, size_t size) {
   }
 }
 
-void OutputFile::commit() {
-  if (fd_ < 0) fail("{}: committed twice or after a failure", target_);
+void OutputFile::prepare() {
+  if (fd_ < 0 || prepared_) fail("{}: committed twice or after a failure", target_);
   flush_buffer();
+  if (temporary_.empty()) {  // a device or a pipe, written in place
+    ::close(fd_);
+    fd_ = -1;
+    prepared_ = true;
+    return;
+  }
   if (::fsync(fd_) != 0 && errno != EINVAL) fail_io("write", errno);
   struct stat st {};
-  const mode_t mode = ::stat(target_.c_str(), &st) == 0 ? (st.st_mode & 07777) : new_file_mode();
+  const mode_t mode = ::stat(final_.c_str(), &st) == 0 ? (st.st_mode & 07777) : new_file_mode();
   if (::fchmod(fd_, mode) != 0) fail_io("set the permissions of", errno);
   const int fd = fd_;
   fd_ = -1;
-  if (::close(fd) != 0) fail_io("write", errno);
-  if (::rename(temporary_.c_str(), target_.c_str()) != 0) fail_io("replace", errno);
+  // Linux releases the descriptor even when close() is interrupted, and the data is already synced.
+  if (::close(fd) != 0 && errno != EINTR) fail_io("write", errno);
+  prepared_ = true;
+}
+
+void OutputFile::publish() {
+  if (!prepared_ || committed_) fail("{}: published before it was prepared, or twice", target_);
+  if (!temporary_.empty() && ::rename(temporary_.c_str(), final_.c_str()) != 0) fail_io("replace", errno);
   committed_ = true;
   unregister_pending(slot_);
   slot_ = -1;
+  if (temporary_.empty()) return;
   // The rename is durable once the folder is: sync it too (a failure here cannot be undone, and the data is written).
-  const int dir = ::open(parent_dir(target_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int dir = ::open(parent_dir(final_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir >= 0) {
     ::fsync(dir);
     ::close(dir);
   }
+}
+
+void OutputFile::commit() {
+  prepare();
+  publish();
 }
 
 void write_file(const std::string& path, std::string_view bytes) {
@@ -190,13 +229,22 @@ void install_signal_cleanup() {
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = 0;  // no SA_RESTART: a chat waiting in select() sees the interrupt at once
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    // Interrupted reads and writes resume (select() returns on a signal whatever this says, so a chat at its prompt
+    // still sees Ctrl-C at once).
+    sa.sa_flags = SA_RESTART;
+    // SIGPIPE: `hetmoe run ... --trace-routing t.jsonl | head -1`; SIGXFSZ: a file size limit reached mid-write.
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGXFSZ}) {
       struct sigaction old {};
       // A signal the parent told this process to ignore (nohup, a shell's background job) stays ignored.
       if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
       ::sigaction(sig, &sa, nullptr);
     }
+    // An exception nobody catches ends the program through std::terminate: the temporary files go first.
+    static const std::terminate_handler previous = std::set_terminate([] {
+      remove_pending();
+      if (previous) previous();
+      std::abort();
+    });
   });
 }
 

@@ -11,6 +11,9 @@ namespace hetmoe::io {
 
 // A file written whole or not at all; every file hetmoe writes goes through one.
 //
+// A target that exists and is not a regular file (/dev/stdout, /dev/null, a FIFO) is written in place: there is
+// nothing to replace. A symbolic link stays one: the file it points to is replaced, from beside it.
+//
 // The bytes go to a temporary file beside the target, named "<target>.XXXXXX.tmp" and created with O_EXCL (mkstemp),
 // so two writers of one target never share it. Every write is checked; commit() writes what is buffered, fsyncs the
 // file, gives it the target's permissions (or 0666 less the umask for a new file), renames it over the target and
@@ -35,6 +38,10 @@ class OutputFile {
 
   // Makes the file the target. After a failure the target is as it was and the temporary file is gone.
   void commit();
+  // commit() in two steps, for a set of files that should appear together (a sharded model): prepare() writes out,
+  // syncs and closes (what can fail for want of space fails here), publish() renames into place.
+  void prepare();
+  void publish();
 
   const std::string& target() const { return target_; }
   const std::string& temporary() const { return temporary_; }
@@ -46,12 +53,13 @@ class OutputFile {
   void discard();
 
   std::string target_, temporary_;
+  std::string final_;  // the path renamed over: the target, or the file a symbolic link points to
   int fd_ = -1;
   int slot_ = -1;  // the signal handler's record of temporary_
   std::vector<char> buffer_;
   size_t buffered_ = 0;
   uint64_t written_ = 0;
-  bool committed_ = false;
+  bool prepared_ = false, committed_ = false;
 };
 
 // Writes `bytes` to `path` whole or not at all.

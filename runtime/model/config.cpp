@@ -73,7 +73,7 @@ ModelConfig read_config(const gguf::GgufFile& f) {
   // Rope defaults; archs adjust below.
   c.rope.n_dims = static_cast<int>(k.opt_int("rope.dimension_count", c.head_dim_k));
   const double base = k.opt_float("rope.freq_base", 10000.0);
-  if (!(base > 1 && base < 1e12)) k.bad("rope.freq_base", base, "is out of range (above 1)");
+  if (!(base > 1 && base < 1e12)) k.bad("rope.freq_base", base, "is out of range (1..1e12)");
   c.rope.freq_base = static_cast<float>(base);
 
   arch->configure(k, c);

@@ -14,14 +14,15 @@ std::string TerminalSafe::push(std::string_view bytes) {
   std::string text = std::move(pending_);
   pending_.clear();
   text.append(bytes);
-  const size_t held = detail::utf8_incomplete_tail(text);
+  // Held back: an incomplete character, or a CR whose next byte decides whether it ends a line.
+  const size_t held = !text.empty() && text.back() == '\r' ? 1 : detail::utf8_incomplete_tail(text);
   const size_t end = text.size() - held;
   std::string out;
   out.reserve(end);
   for (size_t i = 0; i < end;) {
     const auto b = static_cast<uint8_t>(text[i]);
     if (b < 0x80) {
-      if (b == '\n' || b == '\t' || (b >= 0x20 && b < 0x7F))
+      if (b == '\n' || b == '\t' || (b >= 0x20 && b < 0x7F) || (b == '\r' && i + 1 < end && text[i + 1] == '\n'))
         out += static_cast<char>(b);
       else
         out += fmt::format("\\x{:02x}", b);
@@ -48,9 +49,13 @@ std::string TerminalSafe::push(std::string_view bytes) {
 }
 
 std::string TerminalSafe::flush() {
-  const bool broken = !pending_.empty();
+  std::string out;
+  if (pending_ == "\r")
+    out = "\\x0d";  // a CR at the very end: it would send the cursor back over the line
+  else if (!pending_.empty())
+    out = kReplacement;
   pending_.clear();
-  return broken ? std::string(kReplacement) : std::string();
+  return out;
 }
 
 }  // namespace hetmoe::text

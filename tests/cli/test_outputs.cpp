@@ -119,6 +119,9 @@ TEST_F(Cli, ASignalDuringMakeModelLeavesNoTemporaryFile) {
     const pid_t child = ::fork();
     ASSERT_GE(child, 0);
     if (child == 0) {
+      // The default dispositions, whatever the test runner left (an ignored SIGINT stays ignored in hetmoe).
+      std::signal(SIGINT, SIG_DFL);
+      std::signal(SIGTERM, SIG_DFL);
       const int null = ::open("/dev/null", O_WRONLY);
       ::dup2(null, 1);
       ::dup2(null, 2);
@@ -129,8 +132,9 @@ TEST_F(Cli, ASignalDuringMakeModelLeavesNoTemporaryFile) {
     // Wait until its temporary file has data in it, then interrupt.
     bool writing = false;
     for (int i = 0; i < 3000 && !writing; ++i) {
-      for (const auto& e : fs::directory_iterator(dir_))
-        if (e.path().string().ends_with(".tmp") && fs::file_size(e.path()) > (1 << 20)) writing = true;
+      std::error_code ec;  // a file may go between listing and asking its size
+      for (const auto& e : fs::directory_iterator(dir_, ec))
+        if (e.path().string().ends_with(".tmp") && fs::file_size(e.path(), ec) > (1 << 20) && !ec) writing = true;
       if (!writing) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     EXPECT_TRUE(writing) << "make-model never wrote its temporary file";

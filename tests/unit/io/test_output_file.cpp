@@ -110,6 +110,23 @@ TEST_F(OutputFileTest, AFolderOrAMissingFolderIsAClearError) {
   }
 }
 
+// A device or a pipe has nothing to replace: it is written in place. A symbolic link stays a link, and the file it
+// points to is the one replaced.
+TEST_F(OutputFileTest, DevicesAreWrittenInPlaceAndLinksStayLinks) {
+  write_file("/dev/null", "discarded");
+  struct stat st {};
+  ASSERT_EQ(::stat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+
+  const fs::path real = dir_ / "real.json", link = dir_ / "link.json";
+  std::ofstream(real) << "old";
+  fs::create_symlink(real, link);
+  write_file(link.string(), "new");
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(read_all(real), "new");
+  EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"link.json", "real.json"}));
+}
+
 // The disk fills up: the write or the commit fails with a message naming the file, the old file is intact and no
 // temporary file is left taking the space.
 TEST_F(OutputFileTest, AFullDiskLeavesTheOldFile) {
@@ -140,6 +157,7 @@ TEST_F(OutputFileTest, ASignalMidWriteRemovesTheTemporaryFile) {
     const pid_t child = ::fork();
     ASSERT_GE(child, 0);
     if (child == 0) {
+      std::signal(sig, SIG_DFL);  // whatever the test runner left: an ignored signal stays ignored
       install_signal_cleanup();
       OutputFile f(target.string());
       f.write(std::string(3 << 20, 'w'));
@@ -163,6 +181,7 @@ TEST_F(OutputFileTest, AnInterruptHookKeepsTheProgramAndItsFiles) {
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    std::signal(SIGINT, SIG_DFL);
     install_signal_cleanup();
     set_interrupt_hook([](int) { g_hooked = 1; });
     OutputFile f((dir_ / "saved.json").string());

@@ -43,6 +43,15 @@ TEST(TerminalSafe, InvalidUtf8BecomesReplacementCharacters) {
   EXPECT_EQ(safe("end\xE6\x9D"), "end\xEF\xBF\xBD");  // incomplete at the end: flush
 }
 
+TEST(TerminalSafe, OnlyALineEndingCarriageReturnPasses) {
+  EXPECT_EQ(safe("dos\r\nline"), "dos\r\nline");
+  EXPECT_EQ(safe("over\rwrite"), "over\\x0dwrite");
+  EXPECT_EQ(safe("end\r"), "end\\x0d");
+  TerminalSafe t;
+  EXPECT_EQ(t.push("split\r"), "split");  // the CR waits for the next byte
+  EXPECT_EQ(t.push("\nnext"), "\r\nnext");
+}
+
 TEST(TerminalSafe, ACharacterSplitAcrossPushesIsHeldBack) {
   TerminalSafe t;
   const std::string tokyo = "東";  // E6 9D B1
