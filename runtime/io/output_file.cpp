@@ -11,6 +11,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <vector>
 
 #include "runtime/error.h"
 
@@ -38,8 +39,16 @@ int register_pending(const std::string& path) {
   return -1;  // not covered by the signal handler; every other guarantee holds
 }
 
+// Names taken out of the table, kept (and reachable, so that leak checkers see no leak): a handler on another thread
+// may still be reading one.
 void unregister_pending(int slot) {
-  if (slot >= 0) g_pending[slot].store(nullptr);
+  if (slot < 0) return;
+  static std::mutex mutex;
+  static auto* retired = new std::vector<char*>();
+  if (char* name = g_pending[slot].exchange(nullptr)) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    retired->push_back(name);
+  }
 }
 
 void remove_pending() {
