@@ -161,6 +161,11 @@ TEST_F(Cli, HyperparameterErrorsNameTheKey) {
   expect_error(hetmoe("inspect -m " +
                       with("eps.gguf", "deepseek2.attention.layer_norm_rms_epsilon", gguf::Value::f32(-1)).string()),
                "deepseek2.attention.layer_norm_rms_epsilon = -1 is out of range");
+  // Found by fuzzing: a huge YaRN log multiplier made the attention scale infinite.
+  expect_error(
+      hetmoe("inspect -m " +
+             with("yarn.gguf", "deepseek2.rope.scaling.yarn_log_multiplier", gguf::Value::f32(1e30f)).string()),
+      "deepseek2.rope.scaling.yarn_log_multiplier = 1e+30 is out of range");
 }
 
 // A tokenizer of fewer tokens than the embedding has rows is refused at load (it used to fail once such an id was

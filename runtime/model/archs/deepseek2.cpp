@@ -58,7 +58,10 @@ void configure(const ConfigKeys& k, ModelConfig& c) {
     factor = static_cast<float>(k.opt_float("rope.scaling.factor", 1.0));
   if (!(factor >= 1.0f && factor < 1e6f)) k.bad("rope.scaling.factor", factor, "is out of range (1..1e6)");
   const float freq_scale = 1.0f / factor;
-  const float log_mul = static_cast<float>(k.opt_float("rope.scaling.yarn_log_multiplier", 0.0));
+  const double log_mul_value = k.opt_float("rope.scaling.yarn_log_multiplier", 0.0);
+  if (!(std::fabs(log_mul_value) <= 100.0))  // DeepSeek's files hold 0.1; far beyond it the attention scale overflows
+    k.bad("rope.scaling.yarn_log_multiplier", static_cast<float>(log_mul_value), "is out of range (-100..100)");
+  const auto log_mul = static_cast<float>(log_mul_value);
   c.rope.freq_scale = freq_scale;
   c.rope.ext_factor = factor > 1.0f ? 1.0f : 0.0f;
   c.rope.n_ctx_orig = static_cast<int>(k.opt_int("rope.scaling.original_context_length", c.n_ctx_train));
