@@ -121,7 +121,12 @@ const gguf::TensorInfo& Model::tensor(const std::string& name, std::initializer_
   return *t;
 }
 
-cpu::WeightMatrix Model::as_matrix(const gguf::TensorInfo& t) {
+cpu::WeightMatrix Model::as_matrix(const gguf::TensorInfo& t) const {
+  if (!kernels_.dot_for(t.type))
+    fail(
+        "{}: tensor '{}' is stored as {}, which hetmoe does not multiply with (an activation format, not a weight "
+        "format)",
+        file_->path(), t.name, quant::type_info(t.type).name);
   return {t.type, t.ne[0], t.n_rows, t.row_bytes, t.data};
 }
 

@@ -117,7 +117,9 @@ class Model {
   // A 1-D F32 vector of n values; other types are dequantized once into storage the model owns.
   const float* vector(const std::string& name, int64_t n);
   const float* optional_vector(const std::string& name, int64_t n);
-  static cpu::WeightMatrix as_matrix(const gguf::TensorInfo& t);
+  // A tensor as a matrix to multiply with; refuses a type the CPU kernels have no dot product for (Q8_1 and Q8_K
+  // are activation formats: a file that stores weights in them is broken).
+  cpu::WeightMatrix as_matrix(const gguf::TensorInfo& t) const;
   void bind_common();
   // On a machine with threads on two or more NUMA nodes, binds each weight matrix's pages to the nodes whose
   // threads compute its rows (never a copy per node). HETMOE_NUMA=0 leaves pages where the kernel puts them.

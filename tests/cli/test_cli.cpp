@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "quant/ggml_type.h"
 #include "runtime/gguf/reader.h"
 #include "runtime/gguf/writer.h"
 #include "tests/support/cli.h"
@@ -102,6 +103,23 @@ TEST_F(Cli, MisshapenTensor) {
         return false;
       });
   expect_error(hetmoe("run -m " + p.string() + " " + kTokens), "'blk.0.attn_output.weight' has shape");
+}
+
+// A weight stored in an activation format (Q8_K has no weight dot product) is refused at load, naming the tensor; found
+// by fuzzing: the forward pass called a dot product the kernel table does not have.
+TEST_F(Cli, WeightInAnActivationFormat) {
+  const fs::path p = rewrite(
+      "q8k.gguf", [](std::string&, gguf::Value&) { return true; },
+      [](const gguf::TensorInfo& t, gguf::GgufWriter& w) {
+        if (t.name != "blk.0.attn_output.weight") return true;
+        const std::vector<int64_t> ne(t.ne.begin(), t.ne.begin() + t.n_dims);
+        const size_t bytes = quant::row_bytes(quant::GgmlType::Q8_K, ne[0]) * static_cast<size_t>(t.n_rows);
+        EXPECT_GT(bytes, 0u) << "rows of " << ne[0] << " are not whole Q8_K blocks";
+        w.add_tensor_bytes(t.name, quant::GgmlType::Q8_K, ne, std::vector<uint8_t>(bytes));
+        return false;
+      });
+  expect_error(hetmoe("run -m " + p.string() + " " + kTokens),
+               "tensor 'blk.0.attn_output.weight' is stored as Q8_K, which hetmoe does not multiply with");
 }
 
 // Broken weights (NaN or infinity) stop generation with an error that says where, instead of running on and printing
