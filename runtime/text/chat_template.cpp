@@ -152,12 +152,15 @@ std::optional<ChatTemplate> ChatTemplate::from_text(std::string_view tmpl, const
 }
 
 ChatTemplate ChatTemplate::detect(const gguf::GgufFile& file, const Tokenizer& tokenizer, std::string* warning) {
-  const std::optional<std::string> tmpl = file.get_string("tokenizer.chat_template");
+  // A value that is not a string (a broken or hand-edited file) is a template hetmoe does not know, not a reason to
+  // refuse the model.
+  const gguf::Value* value = file.find("tokenizer.chat_template");
+  const std::string* tmpl = value ? value->as_string() : nullptr;
   if (tmpl && !tmpl->empty()) {
     if (std::optional<ChatTemplate> t = from_text(*tmpl, tokenizer)) return std::move(*t);
   }
   if (warning) {
-    *warning = tmpl && !tmpl->empty()
+    *warning = value && !(tmpl && tmpl->empty())
                    ? fmt::format(
                          "{}: tokenizer.chat_template is not a format hetmoe knows; using the generic "
                          "'### User:' format (choose one with --chat-template)",

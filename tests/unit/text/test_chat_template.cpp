@@ -79,7 +79,8 @@ struct TemplateFile {
   std::vector<uint8_t> bytes;
   std::optional<gguf::GgufFile> file;
 
-  explicit TemplateFile(std::optional<std::string_view> chat_template) {
+  // number: the key holds the u32 7 instead of a string (a broken or hand-edited file).
+  explicit TemplateFile(std::optional<std::string_view> chat_template, bool number = false) {
     auto u32 = [this](uint32_t v) {
       for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<uint8_t>(v >> (8 * i)));
     };
@@ -96,8 +97,13 @@ struct TemplateFile {
     u64(chat_template ? 1 : 0);  // metadata entries
     if (chat_template) {
       str("tokenizer.chat_template");
-      u32(static_cast<uint32_t>(gguf::ValueType::kString));
-      str(*chat_template);
+      if (number) {
+        u32(static_cast<uint32_t>(gguf::ValueType::kUint32));
+        u32(7);
+      } else {
+        u32(static_cast<uint32_t>(gguf::ValueType::kString));
+        str(*chat_template);
+      }
     }
     bytes.resize((bytes.size() + 31) / 32 * 32, 0);
     file.emplace(gguf::GgufFile::parse(bytes, "memory.gguf"));
@@ -569,6 +575,12 @@ TEST(ChatTemplateDetect, MissingOrUnknownTemplateFallsBackWithAWarning) {
 
   warning.clear();
   EXPECT_EQ(detected("{{ messages | tojson }}", deepseek_vocab(), &warning).kind(), TemplateKind::kGeneric);
+  EXPECT_NE(warning.find("not a format hetmoe knows"), std::string::npos) << warning;
+
+  // A value that is not a string is a template hetmoe does not know, not a reason to refuse the model.
+  warning.clear();
+  TemplateFile number("", true);
+  EXPECT_EQ(ChatTemplate::detect(*number.file, deepseek_vocab(), &warning).kind(), TemplateKind::kGeneric);
   EXPECT_NE(warning.find("not a format hetmoe knows"), std::string::npos) << warning;
 
   // A null warning pointer is allowed.
