@@ -55,7 +55,8 @@ ModelConfig read_config(const gguf::GgufFile& f) {
     k.bad("attention.head_count_kv", c.n_head_kv,
           fmt::format("does not divide {} = {}", k.key("attention.head_count"), c.n_head));
   const double eps = k.opt_float("attention.layer_norm_rms_epsilon", 1e-5);
-  if (!(eps > 0 && eps < 1)) k.bad("attention.layer_norm_rms_epsilon", eps, "is out of range (0..1)");
+  // Bounds a float holds: a double of 1e-50 would become 0, one just under 1 would become 1.
+  if (!(eps >= 1e-30 && eps <= 0.5)) k.bad("attention.layer_norm_rms_epsilon", eps, "is out of range (1e-30..0.5)");
   c.rms_eps = static_cast<float>(eps);
 
   c.head_dim_k = k.opt_int("attention.key_length", c.n_embd / c.n_head);

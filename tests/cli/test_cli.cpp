@@ -179,6 +179,11 @@ TEST_F(Cli, HyperparameterErrorsNameTheKey) {
   expect_error(hetmoe("inspect -m " +
                       with("eps.gguf", "deepseek2.attention.layer_norm_rms_epsilon", gguf::Value::f32(-1)).string()),
                "deepseek2.attention.layer_norm_rms_epsilon = -1 is out of range");
+  // Found by fuzzing: a double epsilon too small for a float became 0.
+  expect_error(
+      hetmoe("inspect -m " +
+             with("eps64.gguf", "deepseek2.attention.layer_norm_rms_epsilon", gguf::Value::f64(1e-50)).string()),
+      "deepseek2.attention.layer_norm_rms_epsilon = 1e-50 is out of range");
   // Found by fuzzing: a huge YaRN log multiplier made the attention scale infinite.
   expect_error(
       hetmoe("inspect -m " +
