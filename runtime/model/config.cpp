@@ -79,6 +79,11 @@ ModelConfig read_config(const gguf::GgufFile& f) {
 
   arch->configure(k, c);
   if (c.n_expert > 0) k.check_positive("expert_feed_forward_length", c.n_ff_exp, kMaxDim);
+  // The shared experts run as one FFN of n_expert_shared * n_ff_exp rows.
+  const int64_t max_shared = kMaxDim / std::max<int64_t>(c.n_ff_exp, 1);
+  if (c.n_expert_shared < 0 || c.n_expert_shared > max_shared)
+    k.bad("expert_shared_count", c.n_expert_shared,
+          fmt::format("is out of range (0..{}: the shared experts' width is at most {})", max_shared, kMaxDim));
   if (c.rope.n_dims <= 0 || c.rope.n_dims % 2 != 0 || c.rope.n_dims > c.head_dim_k)
     k.bad("rope.dimension_count", c.rope.n_dims,
           fmt::format("does not fit a head of {} = {} (an even count up to it)", k.key("attention.key_length"),

@@ -179,6 +179,11 @@ TEST_F(Cli, HyperparameterErrorsNameTheKey) {
   expect_error(hetmoe("inspect -m " +
                       with("eps.gguf", "deepseek2.attention.layer_norm_rms_epsilon", gguf::Value::f32(-1)).string()),
                "deepseek2.attention.layer_norm_rms_epsilon = -1 is out of range");
+  // Found by fuzzing: the shared experts' width overflowed.
+  expect_error(
+      hetmoe("inspect -m " +
+             with("shared.gguf", "deepseek2.expert_shared_count", gguf::Value::u64(uint64_t{1} << 60)).string()),
+      "deepseek2.expert_shared_count = 1152921504606846976 is out of range");
   // Found by fuzzing: a double epsilon too small for a float became 0.
   expect_error(
       hetmoe("inspect -m " +
