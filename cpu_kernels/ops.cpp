@@ -65,14 +65,15 @@ void rope_cache(const RopeParams& p, int64_t pos, float* cache) {
   }
   float theta_extrap = static_cast<float>(pos);
   for (int i0 = 0; i0 < p.n_dims; i0 += 2) {
-    const float theta_interp = p.freq_scale * theta_extrap;
+    const float theta_pair = p.rotates_pair(i0 / 2) ? theta_extrap : 0.0f;
+    const float theta_interp = p.freq_scale * theta_pair;
     float theta = theta_interp;
     float mscale = p.attn_factor;
     if (p.ext_factor != 0.0f) {
       const int pair = i0 / 2;
       const float y = (static_cast<float>(pair) - corr0) / std::max(0.001f, corr1 - corr0);
       const float ramp_mix = (1 - std::min(1.0f, std::max(0.0f, y))) * p.ext_factor;
-      theta = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix;
+      theta = theta_interp * (1 - ramp_mix) + theta_pair * ramp_mix;
       mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
     }
     cache[i0] = std::cos(theta) * mscale;

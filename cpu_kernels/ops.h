@@ -54,6 +54,17 @@ struct RopeParams {
   float beta_fast = 32.0f;
   float beta_slow = 1.0f;
   int n_ctx_orig = 0;  // training context the YaRN ramp is measured against
+  // Interleaved multimodal rope (Qwen3.5's IMROPE) for text: pair i falls in sector s = i mod (sum of sections);
+  // sectors s % 3 == 0, 1, 2 below 3 * sections[0], [1], [2] rotate by the token's position, the others by
+  // position 0 (not at all), as the fourth position component of a text token is 0. All zero: every pair rotates.
+  int sections[4] = {0, 0, 0, 0};
+  bool rotates_pair(int pair) const {
+    const int total = sections[0] + sections[1] + sections[2] + sections[3];
+    if (total == 0) return true;
+    const int s = pair % total;
+    return (s % 3 == 0 && s < 3 * sections[0]) || (s % 3 == 1 && s < 3 * sections[1]) ||
+           (s % 3 == 2 && s < 3 * sections[2]);
+  }
 };
 
 // cos/sin of every rotated pair at position `pos`: cache[2i] = cos, cache[2i+1] = sin, n_dims values.

@@ -1026,4 +1026,133 @@ void combine_rows(const float* src, int64_t width, const int32_t* index, const f
   check(cudaGetLastError(), "combine_rows launch");
 }
 
+namespace {
+
+// The sum of `v` over a block of up to 1024 threads, on every thread (warp shuffles, then the warps' sums).
+__device__ float block_sum(float v, float* warp_sums) {
+  for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  __syncthreads();  // warp_sums may still be read by an earlier call
+  if (threadIdx.x % kWarp == 0) warp_sums[threadIdx.x / kWarp] = v;
+  __syncthreads();
+  float total = 0;
+  for (unsigned w = 0; w < (blockDim.x + kWarp - 1) / kWarp; ++w) total += warp_sums[w];
+  return total;
+}
+
+constexpr int kMaxConvWidth = 16;
+
+// One thread per channel, the tokens in order; the taps' window lives in registers.
+__global__ void short_conv_silu_kernel(const float* weight, int64_t channels, int width, const float* x, int64_t ldx,
+                                       int64_t n, float* state, float* y, int64_t ldy) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const int back = width - 1;
+  float window[kMaxConvWidth];
+  for (int r = 0; r < back; ++r) window[r] = state[r * channels + c];
+  const float* w = weight + c * width;
+  for (int64_t t = 0; t < n; ++t) {
+    window[back] = x[t * ldx + c];
+    float sum = 0;
+    for (int k = 0; k < width; ++k) sum += window[k] * w[k];
+    y[t * ldy + c] = sum / (1.0f + expf(-sum));
+    for (int k = 0; k < back; ++k) window[k] = window[k + 1];
+  }
+  for (int r = 0; r < back; ++r) state[r * channels + c] = window[r];
+}
+
+// One block per value head, thread j owning row j of the head's state (S[j][i] over key index i).
+__global__ void gated_delta_net_kernel(DeltaNetArgs a, int64_t n, float* state, float* out, int64_t ldo) {
+  extern __shared__ float shared[];
+  const int64_t D = a.head_dim, h = blockIdx.x, kh = h % a.n_k_heads, j = threadIdx.x;
+  float* q = shared;
+  float* k = q + D;
+  float* warp_sums = k + D;
+  float* S = state + h * D * D + j * D;
+  const float norm_eps = a.eps / static_cast<float>(D), norm_scale = rsqrtf(static_cast<float>(D));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* row = a.qkv + t * a.ld_qkv;
+    const float qj = row[kh * D + j], kj = row[(a.n_k_heads + kh) * D + j];
+    const float q_scale = 1.0f / sqrtf(block_sum(qj * qj, warp_sums) / static_cast<float>(D) + norm_eps);
+    const float k_scale = 1.0f / sqrtf(block_sum(kj * kj, warp_sums) / static_cast<float>(D) + norm_eps);
+    q[j] = qj * q_scale * norm_scale;
+    k[j] = kj * k_scale * norm_scale;
+    __syncthreads();
+    const float beta = 1.0f / (1.0f + expf(-a.beta[t * a.ld_gates + h]));
+    const float x = a.alpha[t * a.ld_gates + h] + a.dt_bias[h];
+    const float decay = expf((x > 20.0f ? x : logf(1.0f + expf(x))) * a.a[h]);
+    float sk = 0;
+    for (int64_t i = 0; i < D; ++i) {
+      S[i] *= decay;
+      sk += S[i] * k[i];
+    }
+    const float delta = (row[2 * a.n_k_heads * D + h * D + j] - sk) * beta;
+    float o = 0;
+    for (int64_t i = 0; i < D; ++i) {
+      S[i] += k[i] * delta;
+      o += S[i] * q[i];
+    }
+    out[t * ldo + h * D + j] = o * norm_scale;
+    __syncthreads();  // q and k are rewritten for the next token
+  }
+}
+
+// One block per row: rms_norm(x) * weight * silu(z).
+__global__ void gated_rms_norm_kernel(const float* x, int64_t ldx, const float* weight, const float* z, int64_t ldz,
+                                      int64_t width, float eps, float* y, int64_t ldy) {
+  __shared__ float warp_sums[32];
+  const float* xr = x + blockIdx.x * ldx;
+  const float* zr = z + blockIdx.x * ldz;
+  float* yr = y + blockIdx.x * ldy;
+  float sum = 0;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) sum += xr[i] * xr[i];
+  const float scale = rsqrtf(block_sum(sum, warp_sums) / static_cast<float>(width) + eps);
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+    const float g = zr[i];
+    yr[i] = xr[i] * scale * weight[i] * (g / (1.0f + expf(-g)));
+  }
+}
+
+__global__ void sigmoid_mul_kernel(const float* gate, int64_t ldg, int64_t n_rows, int64_t width, float* y,
+                                   int64_t ldy) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_rows * width) return;
+  const int64_t r = i / width, c = i % width;
+  y[r * ldy + c] *= 1.0f / (1.0f + expf(-gate[r * ldg + c]));
+}
+
+}  // namespace
+
+void short_conv_silu(const float* weight, int64_t channels, int width, const float* x, int64_t ldx, int64_t n,
+                     float* state, float* y, int64_t ldy, Stream s) {
+  if (width < 1 || width > kMaxConvWidth) throw std::runtime_error("short_conv_silu: at most 16 taps");
+  if (n == 0 || channels == 0) return;
+  short_conv_silu_kernel<<<blocks_for(channels, 128), 128, 0, stream_of(s)>>>(weight, channels, width, x, ldx, n, state,
+                                                                              y, ldy);
+  check(cudaGetLastError(), "short_conv_silu launch");
+}
+
+void gated_delta_net(const DeltaNetArgs& a, int64_t n, float* state, float* out, int64_t ldo, Stream s) {
+  if (a.head_dim < kWarp || a.head_dim > 1024 || a.head_dim % kWarp != 0)
+    throw std::runtime_error("gated_delta_net: head_dim must be a multiple of 32 up to 1024");
+  if (n == 0 || a.n_v_heads == 0) return;
+  const size_t shared = (2 * a.head_dim + 32) * sizeof(float);
+  gated_delta_net_kernel<<<static_cast<unsigned>(a.n_v_heads), static_cast<unsigned>(a.head_dim), shared,
+                           stream_of(s)>>>(a, n, state, out, ldo);
+  check(cudaGetLastError(), "gated_delta_net launch");
+}
+
+void gated_rms_norm(const float* x, int64_t ldx, const float* weight, const float* z, int64_t ldz, int64_t n_rows,
+                    int64_t width, float eps, float* y, int64_t ldy, Stream s) {
+  if (n_rows == 0) return;
+  gated_rms_norm_kernel<<<static_cast<unsigned>(n_rows), 128, 0, stream_of(s)>>>(x, ldx, weight, z, ldz, width, eps, y,
+                                                                                 ldy);
+  check(cudaGetLastError(), "gated_rms_norm launch");
+}
+
+void sigmoid_mul(const float* gate, int64_t ldg, int64_t n_rows, int64_t width, float* y, int64_t ldy, Stream s) {
+  if (n_rows * width == 0) return;
+  sigmoid_mul_kernel<<<blocks_for(n_rows * width, 256), 256, 0, stream_of(s)>>>(gate, ldg, n_rows, width, y, ldy);
+  check(cudaGetLastError(), "sigmoid_mul launch");
+}
+
 }  // namespace hetmoe::gpu

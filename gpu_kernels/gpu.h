@@ -82,6 +82,26 @@ void rms_norm(const float* x, int64_t ldx, const float* weight, int64_t n_rows, 
               int64_t ldy, Stream s);
 void rope(const float* table, float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
           int n_dims, bool neox, Stream s);
+// Qwen3.5's Gated DeltaNet (cpu_kernels/linear_attention.h): the short convolution, one thread per channel running
+// the batch's tokens in order; the delta rule, one block per value head with a thread per value index (head_dim a
+// multiple of 32 up to 1024); the gated output norm; and a gated attention's sigmoid gate.
+void short_conv_silu(const float* weight, int64_t channels, int width, const float* x, int64_t ldx, int64_t n,
+                     float* state, float* y, int64_t ldy, Stream s);
+struct DeltaNetArgs {
+  int64_t n_k_heads, n_v_heads, head_dim;
+  float eps;
+  const float* qkv;
+  int64_t ld_qkv;
+  const float* alpha;
+  const float* beta;
+  int64_t ld_gates;
+  const float* a;
+  const float* dt_bias;
+};
+void gated_delta_net(const DeltaNetArgs& a, int64_t n, float* state, float* out, int64_t ldo, Stream s);
+void gated_rms_norm(const float* x, int64_t ldx, const float* weight, const float* z, int64_t ldz, int64_t n_rows,
+                    int64_t width, float eps, float* y, int64_t ldy, Stream s);
+void sigmoid_mul(const float* gate, int64_t ldg, int64_t n_rows, int64_t width, float* y, int64_t ldy, Stream s);
 // cpu::AttentionShape and cpu::AttentionInput in one (this header includes nothing of the CPU side).
 struct AttentionArgs {
   int n_head, n_head_kv, head_dim_k, head_dim_v;

@@ -125,6 +125,24 @@ class CudaDevice final : public Device {
             int64_t head_stride, int n_dims, bool neox) override {
     gpu::rope(table, x, n_tokens, n_heads, token_stride, head_stride, n_dims, neox, s(stream));
   }
+  void short_conv_silu(int stream, const cpu::ShortConv& conv, const float* x, int64_t ldx, int64_t n, float* state,
+                       float* y, int64_t ldy) override {
+    gpu::short_conv_silu(conv.weight, conv.channels, conv.width, x, ldx, n, state, y, ldy, s(stream));
+  }
+  void gated_delta_net(int stream, const cpu::DeltaNetShape& shape, const cpu::DeltaNetInput& in, int64_t n,
+                       float* state, float* out, int64_t ldo) override {
+    gpu::gated_delta_net({shape.n_k_heads, shape.n_v_heads, shape.head_dim, shape.eps, in.qkv, in.ld_qkv, in.alpha,
+                          in.beta, in.ld_gates, in.a, in.dt_bias},
+                         n, state, out, ldo, s(stream));
+  }
+  void gated_rms_norm(int stream, const float* x, int64_t ldx, const float* weight, const float* z, int64_t ldz,
+                      int64_t n_rows, int64_t width, float eps, float* y, int64_t ldy) override {
+    gpu::gated_rms_norm(x, ldx, weight, z, ldz, n_rows, width, eps, y, ldy, s(stream));
+  }
+  void sigmoid_mul(int stream, const float* gate, int64_t ldg, int64_t n_rows, int64_t width, float* y,
+                   int64_t ldy) override {
+    gpu::sigmoid_mul(gate, ldg, n_rows, width, y, ldy, s(stream));
+  }
   void attention(int stream, const cpu::AttentionShape& shape, const cpu::AttentionInput& in, int64_t n_tokens,
                  int64_t pos0, float* out) override {
     const gpu::AttentionArgs a{shape.n_head,

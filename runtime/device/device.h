@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "cpu_kernels/linear_attention.h"
 #include "cpu_kernels/matmul.h"
 #include "cpu_kernels/ops.h"
 #include "cpu_kernels/thread_pool.h"
@@ -114,6 +115,17 @@ class Device {
   // cpu::causal_attention: the queries of tokens at positions pos0.. against cache positions 0..pos0+t.
   virtual void attention(int stream, const cpu::AttentionShape& shape, const cpu::AttentionInput& in, int64_t n_tokens,
                          int64_t pos0, float* out) = 0;
+  // Qwen3.5's Gated DeltaNet: cpu::short_conv_silu and cpu::gated_delta_net, their states in device memory.
+  virtual void short_conv_silu(int stream, const cpu::ShortConv& conv, const float* x, int64_t ldx, int64_t n,
+                               float* state, float* y, int64_t ldy) = 0;
+  virtual void gated_delta_net(int stream, const cpu::DeltaNetShape& shape, const cpu::DeltaNetInput& in, int64_t n,
+                               float* state, float* out, int64_t ldo) = 0;
+  // Row r of y = cpu::gated_rms_norm(row r of x, weight, row r of z), `width` values per row; y may alias x.
+  virtual void gated_rms_norm(int stream, const float* x, int64_t ldx, const float* weight, const float* z, int64_t ldz,
+                              int64_t n_rows, int64_t width, float eps, float* y, int64_t ldy) = 0;
+  // Row r of y (at y + r * ldy) *= sigmoid(row r of gate), `width` values per row (a gated attention's output).
+  virtual void sigmoid_mul(int stream, const float* gate, int64_t ldg, int64_t n_rows, int64_t width, float* y,
+                           int64_t ldy) = 0;
   // n_rows rows of `width` floats from src (rows lds apart) to dst (rows ldd apart), device to device.
   virtual void copy_rows(int stream, const float* src, int64_t lds, int64_t n_rows, int64_t width, float* dst,
                          int64_t ldd) = 0;

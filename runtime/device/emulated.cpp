@@ -188,6 +188,22 @@ class EmulatedDevice final : public Device {
                  int64_t pos0, float* out) override {
     worker(stream).enqueue([=, this] { cpu::causal_attention(shape, in, n_tokens, pos0, out, one_thread_); });
   }
+  void short_conv_silu(int stream, const cpu::ShortConv& conv, const float* x, int64_t ldx, int64_t n, float* state,
+                       float* y, int64_t ldy) override {
+    worker(stream).enqueue([=] { cpu::short_conv_silu(conv, x, ldx, n, state, y, ldy); });
+  }
+  void gated_delta_net(int stream, const cpu::DeltaNetShape& shape, const cpu::DeltaNetInput& in, int64_t n,
+                       float* state, float* out, int64_t ldo) override {
+    worker(stream).enqueue([=, this] { cpu::gated_delta_net(shape, in, n, state, out, ldo, one_thread_); });
+  }
+  void gated_rms_norm(int stream, const float* x, int64_t ldx, const float* weight, const float* z, int64_t ldz,
+                      int64_t n_rows, int64_t width, float eps, float* y, int64_t ldy) override {
+    worker(stream).enqueue([=] { host_ops::gated_rms_norm(x, ldx, weight, z, ldz, n_rows, width, eps, y, ldy); });
+  }
+  void sigmoid_mul(int stream, const float* gate, int64_t ldg, int64_t n_rows, int64_t width, float* y,
+                   int64_t ldy) override {
+    worker(stream).enqueue([=] { host_ops::sigmoid_mul(gate, ldg, n_rows, width, y, ldy); });
+  }
   void copy_rows(int stream, const float* src, int64_t lds, int64_t n_rows, int64_t width, float* dst,
                  int64_t ldd) override {
     worker(stream).enqueue([=] { host_ops::copy_rows(src, lds, n_rows, width, dst, ldd); });

@@ -91,6 +91,21 @@ class HostDevice final : public Device {
                  float* out) override {
     cpu::causal_attention(shape, in, n_tokens, pos0, out, pool_);
   }
+  void short_conv_silu(int, const cpu::ShortConv& conv, const float* x, int64_t ldx, int64_t n, float* state, float* y,
+                       int64_t ldy) override {
+    cpu::short_conv_silu(conv, x, ldx, n, state, y, ldy);
+  }
+  void gated_delta_net(int, const cpu::DeltaNetShape& shape, const cpu::DeltaNetInput& in, int64_t n, float* state,
+                       float* out, int64_t ldo) override {
+    cpu::gated_delta_net(shape, in, n, state, out, ldo, pool_);
+  }
+  void gated_rms_norm(int, const float* x, int64_t ldx, const float* weight, const float* z, int64_t ldz,
+                      int64_t n_rows, int64_t width, float eps, float* y, int64_t ldy) override {
+    host_ops::gated_rms_norm(x, ldx, weight, z, ldz, n_rows, width, eps, y, ldy);
+  }
+  void sigmoid_mul(int, const float* gate, int64_t ldg, int64_t n_rows, int64_t width, float* y, int64_t ldy) override {
+    host_ops::sigmoid_mul(gate, ldg, n_rows, width, y, ldy);
+  }
   void copy_rows(int, const float* src, int64_t lds, int64_t n_rows, int64_t width, float* dst, int64_t ldd) override {
     host_ops::copy_rows(src, lds, n_rows, width, dst, ldd);
   }

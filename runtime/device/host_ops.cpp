@@ -1,6 +1,7 @@
 #include "runtime/device/host_ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "cpu_kernels/kernel_table.h"
@@ -40,6 +41,19 @@ void layer_norm(const float* x, int64_t ldx, const float* weight, const float* b
 void rms_norm(const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width, float eps, float* y,
               int64_t ldy) {
   for (int64_t r = 0; r < n_rows; ++r) cpu::rms_norm(x + r * ldx, weight, y + r * ldy, width, eps);
+}
+
+void gated_rms_norm(const float* x, int64_t ldx, const float* weight, const float* z, int64_t ldz, int64_t n_rows,
+                    int64_t width, float eps, float* y, int64_t ldy) {
+  for (int64_t r = 0; r < n_rows; ++r) cpu::gated_rms_norm(x + r * ldx, weight, z + r * ldz, y + r * ldy, width, eps);
+}
+
+void sigmoid_mul(const float* gate, int64_t ldg, int64_t n_rows, int64_t width, float* y, int64_t ldy) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* g = gate + r * ldg;
+    float* row = y + r * ldy;
+    for (int64_t i = 0; i < width; ++i) row[i] *= 1.0f / (1.0f + std::exp(-g[i]));
+  }
 }
 
 void rope(const float* table, float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,

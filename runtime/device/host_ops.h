@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cpu_kernels/linear_attention.h"
 #include "cpu_kernels/matmul.h"
 #include "cpu_kernels/ops.h"
 #include "cpu_kernels/thread_pool.h"
@@ -32,6 +33,9 @@ void rms_norm(const float* x, int64_t ldx, const float* weight, int64_t n_rows, 
               int64_t ldy);
 void rope(const float* table, float* x, int64_t n_tokens, int64_t n_heads, int64_t token_stride, int64_t head_stride,
           int n_dims, bool neox);
+void gated_rms_norm(const float* x, int64_t ldx, const float* weight, const float* z, int64_t ldz, int64_t n_rows,
+                    int64_t width, float eps, float* y, int64_t ldy);
+void sigmoid_mul(const float* gate, int64_t ldg, int64_t n_rows, int64_t width, float* y, int64_t ldy);
 void copy_rows(const float* src, int64_t lds, int64_t n_rows, int64_t width, float* dst, int64_t ldd);
 void gather_rows(const float* src, int64_t width, const int32_t* rows, int64_t n, float* dst);
 void combine_rows(const float* src, int64_t width, const int32_t* index, const float* weights, int64_t n, int64_t k,

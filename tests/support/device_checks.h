@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "cpu_kernels/linear_attention.h"
 #include "cpu_kernels/ops.h"
 #include "cpu_kernels/thread_pool.h"
 #include "quant/ref.h"
@@ -326,6 +327,70 @@ inline void check_layer_ops(device::Device& d, int s, double tol) {
         want[t * ldy + 1 + r] = static_cast<float>(acc);
       }
     EXPECT_LT(normalised_error(h.down(dy, want.size()), want), tol) << "strided matmul";
+  }
+  {  // Qwen3.5's Gated DeltaNet: the convolution and the delta rule over two batches (the states carry over), the
+     // gated norm and the sigmoid gate on strided rows
+    const int64_t Hk = 2, Hv = 4, D = 32, C = 2 * Hk * D + Hv * D, n1 = 5, n2 = 3, ld = C + 3;
+    const int width = 4;
+    const std::vector<float> x = random_values((n1 + n2) * ld, 14), w = random_values(C * width, 15, 0.3f),
+                             gates = random_values((n1 + n2) * 2 * Hv, 16), a = random_values(Hv, 17, 0.5f),
+                             dt = random_values(Hv, 18, 0.5f);
+    const cpu::ShortConv conv{.channels = C, .width = width, .weight = h.up(w)};
+    const cpu::DeltaNetShape shape{.n_k_heads = Hk, .n_v_heads = Hv, .head_dim = D, .eps = 1e-6f};
+    float* dx = h.up(x);
+    float* d_conv_state = h.zeros((width - 1) * C);
+    float* d_conv = h.zeros((n1 + n2) * C);
+    float* d_state = h.zeros(cpu::delta_net_state_floats(shape));
+    float* d_out = h.zeros((n1 + n2) * Hv * D);
+    float* d_gates = h.up(gates);
+    const float* d_a = h.up(a);
+    const float* d_dt = h.up(dt);
+    for (const auto& [t0, n] : {std::pair<int64_t, int64_t>{0, n1}, {n1, n2}}) {
+      d.short_conv_silu(s, conv, dx + t0 * ld, ld, n, d_conv_state, d_conv + t0 * C, C);
+      const cpu::DeltaNetInput in{.qkv = d_conv + t0 * C,
+                                  .ld_qkv = C,
+                                  .alpha = d_gates + t0 * 2 * Hv,
+                                  .beta = d_gates + t0 * 2 * Hv + Hv,
+                                  .ld_gates = 2 * Hv,
+                                  .a = d_a,
+                                  .dt_bias = d_dt};
+      d.gated_delta_net(s, shape, in, n, d_state, d_out + t0 * Hv * D, Hv * D);
+    }
+    // The CPU's own functions, in one batch.
+    cpu::ThreadPool pool(1);
+    std::vector<float> conv_state((width - 1) * C, 0.0f), want_conv((n1 + n2) * C), state(Hv * D * D, 0.0f),
+        want_out((n1 + n2) * Hv * D);
+    cpu::short_conv_silu({.channels = C, .width = width, .weight = w.data()}, x.data(), ld, n1 + n2, conv_state.data(),
+                         want_conv.data(), C);
+    cpu::gated_delta_net(shape,
+                         {.qkv = want_conv.data(),
+                          .ld_qkv = C,
+                          .alpha = gates.data(),
+                          .beta = gates.data() + Hv,
+                          .ld_gates = 2 * Hv,
+                          .a = a.data(),
+                          .dt_bias = dt.data()},
+                         n1 + n2, state.data(), want_out.data(), Hv * D, pool);
+    EXPECT_LT(normalised_error(h.down(d_conv, want_conv.size()), want_conv), tol) << "short_conv_silu";
+    EXPECT_LT(normalised_error(h.down(d_conv_state, conv_state.size()), conv_state), tol) << "short_conv_silu state";
+    EXPECT_LT(normalised_error(h.down(d_out, want_out.size()), want_out), 10 * tol) << "gated_delta_net";
+    EXPECT_LT(normalised_error(h.down(d_state, state.size()), state), 10 * tol) << "gated_delta_net state";
+
+    const int64_t rows = 6, cols = 40, ldg = 47;
+    const std::vector<float> y = random_values(rows * ldg, 19), z = random_values(rows * ldg, 20),
+                             nw = random_values(cols, 21);
+    float* dy = h.up(y);
+    float* dn = h.zeros(rows * cols);
+    const float* dz = h.up(z);
+    d.gated_rms_norm(s, dy, ldg, h.up(nw), dz, ldg, rows, cols, 1e-6f, dn, cols);
+    d.sigmoid_mul(s, dz + 2, ldg, rows, cols, dy, ldg);
+    std::vector<float> want_norm(rows * cols), want_gated = y;
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::gated_rms_norm(&y[r * ldg], nw.data(), &z[r * ldg], &want_norm[r * cols], cols, 1e-6f);
+      for (int64_t i = 0; i < cols; ++i) want_gated[r * ldg + i] *= 1.0f / (1.0f + std::exp(-z[r * ldg + 2 + i]));
+    }
+    EXPECT_LT(normalised_error(h.down(dn, want_norm.size()), want_norm), tol) << "gated_rms_norm";
+    EXPECT_LT(normalised_error(h.down(dy, want_gated.size()), want_gated), tol) << "sigmoid_mul";
   }
 }
 

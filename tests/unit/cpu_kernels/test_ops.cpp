@@ -1,4 +1,4 @@
-// The layer ops of cpu_kernels/ops.h against plain double-precision formulas.
+// The layer ops of cpu_kernels/ops.h and linear_attention.h against plain double-precision formulas.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "cpu_kernels/linear_attention.h"
 #include "cpu_kernels/ops.h"
 #include "cpu_kernels/thread_pool.h"
 
@@ -108,6 +109,100 @@ TEST(Ops, IndexerSelectsTheBestVisiblePositions) {
       const int32_t expected = i < visible ? want[static_cast<size_t>(i)].second : -1;
       EXPECT_EQ(selected[t * top_k + i], expected) << "token " << t << " rank " << i;
     }
+  }
+}
+
+// Qwen3.5's Gated DeltaNet: the convolution and the delta rule against the formulas in double (reference README
+// 10.4.2), a batch of 7 tokens after 4 earlier ones (the states carry over), with value head h on key head h mod 2.
+TEST(Ops, GatedDeltaNetMatchesTheFormula) {
+  const int64_t Hk = 2, Hv = 4, D = 16, C = 2 * Hk * D + Hv * D, n = 11, first = 4;
+  const int width = 4;
+  const std::vector<float> x = normal(n * C, 30), w = normal(C * width, 31), alpha = normal(n * Hv, 32),
+                           beta = normal(n * Hv, 33), a = normal(Hv, 34), dt = normal(Hv, 35);
+  std::vector<float> conv_state((width - 1) * C, 0.0f), conv(n * C), state(Hv * D * D, 0.0f), out(n * Hv * D);
+  ThreadPool pool(2);
+  const DeltaNetShape shape{.n_k_heads = Hk, .n_v_heads = Hv, .head_dim = D, .eps = 1e-6f};
+  for (const auto& [t0, count] : {std::pair<int64_t, int64_t>{0, first}, {first, n - first}}) {
+    short_conv_silu({.channels = C, .width = width, .weight = w.data()}, x.data() + t0 * C, C, count, conv_state.data(),
+                    conv.data() + t0 * C, C);
+    gated_delta_net(shape,
+                    {.qkv = conv.data() + t0 * C,
+                     .ld_qkv = C,
+                     .alpha = alpha.data() + t0 * Hv,
+                     .beta = beta.data() + t0 * Hv,
+                     .ld_gates = Hv,
+                     .a = a.data(),
+                     .dt_bias = dt.data()},
+                    count, state.data(), out.data() + t0 * Hv * D, Hv * D, pool);
+  }
+  // The formulas.
+  std::vector<double> ref_conv(n * C), S(Hv * D * D, 0.0);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t c = 0; c < C; ++c) {
+      double sum = 0;
+      for (int k = 0; k < width; ++k) {
+        const int64_t src = t - (width - 1) + k;
+        if (src >= 0) sum += static_cast<double>(x[src * C + c]) * w[c * width + k];
+      }
+      ref_conv[t * C + c] = sum / (1 + std::exp(-sum));
+      ASSERT_NEAR(conv[t * C + c], ref_conv[t * C + c], 1e-5) << "conv t " << t << " c " << c;
+    }
+  for (int64_t c = 0; c < C; ++c)
+    for (int r = 0; r < width - 1; ++r) ASSERT_EQ(conv_state[r * C + c], x[(n - (width - 1) + r) * C + c]);
+  auto l2 = [&](const double* v) {
+    double sum = 0;
+    for (int64_t i = 0; i < D; ++i) sum += v[i] * v[i];
+    std::vector<double> r(D);
+    for (int64_t i = 0; i < D; ++i) r[i] = v[i] / std::sqrt(sum + 1e-6);
+    return r;
+  };
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < Hv; ++h) {
+      const int64_t kh = h % Hk;
+      const std::vector<double> q = l2(&ref_conv[t * C + kh * D]), k = l2(&ref_conv[t * C + (Hk + kh) * D]);
+      const double* v = &ref_conv[t * C + 2 * Hk * D + h * D];
+      const double b = 1 / (1 + std::exp(-static_cast<double>(beta[t * Hv + h])));
+      const double g = a[h] * std::log1p(std::exp(static_cast<double>(alpha[t * Hv + h]) + dt[h]));
+      double* Sh = &S[h * D * D];  // Sh[i * D + j]: key i, value j
+      for (int64_t e = 0; e < D * D; ++e) Sh[e] *= std::exp(g);
+      std::vector<double> d(D);
+      for (int64_t j = 0; j < D; ++j) {
+        double sk = 0;
+        for (int64_t i = 0; i < D; ++i) sk += Sh[i * D + j] * k[i];
+        d[j] = b * (v[j] - sk);
+      }
+      for (int64_t i = 0; i < D; ++i)
+        for (int64_t j = 0; j < D; ++j) Sh[i * D + j] += k[i] * d[j];
+      for (int64_t j = 0; j < D; ++j) {
+        double o = 0;
+        for (int64_t i = 0; i < D; ++i) o += Sh[i * D + j] * q[i];
+        o /= std::sqrt(static_cast<double>(D));
+        ASSERT_NEAR(out[t * Hv * D + h * D + j], o, 1e-4 * (1 + std::abs(o))) << "t " << t << " h " << h << " j " << j;
+      }
+    }
+  }
+  for (int64_t h = 0; h < Hv; ++h)
+    for (int64_t i = 0; i < D; ++i)
+      for (int64_t j = 0; j < D; ++j)
+        ASSERT_NEAR(state[h * D * D + j * D + i], S[h * D * D + i * D + j], 1e-4) << "state h " << h;
+}
+
+// IMROPE for text: pairs in the sectors of the fourth component do not rotate; sections summing to half the rotated
+// dimensions with the fourth 0 rotate every pair, as plain rope.
+TEST(Ops, ImropeRotatesThePairsOfItsSections) {
+  RopeParams plain{.n_dims = 16, .neox = true, .freq_base = 1e7f};
+  RopeParams all = plain, partial = plain;
+  all.sections[0] = 3, all.sections[1] = 3, all.sections[2] = 2;
+  partial.sections[0] = 8;  // sectors 1, 2, 4, 5, 7 fall to the fourth component
+  std::vector<float> want(16), got_all(16), got_partial(16);
+  rope_cache(plain, 9, want.data());
+  rope_cache(all, 9, got_all.data());
+  rope_cache(partial, 9, got_partial.data());
+  EXPECT_EQ(got_all, want);
+  for (int pair = 0; pair < 8; ++pair) {
+    const bool rotates = pair % 3 == 0;
+    EXPECT_EQ(got_partial[2 * pair], rotates ? want[2 * pair] : 1.0f) << pair;
+    EXPECT_EQ(got_partial[2 * pair + 1], rotates ? want[2 * pair + 1] : 0.0f) << pair;
   }
 }
 
