@@ -42,9 +42,18 @@ int inspect(const InspectOptions& opt) {
   if (c.kv_lora_rank > 0)
     fmt::print("MLA           q_lora {}  kv_lora {}  qk_nope {}  qk_rope {}  v_head {}\n", c.q_lora_rank,
                c.kv_lora_rank, c.qk_nope, c.qk_rope, c.v_head);
+  if (!c.recurrent.empty()) {
+    const auto n_rec = std::count(c.recurrent.begin(), c.recurrent.end(), true);
+    fmt::print("linear attn   Gated DeltaNet in {} of {} blocks: {} k heads, {} v heads of {}, conv {}\n", n_rec,
+               c.n_layer, c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_dim, c.ssm_conv_kernel);
+  }
+  if (c.rope.sections[0] + c.rope.sections[1] + c.rope.sections[2] + c.rope.sections[3] > 0)
+    fmt::print("rope sections [{}, {}, {}, {}] (IMROPE)\n", c.rope.sections[0], c.rope.sections[1], c.rope.sections[2],
+               c.rope.sections[3]);
   if (c.n_expert > 0) {
-    fmt::print("experts       {} routed, {} used, {} shared, width {}; {} leading dense (width {})\n", c.n_expert,
-               c.n_expert_used, c.n_expert_shared, c.n_ff_exp, c.n_leading_dense, c.n_ff);
+    fmt::print("experts       {} routed, {} used, {} shared, width {}{}; {} leading dense (width {})\n", c.n_expert,
+               c.n_expert_used, c.n_expert_shared, c.n_ff_exp,
+               c.n_ff_shared > 0 ? fmt::format(" (shared {})", c.n_ff_shared) : "", c.n_leading_dense, c.n_ff);
     fmt::print("routing       {}{}{}", c.gating == model::Gating::kSigmoid ? "sigmoid" : "softmax",
                c.expert_weights_norm ? ", normalised" : "",
                c.expert_weights_scale != 0 && c.expert_weights_scale != 1

@@ -277,7 +277,7 @@ std::unique_ptr<Device> make_emulated_device(const EmulatedOptions& opt);
 
 // The Device interface's version: the CUDA device library reports the one it was built with, and the loader refuses a
 // library of another (raise it whenever this interface or what its methods take changes).
-inline constexpr int kDeviceAbi = 3;
+inline constexpr int kDeviceAbi = 4;
 
 // The CPU as a device, computing with `pool` (which must outlive it).
 std::unique_ptr<Device> make_host_device(cpu::ThreadPool& pool);

@@ -10,6 +10,11 @@ std::span<const float> Session::eval(std::span<const int32_t> tokens, const std:
   if (tokens.empty()) fail("nothing to evaluate");
   if (static_cast<int64_t>(tokens.size()) > n_free())
     fail("context full: {} tokens do not fit ({} of {} positions used)", tokens.size(), n_past(), n_ctx());
+  sync(cancel);
+  if (cache_.has_recurrent()) {
+    const std::vector<int64_t> held = cache_.checkpoints();
+    if (tokens.size() > 1 || held.empty() || n_past() - held.back() >= kDecodeCheckpointEvery) cache_.checkpoint();
+  }
   const auto start = std::chrono::steady_clock::now();
   model_.forward(tokens, n_past(), cache_, /*all_logits=*/false, logits_, nullptr, cancel);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -27,6 +32,23 @@ std::span<const float> Session::eval(std::span<const int32_t> tokens, const std:
 void Session::truncate(int64_t n) {
   if (n < 0 || n > n_past()) fail("cannot keep {} of {} tokens", n, n_past());
   tokens_.resize(static_cast<size_t>(n));
+}
+
+int64_t Session::replay_pending() const {
+  if (!cache_.has_recurrent() || cache_.recurrent_pos() == n_past()) return 0;
+  int64_t from = 0;
+  for (int64_t c : cache_.checkpoints())
+    if (c <= n_past()) from = c;
+  return n_past() - from;
+}
+
+void Session::sync(const std::atomic<bool>* cancel) {
+  if (!cache_.has_recurrent() || cache_.recurrent_pos() == n_past()) return;
+  const int64_t from = cache_.rollback(n_past());
+  if (from < n_past()) {
+    const std::span<const int32_t> again(tokens_.data() + from, tokens_.data() + n_past());
+    model_.forward(again, from, cache_, /*all_logits=*/false, logits_, nullptr, cancel);
+  }
 }
 
 }  // namespace hetmoe::engine

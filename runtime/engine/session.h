@@ -11,8 +11,11 @@
 
 namespace hetmoe::engine {
 
-// One conversation's state on a model: the tokens its KV cache holds and the cache itself. Tokens are appended
-// by eval() and only ever evaluated once: a chat turn evaluates just its new tokens (KV reuse).
+// One conversation's state on a model: the tokens its cache holds and the cache itself. Tokens are appended by
+// eval() and evaluated once: a chat turn evaluates just its new tokens (KV reuse). A model with recurrent layers
+// (Qwen3.5's Gated DeltaNet) cannot drop tokens from its state: the session checkpoints it before each batch of
+// several tokens and every kDecodeCheckpointEvery positions of decoding, and after truncate() the next eval
+// restores the newest checkpoint before the kept tokens and evaluates the ones after it again.
 class Session {
  public:
   // Fails when n_ctx exceeds the model's training context or the cache cannot be allocated.
@@ -32,6 +35,10 @@ class Session {
   std::span<const float> last_logits() const { return logits_; }
   // Forgets everything after the first n tokens; their cache rows are overwritten by later evals.
   void truncate(int64_t n);
+  static constexpr int64_t kDecodeCheckpointEvery = 256;
+  // Positions the next eval evaluates again to bring recurrent state back to the kept tokens (0 without recurrent
+  // layers or when nothing was dropped).
+  int64_t replay_pending() const;
   void clear() { truncate(0); }
 
   // What the last eval calls cost: a batch of more than one token counts as prefill, a single token as decode.
@@ -45,6 +52,9 @@ class Session {
   void reset_counters() { counters_ = {}; }
 
  private:
+  // Brings the cache's recurrent state to n_past(): rolls back and evaluates the kept tokens after the checkpoint.
+  void sync(const std::atomic<bool>* cancel);
+
   model::Model& model_;
   model::KvCache cache_;
   std::vector<int32_t> tokens_;

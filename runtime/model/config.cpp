@@ -91,6 +91,13 @@ ModelConfig read_config(const gguf::GgufFile& f) {
   return c;
 }
 
+void drop_mtp_blocks(const ConfigKeys& k, ModelConfig& c) {
+  const int64_t nextn = k.opt_int("nextn_predict_layers", 0);
+  if (nextn < 0 || nextn >= c.n_layer)
+    k.bad("nextn_predict_layers", nextn, fmt::format("leaves no trunk of the {} blocks", c.n_layer));
+  c.n_layer -= nextn;
+}
+
 void read_expert_routing(const ConfigKeys& k, ModelConfig& c, Gating default_gating) {
   // These architectures are mixtures of experts: the routing keys below mean nothing without experts.
   k.check_positive("expert_count", c.n_expert, 65536);

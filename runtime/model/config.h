@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "cpu_kernels/ops.h"
 #include "runtime/error.h"
@@ -42,6 +43,7 @@ struct ModelConfig {
   int64_t n_expert = 0;               // 0: dense model
   int64_t n_expert_used = 0;
   int64_t n_expert_shared = 0;  // shared experts, fused into one FFN of width n_ff_exp * n_expert_shared
+  int64_t n_ff_shared = 0;      // that width when the file states it (Qwen3.5: expert_shared_feed_forward_length)
   int64_t n_leading_dense = 0;  // blocks < this one use the dense FFN
   Gating gating = Gating::kSoftmax;
   bool clamped_swiglu = false;  // gpt-oss's expert activation (cpu::ExpertFfn)
@@ -61,7 +63,17 @@ struct ModelConfig {
   int64_t indexer_dim = 0;
   int64_t indexer_top_k = 0;
 
+  // Qwen3.5's Gated DeltaNet blocks (the ssm.* keys): recurrent[l] says layer l is one (else full attention).
+  int64_t ssm_conv_kernel = 0;  // taps of the short convolution
+  int64_t ssm_head_dim = 0;     // ssm.state_size: key and value length per head
+  int64_t ssm_k_heads = 0;      // ssm.group_count
+  int64_t ssm_v_heads = 0;      // ssm.time_step_rank
+  std::vector<bool> recurrent;
+
   bool is_moe_layer(int64_t layer) const { return n_expert > 0 && layer >= n_leading_dense; }
+  bool is_recurrent(int64_t layer) const {
+    return layer < static_cast<int64_t>(recurrent.size()) && recurrent[static_cast<size_t>(layer)];
+  }
 };
 
 // The metadata keys of one architecture ("<arch>.<key>"), as an architecture's configure() reads them.
@@ -90,6 +102,10 @@ class ConfigKeys {
   const gguf::GgufFile& f_;
   std::string arch_;
 };
+
+// The file's last nextn_predict_layers blocks are a multi-token-prediction head (DeepSeek-V3.2, GLM-4.5, Qwen3.5):
+// read past and never run, as llama.cpp does without a draft context. Takes them off n_layer.
+void drop_mtp_blocks(const ConfigKeys& k, ModelConfig& c);
 
 // The routing keys of the DeepSeek-V3 family (expert_gating_func, expert_weights_norm / _scale, expert groups), with
 // the gating llama.cpp assumes for the architecture when the key is absent.

@@ -326,7 +326,7 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   if (w.has_shared && resident(layer, kShared)) {
     add_work({.expert = kShared, .o0 = 0, .o1 = n, .width = w.gate_shexp.n_rows, .slot = &slots_.at({layer, kShared})});
   } else {
-    add_shared_experts(batch, w, n, nu);
+    add_shared_experts(batch, w, n, nu, step.shared_weights);
   }
   moving_.assign(moved.size(), Slot{});
   move_done_.assign(moved.size(), device::Event{});
@@ -467,6 +467,11 @@ bool DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, co
   auto item = [&](const Work& d, int64_t j) { return all_tokens(d) ? j : routed->order[d.o0 + j]; };
   auto token = [&](const Work& d, int64_t j) { return all_tokens(d) ? j : item(d, j) / nu; };
   auto critical = [&](const Work& d, int64_t j) { return d.any_critical && routed->critical[item(d, j)] != 0; };
+  const float* shared_weights = step ? step->shared_weights : nullptr;
+  auto weight_of = [&](const Work& d, int64_t j) {
+    if (d.expert == kShared) return shared_weights ? shared_weights[j] : 1.0f;
+    return d.expert == kDense ? 1.0f : routing->weights[item(d, j)];
+  };
 
   // Phase 1 on the device: the items' input rows up in one copy (or gathered there), then gate and up of each
   // expert's W^Q. The host rows xs also serve the residuals of critical items (with the input on the device, only
@@ -568,7 +573,7 @@ bool DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, co
       for (int64_t j = 0; j < d.m(); ++j) {
         const int64_t slot = d.expert == kShared ? nu : d.expert == kDense ? 0 : item(d, j) % nu;
         index[token(d, j) * slots + slot] = static_cast<int32_t>(d.row0 + j);
-        weights[token(d, j) * slots + slot] = all_tokens(d) ? 1.0f : routing->weights[item(d, j)];
+        weights[token(d, j) * slots + slot] = weight_of(d, j);
       }
     float* combine = scratch(combine_, 2 * n * slots);
     device_.copy_to_device(compute_, combine, host, 2 * n * slots * sizeof(float));
@@ -591,7 +596,7 @@ bool DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, co
     for (int64_t j = 0, i = 0; j < d.m(); ++j) {
       const float* yr = critical(d, j) ? tmp.data() + i++ * n_embd : nullptr;
       float* dst = out + token(d, j) * n_embd;
-      const float weight = all_tokens(d) ? 1.0f : routing->weights[item(d, j)];
+      const float weight = weight_of(d, j);
       if (io.out) {  // the device has its rows: the CPU's part takes the residual's
         if (yr)
           for (int64_t q = 0; q < n_embd; ++q) dst[q] += weight * yr[q];

@@ -109,7 +109,12 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cach
                     std::vector<float>& logits, Trace* trace, const std::atomic<bool>* cancel) {
   if (forward_once(tokens, pos0, cache, all_logits, logits, trace, cancel)) return;
   // Broken weights: run the batch again (it rewrites the same cache rows) with a check after every layer, to say
-  // where it breaks. The run it repeats was deterministic, so it breaks at the same place.
+  // where it breaks. The run it repeats was deterministic, so it breaks at the same place. Recurrent state must be
+  // back where the batch started: a checkpoint there (the session takes one before each batch of a prompt).
+  if (cache.has_recurrent() && cache.rollback(pos0) != pos0)
+    fail(
+        "the model computed NaN or infinity (its weights or scales are broken; no checkpoint to find the layer); "
+        "generation stopped");
   NonFiniteLayer finder;
   std::vector<float> again;
   forward_once(tokens, pos0, cache, all_logits, again, &finder, cancel);
@@ -133,6 +138,9 @@ bool Model::forward_once(std::span<const int32_t> tokens, int64_t pos0, KvCache&
     if (t < 0 || t >= c.n_vocab) fail("token id {} is out of range (the vocabulary has {} tokens)", t, c.n_vocab);
   if (pos0 < 0 || pos0 + n > cache.n_ctx())
     fail("context full: {} more tokens do not fit after {} of {} positions", n, pos0, cache.n_ctx());
+  if (cache.has_recurrent() && pos0 != cache.recurrent_pos())
+    fail("the recurrent state holds {} positions; a batch at position {} needs a rollback first (KvCache::rollback)",
+         cache.recurrent_pos(), pos0);
   // The pass runs where the cache lives.
   if (cache.device() && !(device_pass_ && cache.device() == &device_pass_->device))
     fail("this KV cache lives on a device the model's forward pass does not run on");
@@ -169,6 +177,8 @@ bool Model::forward_once(std::span<const int32_t> tokens, int64_t pos0, KvCache&
   d.copy_to_device(s, table, up + n * E, n * nd * sizeof(float));
   p.rope_table = table;
 
+  // The recurrent state is half-updated until the last layer ran: a pass that stops early leaves it for a rollback.
+  cache.invalidate_recurrent();
   for (int64_t l = 0; l < c.n_layer; ++l) {
     if (cancel && cancel->load(std::memory_order_relaxed)) {
       d.synchronize();  // the staging buffers are reused by the next call
@@ -187,6 +197,7 @@ bool Model::forward_once(std::span<const int32_t> tokens, int64_t pos0, KvCache&
     d.add(s, branch, n * E, x);
     if (trace) trace->values(l, "l_out", p.to_host(x, n * E), n, E);
   }
+  cache.set_recurrent_pos(pos0 + n);
 
   const int64_t first = all_logits ? 0 : n - 1, n_out = n - first;
   d.rms_norm(s, x + first * E, E, p.vector(output_norm_), n_out, E, c.rms_eps, xn, E);
@@ -273,7 +284,10 @@ void Model::ffn(Pass& p, int64_t layer, const float* x, int64_t n, float* out) {
   // Every (token, slot) item grouped by expert; the shared experts come last in each token's sum, as llama.cpp adds
   // them after the routed ones, and the sum over a token's items runs in slot order, as llama.cpp's chain of adds.
   const RoutedItems items = group_items(w.moe, r, n, nu);
-  const MoeStep step{.layer = layer, .w = w.moe, .r = r, .items = items};
+  thread_local std::vector<float> shared_weights;
+  const bool gated = shared_expert_weights(kernels_, w.moe, host_x, n, E, shared_weights);
+  const MoeStep step{
+      .layer = layer, .w = w.moe, .r = r, .items = items, .shared_weights = gated ? shared_weights.data() : nullptr};
   const FfnRows rows{.x = host_x, .out = host_out, .n = n, .n_embd = E, .device = on_device};
   if (device_experts_) return device_experts_->run(kernels_, *pool_, step, rows);
   run_experts_on_cpu(kernels_, *pool_, step, rows);

@@ -136,10 +136,13 @@ cpu::WeightMatrix Model::matrix(const std::string& name, int64_t n_cols, int64_t
 
 const float* Model::optional_vector(const std::string& name, int64_t n) {
   const gguf::TensorInfo* t = optional_tensor(name, {n});
-  if (!t) return nullptr;
-  if (t->type == quant::GgmlType::F32) return reinterpret_cast<const float*>(t->data);
-  std::vector<float>& v = owned_vectors_.emplace_back(n);
-  quant::dequantize_row(t->type, t->data, v.data(), n);
+  return t ? as_floats(*t) : nullptr;
+}
+
+const float* Model::as_floats(const gguf::TensorInfo& t) {
+  if (t.type == quant::GgmlType::F32) return reinterpret_cast<const float*>(t.data);
+  std::vector<float>& v = owned_vectors_.emplace_back(t.n_elements());
+  for (int64_t r = 0; r < t.n_rows; ++r) quant::dequantize_row(t.type, t.row(r), v.data() + r * t.ne[0], t.ne[0]);
   return v.data();
 }
 
@@ -210,8 +213,9 @@ void Model::bind_common() {
       m.down_exps = as_matrix(tensor(blk(l, "ffn_down_exps"), {ff, E, ne}));
     }
     if (c.n_expert_shared > 0) {
-      const int64_t fs = ff * c.n_expert_shared;
+      const int64_t fs = c.n_ff_shared > 0 ? c.n_ff_shared : ff * c.n_expert_shared;
       m.has_shared = true;
+      m.shared_gate = optional_vector(blk(l, "ffn_gate_inp_shexp"), E);
       m.gate_shexp = matrix(blk(l, "ffn_gate_shexp"), E, fs);
       m.up_shexp = matrix(blk(l, "ffn_up_shexp"), E, fs);
       m.down_shexp = matrix(blk(l, "ffn_down_shexp"), fs, E);
@@ -229,21 +233,23 @@ KvCache Model::make_cache(int64_t n_ctx) const {
   if (n_ctx <= 0) fail("context size must be positive, got {}", n_ctx);
   if (n_ctx > config_.n_ctx_train)
     fail("context size {} exceeds the model's training context of {}", n_ctx, config_.n_ctx_train);
+  std::vector<LayerCache> layers;
+  for (int64_t l = 0; l < config_.n_layer; ++l) layers.push_back(cache_layer(l));
   if (device_pass_) {
     // On the device when it fits and leaves room for the pass's working buffers (an eighth of the device, at most
     // 1 GB); else a host cache, and the pass of its calls runs on the host.
     device::Device& d = device_pass_->device;
-    const size_t bytes = static_cast<size_t>(config_.n_layer * n_ctx * (cache_k_width() + cache_v_width())) * 4;
+    const size_t bytes = KvCache::bytes_for(layers, n_ctx);
     const size_t keep = std::min(d.capacity() / 8, size_t{1} << 30);
     if (d.used() + bytes + keep <= d.capacity()) {
       try {
-        return KvCache(d, config_.n_layer, n_ctx, cache_k_width(), cache_v_width());
+        return KvCache(d, layers, n_ctx);
       } catch (const Error&) {
         // the allocation failed after all: the host cache below
       }
     }
   }
-  return KvCache(config_.n_layer, n_ctx, cache_k_width(), cache_v_width());
+  return KvCache(std::move(layers), n_ctx);
 }
 
 }  // namespace hetmoe::model

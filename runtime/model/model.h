@@ -107,8 +107,8 @@ class Model {
   // weights_ while binding.
   virtual void attention(Pass& pass, int64_t layer, const float* x, int64_t n, int64_t pos0, KvCache& cache,
                          float* out) = 0;
-  virtual int64_t cache_k_width() const = 0;
-  virtual int64_t cache_v_width() const = 0;
+  // What layer `layer` keeps of a sequence in the cache.
+  virtual LayerCache cache_layer(int64_t layer) const = 0;
 
   // Tensor binding with shape checks. ne lists the expected ggml dims; the tensor must have exactly these.
   const gguf::TensorInfo& tensor(const std::string& name, std::initializer_list<int64_t> ne) const;
@@ -117,6 +117,9 @@ class Model {
   // A 1-D F32 vector of n values; other types are dequantized once into storage the model owns.
   const float* vector(const std::string& name, int64_t n);
   const float* optional_vector(const std::string& name, int64_t n);
+  // Any tensor's values as floats, row after row: F32 where it lies, other types dequantized once into storage the
+  // model owns.
+  const float* as_floats(const gguf::TensorInfo& t);
   // A tensor as a matrix to multiply with; refuses a type the CPU kernels have no dot product for (Q8_1 and Q8_K
   // are activation formats: a file that stores weights in them is broken).
   cpu::WeightMatrix as_matrix(const gguf::TensorInfo& t) const;

@@ -91,10 +91,21 @@ void swiglu_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const cpu::Wei
   cpu::matmul(k, pool, down, hidden.data(), n, out, down.n_rows);
 }
 
-void add_shared_experts(cpu::ExpertBatch& batch, const MoeWeights& w, int64_t n, int64_t n_used) {
+void add_shared_experts(cpu::ExpertBatch& batch, const MoeWeights& w, int64_t n, int64_t n_used, const float* weights) {
   if (!w.has_shared) return;
   batch.add_expert({.gate = w.gate_shexp, .up = w.up_shexp, .down = w.down_shexp});
-  for (int64_t t = 0; t < n; ++t) batch.add_item(static_cast<int32_t>(t), static_cast<int32_t>(n_used), 1.0f);
+  for (int64_t t = 0; t < n; ++t)
+    batch.add_item(static_cast<int32_t>(t), static_cast<int32_t>(n_used), weights ? weights[t] : 1.0f);
+}
+
+bool shared_expert_weights(const cpu::KernelTable& k, const MoeWeights& w, const float* x, int64_t n, int64_t n_embd,
+                           std::vector<float>& weights) {
+  if (!w.has_shared || !w.shared_gate) return false;
+  // An F32 product as llama.cpp's (its activations stay F32 for F32 weights), then the sigmoid.
+  const cpu::VecDotFn dot = k.dot_for(quant::GgmlType::F32);
+  weights.resize(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) weights[t] = 1.0f / (1.0f + std::exp(-dot(n_embd, w.shared_gate, x + t * n_embd)));
+  return true;
 }
 
 void run_experts_on_cpu(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeStep& step, const FfnRows& ffn) {
@@ -105,7 +116,7 @@ void run_experts_on_cpu(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   thread_local cpu::ExpertBatch batch;
   batch.clear(n, nu + (w.has_shared ? 1 : 0));
   for (int64_t e = 0; e < w.n_expert; ++e) add_routed_expert(batch, w, step.items, r, e, nu, n_embd);
-  add_shared_experts(batch, w, n, nu);
+  add_shared_experts(batch, w, n, nu, step.shared_weights);
   cpu::run_experts(k, pool, batch, ffn.x, n_embd, ffn.out);
 }
 

@@ -64,6 +64,8 @@ struct MoeWeights {
   bool has_shared = false;
   cpu::WeightMatrix gate_shexp, up_shexp;  // [n_ff_shared, n_embd]
   cpu::WeightMatrix down_shexp;            // [n_embd, n_ff_shared]
+  // Qwen3.5: [n_embd]; each token's shared-expert output is scaled by sigmoid(shared_gate . x). Null: by 1.
+  const float* shared_gate = nullptr;
   // A split model (runtime/model/split.h): the *_exps matrices above hold W^Q and these the residuals W^R, of the
   // same shapes; data == nullptr for an unsplit model.
   cpu::WeightMatrix gate_exps_r, up_exps_r, down_exps_r;
@@ -114,13 +116,19 @@ struct MoeStep {
   const MoeWeights& w;
   const Routing& r;
   const RoutedItems& items;
+  const float* shared_weights = nullptr;  // [n]: each token's shared-expert weight (w.shared_gate); null: 1
 };
+// The shared experts' weight of each of n tokens (rows of n_embd floats, host memory): sigmoid(w.shared_gate . x)
+// into weights[n]; false (weights untouched) when the layer has no shared gate.
+bool shared_expert_weights(const cpu::KernelTable& k, const MoeWeights& w, const float* x, int64_t n, int64_t n_embd,
+                           std::vector<float>& weights);
 // Adds routed expert e's items (all, or those with critical == only_critical for a split model) to `batch` as
 // one expert entry: W^Q alone, or with the residual for the critical ones. Adds nothing when there are none.
 void add_routed_expert(cpu::ExpertBatch& batch, const MoeWeights& w, const RoutedItems& items, const Routing& r,
                        int64_t e, int64_t n_used, int64_t n_embd);
-// Adds the layer's shared experts (one item per token, rank n_used, weight 1) to `batch`, if it has them.
-void add_shared_experts(cpu::ExpertBatch& batch, const MoeWeights& w, int64_t n, int64_t n_used);
+// Adds the layer's shared experts (one item per token, rank n_used, weight weights[t] or 1) to `batch`, if it has
+// them.
+void add_shared_experts(cpu::ExpertBatch& batch, const MoeWeights& w, int64_t n, int64_t n_used, const float* weights);
 // The whole expert work of a layer on the CPU engine, ffn.x to ffn.out: routed experts as `items` groups them, then the
 // shared ones.
 void run_experts_on_cpu(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeStep& step, const FfnRows& ffn);

@@ -129,6 +129,9 @@ std::optional<ChatTemplate> ChatTemplate::from_text(std::string_view tmpl, const
   // Phi-4 also opens turns with <|im_start|> but separates the role with <|im_sep|>: not ChatML.
   if (contains(tmpl, "<|im_start|>") && !contains(tmpl, "<|im_sep|>")) {
     d.default_system = find_default_system(tmpl);
+    // Qwen3.5 opens the think block in the generation prompt (`{{- '<think>\n' }}` on its own) and trims contents.
+    d.prefills_think = contains(tmpl, "{{- '<think>\\n' }}");
+    d.trims = d.prefills_think && contains(tmpl, "|trim");
     return make(TemplateKind::kChatml, std::move(d), tokenizer);
   }
   if (contains(tmpl, "[INST]")) {
@@ -184,6 +187,11 @@ std::optional<ChatTemplate> ChatTemplate::by_name(std::string_view name, const T
   }
   if (name == "deepseek2") return make(TemplateKind::kDeepseek2, std::move(d), tokenizer);
   if (name == "chatml" || name == "qwen3") return make(TemplateKind::kChatml, std::move(d), tokenizer);
+  if (name == "qwen3.5") {
+    d.prefills_think = true;
+    d.trims = true;
+    return make(TemplateKind::kChatml, std::move(d), tokenizer);
+  }
   if (name == "mistral") return make(TemplateKind::kMistral, std::move(d), tokenizer);
   if (name == "llama3") return make(TemplateKind::kLlama3, std::move(d), tokenizer);
   if (name == "kimi-k2") {
@@ -198,8 +206,8 @@ std::optional<ChatTemplate> ChatTemplate::by_name(std::string_view name, const T
 }
 
 std::vector<std::string> ChatTemplate::names() {
-  return {"deepseek3", "deepseek-r1", "deepseek2",  "chatml",  "mistral", "llama3",
-          "kimi-k2",   "glm4",        "minimax-m2", "gpt-oss", "generic"};
+  return {"deepseek3", "deepseek-r1", "deepseek2", "chatml",     "qwen3.5", "mistral",
+          "llama3",    "kimi-k2",     "glm4",      "minimax-m2", "gpt-oss", "generic"};
 }
 
 std::string ChatTemplate::name() const {
@@ -209,7 +217,7 @@ std::string ChatTemplate::name() const {
     case TemplateKind::kDeepseek2:
       return "deepseek2";
     case TemplateKind::kChatml:
-      return "chatml";
+      return dialect_.trims ? "qwen3.5" : "chatml";
     case TemplateKind::kMistral:
       return "mistral";
     case TemplateKind::kLlama3:
@@ -320,18 +328,21 @@ std::string ChatTemplate::render_deepseek2(std::span<const ChatMessage> messages
 // first. Replies before the last user query lose their think block; replies after it (a prefilled answer) keep
 // their reasoning in a normalised "<think>\n...\n</think>\n\n" block. enable_thinking = false appends an empty
 // think block to the generation prompt. Qwen2-style templates also write their default system prompt.
+// Qwen/Qwen3.5: every content trimmed of surrounding whitespace, every reply after the last query in a think block
+// (an empty one too), and with thinking on the generation prompt opens "<think>\n".
 std::string ChatTemplate::render_chatml(std::span<const ChatMessage> messages, const RenderOptions& options) const {
+  auto text = [&](const std::string& c) { return dialect_.trims ? std::string(strip(c, kWhitespace)) : c; };
   std::string out;
   if (!messages.empty()) {
     if (messages[0].role == "system")
-      out += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
+      out += "<|im_start|>system\n" + text(messages[0].content) + "<|im_end|>\n";
     else if (!dialect_.default_system.empty())
       out += "<|im_start|>system\n" + dialect_.default_system + "<|im_end|>\n";
   }
   // The last user message that is not a wrapped tool response; messages.size() - 1 when there is none.
   size_t last_query = messages.empty() ? 0 : messages.size() - 1;
   for (size_t i = messages.size(); i-- > 0;) {
-    const std::string& c = messages[i].content;
+    const std::string c = text(messages[i].content);
     if (messages[i].role == "user" && !(c.starts_with("<tool_response>") && c.ends_with("</tool_response>"))) {
       last_query = i;
       break;
@@ -340,13 +351,14 @@ std::string ChatTemplate::render_chatml(std::span<const ChatMessage> messages, c
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     if (m.role == "user" || (m.role == "system" && i > 0)) {
-      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      out += "<|im_start|>" + m.role + "\n" + text(m.content) + "<|im_end|>\n";
     } else if (m.role == "assistant") {
-      const auto [reasoning, content] = split_reply(m.content, false);
+      const std::string whole = text(m.content);
+      const auto [reasoning, content] = split_reply(whole, false);
       out += "<|im_start|>assistant\n";
-      if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {
+      if (i > last_query && (dialect_.trims || i + 1 == messages.size() || !reasoning.empty())) {
         out += "<think>\n";
-        out += strip(reasoning, "\n");
+        out += dialect_.trims ? strip(reasoning, kWhitespace) : strip(reasoning, "\n");
         out += "\n</think>\n\n";
         out += lstrip(content, "\n");
       } else {
@@ -357,7 +369,10 @@ std::string ChatTemplate::render_chatml(std::span<const ChatMessage> messages, c
   }
   if (options.add_generation_prompt) {
     out += "<|im_start|>assistant\n";
-    if (!options.enable_thinking) out += "<think>\n\n</think>\n\n";
+    if (!options.enable_thinking)
+      out += "<think>\n\n</think>\n\n";
+    else if (dialect_.prefills_think)
+      out += "<think>\n";
   }
   return out;
 }

@@ -74,7 +74,8 @@ class ChatTemplate {
     bool joins_systems = true;          // deepseek3: systems joined by "\n\n" (V3); false: the last one (R1)
     bool assistant_after_user = false;  // deepseek3 (V3-0324): every user turn ends with <｜Assistant｜>
     bool strips_think = false;          // deepseek3 (R1): past replies lose everything up to </think>
-    bool prefills_think = false;        // deepseek3 (R1): the generation prompt opens "<think>\n"
+    bool prefills_think = false;        // deepseek3 (R1), chatml (Qwen3.5): the generation prompt opens "<think>\n"
+    bool trims = false;                 // chatml (Qwen3.5): contents trimmed, every reply after the query thinks
     bool spaced_inst = true;            // mistral: " [INST] u [/INST] a</s>" (v1) or "[INST] u [/INST]a</s>"
     std::string default_system;         // chatml (Qwen2), kimi-k2: written when the first message is no system
   };

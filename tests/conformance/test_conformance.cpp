@@ -432,6 +432,8 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tiny-gptoss-MXFP4_MOE.gguf", "tiny-gptoss-MXFP4_MOE.json", kQuant},
                     Case{"tiny-deepseek32-F16.gguf", "tiny-deepseek32-F16.json", kF16},
                     Case{"tiny-deepseek32-Q4_K_M.gguf", "tiny-deepseek32-Q4_K_M.json", kQuant},
+                    Case{"tiny-qwen35moe-F16.gguf", "tiny-qwen35moe-F16.json", kF16},
+                    Case{"tiny-qwen35moe-Q4_K_M.gguf", "tiny-qwen35moe-Q4_K_M.json", kQuant},
                     // llama.cpp's gguf-split of the Q4_K_M file into 3 shards: the same outputs (reference README 2.7).
                     Case{"sharded/tiny-deepseek3-Q4_K_M-00001-of-00003.gguf", "tiny-deepseek3-Q4_K_M.json", kQuant}),
     [](const testing::TestParamInfo<Case>& info) {

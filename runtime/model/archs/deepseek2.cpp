@@ -151,12 +151,12 @@ class Deepseek2 final : public Model {
   }
 
  protected:
-  int64_t cache_k_width() const override {
-    const ModelConfig& c = config_;
-    return absorbed_ ? c.kv_lora_rank + c.qk_rope : c.n_head * (c.qk_nope + c.qk_rope);
-  }
   // The absorbed layout caches no values; DeepSeek-V3.2 keeps its indexer keys in that room.
-  int64_t cache_v_width() const override { return absorbed_ ? config_.indexer_dim : config_.n_head * config_.v_head; }
+  LayerCache cache_layer(int64_t) const override {
+    const ModelConfig& c = config_;
+    return {.k_width = absorbed_ ? c.kv_lora_rank + c.qk_rope : c.n_head * (c.qk_nope + c.qk_rope),
+            .v_width = absorbed_ ? c.indexer_dim : c.n_head * c.v_head};
+  }
 
   void attention(Pass& pass, int64_t layer, const float* x, int64_t n, int64_t pos0, KvCache& cache,
                  float* out) override {
@@ -283,10 +283,7 @@ class Deepseek2 final : public Model {
 // restricted to its top-k key positions), with the MTP block at the end read past.
 void configure_deepseek32(const ConfigKeys& k, ModelConfig& c) {
   configure(k, c);
-  const int64_t nextn = k.opt_int("nextn_predict_layers", 0);
-  if (nextn < 0 || nextn >= c.n_layer)
-    k.bad("nextn_predict_layers", nextn, fmt::format("leaves no trunk of the {} blocks", c.n_layer));
-  c.n_layer -= nextn;
+  drop_mtp_blocks(k, c);
   k.req_int("attention.q_lora_rank");
   k.req_int("expert_gating_func");
   c.indexer_heads = k.req_int("attention.indexer.head_count");

@@ -14,10 +14,7 @@ extern const ArchSpec glm4moe_arch{
     .name = "glm4moe",
     .configure =
         [](const ConfigKeys& k, ModelConfig& c) {
-          const int64_t nextn = k.opt_int("nextn_predict_layers", 0);
-          if (nextn < 0 || nextn >= c.n_layer)
-            k.bad("nextn_predict_layers", nextn, fmt::format("leaves no trunk of the {} blocks", c.n_layer));
-          c.n_layer -= nextn;
+          drop_mtp_blocks(k, c);
           c.n_ff_exp = k.opt_int("expert_feed_forward_length", 0);
           c.n_expert_shared = k.opt_int("expert_shared_count", 0);
           c.n_leading_dense = k.opt_int("leading_dense_block_count", 0);

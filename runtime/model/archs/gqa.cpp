@@ -54,8 +54,9 @@ class GqaModel final : public Model {
   }
 
  protected:
-  int64_t cache_k_width() const override { return config_.n_head_kv * config_.head_dim_k; }
-  int64_t cache_v_width() const override { return config_.n_head_kv * config_.head_dim_v; }
+  LayerCache cache_layer(int64_t) const override {
+    return {.k_width = config_.n_head_kv * config_.head_dim_k, .v_width = config_.n_head_kv * config_.head_dim_v};
+  }
 
   void attention(Pass& pass, int64_t layer, const float* x, int64_t n, int64_t pos0, KvCache& cache,
                  float* out) override {

@@ -255,6 +255,80 @@ TEST(Evaluation, CancelStopsAPrefillAndLeavesTheSessionAsItWas) {
   EXPECT_EQ(got, std::vector<float>(want.begin(), want.end())) << "the cancelled attempt left no trace";
 }
 
+// --- recurrent state (Qwen3.5's Gated DeltaNet) ----------------------------------------------------------------
+
+std::vector<float> logits(std::span<const float> l) { return {l.begin(), l.end()}; }
+
+// A session on a model with recurrent layers goes back exactly: after truncating to any earlier point (a checkpoint,
+// between checkpoints, before the first) it restores the newest checkpoint before it and evaluates the kept tokens
+// after it again as one batch; it then gives, bit for bit, the logits of a fresh session fed the same batches.
+// Resuming after a cancelled prefill does too.
+TEST(RecurrentState, TruncationAndCancelGiveTheFreshSessionsLogits) {
+  auto m = model::Model::load((fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-qwen35moe-Q4_K_M.gguf").string(), 2);
+  using Tokens = std::vector<int32_t>;
+  const Tokens prompt = {3, 17, 42, 100, 7, 255, 256, 300}, reply = {11, 64, 128, 5}, next = {400, 77, 19};
+  // A fresh session fed these batches: the logits of the last.
+  auto fresh = [&](const std::vector<Tokens>& batches) {
+    engine::Session f(*m, 64);
+    std::vector<float> l;
+    for (const Tokens& b : batches)
+      if (!b.empty()) l = logits(f.eval(b));
+    return l;
+  };
+  for (const int64_t keep : {int64_t{0}, int64_t{3}, int64_t{8}, int64_t{10}, int64_t{12}, int64_t{15}}) {
+    SCOPED_TRACE(keep);
+    engine::Session s(*m, 64);
+    s.eval(prompt);  // checkpoint at 0
+    for (int32_t t : reply) s.eval(Tokens{t});
+    s.eval(next);  // checkpoint at 12
+    const Tokens all = s.tokens();
+    s.truncate(keep);
+    std::vector<Tokens> batches;
+    if (keep < 12) {  // from the checkpoint at 0: the kept tokens in one batch
+      EXPECT_EQ(s.replay_pending(), keep);
+      batches = {Tokens(all.begin(), all.begin() + keep)};
+    } else {  // from the checkpoint at 12 (nothing to replay when nothing was dropped): the same batches as before
+      EXPECT_EQ(s.replay_pending(), keep == 15 ? 0 : keep - 12);
+      batches = {prompt};
+      for (int32_t t : reply) batches.push_back({t});
+      batches.push_back(Tokens(all.begin() + 12, all.begin() + keep));
+    }
+    batches.push_back(next);
+    EXPECT_EQ(logits(s.eval(next)), fresh(batches));
+    EXPECT_EQ(s.n_past(), keep + 3);
+  }
+  // A cancelled prefill leaves the recurrent state half-updated: the next eval restores it.
+  engine::Session s(*m, 64);
+  s.eval(prompt);
+  std::atomic<bool> cancel{true};
+  EXPECT_THROW(s.eval(reply, &cancel), Cancelled);
+  EXPECT_EQ(s.n_past(), 8);
+  EXPECT_EQ(logits(s.eval(reply)), fresh({prompt, reply}));
+}
+
+// The cache's checkpoints: taken at the state's position, dropped past a rollback, the oldest dropped beyond the
+// maximum; a forward pass refuses a batch anywhere but at the state's position.
+TEST(RecurrentState, CheckpointsAndRollback) {
+  auto m = model::Model::load((fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-qwen35moe-Q4_K_M.gguf").string(), 1);
+  model::KvCache cache = m->make_cache(32);
+  ASSERT_TRUE(cache.has_recurrent());
+  cache.set_max_checkpoints(2);
+  std::vector<float> out;
+  const std::vector<int32_t> four = {1, 2, 3, 4};
+  for (int64_t pos = 0; pos < 12; pos += 4) {
+    cache.checkpoint();
+    m->forward(four, pos, cache, false, out);
+  }
+  EXPECT_EQ(cache.recurrent_pos(), 12);
+  EXPECT_EQ(cache.checkpoints(), (std::vector<int64_t>{4, 8}));
+  EXPECT_THROW(m->forward(four, 8, cache, false, out), Error) << "not at the state's position";
+  EXPECT_EQ(cache.rollback(6), 4);
+  EXPECT_EQ(cache.checkpoints(), (std::vector<int64_t>{4}));
+  EXPECT_EQ(cache.rollback(2), 0) << "before every checkpoint: back to the start";
+  EXPECT_TRUE(cache.checkpoints().empty());
+  EXPECT_EQ(cache.recurrent_pos(), 0);
+}
+
 // --- the legacy fused attn_kv_b layout -------------------------------------------------------------------------
 
 // Rewrites a split-MLA F32 file into the old layout: attn_kv_b {kv_lora, H*(nope+v)} whose rows are, per head,
@@ -316,9 +390,9 @@ TEST(Deepseek2, LegacyFusedKvbMatchesTheSplitLayout) {
 TEST(DevicePass, EmulatedDeviceGivesTheCpuLogitsForEveryArchitecture) {
   const std::vector<int32_t> tokens = {3, 17, 42, 100, 7, 255, 256, 300, 11, 64, 128};
   const fs::path data = fs::path(HETMOE_TEST_DATA_DIR) / "models";
-  for (const fs::path& file :
-       {tiny_f32(), make_legacy(tiny_f32()), data / "tiny-deepseek2lite-Q4_K_M.gguf",
-        data / "tiny-deepseek3-Q4_K_M.gguf", data / "tiny-qwen3moe-Q4_K_M.gguf", data / "tiny-mixtral-Q4_K_M.gguf"}) {
+  for (const fs::path& file : {tiny_f32(), make_legacy(tiny_f32()), data / "tiny-deepseek2lite-Q4_K_M.gguf",
+                               data / "tiny-deepseek3-Q4_K_M.gguf", data / "tiny-qwen3moe-Q4_K_M.gguf",
+                               data / "tiny-mixtral-Q4_K_M.gguf", data / "tiny-qwen35moe-Q4_K_M.gguf"}) {
     auto dev = device::make_emulated_device({.capacity = 100'000'000});
     auto cpu = model::Model::load(file.string(), 2);
     auto on_device = model::Model::load(file.string(), 2);

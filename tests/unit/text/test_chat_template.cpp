@@ -450,6 +450,29 @@ TEST(ChatTemplateHarmony, StoredRepliesKeepOnlyTheirFinalChannel) {
   EXPECT_NE(t.render(std::vector<ChatMessage>{{"user", "q"}}, {}).find("Current date: 20"), std::string::npos);
 }
 
+// Qwen3.5's own template (the tiny model's copy of Qwen3.5-4B.jinja): contents trimmed, past replies before the last
+// query without their reasoning, every reply after it in a think block (an empty one too), and the generation prompt
+// opens the think block unless thinking is off.
+TEST(ChatTemplateChatml, Qwen35FromItsFileTrimsAndOpensTheThinkBlock) {
+  const gguf::GgufFile file =
+      gguf::GgufFile::open(std::string(HETMOE_TEST_DATA_DIR) + "/models/tiny-qwen35moe-Q4_K_M.gguf");
+  std::string warning;
+  const ChatTemplate t = ChatTemplate::detect(file, qwen_vocab(), &warning);
+  EXPECT_TRUE(warning.empty()) << warning;
+  EXPECT_EQ(t.name(), "qwen3.5");
+  const std::vector<ChatMessage> one = {{"user", "q"}};
+  EXPECT_EQ(ChatTemplate::by_name("qwen3.5", qwen_vocab())->render(one, {}), t.render(one, {}));
+  const std::vector<ChatMessage> chat = {
+      {"system", " S \n"}, {"user", " Hi "}, {"assistant", "<think>\nr\n</think>\n\nHello "}, {"user", "Again"}};
+  EXPECT_EQ(t.render(chat, {}),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello<|im_end|>\n"
+            "<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n<think>\n");
+  EXPECT_EQ(t.render(chat, {.enable_thinking = false}).substr(t.render(chat, {}).size() - 8),
+            "<think>\n\n</think>\n\n");
+  EXPECT_EQ(t.render(std::vector<ChatMessage>{{"user", "q"}, {"assistant", "A"}}, {.add_generation_prompt = false}),
+            "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA<|im_end|>\n");
+}
+
 TEST(ChatTemplateDetect, TheNewReferenceModelsTemplatesMapToTheirFormats) {
   struct Case {
     const char* model;
@@ -500,8 +523,8 @@ TEST(ChatTemplate, UnknownRolesFailInEveryFormat) {
 
 TEST(ChatTemplate, NamesRoundTripThroughByName) {
   const std::vector<std::string> names = ChatTemplate::names();
-  EXPECT_EQ(names, (std::vector<std::string>{"deepseek3", "deepseek-r1", "deepseek2", "chatml", "mistral", "llama3",
-                                             "kimi-k2", "glm4", "minimax-m2", "gpt-oss", "generic"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"deepseek3", "deepseek-r1", "deepseek2", "chatml", "qwen3.5", "mistral",
+                                             "llama3", "kimi-k2", "glm4", "minimax-m2", "gpt-oss", "generic"}));
   for (const std::string& name : names) EXPECT_EQ(named(name, deepseek_vocab()).name(), name);
   EXPECT_EQ(named("deepseek-r1", deepseek_vocab()).kind(), TemplateKind::kDeepseek3);
   EXPECT_EQ(named("qwen3", qwen_vocab()).name(), "chatml");
