@@ -230,6 +230,7 @@ class Chat {
       if (name == "/help") {
         note(
             "/clear          forget the conversation (the system message stays)\n"
+            "/undo           forget your last message and its reply\n"
             "/system TEXT    set the system message (empty TEXT removes it)\n"
             "/save FILE      write the conversation as JSON\n"
             "/load FILE      read a conversation written by /save\n"
@@ -239,6 +240,8 @@ class Chat {
       } else if (name == "/clear") {
         conversation_.clear();
         note("(conversation cleared)");
+      } else if (name == "/undo") {
+        note(conversation_.undo() ? "(forgot the last message and its reply)" : "(nothing to undo)");
       } else if (name == "/system") {
         conversation_.set_system(arg);
         note(arg.empty() ? "(system message removed)" : "(system message set)");

@@ -1,6 +1,7 @@
 #include "runtime/engine/conversation.h"
 
 #include <algorithm>
+#include <iterator>
 
 namespace hetmoe::engine {
 
@@ -47,6 +48,14 @@ std::vector<text::ChatMessage> Conversation::last_turns(int64_t n) const {
 }
 
 void Conversation::keep_last_turns(int64_t n) { messages_ = last_turns(n); }
+
+bool Conversation::undo() {
+  const auto last_user =
+      std::find_if(messages_.rbegin(), messages_.rend(), [](const text::ChatMessage& m) { return m.role == "user"; });
+  if (last_user == messages_.rend()) return false;
+  messages_.erase(std::prev(last_user.base()), messages_.end());
+  return true;
+}
 
 Conversation::Plan Conversation::plan(const std::vector<text::ChatMessage>& messages) const {
   Plan p;

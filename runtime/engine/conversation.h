@@ -36,6 +36,9 @@ class Conversation {
   void set_system(std::string system);                         // replaces the system message (empty: none)
   void clear();                                                // forgets every turn, keeps the system message
   void set_messages(std::vector<text::ChatMessage> messages);  // /load
+  // Forgets the last user message and what followed it (its reply); false when there is none. The cache keeps what
+  // the shorter conversation shares with it, so the next turn goes on from the turn before.
+  bool undo();
   // Drops all but the last n user turns (with their replies); the system message stays.
   void keep_last_turns(int64_t n);
   int64_t n_turns() const;

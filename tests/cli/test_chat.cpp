@@ -39,12 +39,12 @@ struct Piped {
   std::string out, err;
 };
 
-// Runs `hetmoe chat ARGS` with `input` on stdin through a pipe.
-Piped chat_piped(const std::string& args, const std::string& input) {
+// Runs `hetmoe chat ARGS` with `input` on stdin through a pipe, on `model` (the tiny DeepSeek-V3 by default).
+Piped chat_piped(const std::string& args, const std::string& input, const std::string& model = kModel) {
   const fs::path dir = fs::temp_directory_path() / ("hetmoe_chat_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::ofstream(dir / "in", std::ios::binary) << input;
-  const std::string cmd = std::string(HETMOE_BIN) + " chat -m " + kModel + " -t 1 " + args + " <" +
+  const std::string cmd = std::string(HETMOE_BIN) + " chat -m " + model + " -t 1 " + args + " <" +
                           (dir / "in").string() + " >" + (dir / "out").string() + " 2>" + (dir / "err").string();
   const int raw = std::system(cmd.c_str());
   Piped r{WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw), read_file(dir / "out"), read_file(dir / "err")};
@@ -105,6 +105,30 @@ TEST(ChatPiped, SaveAndLoadKeepTheConversation) {
   const std::vector<int> prompts = prompt_counts(r.err);
   ASSERT_EQ(prompts.size(), 2u) << r.err;
   EXPECT_GT(prompts[1], prompts[0]) << r.err;
+}
+
+// Going back to an earlier turn (/undo) continues exactly as a run without the undone turn: greedy replies equal to
+// the byte. On an attention model (the cache keeps the common prefix) and on Qwen3.5's hybrid, whose recurrent state
+// goes back through a checkpoint and evaluates the kept tokens again.
+TEST(ChatPiped, UndoContinuesAsARunWithoutTheUndoneTurn) {
+  const fs::path data = fs::path(HETMOE_TEST_DATA_DIR) / "models";
+  for (const auto& [model, args] : {std::pair<fs::path, std::string>{data / "tiny-deepseek3-Q4_K_M.gguf",
+                                                                     "--chat-template deepseek3 --temp 0 -n 6"},
+                                    {data / "tiny-qwen35moe-Q4_K_M.gguf", "--temp 0 -n 6"}}) {
+    SCOPED_TRACE(model.filename().string());
+    auto run = [&](const std::string& input) {
+      const Piped r = chat_piped(args, input, model.string());
+      EXPECT_EQ(r.status, 0) << r.err;
+      return r.out;
+    };
+    const std::string first = run("first question\n");
+    const std::string all = run("first question\nsecond one\nand a third\n");
+    ASSERT_TRUE(all.starts_with(first)) << all;
+    const std::string rest = all.substr(first.size());  // the replies to the second and third questions
+    // A detour, undone: the second and third replies are those of the run without it.
+    const std::string detour = run("first question\nsomething else entirely\n");
+    EXPECT_EQ(run("first question\nsomething else entirely\n/undo\nsecond one\nand a third\n"), detour + rest);
+  }
 }
 
 // The context positions in use after each turn ("| context N/C]").
