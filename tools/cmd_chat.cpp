@@ -9,6 +9,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -32,6 +33,28 @@
 
 namespace hetmoe::cli {
 namespace {
+
+namespace fs = std::filesystem;
+
+std::string to_hex(std::string_view bytes) {
+  std::string hex;
+  hex.reserve(2 * bytes.size());
+  for (unsigned char c : bytes) hex += fmt::format("{:02x}", c);
+  return hex;
+}
+
+std::string from_hex(std::string_view hex) {
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    fail("the saved cache's text is not hexadecimal");
+  };
+  if (hex.size() % 2 != 0) fail("the saved cache's text is not hexadecimal");
+  std::string bytes(hex.size() / 2, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i)
+    bytes[i] = static_cast<char>(digit(hex[2 * i]) * 16 + digit(hex[2 * i + 1]));
+  return bytes;
+}
 
 using text::ThinkFilter;
 
@@ -270,8 +293,21 @@ class Chat {
   void save(const std::string& path) {
     if (path.empty()) fail("/save needs a file name");
     nlohmann::json j = {{"format", "hetmoe-chat/1"}, {"messages", nlohmann::json::array()}};
-    for (const text::ChatMessage& m : conversation_.messages())
-      j["messages"].push_back({{"role", m.role}, {"content", m.content}});
+    for (const text::ChatMessage& m : conversation_.messages()) {
+      nlohmann::json entry = {{"role", m.role}, {"content", m.content}};
+      // A reply cut inside a character: JSON holds U+FFFD there, content_hex the bytes the cache stands for.
+      if (text::find_invalid_utf8(m.content)) entry["content_hex"] = to_hex(m.content);
+      j["messages"].push_back(std::move(entry));
+    }
+    // The cache's tokens with the text they stand for: /load evaluates these ids, so the chat goes on as it would
+    // have. Tied to the model's vocabulary by its size and the file's name (a load on another model uses the text).
+    const engine::Conversation::CacheRecord r = conversation_.cache_record();
+    j["cache"] = {{"model", fs::path(model_->file().path()).filename().string()},
+                  {"n_vocab", model_->config().n_vocab},
+                  {"tokens", r.tokens},
+                  {"segment_tokens", r.segment_tokens},
+                  {"segment_ends", r.segment_ends},
+                  {"text_hex", to_hex(r.text)}};  // the bytes exactly: a reply may end inside a character
     // A reply cut inside a character is not valid UTF-8; JSON gets U+FFFD there.
     io::write_file(path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     note(fmt::format("(saved {} messages to {})", conversation_.messages().size(), path));
@@ -281,18 +317,36 @@ class Chat {
     if (path.empty()) fail("/load needs a file name");
     const std::string saved = io::read_file(path, io::kMaxChatBytes, "a saved conversation");
     std::vector<text::ChatMessage> messages;
+    std::optional<engine::Conversation::CacheRecord> record;
     try {
       const nlohmann::json j = nlohmann::json::parse(saved);
       for (const nlohmann::json& m : j.at("messages")) {
         const std::string role = m.at("role").get<std::string>();
         if (role != "system" && role != "user" && role != "assistant") fail("{}: unknown role '{}'", path, role);
-        messages.push_back({role, m.at("content").get<std::string>()});
+        const auto hex = m.find("content_hex");
+        messages.push_back(
+            {role, hex != m.end() ? from_hex(hex->get<std::string>()) : m.at("content").get<std::string>()});
       }
+      // The saved tokens, when they were this model's (same file name and vocabulary size).
+      if (const auto c = j.find("cache"); c != j.end() &&
+                                          c->at("model") == fs::path(model_->file().path()).filename().string() &&
+                                          c->at("n_vocab") == model_->config().n_vocab)
+        record =
+            engine::Conversation::CacheRecord{.tokens = c->at("tokens").get<std::vector<int32_t>>(),
+                                              .segment_tokens = c->at("segment_tokens").get<std::vector<int64_t>>(),
+                                              .segment_ends = c->at("segment_ends").get<std::vector<size_t>>(),
+                                              .text = from_hex(c->at("text_hex").get<std::string>())};
     } catch (const nlohmann::json::exception& e) {
       fail("{} is not a conversation saved by /save ({})", path, e.what());
     }
-    conversation_.set_messages(std::move(messages));
-    note(fmt::format("(loaded {} messages from {})", conversation_.messages().size(), path));
+    if (record) {
+      conversation_.restore(std::move(messages), *record);
+      note(fmt::format("(loaded {} messages and their {} cached tokens from {})", conversation_.messages().size(),
+                       record->tokens.size(), path));
+    } else {
+      conversation_.set_messages(std::move(messages));
+      note(fmt::format("(loaded {} messages from {})", conversation_.messages().size(), path));
+    }
   }
 
   // Makes room for `text`: asks on a terminal, drops the oldest turns otherwise. False: the message is not sent and

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <iterator>
+#include <span>
+
+#include "cpu_kernels/kernel_table.h"
 
 namespace hetmoe::engine {
 
@@ -28,6 +31,55 @@ void Conversation::set_messages(std::vector<text::ChatMessage> messages) {
   session_.clear();
   cached_text_.clear();
   segments_.clear();
+}
+
+Conversation::CacheRecord Conversation::cache_record() const {
+  CacheRecord r{.tokens = session_.tokens(), .text = cached_text_};
+  for (const Segment& g : segments_) {
+    r.segment_tokens.push_back(g.n_tokens);
+    r.segment_ends.push_back(g.text_end);
+  }
+  return r;
+}
+
+void Conversation::restore(std::vector<text::ChatMessage> messages, const CacheRecord& record) {
+  if (record.segment_tokens.size() != record.segment_ends.size()) fail("the saved cache's segments do not pair up");
+  int64_t n = 0;
+  size_t end = 0;
+  for (size_t i = 0; i < record.segment_tokens.size(); ++i) {
+    if (record.segment_tokens[i] < 0 || record.segment_ends[i] < end || record.segment_ends[i] > record.text.size())
+      fail("the saved cache's segment {} does not follow the one before it", i);
+    n += record.segment_tokens[i];
+    end = record.segment_ends[i];
+  }
+  if (n != static_cast<int64_t>(record.tokens.size()) || end != record.text.size())
+    fail("the saved cache's segments hold {} tokens and {} bytes of text, not its {} tokens and {} bytes", n, end,
+         record.tokens.size(), record.text.size());
+  if (n > session_.n_ctx()) fail("the saved conversation holds {} tokens; the context has {}", n, session_.n_ctx());
+  for (int32_t t : record.tokens)
+    if (t < 0 || t >= tokenizer_.n_vocab()) fail("the saved cache holds token {}, outside the vocabulary", t);
+  session_.clear();
+  segments_.clear();
+  cached_text_.clear();
+  messages_ = std::move(messages);
+  // The tokens go in as they went in the first time, so the cache holds the same values: each prefilled chunk as
+  // one batch; generated tokens, one segment each, in runs of fewer than cpu::kTileMinActs, which compute every
+  // product as a single token's decode does.
+  const std::span<const int32_t> all(record.tokens);
+  int64_t at = 0;
+  for (size_t i = 0; i < record.segment_tokens.size();) {
+    int64_t count = record.segment_tokens[i++];
+    if (count == 1)
+      while (count < cpu::kTileMinActs - 1 && i < record.segment_tokens.size() && record.segment_tokens[i] == 1) {
+        ++count;
+        ++i;
+      }
+    if (count > 0) session_.eval(all.subspan(static_cast<size_t>(at), static_cast<size_t>(count)), cancel_);
+    at += count;
+  }
+  cached_text_ = record.text;
+  for (size_t i = 0; i < record.segment_tokens.size(); ++i)
+    segments_.push_back({record.segment_tokens[i], record.segment_ends[i]});
 }
 
 int64_t Conversation::n_turns() const {

@@ -35,7 +35,23 @@ class Conversation {
   const std::string& rendered() const { return rendered_; }
   void set_system(std::string system);                         // replaces the system message (empty: none)
   void clear();                                                // forgets every turn, keeps the system message
-  void set_messages(std::vector<text::ChatMessage> messages);  // /load
+  void set_messages(std::vector<text::ChatMessage> messages);  // /load of a conversation saved as text only
+
+  // What the session's tokens are and the text they stand for (a prefilled chunk or a generated token each), so that
+  // a saved conversation comes back with exactly these tokens: /load evaluates them instead of tokenizing the text
+  // again (a reply's text need not tokenize to the ids the model generated).
+  struct CacheRecord {
+    std::vector<int32_t> tokens;
+    std::vector<int64_t> segment_tokens;  // tokens per segment, in order
+    std::vector<size_t> segment_ends;     // each segment's end in text
+    std::string text;
+  };
+  CacheRecord cache_record() const;
+  // The messages with the session holding exactly the record's tokens, evaluated in the batches they first went in
+  // (so the cache holds the same values). Fails with
+  // hetmoe::Error, changing nothing, when the record does not describe its tokens and text consistently or does
+  // not fit the context.
+  void restore(std::vector<text::ChatMessage> messages, const CacheRecord& record);
   // Forgets the last user message and what followed it (its reply); false when there is none. The cache keeps what
   // the shorter conversation shares with it, so the next turn goes on from the turn before.
   bool undo();
