@@ -1,5 +1,7 @@
 #include "runtime/engine/session.h"
 
+#include <optional>
+
 #include "runtime/error.h"
 
 namespace hetmoe::engine {
@@ -12,8 +14,8 @@ std::span<const float> Session::eval(std::span<const int32_t> tokens, const std:
     fail("context full: {} tokens do not fit ({} of {} positions used)", tokens.size(), n_past(), n_ctx());
   sync(cancel);
   if (cache_.has_recurrent()) {
-    const std::vector<int64_t> held = cache_.checkpoints();
-    if (tokens.size() > 1 || held.empty() || n_past() - held.back() >= kDecodeCheckpointEvery) cache_.checkpoint();
+    const std::optional<int64_t> newest = cache_.checkpoint_at_or_before(n_past());
+    if (tokens.size() > 1 || !newest || n_past() - *newest >= kDecodeCheckpointEvery) cache_.checkpoint();
   }
   const auto start = std::chrono::steady_clock::now();
   model_.forward(tokens, n_past(), cache_, /*all_logits=*/false, logits_, nullptr, cancel);
@@ -36,10 +38,7 @@ void Session::truncate(int64_t n) {
 
 int64_t Session::replay_pending() const {
   if (!cache_.has_recurrent() || cache_.recurrent_pos() == n_past()) return 0;
-  int64_t from = 0;
-  for (int64_t c : cache_.checkpoints())
-    if (c <= n_past()) from = c;
-  return n_past() - from;
+  return n_past() - cache_.checkpoint_at_or_before(n_past()).value_or(0);
 }
 
 void Session::sync(const std::atomic<bool>* cancel) {

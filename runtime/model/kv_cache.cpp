@@ -74,9 +74,20 @@ void KvCache::zero_recurrent() {
   }
   const std::vector<float> zeros(static_cast<size_t>(recurrent_floats_), 0.0f);
   device_->synchronize();
-  const int s = stream_;
-  device_->copy_to_device(s, recurrent_base_, zeros.data(), zeros.size() * sizeof(float));
-  device_->synchronize(device_->record(s));
+  device_->copy_to_device(stream_, recurrent_base_, zeros.data(), zeros.size() * sizeof(float));
+  device_->synchronize(device_->record(stream_));
+}
+
+void KvCache::copy_on_device(const float* src, float* dst) {
+  device_->synchronize();  // the pass's work on the state is done
+  device_->copy_rows(stream_, src, recurrent_floats_, 1, recurrent_floats_, dst, recurrent_floats_);
+  device_->synchronize(device_->record(stream_));
+}
+
+std::optional<int64_t> KvCache::checkpoint_at_or_before(int64_t pos) const {
+  for (auto c = checkpoints_.rbegin(); c != checkpoints_.rend(); ++c)
+    if (c->pos <= pos) return c->pos;
+  return std::nullopt;
 }
 
 void KvCache::checkpoint() {
@@ -94,11 +105,7 @@ void KvCache::checkpoint() {
     }
   } else {
     c.device = device::DeviceMemory(*device_, bytes);
-    device_->synchronize();
-    const int s = stream_;
-    device_->copy_rows(s, recurrent_base_, recurrent_floats_, 1, recurrent_floats_, c.device.as<float>(),
-                       recurrent_floats_);
-    device_->synchronize(device_->record(s));
+    copy_on_device(recurrent_base_, c.device.as<float>());
   }
   if (checkpoints_.size() >= std::max<size_t>(max_checkpoints_, 1)) checkpoints_.erase(checkpoints_.begin());
   checkpoints_.push_back(std::move(c));
@@ -116,11 +123,7 @@ int64_t KvCache::rollback(int64_t pos) {
   if (!device_) {
     std::copy(c.host.begin(), c.host.end(), recurrent_base_);
   } else {
-    device_->synchronize();
-    const int s = stream_;
-    device_->copy_rows(s, c.device.as<float>(), recurrent_floats_, 1, recurrent_floats_, recurrent_base_,
-                       recurrent_floats_);
-    device_->synchronize(device_->record(s));
+    copy_on_device(c.device.as<float>(), recurrent_base_);
   }
   recurrent_pos_ = c.pos;
   return recurrent_pos_;

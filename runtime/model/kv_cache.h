@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "runtime/device/device.h"
@@ -71,11 +72,15 @@ class KvCache {
   int64_t rollback(int64_t pos);
   // The positions of the checkpoints held, oldest first.
   std::vector<int64_t> checkpoints() const;
+  // The newest checkpoint at or before `pos`, if any.
+  std::optional<int64_t> checkpoint_at_or_before(int64_t pos) const;
   void set_max_checkpoints(size_t n) { max_checkpoints_ = n; }
 
  private:
   void allocate_views(float* base);
   void zero_recurrent();
+  // recurrent_floats_ floats from src to dst, both device memory, once the device's queued work is done.
+  void copy_on_device(const float* src, float* dst);
 
   std::vector<LayerCache> layers_;
   int64_t n_ctx_ = 0;
