@@ -24,6 +24,8 @@ struct ExpertFfn {
   const float* up_bias = nullptr;           // [n_ff]
   const float* down_bias = nullptr;         // [n_embd], or null
   bool clamped_swiglu = false;
+  // DeepSeek-V4's clamped SwiGLU when > 0: silu(min(g, limit)) * clamp(u, -limit, limit).
+  float swiglu_limit = 0.0f;
 
   bool has_residual() const { return gate_r.data != nullptr; }
   // Hidden value r of the expert from its gate and up products.
@@ -32,6 +34,7 @@ struct ExpertFfn {
       g += gate_bias[r];
       u += up_bias[r];
     }
+    if (swiglu_limit > 0.0f) return silu_times(std::min(g, swiglu_limit), std::clamp(u, -swiglu_limit, swiglu_limit));
     return clamped_swiglu ? clamped_swiglu_value(g, u) : silu_times(g, u);
   }
   static float clamped_swiglu_value(float g, float u) {

@@ -54,7 +54,5 @@ inline int64_t delta_net_state_floats(const DeltaNetShape& s) { return s.n_v_hea
 
 // y = rms_norm(x) * w * silu(z) over n values (the output norm of a Gated DeltaNet head); y may alias x.
 void gated_rms_norm(const float* x, const float* w, const float* z, float* y, int64_t n, float eps);
-// ggml's softplus: x above 20, else log(1 + exp(x)).
-inline float softplus(float x) { return x > 20.0f ? x : std::log(1.0f + std::exp(x)); }
 
 }  // namespace hetmoe::cpu

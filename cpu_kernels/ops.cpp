@@ -109,7 +109,7 @@ void causal_attention(const AttentionShape& shape, const AttentionInput& in, int
   const int64_t slices = groups >= 2 * pool.size() ? 1 : std::min<int64_t>(group, pool.size());
   const int64_t slice_heads = (group + slices - 1) / slices;
   pool.parallel_for(groups * slices, 1, [&](int64_t i0, int64_t i1) {
-    const int64_t max_keys = pos0 + n_tokens;
+    const int64_t max_keys = pos0 + n_tokens + in.max_compressed(pos0, n_tokens);
     std::span<float> scores = scratch<float, struct AttentionScoresSite>(static_cast<size_t>(slice_heads * max_keys));
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = i / (shape.n_head_kv * slices);
@@ -126,9 +126,28 @@ void causal_attention(const AttentionShape& shape, const AttentionInput& in, int
         seen = 0;
         while (seen < shape.keys_per_query && chosen[seen] >= 0) ++seen;
       }
-      auto key_pos = [&](int64_t idx) { return chosen ? static_cast<int64_t>(chosen[idx]) : first + idx; };
-      for (int64_t idx = 0; idx < seen; ++idx) {
-        const float* key = in.k + key_pos(idx) * in.k_stride + static_cast<int64_t>(g) * shape.head_dim_k;
+      auto key_pos = [&](int64_t idx) {
+        const int64_t j = chosen ? static_cast<int64_t>(chosen[idx]) : first + idx;
+        return in.ring > 0 ? j % in.ring : j;
+      };
+      // DeepSeek-V4's compressed entries after the raw keys: all visible ones, or the indexer's.
+      const int64_t visible = in.compressed ? (pos0 + t + 1) / in.ratio : 0;
+      const int32_t* picked = in.chosen ? in.chosen + t * in.chosen_per_query : nullptr;
+      int64_t n_comp = visible;
+      if (picked) {
+        n_comp = 0;
+        while (n_comp < in.chosen_per_query && picked[n_comp] >= 0) ++n_comp;
+      }
+      auto entry = [&](int64_t idx) {
+        return in.compressed + (picked ? static_cast<int64_t>(picked[idx]) : idx) * in.compressed_stride;
+      };
+      const int64_t total = seen + n_comp;
+      auto key_row = [&](int64_t idx) {
+        return idx < seen ? in.k + key_pos(idx) * in.k_stride + static_cast<int64_t>(g) * shape.head_dim_k
+                          : entry(idx - seen);
+      };
+      for (int64_t idx = 0; idx < total; ++idx) {
+        const float* key = key_row(idx);
         for (int hh = 0; hh < nh; ++hh) {
           const float* q = in.q + t * in.q_token_stride + (g * group + h0 + hh) * in.q_head_stride;
           scores[hh * max_keys + idx] = dot(shape.head_dim_k, q, key) * shape.scale;
@@ -136,15 +155,16 @@ void causal_attention(const AttentionShape& shape, const AttentionInput& in, int
       }
       for (int hh = 0; hh < nh; ++hh) {
         if (shape.sinks) {
-          softmax_with_sink(scores.data() + hh * max_keys, seen, shape.sinks[g * group + h0 + hh]);
+          softmax_with_sink(scores.data() + hh * max_keys, total, shape.sinks[g * group + h0 + hh]);
         } else {
-          softmax(scores.data() + hh * max_keys, seen);
+          softmax(scores.data() + hh * max_keys, total);
         }
       }
       float* o = out + t * out_stride + static_cast<int64_t>(g * group + h0) * shape.head_dim_v;
       std::fill(o, o + static_cast<int64_t>(nh) * shape.head_dim_v, 0.0f);
-      for (int64_t idx = 0; idx < seen; ++idx) {
-        const float* v = in.v + key_pos(idx) * in.v_stride + static_cast<int64_t>(g) * shape.head_dim_v;
+      for (int64_t idx = 0; idx < total; ++idx) {
+        const float* v = idx < seen ? in.v + key_pos(idx) * in.v_stride + static_cast<int64_t>(g) * shape.head_dim_v
+                                    : entry(idx - seen);
         for (int hh = 0; hh < nh; ++hh)
           k.axpy(shape.head_dim_v, scores[hh * max_keys + idx], v, o + static_cast<int64_t>(hh) * shape.head_dim_v);
       }
@@ -172,7 +192,7 @@ void indexer_select(const IndexerInput& in, int64_t n_tokens, int64_t pos0, int3
     std::span<float> s = scratch<float, struct IndexerScoreSite>(static_cast<size_t>(n_pos));
     std::span<int32_t> order = scratch<int32_t, struct IndexerOrderSite>(static_cast<size_t>(n_pos));
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t visible = pos0 + t + 1;
+      const int64_t visible = (pos0 + t + 1) / in.ratio;
       for (int64_t p = 0; p < visible; ++p) {
         float sum = 0;
         for (int h = 0; h < in.n_head; ++h) {
@@ -230,7 +250,7 @@ void mask_groups(const ExpertSelection& p, float* sel) {
 }  // namespace
 
 void select_experts(const ExpertSelection& p, float* logits, const float* bias, int32_t* ids, float* weights,
-                    float* raw, float* normed) {
+                    float* raw, float* normed, const int32_t* fixed) {
   const int64_t ne = p.n_expert, nu = p.n_used;
   if (p.softmax_selected) {
     top_k(logits, ne, nu, ids);
@@ -239,15 +259,21 @@ void select_experts(const ExpertSelection& p, float* logits, const float* bias, 
     softmax(weights, nu);
     return;
   }
-  if (p.sigmoid) {
+  if (p.sqrt_softplus) {
+    for (int64_t e = 0; e < ne; ++e) logits[e] = std::sqrt(softplus(logits[e]));
+  } else if (p.sigmoid) {
     sigmoid(logits, ne);
   } else {
     softmax(logits, ne);
   }
-  std::span<float> sel = scratch<float, struct SelectionSite>(ne);
-  for (int64_t e = 0; e < ne; ++e) sel[e] = bias ? logits[e] + bias[e] : logits[e];
-  if (p.n_group > 1) mask_groups(p, sel.data());
-  top_k(sel.data(), ne, nu, ids);
+  if (fixed) {
+    std::copy_n(fixed, nu, ids);
+  } else {
+    std::span<float> sel = scratch<float, struct SelectionSite>(ne);
+    for (int64_t e = 0; e < ne; ++e) sel[e] = bias ? logits[e] + bias[e] : logits[e];
+    if (p.n_group > 1) mask_groups(p, sel.data());
+    top_k(sel.data(), ne, nu, ids);
+  }
   for (int64_t i = 0; i < nu; ++i) weights[i] = logits[ids[i]];
   if (raw) std::copy(weights, weights + nu, raw);
   if (p.norm) {

@@ -19,6 +19,8 @@ void softmax(float* x, int64_t n);
 // softmax with one more logit, `sink`, in the denominator only (gpt-oss's attention sinks).
 void softmax_with_sink(float* x, int64_t n, float sink);
 void sigmoid(float* x, int64_t n);
+// ggml's softplus: x above 20, else log(1 + exp(x)).
+inline float softplus(float x) { return x > 20.0f ? x : std::log(1.0f + std::exp(x)); }
 // silu(g) * u, the one expression every SwiGLU path uses (so fused and unfused paths agree bit for bit).
 inline float silu_times(float g, float u) { return (g / (1.0f + std::exp(-g))) * u; }
 // out[i] = silu(gate[i]) * up[i]; out may alias gate.
@@ -33,15 +35,17 @@ struct ExpertSelection {
   int64_t n_used = 0;
   bool sigmoid = false;
   bool softmax_selected = false;  // gpt-oss: select on the raw logits, weights = softmax over the selected ones
+  bool sqrt_softplus = false;     // DeepSeek-V4: probabilities sqrt(softplus(logit))
   bool norm = false;
   float scale = 0.0f;
   int64_t n_group = 1;  // group-limited routing when > 1
   int64_t n_group_used = 1;
 };
 // logits [n_expert] become the probabilities; bias [n_expert] may be null; ids and weights get n_used values.
-// raw (the weights before normalising) and normed (before scaling) are optional copies for tracing.
+// raw (the weights before normalising) and normed (before scaling) are optional copies for tracing. `fixed` (n_used
+// ids, DeepSeek-V4's hash-routed layers) replaces the selection: those experts, in that order, no bias.
 void select_experts(const ExpertSelection& p, float* logits, const float* bias, int32_t* ids, float* weights,
-                    float* raw = nullptr, float* normed = nullptr);
+                    float* raw = nullptr, float* normed = nullptr, const int32_t* fixed = nullptr);
 
 // Rotary position embedding with ggml's YaRN formulation.
 struct RopeParams {
@@ -101,6 +105,22 @@ struct AttentionInput {
   int64_t k_stride = 0;
   const float* v = nullptr;
   int64_t v_stride = 0;
+  // A sliding window's ring: the rows of position j at row j mod ring (the window plus a batch); 0: row j.
+  int64_t ring = 0;
+  // DeepSeek-V4's compressed entries, seen besides the raw keys (after them in the softmax): one head (n_head_kv 1)
+  // per row, key and value alike (head_dim_k floats at compressed + b * compressed_stride). A query at position p
+  // sees entries b < (p + 1) / ratio: all of them, or with `chosen` those of its row chosen[t * chosen_per_query + i]
+  // that are >= 0 (the indexer's top-k, memory of the attention's device). Null: none.
+  const float* compressed = nullptr;
+  int64_t compressed_stride = 0;
+  int64_t ratio = 0;
+  const int32_t* chosen = nullptr;
+  int64_t chosen_per_query = 0;
+  // The most entries any query of a batch at positions pos0 .. pos0 + n - 1 sees.
+  int64_t max_compressed(int64_t pos0, int64_t n) const {
+    if (!compressed) return 0;
+    return chosen ? chosen_per_query : (pos0 + n) / ratio;
+  }
 };
 void causal_attention(const AttentionShape& shape, const AttentionInput& in, int64_t n_tokens, int64_t pos0, float* out,
                       ThreadPool& pool);
@@ -108,7 +128,7 @@ void causal_attention(const AttentionShape& shape, const AttentionInput& in, int
 // y = LayerNorm(x) * weight + bias over n values (mean and variance in double).
 void layer_norm(const float* x, const float* weight, const float* bias, float* y, int64_t n, float eps);
 
-// DeepSeek-V3.2's lightning indexer. Query t (position pos0 + t) scores every cached key position s <= pos0 + t as
+// DeepSeek-V3.2's (and V4's) lightning indexer. Query t (position pos0 + t) scores every cached key s <= pos0 + t as
 // w_scale * sum_h w[t][h] * relu(q[t][h] . k[s]) (k: one head of `dim` values at k + s * k_stride, shared by the
 // n_head query heads) and keeps the top_k positions, highest score first (ties: the lower position); a query with no
 // more than top_k positions keeps them all. selected: [n_tokens][top_k], -1 after a query's last position; scores
@@ -122,6 +142,8 @@ struct IndexerInput {
   int n_head = 0;
   int dim = 0;
   int64_t top_k = 0;
+  // Keys are compressed blocks of `ratio` positions (DeepSeek-V4): query t sees keys s < (pos0 + t + 1) / ratio.
+  int64_t ratio = 1;
 };
 void indexer_select(const IndexerInput& in, int64_t n_tokens, int64_t pos0, int32_t* selected, float* scores,
                     ThreadPool& pool);

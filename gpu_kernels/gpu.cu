@@ -419,9 +419,25 @@ __global__ void attention_kernel(AttentionArgs a, int64_t pos0, float* out) {
     seen = 0;
     while (seen < a.keys_per_query && chosen[seen] >= 0) ++seen;
   }
-  for (int64_t idx = w; idx < seen; idx += kAttnWarps) {
-    const int64_t j = chosen ? chosen[idx] : first + idx;
-    const float* k = a.k + j * a.k_stride + static_cast<int64_t>(g) * a.head_dim_k;
+  // DeepSeek-V4's compressed entries after the raw keys: all visible ones, or the indexer's.
+  const int32_t* picked = a.chosen ? a.chosen + t * a.chosen_per_query : nullptr;
+  int64_t n_comp = a.compressed ? (pos0 + t + 1) / a.ratio : 0;
+  if (picked) {
+    n_comp = 0;
+    while (n_comp < a.chosen_per_query && picked[n_comp] >= 0) ++n_comp;
+  }
+  for (int64_t idx = w; idx < seen + n_comp; idx += kAttnWarps) {
+    const float* k;
+    const float* v;
+    if (idx < seen) {
+      int64_t j = chosen ? chosen[idx] : first + idx;
+      if (a.ring > 0) j %= a.ring;
+      k = a.k + j * a.k_stride + static_cast<int64_t>(g) * a.head_dim_k;
+      v = a.v + j * a.v_stride + static_cast<int64_t>(g) * a.head_dim_v;
+    } else {
+      const int64_t b = picked ? picked[idx - seen] : idx - seen;
+      k = v = a.compressed + b * a.compressed_stride;
+    }
     float sc = 0;
     for (int i = lane; i < a.head_dim_k; i += kWarp) sc += q[i] * k[i];
     for (int off = kWarp / 2; off > 0; off /= 2) sc += __shfl_xor_sync(0xffffffffu, sc, off);
@@ -429,7 +445,6 @@ __global__ void attention_kernel(AttentionArgs a, int64_t pos0, float* out) {
     const float m_new = fmaxf(m, sc);
     const float keep = expf(m - m_new), p = expf(sc - m_new);
     l = l * keep + p;
-    const float* v = a.v + j * a.v_stride + static_cast<int64_t>(g) * a.head_dim_v;
     for (int i = lane; i < a.head_dim_v; i += kWarp) acc_w[i] = acc_w[i] * keep + p * v[i];
     m = m_new;
   }
@@ -450,6 +465,121 @@ __global__ void attention_kernel(AttentionArgs a, int64_t pos0, float* out) {
     for (int i = 0; i < kAttnWarps; ++i)
       if (sums[i] > 0) v += acc[i * a.head_dim_v + c] * expf(maxima[i] - top);
     o[c] = total > 0 ? v / total : 0.0f;  // no key and no sink: zeros, as the CPU
+  }
+}
+
+__device__ float sigmoid_of(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// cpu::hyper_mix, one thread per token (at most 8 streams: 80 mixes).
+constexpr int kMaxStreams = 8;
+__global__ void hyper_mix_kernel(HyperArgs a, const float* mix, int64_t ldm, int64_t n, float* coef) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= n) return;
+  const int S = a.n_streams;
+  const int nc = a.output_head ? S : (2 + S) * S;
+  const float* m = mix + t * ldm;
+  float* o = coef + t * nc;
+  for (int h = 0; h < S; ++h) {
+    const float v = __fmul_rn(m[h], a.scale[0]);
+    o[h] = sigmoid_of(__fadd_rn(v, a.base[h])) + a.eps;
+  }
+  if (a.output_head) return;
+  for (int h = 0; h < S; ++h) {
+    const float v = __fmul_rn(m[S + h], a.scale[1]);
+    o[S + h] = 2.0f * sigmoid_of(__fadd_rn(v, a.base[S + h]));
+  }
+  float c[kMaxStreams * kMaxStreams];
+  for (int k = 0; k < S * S; ++k) c[k] = __fadd_rn(__fmul_rn(m[2 * S + k], a.scale[2]), a.base[2 * S + k]);
+  for (int src = 0; src < S; ++src) {
+    float top = -INFINITY;
+    for (int dst = 0; dst < S; ++dst) top = fmaxf(top, c[dst + S * src]);
+    float sum = 0.0f;
+    for (int dst = 0; dst < S; ++dst) {
+      c[dst + S * src] = expf(c[dst + S * src] - top);
+      sum += c[dst + S * src];
+    }
+    const float inv = 1.0f / sum;
+    for (int dst = 0; dst < S; ++dst) c[dst + S * src] = __fadd_rn(__fmul_rn(c[dst + S * src], inv), a.eps);
+  }
+  for (int it = 0; it < a.sinkhorn_iters; ++it) {
+    if (it > 0) {
+      for (int src = 0; src < S; ++src) {
+        float sum = a.eps;
+        for (int dst = 0; dst < S; ++dst) sum += c[dst + S * src];
+        const float inv = 1.0f / sum;
+        for (int dst = 0; dst < S; ++dst) c[dst + S * src] *= inv;
+      }
+    }
+    for (int dst = 0; dst < S; ++dst) {
+      float sum = a.eps;
+      for (int src = 0; src < S; ++src) sum += c[dst + S * src];
+      const float inv = 1.0f / sum;
+      for (int src = 0; src < S; ++src) c[dst + S * src] *= inv;
+    }
+  }
+  for (int k = 0; k < S * S; ++k) o[2 * S + k] = c[k];
+}
+
+__global__ void hyper_sum_kernel(int S, int nc, const float* coef, const float* x, int64_t width, int64_t n,
+                                 float* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * width) return;
+  const int64_t t = i / width, e = i % width;
+  const float* c = coef + t * nc;
+  float sum = 0.0f;
+  for (int h = 0; h < S; ++h) sum = __fadd_rn(sum, __fmul_rn(x[(t * S + h) * width + e], c[h]));
+  out[i] = sum;
+}
+
+__global__ void hyper_post_kernel(int S, int nc, const float* coef, const float* y, const float* x, int64_t width,
+                                  int64_t n, float* x_new) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * S * width) return;
+  const int64_t t = i / (S * width), dst = i / width % S, e = i % width;
+  const float* post = coef + t * nc + S;
+  const float* comb = post + S;
+  float sum = __fmul_rn(y[t * width + e], post[dst]);
+  for (int src = 0; src < S; ++src) sum = __fadd_rn(sum, __fmul_rn(x[(t * S + src) * width + e], comb[dst + S * src]));
+  x_new[i] = sum;
+}
+
+// cpu::compress for one token: its row into the state ring (score plus ape), then, when it completes a block, the
+// block's entry, a thread per channel.
+__global__ void compress_kernel(CompressorArgs a, const float* kv, const float* score, int64_t ld, int64_t t, int64_t p,
+                                float* state, float* entry) {
+  const int64_t rw = a.overlap ? 2 * a.width : a.width, rows = a.overlap ? 2 * a.ratio : a.ratio;
+  float* row = state + (p % rows) * 2 * rw;
+  const float* ape = a.ape + (p % a.ratio) * rw;
+  for (int64_t j = threadIdx.x; j < rw; j += blockDim.x) {
+    row[j] = kv[t * ld + j];
+    row[rw + j] = score[t * ld + j] + ape[j];
+  }
+  if (!entry) return;
+  __syncthreads();
+  const int64_t r = a.ratio, start = p + 1 - r, n_pos = a.overlap ? 2 * r : r;
+  for (int64_t j = threadIdx.x; j < a.width; j += blockDim.x) {
+    auto at = [&](int64_t i, float* val) -> float {
+      const int64_t q = a.overlap ? start - r + i : start + i;
+      if (q < 0) {
+        *val = 0.0f;
+        return -INFINITY;
+      }
+      const float* src = state + (q % rows) * 2 * rw;
+      const int64_t ch = a.overlap && i >= r ? a.width + j : j;
+      *val = src[ch];
+      return src[rw + ch];
+    };
+    float top = -INFINITY, val;
+    for (int64_t i = 0; i < n_pos; ++i) top = fmaxf(top, at(i, &val));
+    double sum = 0;
+    for (int64_t i = 0; i < n_pos; ++i) sum += expf(at(i, &val) - top);
+    const float inv = static_cast<float>(1.0 / sum);
+    double acc = 0;
+    for (int64_t i = 0; i < n_pos; ++i) {
+      const float w = expf(at(i, &val) - top);
+      acc += __fmul_rn(val, __fmul_rn(w, inv));
+    }
+    entry[j] = static_cast<float>(acc);
   }
 }
 
@@ -895,7 +1025,7 @@ constexpr int kIndexerThreads = 256;
 
 __global__ void indexer_kernel(IndexerArgs a, int64_t pos0, int32_t* selected) {
   const int64_t t = blockIdx.x;
-  const int64_t visible = pos0 + t + 1;
+  const int64_t visible = (pos0 + t + 1) / a.ratio;
   extern __shared__ float scores[];
   __shared__ float best_score[kIndexerThreads];
   __shared__ int64_t best_pos[kIndexerThreads];
@@ -963,7 +1093,7 @@ void layer_norm(const float* x, int64_t ldx, const float* weight, const float* b
 
 void indexer_select(const IndexerArgs& a, int64_t n_tokens, int64_t pos0, int32_t* selected, Stream s) {
   if (n_tokens == 0) return;
-  const size_t shared = static_cast<size_t>(pos0 + n_tokens) * sizeof(float);
+  const size_t shared = static_cast<size_t>((pos0 + n_tokens) / a.ratio + 1) * sizeof(float);
   // 48 KB per block, less the 3 KB of the pick's reduction arrays.
   if (shared > 45 * 1024)
     throw std::runtime_error("indexer_select: the CUDA kernel scores up to 11520 positions, the context has " +
@@ -995,6 +1125,39 @@ void attention(const AttentionArgs& a, int64_t n_tokens, int64_t pos0, float* ou
   const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(a.n_head));
   attention_kernel<<<grid, kWarp * kAttnWarps, shared, stream_of(s)>>>(a, pos0, out);
   check(cudaGetLastError(), "attention launch");
+}
+
+void hyper_pre(const HyperArgs& a, const float* mix, int64_t ldm, const float* x, int64_t width, int64_t n, float* coef,
+               float* out, Stream s) {
+  if (n == 0) return;
+  if (a.n_streams < 1 || a.n_streams > kMaxStreams) throw std::runtime_error("hyper_pre: 1 to 8 streams");
+  const int nc = a.output_head ? a.n_streams : (2 + a.n_streams) * a.n_streams;
+  hyper_mix_kernel<<<blocks_for(n, 64), 64, 0, stream_of(s)>>>(a, mix, ldm, n, coef);
+  check(cudaGetLastError(), "hyper_mix launch");
+  hyper_sum_kernel<<<blocks_for(n * width, 256), 256, 0, stream_of(s)>>>(a.n_streams, nc, coef, x, width, n, out);
+  check(cudaGetLastError(), "hyper_pre launch");
+}
+
+void hyper_post(const HyperArgs& a, const float* coef, const float* y, const float* x, int64_t width, int64_t n,
+                float* x_new, Stream s) {
+  if (n == 0) return;
+  const int nc = (2 + a.n_streams) * a.n_streams;
+  hyper_post_kernel<<<blocks_for(n * a.n_streams * width, 256), 256, 0, stream_of(s)>>>(a.n_streams, nc, coef, y, x,
+                                                                                        width, n, x_new);
+  check(cudaGetLastError(), "hyper_post launch");
+}
+
+void compress(const CompressorArgs& a, const float* kv, const float* score, int64_t ld, int64_t n, int64_t pos0,
+              float* state, float* out, Stream s) {
+  // One launch per token: a block pools rows that earlier tokens of the batch wrote (a batch completes a block every
+  // `ratio` tokens; prefill launches are cheap next to the batch's products).
+  int64_t written = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t p = pos0 + t;
+    float* entry = (p + 1) % a.ratio == 0 ? out + (written++) * a.width : nullptr;
+    compress_kernel<<<1, 256, 0, stream_of(s)>>>(a, kv, score, ld, t, p, state, entry);
+    check(cudaGetLastError(), "compress launch");
+  }
 }
 
 void select_experts(const SelectionArgs& a, float* logits, const float* bias, int64_t n, int32_t* ids, float* weights,

@@ -74,6 +74,7 @@ struct IndexerArgs {
   int64_t k_stride;
   int n_head, dim;
   int64_t top_k;
+  int64_t ratio;  // query t sees keys s < (pos0 + t + 1) / ratio
 };
 void indexer_select(const IndexerArgs& a, int64_t n_tokens, int64_t pos0, int32_t* selected, Stream s);
 
@@ -116,8 +117,36 @@ struct AttentionArgs {
   int64_t window;       // 0: none
   const int32_t* keys;  // [n_tokens][keys_per_query] selected key positions (-1: none), or null
   int64_t keys_per_query;
+  int64_t ring;  // rows of position j at row j mod ring; 0: row j
+  // DeepSeek-V4's compressed entries (cpu::AttentionInput): key and value alike, after the raw keys.
+  const float* compressed;
+  int64_t compressed_stride, ratio;
+  const int32_t* chosen;
+  int64_t chosen_per_query;
 };
 void attention(const AttentionArgs& a, int64_t n_tokens, int64_t pos0, float* out, Stream s);
+// DeepSeek-V4's hyper-connections (cpu_kernels/hyper_connection.h): the coefficients, one thread per token, then the
+// mixes of the streams, a thread per value.
+struct HyperArgs {
+  int n_streams, sinkhorn_iters;
+  bool output_head;
+  float eps;
+  const float* scale;
+  const float* base;
+};
+void hyper_pre(const HyperArgs& a, const float* mix, int64_t ldm, const float* x, int64_t width, int64_t n, float* coef,
+               float* out, Stream s);
+void hyper_post(const HyperArgs& a, const float* coef, const float* y, const float* x, int64_t width, int64_t n,
+                float* x_new, Stream s);
+// cpu::compress: the batch's tokens in order (each block pools the rows of positions before it), a thread per
+// channel of one block.
+struct CompressorArgs {
+  int64_t width, ratio;
+  bool overlap;
+  const float* ape;
+};
+void compress(const CompressorArgs& a, const float* kv, const float* score, int64_t ld, int64_t n, int64_t pos0,
+              float* state, float* out, Stream s);
 // cpu::ExpertSelection in one; select_experts is cpu::select_experts for n tokens, one thread per token.
 struct SelectionArgs {
   int64_t n_expert, n_used;

@@ -13,6 +13,7 @@ constexpr std::array kTypes = {
     TypeInfo{T::F32, "F32", 1, 4, T::F32},
     TypeInfo{T::F16, "F16", 1, 2, T::F16},
     TypeInfo{T::BF16, "BF16", 1, 2, T::BF16},
+    TypeInfo{T::I32, "I32", 1, 4, T::I32},
     TypeInfo{T::Q4_0, "Q4_0", 32, 18, T::Q8_0},
     TypeInfo{T::Q4_1, "Q4_1", 32, 20, T::Q8_1},
     TypeInfo{T::Q5_0, "Q5_0", 32, 22, T::Q8_0},

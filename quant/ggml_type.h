@@ -32,6 +32,7 @@ enum class GgmlType : uint32_t {
   IQ3_S = 21,
   IQ2_S = 22,
   IQ4_XS = 23,
+  I32 = 26,  // integer tables (DeepSeek-V4's ffn_gate_tid2eid): read as ids, never multiplied
   IQ1_M = 29,
   BF16 = 30,
   TQ1_0 = 34,

@@ -114,8 +114,8 @@ class CudaDevice final : public Device {
   }
   void indexer_select(int stream, const cpu::IndexerInput& in, int64_t n_tokens, int64_t pos0,
                       int32_t* selected) override {
-    gpu::indexer_select({in.q, in.w, in.w_scale, in.k, in.k_stride, in.n_head, in.dim, in.top_k}, n_tokens, pos0,
-                        selected, s(stream));
+    gpu::indexer_select({in.q, in.w, in.w_scale, in.k, in.k_stride, in.n_head, in.dim, in.top_k, in.ratio}, n_tokens,
+                        pos0, selected, s(stream));
   }
   void rms_norm(int stream, const float* x, int64_t ldx, const float* weight, int64_t n_rows, int64_t width, float eps,
                 float* y, int64_t ldy) override {
@@ -134,6 +134,18 @@ class CudaDevice final : public Device {
     gpu::gated_delta_net({shape.n_k_heads, shape.n_v_heads, shape.head_dim, shape.eps, in.qkv, in.ld_qkv, in.alpha,
                           in.beta, in.ld_gates, in.a, in.dt_bias},
                          n, state, out, ldo, s(stream));
+  }
+  void hyper_pre(int stream, const cpu::HyperConnection& hc, const float* mix, int64_t ldm, const float* x,
+                 int64_t width, int64_t n, float* coef, float* out) override {
+    gpu::hyper_pre(hyper_args(hc), mix, ldm, x, width, n, coef, out, s(stream));
+  }
+  void hyper_post(int stream, const cpu::HyperConnection& hc, const float* coef, const float* y, const float* x,
+                  int64_t width, int64_t n, float* x_new) override {
+    gpu::hyper_post(hyper_args(hc), coef, y, x, width, n, x_new, s(stream));
+  }
+  void compress(int stream, const cpu::Compressor& c, const float* kv, const float* score, int64_t ld, int64_t n,
+                int64_t pos0, float* state, float* out) override {
+    gpu::compress({c.width, c.ratio, c.overlap, c.ape}, kv, score, ld, n, pos0, state, out, s(stream));
   }
   void gated_rms_norm(int stream, const float* x, int64_t ldx, const float* weight, const float* z, int64_t ldz,
                       int64_t n_rows, int64_t width, float eps, float* y, int64_t ldy) override {
@@ -160,12 +172,19 @@ class CudaDevice final : public Device {
                                shape.sinks,
                                shape.window,
                                shape.keys,
-                               shape.keys_per_query};
+                               shape.keys_per_query,
+                               in.ring,
+                               in.compressed,
+                               in.compressed_stride,
+                               in.ratio,
+                               in.chosen,
+                               in.chosen_per_query};
     gpu::attention(a, n_tokens, pos0, out, s(stream));
   }
   void select_experts(int stream, const cpu::ExpertSelection& p, float* logits, const float* bias, int64_t n,
                       int32_t* ids, float* weights) override {
-    if (p.softmax_selected) throw std::logic_error("cuda device: select_experts has no softmax-over-the-chosen mode");
+    if (p.softmax_selected || p.sqrt_softplus)
+      throw std::logic_error("cuda device: select_experts has no softmax-over-the-chosen or sqrt-softplus mode");
     const gpu::SelectionArgs a{p.n_expert, p.n_used, p.sigmoid, p.norm, p.scale, p.n_group, p.n_group_used};
     gpu::select_experts(a, logits, bias, n, ids, weights, s(stream));
   }
@@ -242,6 +261,9 @@ class CudaDevice final : public Device {
     return record(event.stream).sequence;
   }
 
+  static gpu::HyperArgs hyper_args(const cpu::HyperConnection& hc) {
+    return {hc.n_streams, hc.sinkhorn_iters, hc.output_head, hc.eps, hc.scale, hc.base};
+  }
   gpu::Stream s(int stream) const {
     if (stream < 0 || stream >= static_cast<int>(streams_.size()))
       throw std::logic_error(fmt::format("cuda device: no stream {}", stream));

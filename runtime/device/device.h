@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "cpu_kernels/hyper_connection.h"
 #include "cpu_kernels/linear_attention.h"
 #include "cpu_kernels/matmul.h"
 #include "cpu_kernels/ops.h"
@@ -120,6 +121,13 @@ class Device {
                                float* state, float* y, int64_t ldy) = 0;
   virtual void gated_delta_net(int stream, const cpu::DeltaNetShape& shape, const cpu::DeltaNetInput& in, int64_t n,
                                float* state, float* out, int64_t ldo) = 0;
+  // DeepSeek-V4: cpu::hyper_pre, cpu::hyper_post and cpu::compress (its state ring in device memory).
+  virtual void hyper_pre(int stream, const cpu::HyperConnection& hc, const float* mix, int64_t ldm, const float* x,
+                         int64_t width, int64_t n, float* coef, float* out) = 0;
+  virtual void hyper_post(int stream, const cpu::HyperConnection& hc, const float* coef, const float* y, const float* x,
+                          int64_t width, int64_t n, float* x_new) = 0;
+  virtual void compress(int stream, const cpu::Compressor& c, const float* kv, const float* score, int64_t ld,
+                        int64_t n, int64_t pos0, float* state, float* out) = 0;
   // Row r of y = cpu::gated_rms_norm(row r of x, weight, row r of z), `width` values per row; y may alias x.
   virtual void gated_rms_norm(int stream, const float* x, int64_t ldx, const float* weight, const float* z, int64_t ldz,
                               int64_t n_rows, int64_t width, float eps, float* y, int64_t ldy) = 0;
@@ -277,7 +285,7 @@ std::unique_ptr<Device> make_emulated_device(const EmulatedOptions& opt);
 
 // The Device interface's version: the CUDA device library reports the one it was built with, and the loader refuses a
 // library of another (raise it whenever this interface or what its methods take changes).
-inline constexpr int kDeviceAbi = 4;
+inline constexpr int kDeviceAbi = 5;
 
 // The CPU as a device, computing with `pool` (which must outlive it).
 std::unique_ptr<Device> make_host_device(cpu::ThreadPool& pool);

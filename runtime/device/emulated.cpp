@@ -196,6 +196,18 @@ class EmulatedDevice final : public Device {
                        float* state, float* out, int64_t ldo) override {
     worker(stream).enqueue([=, this] { cpu::gated_delta_net(shape, in, n, state, out, ldo, one_thread_); });
   }
+  void hyper_pre(int stream, const cpu::HyperConnection& hc, const float* mix, int64_t ldm, const float* x,
+                 int64_t width, int64_t n, float* coef, float* out) override {
+    worker(stream).enqueue([=, this] { cpu::hyper_pre(hc, mix, ldm, x, width, n, coef, out, one_thread_); });
+  }
+  void hyper_post(int stream, const cpu::HyperConnection& hc, const float* coef, const float* y, const float* x,
+                  int64_t width, int64_t n, float* x_new) override {
+    worker(stream).enqueue([=, this] { cpu::hyper_post(hc, coef, y, x, width, n, x_new, one_thread_); });
+  }
+  void compress(int stream, const cpu::Compressor& c, const float* kv, const float* score, int64_t ld, int64_t n,
+                int64_t pos0, float* state, float* out) override {
+    worker(stream).enqueue([=, this] { cpu::compress(c, kv, score, ld, n, pos0, state, out, one_thread_); });
+  }
   void gated_rms_norm(int stream, const float* x, int64_t ldx, const float* weight, const float* z, int64_t ldz,
                       int64_t n_rows, int64_t width, float eps, float* y, int64_t ldy) override {
     worker(stream).enqueue([=] { host_ops::gated_rms_norm(x, ldx, weight, z, ldz, n_rows, width, eps, y, ldy); });

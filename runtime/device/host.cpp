@@ -99,6 +99,18 @@ class HostDevice final : public Device {
                        float* out, int64_t ldo) override {
     cpu::gated_delta_net(shape, in, n, state, out, ldo, pool_);
   }
+  void hyper_pre(int, const cpu::HyperConnection& hc, const float* mix, int64_t ldm, const float* x, int64_t width,
+                 int64_t n, float* coef, float* out) override {
+    cpu::hyper_pre(hc, mix, ldm, x, width, n, coef, out, pool_);
+  }
+  void hyper_post(int, const cpu::HyperConnection& hc, const float* coef, const float* y, const float* x, int64_t width,
+                  int64_t n, float* x_new) override {
+    cpu::hyper_post(hc, coef, y, x, width, n, x_new, pool_);
+  }
+  void compress(int, const cpu::Compressor& c, const float* kv, const float* score, int64_t ld, int64_t n, int64_t pos0,
+                float* state, float* out) override {
+    cpu::compress(c, kv, score, ld, n, pos0, state, out, pool_);
+  }
   void gated_rms_norm(int, const float* x, int64_t ldx, const float* weight, const float* z, int64_t ldz,
                       int64_t n_rows, int64_t width, float eps, float* y, int64_t ldy) override {
     host_ops::gated_rms_norm(x, ldx, weight, z, ldz, n_rows, width, eps, y, ldy);

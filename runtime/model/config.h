@@ -14,7 +14,8 @@ namespace hetmoe::model {
 
 // How router logits become expert probabilities (values as GGUF's expert_gating_func).
 // kSoftmaxSelected (gpt-oss): the experts of the largest raw logits, weighted by the softmax over their logits.
-enum class Gating { kSoftmax = 1, kSigmoid = 2, kSoftmaxSelected = 3 };
+// kSqrtSoftplus (DeepSeek-V4): probabilities sqrt(softplus(logit)).
+enum class Gating { kSoftmax = 1, kSigmoid = 2, kSoftmaxSelected = 3, kSqrtSoftplus = 4 };
 
 // Everything a forward pass needs to know about a model, read from GGUF metadata with the defaults llama.cpp's
 // loader applies. Shapes are checked against the tensors later, when the weights are bound.
@@ -69,6 +70,21 @@ struct ModelConfig {
   int64_t ssm_k_heads = 0;      // ssm.group_count
   int64_t ssm_v_heads = 0;      // ssm.time_step_rank
   std::vector<bool> recurrent;
+
+  // DeepSeek-V4's hyper-connections: the residual stream is hc_streams copies of the hidden state (0: a plain
+  // residual), mixed with Sinkhorn-normalised coefficients (cpu_kernels/hyper_connection.h).
+  int64_t hc_streams = 0;
+  int64_t hc_sinkhorn_iters = 0;
+  float hc_eps = 0.0f;
+  // Blocks < this one route by token id (ffn_gate_tid2eid), the others by score.
+  int64_t n_hash_layers = 0;
+  // DeepSeek-V4's attention: per layer the compression ratio of its keys (0: the sliding window alone; 4: CSA, the
+  // blocks the indexer picks; 128: HCA, every block), the grouped output LoRA, the RoPE of the compressed layers
+  // (compress_rope_freq_base with YaRN; `rope` is the others') and each layer's SwiGLU limits (0: none).
+  std::vector<int64_t> compress_ratios;
+  int64_t out_groups = 0, out_lora_rank = 0;
+  cpu::RopeParams compress_rope;
+  std::vector<float> swiglu_limits, shared_swiglu_limits;
 
   bool is_moe_layer(int64_t layer) const { return n_expert > 0 && layer >= n_leading_dense; }
   bool is_recurrent(int64_t layer) const {

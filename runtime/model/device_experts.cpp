@@ -116,7 +116,7 @@ DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement,
   size_t room = budget_ - move_slots_.size() * slot_bytes_;
   bool full = false;
   for (const Expert& e : experts) {
-    if (e.expert >= 0 || !runs(e.gate, e.up, e.down)) continue;
+    if (e.expert >= 0 || e.cpu_only || !runs(e.gate, e.up, e.down)) continue;
     const size_t b = expert_bytes(e.gate, e.up, e.down);
     if (total + b > room) {  // in order: the first that fit
       full = true;

@@ -37,8 +37,9 @@ class DeviceExperts {
   struct Expert {
     int64_t layer = 0, expert = 0;
     cpu::WeightMatrix gate, up, down;
-    // An expert the device has no kernels for (gpt-oss's biases and clamped SwiGLU): its layer's routed experts
-    // all stay on the CPU, as a layer's do when the device cannot take their weight types.
+    // An expert the device has no kernels for (gpt-oss's biases and clamped SwiGLU, DeepSeek-V4's clamped SwiGLU):
+    // it stays on the CPU, and so do all of its layer's routed experts, as a layer's do when the device cannot take
+    // their weight types.
     bool cpu_only = false;
   };
 

@@ -56,7 +56,9 @@ bool ends_with(std::string_view s, std::string_view tail) {
   return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
 }
 
-bool is_quantized(GgmlType t) { return t != GgmlType::F32 && t != GgmlType::F16 && t != GgmlType::BF16; }
+bool is_quantized(GgmlType t) {
+  return t != GgmlType::F32 && t != GgmlType::F16 && t != GgmlType::BF16 && t != GgmlType::I32;
+}
 
 // llama.cpp's tensor_allows_quantization, reduced to the names a deepseek2 model has.
 bool allows_quantization(const TensorTypeQuery& q) {

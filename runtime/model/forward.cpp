@@ -15,8 +15,10 @@ namespace hetmoe::model {
 namespace {
 
 // The pass's scratch slots (an architecture's attention numbers its own from Pass::kAttentionSlots).
-enum Slot : size_t { kX, kNormed, kBranch, kTable, kRouterSlot };
-static_assert(kRouterSlot < Pass::kAttentionSlots);
+// kSpare: a hyper-connected model's second state buffer (and the flattened norm's rows); kHyper: its mixes and
+// coefficients.
+enum Slot : size_t { kX, kNormed, kBranch, kTable, kRouterSlot, kSpare, kHyper };
+static_assert(kHyper < Pass::kAttentionSlots);
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -48,6 +50,26 @@ class NonFiniteLayer final : public Trace {
 
 }  // namespace
 
+cpu::HyperConnection Model::hyper(const Pass& pass, const HyperHandles& h, bool output_head) const {
+  return {.n_streams = static_cast<int>(config_.hc_streams),
+          .sinkhorn_iters = static_cast<int>(config_.hc_sinkhorn_iters),
+          .output_head = output_head,
+          .eps = config_.hc_eps,
+          .scale = pass.vector(h.scale),
+          .base = pass.vector(h.base)};
+}
+
+void Model::hyper_pre(Pass& pass, const HyperHandles& h, bool output_head, const float* x, int64_t n, float* flat,
+                      float* mix, float* coef, float* xin) {
+  device::Device& d = pass.device;
+  const int64_t E = config_.n_embd, W = config_.hc_streams * E;
+  // The mixes: fn . rms(flatten(X)), the norm without weight and with the model's RMS eps.
+  d.rms_norm(pass.stream, x, W, nullptr, n, W, config_.rms_eps, flat, W);
+  d.matmul(pass.stream, pass.matrix(h.fn), flat, n, mix);
+  const cpu::HyperConnection hc = hyper(pass, h, output_head);
+  d.hyper_pre(pass.stream, hc, mix, hc.n_mix(), x, E, n, coef, xin);
+}
+
 RoutingParams Model::routing_params() const {
   return {.n_expert = config_.n_expert,
           .n_used = config_.n_expert_used,
@@ -75,9 +97,11 @@ void Model::attach_device(device::Device& device, const DeviceExperts::Placement
     }
     // The shared experts serve every token: they go first.
     if (m.n_expert > 0 && m.has_shared)
-      experts.push_back({l, DeviceExperts::kShared, m.gate_shexp, m.up_shexp, m.down_shexp});
-    // gpt-oss's routed experts (biases, clamped SwiGLU) have no device kernels yet: they stay on the CPU.
-    const bool cpu_only = m.gate_exps_bias != nullptr || m.clamped_swiglu;
+      experts.push_back(
+          {l, DeviceExperts::kShared, m.gate_shexp, m.up_shexp, m.down_shexp, m.shared_swiglu_limit > 0.0f});
+    // gpt-oss's routed experts (biases, clamped SwiGLU) and DeepSeek-V4's (clamped SwiGLU) have no device kernels
+    // yet: they stay on the CPU.
+    const bool cpu_only = m.gate_exps_bias != nullptr || m.clamped_swiglu || m.swiglu_limit > 0.0f;
     for (int64_t e = 0; e < m.n_expert; ++e)
       experts.push_back(
           {l, e, m.gate_exps.rows(e * ff, ff), m.up_exps.rows(e * ff, ff), m.down_exps.rows(e * E, E), cpu_only});
@@ -148,11 +172,16 @@ bool Model::forward_once(std::span<const int32_t> tokens, int64_t pos0, KvCache&
   device::Device& d = p.device;
   const int s = p.stream;
   trace_ = trace;
-  // trace_ is cleared however the pass ends.
+  tokens_ = tokens;
+  // trace_ and tokens_ are cleared however the pass ends.
   struct ClearTrace {
     Trace*& trace;
-    ~ClearTrace() { trace = nullptr; }
-  } clear_trace{trace_};
+    std::span<const int32_t>& tokens;
+    ~ClearTrace() {
+      trace = nullptr;
+      tokens = {};
+    }
+  } clear_trace{trace_, tokens_};
   const auto t_start = std::chrono::steady_clock::now();
   double t_attention = 0, t_dense = 0, t_moe = 0;
 
@@ -168,14 +197,27 @@ bool Model::forward_once(std::span<const int32_t> tokens, int64_t pos0, KvCache&
           tokens[t]);
     cpu::rope_cache(c.rope, pos0 + t, up + n * E + t * nd);
   }
-  // The residual stream, its normalised copy and a branch's output, in the pass's memory.
-  float* x = p.scratch(kX, n * E);
+  // The residual stream (a hyper-connected model's: S copies of the hidden state, each starting as the embedding),
+  // its normalised copy and a branch's output, in the pass's memory.
+  const bool mixed = c.hc_streams > 0;
+  const int64_t S = mixed ? c.hc_streams : 1;
+  float* x = p.scratch(kX, n * S * E);
   float* xn = p.scratch(kNormed, n * E);
   float* branch = p.scratch(kBranch, n * E);
   float* table = p.scratch(kTable, std::max<int64_t>(n * nd, 1));
-  d.copy_to_device(s, x, up, n * E * sizeof(float));
+  float* spare = mixed ? p.scratch(kSpare, n * S * E) : nullptr;
+  const int64_t n_mix = (2 + S) * S;
+  float* mix = mixed ? p.scratch(kHyper, 2 * n * n_mix) : nullptr;
+  float* coef = mixed ? mix + n * n_mix : nullptr;
+  if (mixed) {
+    d.copy_to_device(s, xn, up, n * E * sizeof(float));
+    for (int64_t h = 0; h < S; ++h) d.copy_rows(s, xn, E, n, E, x + h * E, S * E);
+  } else {
+    d.copy_to_device(s, x, up, n * E * sizeof(float));
+  }
   d.copy_to_device(s, table, up + n * E, n * nd * sizeof(float));
   p.rope_table = table;
+  begin_batch(p, tokens, pos0);
 
   // The recurrent state is half-updated until the last layer ran: a pass that stops early leaves it for a rollback.
   cache.invalidate_recurrent();
@@ -185,22 +227,39 @@ bool Model::forward_once(std::span<const int32_t> tokens, int64_t pos0, KvCache&
       throw Cancelled();
     }
     const LayerHandles& h = handles_[l];
-    d.rms_norm(s, x, E, p.vector(h.attn_norm), n, E, c.rms_eps, xn, E);
+    // A sub-block's input: the residual stream normalised, or of a hyper-connected one its mix normalised.
+    auto sub_block_input = [&](const HyperHandles* hh, PassWeights::Handle norm) {
+      if (!mixed) return d.rms_norm(s, x, E, p.vector(norm), n, E, c.rms_eps, xn, E);
+      hyper_pre(p, *hh, false, x, n, spare, mix, coef, branch);
+      d.rms_norm(s, branch, E, p.vector(norm), n, E, c.rms_eps, xn, E);
+    };
+    // Its output back into the residual stream: added, or mixed into the new state.
+    auto sub_block_output = [&](const HyperHandles* hh) {
+      if (!mixed) return d.add(s, branch, n * E, x);
+      d.hyper_post(s, hyper(p, *hh, false), coef, branch, x, E, n, spare);
+      std::swap(x, spare);
+    };
+    sub_block_input(mixed ? &hyper_attn_[l] : nullptr, h.attn_norm);
     const auto t_attn = std::chrono::steady_clock::now();
     attention(p, l, xn, n, pos0, cache, branch);
     if (profile_.enabled) t_attention += seconds_since(t_attn);
-    d.add(s, branch, n * E, x);
-    d.rms_norm(s, x, E, p.vector(h.ffn_norm), n, E, c.rms_eps, xn, E);
+    sub_block_output(mixed ? &hyper_attn_[l] : nullptr);
+    sub_block_input(mixed ? &hyper_ffn_[l] : nullptr, h.ffn_norm);
     const auto t_ffn = std::chrono::steady_clock::now();
     ffn(p, l, xn, n, branch);
     if (profile_.enabled) (c.is_moe_layer(l) ? t_moe : t_dense) += seconds_since(t_ffn);
-    d.add(s, branch, n * E, x);
-    if (trace) trace->values(l, "l_out", p.to_host(x, n * E), n, E);
+    sub_block_output(mixed ? &hyper_ffn_[l] : nullptr);
+    if (trace) trace->values(l, "l_out", p.to_host(x, n * S * E), n, S * E);
   }
   cache.set_recurrent_pos(pos0 + n);
 
   const int64_t first = all_logits ? 0 : n - 1, n_out = n - first;
-  d.rms_norm(s, x + first * E, E, p.vector(output_norm_), n_out, E, c.rms_eps, xn, E);
+  if (mixed) {
+    hyper_pre(p, hyper_out_, true, x + first * S * E, n_out, spare, mix, coef, branch);
+    d.rms_norm(s, branch, E, p.vector(output_norm_), n_out, E, c.rms_eps, xn, E);
+  } else {
+    d.rms_norm(s, x + first * E, E, p.vector(output_norm_), n_out, E, c.rms_eps, xn, E);
+  }
   logits.resize(n_out * c.n_vocab);
   const auto t_out = std::chrono::steady_clock::now();
   // The rows the head reads, checked on the host: its quantized activations would turn a NaN into zero logits.
@@ -252,7 +311,8 @@ void Model::ffn(Pass& p, int64_t layer, const float* x, int64_t n, float* out) {
   // come down instead and the host routes, reporting every step of it.
   const LayerHandles& h = handles_[layer];
   const int64_t ne = c.n_expert, nu = c.n_expert_used;
-  const bool select_here = !trace_ && c.gating != Gating::kSoftmaxSelected && d.selects_experts(c.n_expert, c.n_group);
+  const bool select_here = !trace_ && c.gating != Gating::kSoftmaxSelected && c.gating != Gating::kSqrtSoftplus &&
+                           d.selects_experts(c.n_expert, c.n_group);
   const RoutingParams rp = routing_params();
   float* router_logits = p.scratch(kRouterSlot, n * ne + 2 * n * nu);
   d.matmul(s, p.matrix(h.router), x, n, router_logits);
@@ -276,8 +336,15 @@ void Model::ffn(Pass& p, int64_t layer, const float* x, int64_t n, float* out) {
     std::memcpy(r.ids.data(), host_routing, n * nu * sizeof(int32_t));
     std::copy_n(host_routing + n * nu, n * nu, r.weights.data());
   } else {
-    // The logits become probabilities in place (the pass's own buffer on the host, else the staging copy).
-    route(rp, const_cast<float*>(host_routing), w.moe.probs_bias, n, r, trace_, layer);
+    // The logits become probabilities in place (the pass's own buffer on the host, else the staging copy). A
+    // hash-routed layer takes each token's experts from its table.
+    thread_local std::vector<int32_t> fixed;
+    if (w.moe.hash_ids) {
+      fixed.resize(static_cast<size_t>(n * nu));
+      for (int64_t t = 0; t < n; ++t) std::copy_n(w.moe.hash_ids + tokens_[t] * nu, nu, fixed.data() + t * nu);
+    }
+    route(rp, const_cast<float*>(host_routing), w.moe.hash_ids ? nullptr : w.moe.probs_bias, n, r, trace_, layer,
+          w.moe.hash_ids ? fixed.data() : nullptr);
   }
   if (routing_override_) routing_override_->reroute(layer, n, nu, r.ids.data(), r.weights.data());
   if (routing_observer_) routing_observer_->routed(layer, n, nu, r.ids.data(), r.weights.data());

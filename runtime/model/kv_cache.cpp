@@ -10,7 +10,7 @@ namespace {
 
 int64_t row_floats(const std::vector<LayerCache>& layers, int64_t n_ctx) {
   int64_t floats = 0;
-  for (const LayerCache& l : layers) floats += n_ctx * (l.k_width + l.v_width);
+  for (const LayerCache& l : layers) floats += n_ctx * (l.k_width + l.v_width) + l.blocks(n_ctx) * l.block_width;
   return floats;
 }
 
@@ -50,12 +50,15 @@ void KvCache::allocate_views(float* base) {
   k_.assign(n, nullptr);
   v_.assign(n, nullptr);
   r_.assign(n, nullptr);
+  b_.assign(n, nullptr);
   float* p = base;
   for (size_t l = 0; l < n; ++l) {
     k_[l] = p;
     p += n_ctx_ * layers_[l].k_width;
     v_[l] = p;
     p += n_ctx_ * layers_[l].v_width;
+    b_[l] = p;
+    p += layers_[l].blocks(n_ctx_) * layers_[l].block_width;
   }
   recurrent_base_ = p;
   recurrent_floats_ = recurrent_floats(layers_);

@@ -12,10 +12,17 @@ namespace hetmoe::model {
 // What one layer keeps of a sequence: key and value rows per position (MLA: one latent row serving as both, v_width
 // 0), and state that every token updates in place (Qwen3.5's Gated DeltaNet: the convolution's last inputs and the
 // delta rule's matrices). A layer may have either or both.
+// DeepSeek-V4's layers keep entries per block of positions (compressed keys, indexer keys) beside a window ring and
+// compressor rows held as recurrent state.
 struct LayerCache {
   int64_t k_width = 0;    // floats per position
   int64_t v_width = 0;    // floats per position
   int64_t recurrent = 0;  // floats of recurrent state
+  // One entry of block_width floats per block of block_ratio positions (n_ctx / block_ratio of them), written when
+  // the block's last position is evaluated and, like rows, overwritten when it is evaluated again. 0: none.
+  int64_t block_ratio = 0;
+  int64_t block_width = 0;
+  int64_t blocks(int64_t n_ctx) const { return block_ratio > 0 ? n_ctx / block_ratio : 0; }
 };
 
 // A sequence's state, per layer as LayerCache says, in F32, in host memory or in a device's memory (a model whose
@@ -50,6 +57,8 @@ class KvCache {
   float* v(int64_t layer, int64_t pos) { return v_[static_cast<size_t>(layer)] + pos * layers_[layer].v_width; }
   // The layer's recurrent state (null when it has none).
   float* recurrent(int64_t layer) { return r_[static_cast<size_t>(layer)]; }
+  // Block entry `b` of layer `layer` (LayerCache::block_ratio).
+  float* block(int64_t layer, int64_t b) { return b_[static_cast<size_t>(layer)] + b * layers_[layer].block_width; }
 
   // Whether any layer has recurrent state, and the position it is at (the tokens folded into it; -1 while a pass
   // changes it or after one stopped part-way).
@@ -89,9 +98,9 @@ class KvCache {
   int64_t recurrent_pos_ = 0;
   device::Device* device_ = nullptr;
   int stream_ = -1;                     // device: the stream of the cache's own copies
-  std::vector<float> host_;             // host: every layer's rows, then every recurrent state
+  std::vector<float> host_;             // host: every layer's rows and blocks, then every recurrent state
   device::DeviceMemory device_memory_;  // device: the same layout
-  std::vector<float*> k_, v_, r_;       // per layer
+  std::vector<float*> k_, v_, r_, b_;   // per layer
   float* recurrent_base_ = nullptr;     // all layers' recurrent state, contiguous
 
   struct Checkpoint {

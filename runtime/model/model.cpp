@@ -223,6 +223,24 @@ void Model::bind_common() {
   }
 }
 
+void Model::bind_hyper_connections() {
+  const ModelConfig& c = config_;
+  const int64_t S = c.hc_streams, W = S * c.n_embd, n_mix = (2 + S) * S;
+  auto bind = [&](const std::string& prefix, int64_t mixes, int64_t scales) {
+    HyperHandles h;
+    h.fn = weights_.add(matrix(prefix + "_fn.weight", W, mixes));
+    h.scale = weights_.add(vector(prefix + "_scale.weight", scales), scales);
+    h.base = weights_.add(vector(prefix + "_base.weight", mixes), mixes);
+    return h;
+  };
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    hyper_attn_.push_back(bind(b + "hc_attn", n_mix, 3));
+    hyper_ffn_.push_back(bind(b + "hc_ffn", n_mix, 3));
+  }
+  hyper_out_ = bind("output_hc", S, 1);
+}
+
 bool Model::split() const { return file_->find(kSplitVersionKey) != nullptr; }
 
 void Model::set_critical(int64_t n_critical) {

@@ -109,6 +109,13 @@ class Model {
                          float* out) = 0;
   // What layer `layer` keeps of a sequence in the cache.
   virtual LayerCache cache_layer(int64_t layer) const = 0;
+  // Called once per forward call before the first layer, with the batch's tokens at positions pos0, pos0 + 1, ...:
+  // an architecture prepares what all its layers share (DeepSeek-V4: its RoPE tables).
+  virtual void begin_batch(Pass& pass, std::span<const int32_t> tokens, int64_t pos0) {
+    (void)pass;
+    (void)tokens;
+    (void)pos0;
+  }
 
   // Tensor binding with shape checks. ne lists the expected ggml dims; the tensor must have exactly these.
   const gguf::TensorInfo& tensor(const std::string& name, std::initializer_list<int64_t> ne) const;
@@ -124,6 +131,9 @@ class Model {
   // are activation formats: a file that stores weights in them is broken).
   cpu::WeightMatrix as_matrix(const gguf::TensorInfo& t) const;
   void bind_common();
+  // DeepSeek-V4: every layer's hc_attn_* and hc_ffn_* mixes and the output head's output_hc_*, for a residual stream
+  // of config().hc_streams copies.
+  void bind_hyper_connections();
   // On a machine with threads on two or more NUMA nodes, binds each weight matrix's pages to the nodes whose
   // threads compute its rows (never a copy per node). HETMOE_NUMA=0 leaves pages where the kernel puts them.
   void place_on_nodes();
@@ -149,7 +159,14 @@ class Model {
   };
   std::vector<LayerHandles> handles_;
   PassWeights::Handle output_norm_ = 0;
-  Trace* trace_ = nullptr;  // set during forward
+  // A hyper-connection's weights: fn [n_mix, hc_streams * n_embd], scale [3] (the head: [1]), base [n_mix].
+  struct HyperHandles {
+    PassWeights::Handle fn = 0, scale = 0, base = 0;
+  };
+  std::vector<HyperHandles> hyper_attn_, hyper_ffn_;  // per layer; empty without hyper-connections
+  HyperHandles hyper_out_;
+  std::span<const int32_t> tokens_;  // the batch's tokens, during forward (hash routing)
+  Trace* trace_ = nullptr;           // set during forward
   RoutingObserver* routing_observer_ = nullptr;
   RoutingOverride* routing_override_ = nullptr;
   SelectionOverride* selection_override_ = nullptr;
@@ -161,6 +178,11 @@ class Model {
   void ffn(Pass& pass, int64_t layer, const float* x, int64_t n, float* out);
   // The router's rules as the config sets them.
   RoutingParams routing_params() const;
+  // A hyper-connection on the pass's device: the mixes and coefficients of its weights.
+  cpu::HyperConnection hyper(const Pass& pass, const HyperHandles& h, bool output_head) const;
+  // The sub-block input xin [n][n_embd] from the state x [n][hc_streams * n_embd], its coefficients to coef.
+  void hyper_pre(Pass& pass, const HyperHandles& h, bool output_head, const float* x, int64_t n, float* flat,
+                 float* mix, float* coef, float* xin);
   std::deque<std::vector<float>> owned_vectors_;
   // The host device and its pass (always there); the device pass when attach_device put the pass on a device.
   std::unique_ptr<device::Device> host_;

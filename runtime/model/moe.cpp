@@ -10,7 +10,7 @@
 namespace hetmoe::model {
 
 void route(const RoutingParams& p, float* logits, const float* bias, int64_t n, Routing& out, Trace* trace,
-           int64_t layer) {
+           int64_t layer, const int32_t* fixed) {
   const int64_t nu = p.n_used;
   out.ids.resize(n * nu);
   out.weights.resize(n * nu);
@@ -23,7 +23,8 @@ void route(const RoutingParams& p, float* logits, const float* bias, int64_t n, 
   const cpu::ExpertSelection selection = p.selection();
   for (int64_t t = 0; t < n; ++t)
     cpu::select_experts(selection, logits + t * p.n_expert, bias, out.ids.data() + t * nu, out.weights.data() + t * nu,
-                        trace ? w_raw.data() + t * nu : nullptr, trace ? w_norm.data() + t * nu : nullptr);
+                        trace ? w_raw.data() + t * nu : nullptr, trace ? w_norm.data() + t * nu : nullptr,
+                        fixed ? fixed + t * nu : nullptr);
   if (trace) {
     trace->values(layer, "ffn_moe_probs", logits, n, p.n_expert);
     trace->ids(layer, "ffn_moe_topk", out.ids.data(), n, nu);
@@ -61,7 +62,8 @@ void add_routed_expert(cpu::ExpertBatch& batch, const MoeWeights& w, const Route
                          .gate_bias = w.gate_exps_bias ? w.gate_exps_bias + e * w.n_ff_exp : nullptr,
                          .up_bias = w.up_exps_bias ? w.up_exps_bias + e * w.n_ff_exp : nullptr,
                          .down_bias = w.down_exps_bias ? w.down_exps_bias + e * n_embd : nullptr,
-                         .clamped_swiglu = w.clamped_swiglu};
+                         .clamped_swiglu = w.clamped_swiglu,
+                         .swiglu_limit = w.swiglu_limit};
   // Unsplit: one entry per expert. Split: the items that run on W^Q alone, then those that add the residual.
   for (const int pass : {0, 1}) {
     if (pass == 1 && !w.split()) break;
@@ -93,7 +95,8 @@ void swiglu_ffn(const cpu::KernelTable& k, cpu::ThreadPool& pool, const cpu::Wei
 
 void add_shared_experts(cpu::ExpertBatch& batch, const MoeWeights& w, int64_t n, int64_t n_used, const float* weights) {
   if (!w.has_shared) return;
-  batch.add_expert({.gate = w.gate_shexp, .up = w.up_shexp, .down = w.down_shexp});
+  batch.add_expert(
+      {.gate = w.gate_shexp, .up = w.up_shexp, .down = w.down_shexp, .swiglu_limit = w.shared_swiglu_limit});
   for (int64_t t = 0; t < n; ++t)
     batch.add_item(static_cast<int32_t>(t), static_cast<int32_t>(n_used), weights ? weights[t] : 1.0f);
 }

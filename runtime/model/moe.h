@@ -29,6 +29,7 @@ struct RoutingParams {
             .n_used = n_used,
             .sigmoid = gating == Gating::kSigmoid,
             .softmax_selected = gating == Gating::kSoftmaxSelected,
+            .sqrt_softplus = gating == Gating::kSqrtSoftplus,
             .norm = norm,
             .scale = scale,
             .n_group = n_group,
@@ -43,9 +44,10 @@ struct Routing {
 };
 
 // From router logits [n][n_expert] (overwritten with the probabilities) to the selection. `bias` ([n_expert],
-// may be null) is added for the selection only. Reports ffn_moe_probs/topk/weights(_norm, _scaled) to trace.
+// may be null) is added for the selection only; `fixed` ([n][n_used], may be null: DeepSeek-V4's hash-routed layers)
+// replaces the selection. Reports ffn_moe_probs/topk/weights(_norm, _scaled) to trace.
 void route(const RoutingParams& p, float* logits, const float* bias, int64_t n, Routing& out, Trace* trace,
-           int64_t layer);
+           int64_t layer, const int32_t* fixed = nullptr);
 
 // The weights of one MoE FFN. Expert e owns rows [e * rows, (e+1) * rows) of each 3-D tensor.
 struct MoeWeights {
@@ -61,6 +63,10 @@ struct MoeWeights {
   const float* up_exps_bias = nullptr;
   const float* down_exps_bias = nullptr;
   bool clamped_swiglu = false;
+  // DeepSeek-V4: the routed and the shared experts' SwiGLU limits (cpu::ExpertFfn::swiglu_limit; 0: none), and of a
+  // hash-routed layer the experts of each token id ([n_vocab][n_used] I32 rows of ffn_gate_tid2eid; null: routed).
+  float swiglu_limit = 0.0f, shared_swiglu_limit = 0.0f;
+  const int32_t* hash_ids = nullptr;
   bool has_shared = false;
   cpu::WeightMatrix gate_shexp, up_shexp;  // [n_ff_shared, n_embd]
   cpu::WeightMatrix down_shexp;            // [n_embd, n_ff_shared]

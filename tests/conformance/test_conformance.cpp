@@ -173,7 +173,12 @@ class ForceReferenceSelection : public model::SelectionOverride {
  public:
   ForceReferenceSelection(const json* ix, int64_t n_prompt) : n_prompt_(n_prompt) {
     if (!ix) return;
-    for (const json& layer : (*ix)["layers"]) layers_[layer["layer"].get<int64_t>()] = &layer;
+    for (const json& layer : (*ix)["layers"]) layers_[layer["layer"].get<int64_t>()] = &prompt_rows(layer);
+  }
+  // A layer's selections and scores for the prompt batch: DeepSeek-V3.2's file holds them in the layer itself,
+  // DeepSeek-V4's (ref_dsv4/1, its keys compressed blocks) under prompt_batch.
+  static const json& prompt_rows(const json& layer) {
+    return layer.contains("prompt_batch") ? layer["prompt_batch"] : layer;
   }
   void reselect(int64_t layer, int64_t n_tokens, int64_t top_k, int32_t* selected) override {
     if (n_tokens != n_prompt_) return;
@@ -239,11 +244,13 @@ TEST_P(Conformance, AgreesWithLlamaCpp) {
   // layers, logits and the tokens after it are all still compared.
   // DeepSeek-V3.2's indexer: each query's selected key positions as a set, wherever the reference's boundary gap
   // (8th minus 9th best score) is at least the tolerance (reference README 9.9: F16 3e-3, quantized 1e-2).
-  int indexer_checked = 0, indexer_equal = 0;
+  int indexer_checked = 0, indexer_equal = 0, indexer_total = 0;
+  const double indexer_gap_tol = tc.tol.logits_abs >= 0 ? 3e-3 : 1e-2;
   if (c.indexer_heads > 0) {
-    const double gap_tol = tc.tol.logits_abs >= 0 ? 3e-3 : 1e-2;
-    for (const json& layer : ix["layers"]) {
-      const int64_t l = layer["layer"].get<int64_t>();
+    const double gap_tol = indexer_gap_tol;
+    for (const json& entry : ix["layers"]) {
+      const int64_t l = entry["layer"].get<int64_t>();
+      const json& layer = ForceReferenceSelection::prompt_rows(entry);
       const auto* mine = rec.ids(l, "indexer_topk");
       ASSERT_NE(mine, nullptr) << "layer " << l << " reported no indexer selection";
       for (int64_t t = 0; t < T; ++t) {
@@ -257,6 +264,7 @@ TEST_P(Conformance, AgreesWithLlamaCpp) {
         std::set<int32_t> want;
         for (const json& p : layer["selected"][t]) want.insert(p.get<int32_t>());
         indexer_equal += got == want;
+        ++indexer_total;
         if (gap < gap_tol) continue;
         ++indexer_checked;
         EXPECT_EQ(got, want) << "indexer selection, layer " << l << " token " << t << " (gap " << gap << ")";
@@ -310,11 +318,15 @@ TEST_P(Conformance, AgreesWithLlamaCpp) {
         }
       }
     }
+    // l_out: the hidden state, or a hyper-connected model's whole state (DeepSeek-V4: 4 streams), compared as one
+    // vector per token.
     const auto* l_out = rec.values(l, "l_out");
     ASSERT_NE(l_out, nullptr);
+    const auto width = static_cast<int64_t>(layer["l_out"][0].size());
+    ASSERT_EQ(width, E * std::max<int64_t>(1, c.hc_streams));
     for (int64_t t = 0; t < T; ++t) {
       ++pairs_total;
-      const double r = rel_l2(l_out->data() + t * E, layer["l_out"][t], E);
+      const double r = rel_l2(l_out->data() + t * width, layer["l_out"][t], width);
       worst_l_out = std::max(worst_l_out, r);
       EXPECT_LE(r, tol_l_out) << "l_out layer " << l << " token " << t;
       ++pairs_checked;
@@ -385,7 +397,32 @@ TEST_P(Conformance, AgreesWithLlamaCpp) {
     ++greedy_equal;
     if (s + 1 < 16) {
       const int32_t one[1] = {mine};
-      m->forward(one, T + s, cache, false, step);
+      Recorder step_rec;
+      m->forward(one, T + s, cache, false, step, &step_rec);
+      // DeepSeek-V4's file also holds the indexer's choice at each greedy step: the same set where the gap allows.
+      for (const json& entry : ix.is_null() ? json::array() : ix["layers"]) {
+        if (!entry.contains("greedy_steps")) continue;
+        const json& gs = entry["greedy_steps"];
+        const int64_t l = entry["layer"].get<int64_t>();
+        for (size_t i = 0; i < gs["pos"].size(); ++i) {
+          if (gs["pos"][i].get<int64_t>() != T + s) continue;
+          std::vector<double> scores = gs["scores"][i].get<std::vector<double>>();
+          std::sort(scores.rbegin(), scores.rend());
+          const auto top_k = static_cast<size_t>(c.indexer_top_k);
+          const double gap = scores.size() > top_k ? scores[top_k - 1] - scores[top_k] : INFINITY;
+          const auto* mine_sel = step_rec.ids(l, "indexer_topk");
+          ASSERT_NE(mine_sel, nullptr);
+          std::set<int32_t> got, want;
+          for (int32_t b : *mine_sel)
+            if (b >= 0) got.insert(b);
+          for (const json& b : gs["selected"][i]) want.insert(b.get<int32_t>());
+          ++indexer_total;
+          indexer_equal += got == want;
+          if (gap < indexer_gap_tol) continue;
+          ++indexer_checked;
+          EXPECT_EQ(got, want) << "indexer selection at greedy step " << s << ", layer " << l << " (gap " << gap << ")";
+        }
+      }
     }
   }
   if (tc.tol.top1_margin == 0) {
@@ -403,7 +440,7 @@ TEST_P(Conformance, AgreesWithLlamaCpp) {
                    top10_checked, greedy_equal, greedy_checked,
                    c.indexer_heads > 0
                        ? fmt::format("; indexer selections equal {}/{} ({} above the gap, {} forced)", indexer_equal,
-                                     T * static_cast<int64_t>(c.n_layer), indexer_checked, force_selection.n_forced())
+                                     indexer_total, indexer_checked, force_selection.n_forced())
                        : std::string())
             << std::flush;
 }
@@ -434,6 +471,10 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tiny-deepseek32-Q4_K_M.gguf", "tiny-deepseek32-Q4_K_M.json", kQuant},
                     Case{"tiny-qwen35moe-F16.gguf", "tiny-qwen35moe-F16.json", kF16},
                     Case{"tiny-qwen35moe-Q4_K_M.gguf", "tiny-qwen35moe-Q4_K_M.json", kQuant},
+                    Case{"tiny-deepseek4-F16.gguf", "tiny-deepseek4-F16.json", kF16},
+                    // The reference README's rules for this file are the IQ files' (hyper-connection mixes from a
+                    // Q4_K product amplify single rounding events).
+                    Case{"tiny-deepseek4-Q4_K_M.gguf", "tiny-deepseek4-Q4_K_M.json", kIq},
                     // llama.cpp's gguf-split of the Q4_K_M file into 3 shards: the same outputs (reference README 2.7).
                     Case{"sharded/tiny-deepseek3-Q4_K_M-00001-of-00003.gguf", "tiny-deepseek3-Q4_K_M.json", kQuant}),
     [](const testing::TestParamInfo<Case>& info) {

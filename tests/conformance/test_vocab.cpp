@@ -166,7 +166,7 @@ INSTANTIATE_TEST_SUITE_P(LlamaCpp, TinyTokenizeTest,
                                          "tiny-glm4moe-Q4_K_M", "tiny-minimax-m2-F16", "tiny-minimax-m2-Q4_K_M",
                                          "tiny-gptoss-F16", "tiny-gptoss-Q4_K_M", "tiny-gptoss-MXFP4_MOE",
                                          "tiny-deepseek32-F16", "tiny-deepseek32-Q4_K_M", "tiny-qwen35moe-F16",
-                                         "tiny-qwen35moe-Q4_K_M"),
+                                         "tiny-qwen35moe-Q4_K_M", "tiny-deepseek4-F16", "tiny-deepseek4-Q4_K_M"),
                          [](const testing::TestParamInfo<std::string>& info) {
                            std::string s = info.param;
                            for (char& c : s)

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "cpu_kernels/hyper_connection.h"
 #include "cpu_kernels/linear_attention.h"
 #include "cpu_kernels/ops.h"
 #include "cpu_kernels/thread_pool.h"
@@ -103,6 +104,121 @@ inline double normalised_error(const std::vector<float>& got, const std::vector<
     scale = std::max(scale, static_cast<double>(std::abs(want[i])));
   }
   return err / scale;
+}
+
+// DeepSeek-V4's ops: the hyper-connections (a sub-block's and the output head's), the KV compressor over two batches
+// (its state ring carries over; overlapping and not), the indexer over compressed blocks and the attention over a
+// window's ring plus compressed entries (all visible ones, and a chosen list).
+inline void check_deepseek4_ops(device::Device& d, int s, double tol) {
+  OpHarness h(d, s);
+  cpu::ThreadPool pool(1);
+  {
+    const int S = 4;
+    const int64_t width = 37, n = 3;
+    const std::vector<float> scale = {0.9f, 1.1f, 1.05f}, base = random_values((2 + S) * S, 30, 0.5f);
+    for (const bool head : {false, true}) {
+      cpu::HyperConnection hc{
+          .n_streams = S, .sinkhorn_iters = 20, .output_head = head, .eps = 1e-6f, .scale = h.up(scale)};
+      hc.base = h.up(base);
+      const int64_t ldm = hc.n_mix() + 2;
+      const std::vector<float> mix = random_values(n * ldm, 31, 0.3f), x = random_values(n * S * width, 32),
+                               y = random_values(n * width, 33);
+      float* dcoef = h.zeros(n * hc.n_coef());
+      float* dout = h.zeros(n * width);
+      const float* dx = h.up(x);
+      d.hyper_pre(s, hc, h.up(mix), ldm, dx, width, n, dcoef, dout);
+      cpu::HyperConnection host = hc;
+      host.scale = scale.data();
+      host.base = base.data();
+      std::vector<float> coef(n * hc.n_coef()), out(n * width);
+      cpu::hyper_pre(host, mix.data(), ldm, x.data(), width, n, coef.data(), out.data(), pool);
+      EXPECT_LT(normalised_error(h.down(dcoef, coef.size()), coef), tol) << "hyper_pre coefficients, head " << head;
+      EXPECT_LT(normalised_error(h.down(dout, out.size()), out), tol) << "hyper_pre, head " << head;
+      if (head) continue;
+      float* dnew = h.zeros(n * S * width);
+      d.hyper_post(s, hc, dcoef, h.up(y), dx, width, n, dnew);
+      std::vector<float> x_new(n * S * width);
+      cpu::hyper_post(host, coef.data(), y.data(), x.data(), width, n, x_new.data(), pool);
+      EXPECT_LT(normalised_error(h.down(dnew, x_new.size()), x_new), tol) << "hyper_post";
+    }
+  }
+  for (const bool overlap : {true, false}) {
+    const int64_t width = 24, ratio = overlap ? 4 : 8, n1 = 11, n2 = 6, ld = 2 * width + 5;
+    cpu::Compressor c{.width = width, .ratio = ratio, .overlap = overlap};
+    const std::vector<float> ape = random_values(ratio * c.row_width(), 34), kv = random_values((n1 + n2) * ld, 35),
+                             score = random_values((n1 + n2) * ld, 36);
+    c.ape = h.up(ape);
+    const int64_t blocks = (n1 + n2) / ratio;
+    float* dstate = h.zeros(c.state_floats());
+    float* dout = h.zeros(blocks * width);
+    const float* dkv = h.up(kv);
+    const float* dscore = h.up(score);
+    d.compress(s, c, dkv, dscore, ld, n1, 0, dstate, dout);
+    d.compress(s, c, dkv + n1 * ld, dscore + n1 * ld, ld, n2, n1, dstate, dout + (n1 / ratio) * width);
+    cpu::Compressor host = c;
+    host.ape = ape.data();
+    std::vector<float> state(c.state_floats(), 0.0f), out(blocks * width);
+    cpu::compress(host, kv.data(), score.data(), ld, n1 + n2, 0, state.data(), out.data(), pool);
+    EXPECT_LT(normalised_error(h.down(dout, out.size()), out), tol) << "compress, overlap " << overlap;
+    EXPECT_LT(normalised_error(h.down(dstate, state.size()), state), tol) << "compress state, overlap " << overlap;
+  }
+  {  // the indexer over blocks of 4: the early queries see none or fewer than top_k
+    const int heads = 3, dim = 16;
+    const int64_t pos0 = 2, n = 14, top_k = 2, n_blocks = (pos0 + n) / 4, stride = dim + 5;
+    const std::vector<float> q = random_values(n * heads * dim, 37), w = random_values(n * heads, 38),
+                             k = random_values(n_blocks * stride, 39);
+    cpu::IndexerInput in{.q = h.up(q),
+                         .w = h.up(w),
+                         .w_scale = 0.25f,
+                         .k = h.up(k) + 5,
+                         .k_stride = stride,
+                         .n_head = heads,
+                         .dim = dim,
+                         .top_k = top_k,
+                         .ratio = 4};
+    auto* dsel = reinterpret_cast<int32_t*>(h.zeros(n * top_k));
+    d.indexer_select(s, in, n, pos0, dsel);
+    const std::vector<float> got_bits = h.down(reinterpret_cast<float*>(dsel), static_cast<size_t>(n * top_k));
+    std::vector<int32_t> got(got_bits.size()), want(got_bits.size());
+    std::memcpy(got.data(), got_bits.data(), got.size() * sizeof(int32_t));
+    in.q = q.data();
+    in.w = w.data();
+    in.k = k.data() + 5;
+    cpu::indexer_select(in, n, pos0, want.data(), nullptr, pool);
+    EXPECT_EQ(got, want) << "indexer_select over compressed blocks";
+  }
+  for (const bool chosen : {false, true}) {  // window ring plus compressed entries, with sinks
+    const int H = 3, D = 16;
+    const int64_t window = 5, ring = 9, pos0 = 13, n = 4, ratio = 4, n_blocks = (pos0 + n) / ratio;
+    const int64_t stride = D + 3, per_query = 2;
+    const std::vector<float> q = random_values(n * H * D, 40), kv = random_values(ring * D, 41),
+                             blocks = random_values(n_blocks * stride, 42), sinks = random_values(H, 43);
+    const std::vector<int32_t> picks = {1, 3, 0, -1, 2, 1, 3, 0};
+    std::vector<float> pick_bits(picks.size());
+    std::memcpy(pick_bits.data(), picks.data(), picks.size() * sizeof(int32_t));
+    cpu::AttentionShape shape{H, 1, D, D, 0.25f};
+    shape.window = window;
+    shape.sinks = h.up(sinks);
+    float* dkv = h.up(kv);
+    cpu::AttentionInput in{h.up(q), H * D, D, dkv, D, dkv, D};
+    in.ring = ring;
+    in.compressed = h.up(blocks);
+    in.compressed_stride = stride;
+    in.ratio = ratio;
+    in.chosen = chosen ? reinterpret_cast<const int32_t*>(h.up(pick_bits)) : nullptr;
+    in.chosen_per_query = chosen ? per_query : 0;
+    float* dout = h.zeros(n * H * D);
+    d.attention(s, shape, in, n, pos0, dout);
+    std::vector<float> want(n * H * D);
+    shape.sinks = sinks.data();
+    in.q = q.data();
+    in.k = in.v = kv.data();
+    in.compressed = blocks.data();
+    in.chosen = chosen ? picks.data() : nullptr;
+    cpu::causal_attention(shape, in, n, pos0, want.data(), pool);
+    EXPECT_LT(normalised_error(h.down(dout, want.size()), want), tol)
+        << "attention with compressed entries, chosen " << chosen;
+  }
 }
 
 // Every layer op of the Device interface on `d` against the CPU reference (cpu_kernels/ops.h and plain loops), on
@@ -392,6 +508,7 @@ inline void check_layer_ops(device::Device& d, int s, double tol) {
     EXPECT_LT(normalised_error(h.down(dn, want_norm.size()), want_norm), tol) << "gated_rms_norm";
     EXPECT_LT(normalised_error(h.down(dy, want_gated.size()), want_gated), tol) << "sigmoid_mul";
   }
+  check_deepseek4_ops(d, s, tol);
 }
 
 }  // namespace hetmoe::test_support

@@ -263,8 +263,11 @@ std::vector<float> logits(std::span<const float> l) { return {l.begin(), l.end()
 // between checkpoints, before the first) it restores the newest checkpoint before it and evaluates the kept tokens
 // after it again as one batch; it then gives, bit for bit, the logits of a fresh session fed the same batches.
 // Resuming after a cancelled prefill does too.
-TEST(RecurrentState, TruncationAndCancelGiveTheFreshSessionsLogits) {
-  auto m = model::Model::load((fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-qwen35moe-Q4_K_M.gguf").string(), 2);
+// DeepSeek-V4's window ring and compressor rows are such state too.
+class RecurrentState : public testing::TestWithParam<std::string> {};
+
+TEST_P(RecurrentState, TruncationAndCancelGiveTheFreshSessionsLogits) {
+  auto m = model::Model::load((fs::path(HETMOE_TEST_DATA_DIR) / "models" / GetParam()).string(), 2);
   using Tokens = std::vector<int32_t>;
   const Tokens prompt = {3, 17, 42, 100, 7, 255, 256, 300}, reply = {11, 64, 128, 5}, next = {400, 77, 19};
   // A fresh session fed these batches: the logits of the last.
@@ -306,9 +309,35 @@ TEST(RecurrentState, TruncationAndCancelGiveTheFreshSessionsLogits) {
   EXPECT_EQ(logits(s.eval(reply)), fresh({prompt, reply}));
 }
 
+INSTANTIATE_TEST_SUITE_P(Models, RecurrentState,
+                         testing::Values("tiny-qwen35moe-Q4_K_M.gguf", "tiny-deepseek4-Q4_K_M.gguf"),
+                         [](const testing::TestParamInfo<std::string>& info) {
+                           return info.param.substr(5, info.param.find('-', 5) - 5);
+                         });
+
+// DeepSeek-V4 over 150 positions: past the sliding window (its ring wraps twice), many CSA blocks and the first HCA
+// block (128 positions). Token by token and in chunks of 3 (below the tile kernels' batch) the logits are
+// bit-identical: the ring, the compressor rows and the block entries carry over exactly between calls.
+TEST(DeepSeek4, LongSequencesAgreeInAnyBatching) {
+  auto m = model::Model::load((fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-deepseek4-Q4_K_M.gguf").string(), 2);
+  std::vector<int32_t> tokens(150);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 37 + 11) % 509);
+  auto run = [&](int chunk) {
+    model::KvCache cache = m->make_cache(160);
+    std::vector<float> all, part;
+    for (size_t pos = 0; pos < tokens.size(); pos += static_cast<size_t>(chunk)) {
+      const size_t len = std::min(static_cast<size_t>(chunk), tokens.size() - pos);
+      m->forward(std::span<const int32_t>(tokens).subspan(pos, len), static_cast<int64_t>(pos), cache, true, part);
+      all.insert(all.end(), part.begin(), part.end());
+    }
+    return all;
+  };
+  EXPECT_EQ(run(3), run(1));
+}
+
 // The cache's checkpoints: taken at the state's position, dropped past a rollback, the oldest dropped beyond the
 // maximum; a forward pass refuses a batch anywhere but at the state's position.
-TEST(RecurrentState, CheckpointsAndRollback) {
+TEST(RecurrentCache, CheckpointsAndRollback) {
   auto m = model::Model::load((fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-qwen35moe-Q4_K_M.gguf").string(), 1);
   model::KvCache cache = m->make_cache(32);
   ASSERT_TRUE(cache.has_recurrent());
@@ -390,9 +419,10 @@ TEST(Deepseek2, LegacyFusedKvbMatchesTheSplitLayout) {
 TEST(DevicePass, EmulatedDeviceGivesTheCpuLogitsForEveryArchitecture) {
   const std::vector<int32_t> tokens = {3, 17, 42, 100, 7, 255, 256, 300, 11, 64, 128};
   const fs::path data = fs::path(HETMOE_TEST_DATA_DIR) / "models";
-  for (const fs::path& file : {tiny_f32(), make_legacy(tiny_f32()), data / "tiny-deepseek2lite-Q4_K_M.gguf",
-                               data / "tiny-deepseek3-Q4_K_M.gguf", data / "tiny-qwen3moe-Q4_K_M.gguf",
-                               data / "tiny-mixtral-Q4_K_M.gguf", data / "tiny-qwen35moe-Q4_K_M.gguf"}) {
+  for (const fs::path& file :
+       {tiny_f32(), make_legacy(tiny_f32()), data / "tiny-deepseek2lite-Q4_K_M.gguf",
+        data / "tiny-deepseek3-Q4_K_M.gguf", data / "tiny-qwen3moe-Q4_K_M.gguf", data / "tiny-mixtral-Q4_K_M.gguf",
+        data / "tiny-qwen35moe-Q4_K_M.gguf", data / "tiny-deepseek4-Q4_K_M.gguf"}) {
     auto dev = device::make_emulated_device({.capacity = 100'000'000});
     auto cpu = model::Model::load(file.string(), 2);
     auto on_device = model::Model::load(file.string(), 2);
