@@ -418,7 +418,10 @@ class Chat {
     // are.
     text::TerminalSafe safe;
     auto shown = [&](const std::string& piece) { return tty_out_ ? safe.push(piece) : piece; };
-    std::string reply = think_open ? std::string(template_.think_open()) + "\n" : "";
+    // A reply that starts inside the prompt's think block holds its opening as the prompt wrote it ("<think>\n" for
+    // DeepSeek-R1 and Qwen3.5, "<think>" for DeepSeek-V4), so that the next turn renders it as the cache holds it.
+    const std::string& rendered = conversation_.rendered();
+    std::string reply = think_open ? rendered.substr(rendered.rfind(template_.think_open())) : "";
     const int64_t before = session_.n_past();
     engine::GenerateOptions gen{.max_tokens = opt_.max_tokens, .interrupt = &g_interrupt};
     engine::GenerateResult result;

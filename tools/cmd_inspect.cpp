@@ -47,6 +47,22 @@ int inspect(const InspectOptions& opt) {
     fmt::print("linear attn   Gated DeltaNet in {} of {} blocks: {} k heads, {} v heads of {}, conv {}\n", n_rec,
                c.n_layer, c.ssm_k_heads, c.ssm_v_heads, c.ssm_head_dim, c.ssm_conv_kernel);
   }
+  if (!c.compress_ratios.empty()) {
+    std::string ratios;
+    for (const int64_t r : c.compress_ratios) ratios += (ratios.empty() ? "" : " ") + std::to_string(r);
+    fmt::print(
+        "compressed    ratios per block [{}] (0: window only, 4: CSA + indexer, 128: HCA); window {}; q_lora {}; "
+        "output LoRA {} groups x {}\n",
+        ratios, c.sliding_window, c.q_lora_rank, c.out_groups, c.out_lora_rank);
+    fmt::print(
+        "              compressed RoPE base {:g}, YaRN factor {:g} (original context {}); indexer {} heads x {}, "
+        "top {}\n",
+        c.compress_rope.freq_base, 1.0f / c.compress_rope.freq_scale, c.compress_rope.n_ctx_orig, c.indexer_heads,
+        c.indexer_dim, c.indexer_top_k);
+  }
+  if (c.hc_streams > 0)
+    fmt::print("hyper-conn.   {} residual streams, Sinkhorn {} iterations, eps {:g}\n", c.hc_streams,
+               c.hc_sinkhorn_iters, c.hc_eps);
   if (c.rope.sections[0] + c.rope.sections[1] + c.rope.sections[2] + c.rope.sections[3] > 0)
     fmt::print("rope sections [{}, {}, {}, {}] (IMROPE)\n", c.rope.sections[0], c.rope.sections[1], c.rope.sections[2],
                c.rope.sections[3]);
@@ -54,12 +70,16 @@ int inspect(const InspectOptions& opt) {
     fmt::print("experts       {} routed, {} used, {} shared, width {}{}; {} leading dense (width {})\n", c.n_expert,
                c.n_expert_used, c.n_expert_shared, c.n_ff_exp,
                c.n_ff_shared > 0 ? fmt::format(" (shared {})", c.n_ff_shared) : "", c.n_leading_dense, c.n_ff);
-    fmt::print("routing       {}{}{}", c.gating == model::Gating::kSigmoid ? "sigmoid" : "softmax",
+    fmt::print("routing       {}{}{}",
+               c.gating == model::Gating::kSigmoid        ? "sigmoid"
+               : c.gating == model::Gating::kSqrtSoftplus ? "sqrt(softplus)"
+                                                          : "softmax",
                c.expert_weights_norm ? ", normalised" : "",
                c.expert_weights_scale != 0 && c.expert_weights_scale != 1
                    ? fmt::format(", scaled x{:g}", c.expert_weights_scale)
                    : "");
     if (c.n_group > 1) fmt::print(", {} of {} groups", c.n_group_used, c.n_group);
+    if (c.n_hash_layers > 0) fmt::print("; blocks 0-{} by token id", c.n_hash_layers - 1);
     fmt::print("\n");
   } else {
     fmt::print("ffn           dense, width {}\n", c.n_ff);

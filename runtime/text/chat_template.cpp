@@ -142,6 +142,11 @@ std::optional<ChatTemplate> ChatTemplate::from_text(std::string_view tmpl, const
   }
   if (contains(tmpl, "<|start_header_id|>") && contains(tmpl, "<|end_header_id|>"))
     return make(TemplateKind::kLlama3, std::move(d), tokenizer);
+  // DeepSeek-V4's template switches its replies' reasoning with drop_thinking.
+  if (contains(tmpl, kDsAssistant) && contains(tmpl, kDsUser) && contains(tmpl, "drop_thinking")) {
+    d.v4_turns = true;
+    return make(TemplateKind::kDeepseek3, std::move(d), tokenizer);
+  }
   if (contains(tmpl, kDsAssistant) && contains(tmpl, kDsUser)) {
     d.joins_systems = contains(tmpl, "is_first_sp");
     d.assistant_after_user = contains(tmpl, "is_last_user");
@@ -185,6 +190,10 @@ std::optional<ChatTemplate> ChatTemplate::by_name(std::string_view name, const T
     d.prefills_think = true;
     return make(TemplateKind::kDeepseek3, std::move(d), tokenizer);
   }
+  if (name == "deepseek-v4") {
+    d.v4_turns = true;
+    return make(TemplateKind::kDeepseek3, std::move(d), tokenizer);
+  }
   if (name == "deepseek2") return make(TemplateKind::kDeepseek2, std::move(d), tokenizer);
   if (name == "chatml" || name == "qwen3") return make(TemplateKind::kChatml, std::move(d), tokenizer);
   if (name == "qwen3.5") {
@@ -206,14 +215,14 @@ std::optional<ChatTemplate> ChatTemplate::by_name(std::string_view name, const T
 }
 
 std::vector<std::string> ChatTemplate::names() {
-  return {"deepseek3", "deepseek-r1", "deepseek2", "chatml",     "qwen3.5", "mistral",
-          "llama3",    "kimi-k2",     "glm4",      "minimax-m2", "gpt-oss", "generic"};
+  return {"deepseek3", "deepseek-r1", "deepseek-v4", "deepseek2",  "chatml",  "qwen3.5", "mistral",
+          "llama3",    "kimi-k2",     "glm4",        "minimax-m2", "gpt-oss", "generic"};
 }
 
 std::string ChatTemplate::name() const {
   switch (kind_) {
     case TemplateKind::kDeepseek3:
-      return dialect_.strips_think ? "deepseek-r1" : "deepseek3";
+      return dialect_.v4_turns ? "deepseek-v4" : dialect_.strips_think ? "deepseek-r1" : "deepseek3";
     case TemplateKind::kDeepseek2:
       return "deepseek2";
     case TemplateKind::kChatml:
@@ -269,6 +278,10 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Re
 // "</think>", and the generation prompt is "<｜Assistant｜><think>\n".
 // DeepSeek-V3-0324: "<｜Assistant｜>" follows every user turn instead of opening the reply, and the generation
 // prompt is written only when the conversation does not end with a user turn.
+// deepseek-ai/DeepSeek-V4: as V3, but consecutive user messages share one "<｜User｜>" joined by "\n\n"; a reply
+// opens with "</think>" and keeps only what follows its last "</think>", except, when thinking, a reply after the last
+// user message, which keeps its reasoning in "<think>...</think>" (a stored reply holds its reasoning up to its
+// "</think>"); the generation prompt is "<｜Assistant｜><think>" thinking, else "<｜Assistant｜></think>".
 std::string ChatTemplate::render_deepseek3(std::span<const ChatMessage> messages, const RenderOptions& options) const {
   std::string system;
   bool first_system = true;
@@ -282,23 +295,40 @@ std::string ChatTemplate::render_deepseek3(std::span<const ChatMessage> messages
   }
   std::string out = bos_ + system;
   bool last_is_user = false;
-  for (const ChatMessage& m : messages) {
+  size_t last_user = 0;
+  for (size_t i = 0; i < messages.size(); ++i)
+    if (messages[i].role == "user") last_user = i + 1;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
     if (m.role == "user") {
-      out += kDsUser;
+      out += dialect_.v4_turns && last_is_user ? std::string_view("\n\n") : kDsUser;
       out += m.content;
       if (dialect_.assistant_after_user) out += kDsAssistant;
       last_is_user = true;
     } else if (m.role == "assistant") {
-      const std::string_view content =
-          dialect_.strips_think ? after_last(m.content, "</think>") : std::string_view(m.content);
+      const bool strip = dialect_.strips_think || dialect_.v4_turns;
+      std::string_view content = strip ? after_last(m.content, "</think>") : std::string_view(m.content);
       if (!dialect_.assistant_after_user) out += kDsAssistant;
+      if (dialect_.v4_turns && options.enable_thinking && i >= last_user) {
+        // Its reasoning kept: the stored text up to its "</think>" (after a "<think>" it may repeat).
+        std::string_view full = m.content;
+        if (full.starts_with("<think>")) full.remove_prefix(7);
+        out += "<think>";
+        content = full;
+        if (full.find("</think>") == std::string_view::npos) out += "</think>";
+      } else if (dialect_.v4_turns) {
+        out += "</think>";
+      }
       out += content;
       out += kDsEndOfSentence;
       last_is_user = false;
     }
   }
   if (options.add_generation_prompt) {
-    if (!dialect_.assistant_after_user) {
+    if (dialect_.v4_turns) {
+      out += kDsAssistant;
+      out += options.enable_thinking ? "<think>" : "</think>";
+    } else if (!dialect_.assistant_after_user) {
       out += kDsAssistant;
       if (dialect_.prefills_think) out += "<think>\n";
     } else if (!last_is_user) {

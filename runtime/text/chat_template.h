@@ -19,7 +19,7 @@ struct ChatMessage {
 
 struct RenderOptions {
   bool add_generation_prompt = true;  // end with the assistant's turn opening
-  bool enable_thinking = true;        // Qwen3, GLM-4.5: false asks for no thinking, as their templates do
+  bool enable_thinking = true;        // Qwen3, GLM-4.5, DeepSeek-V4: false asks for no thinking, as their templates do
   std::string date;                   // gpt-oss's "Current date" (YYYY-MM-DD); empty: today
 };
 
@@ -45,8 +45,8 @@ class ChatTemplate {
   static ChatTemplate detect(const gguf::GgufFile& file, const Tokenizer& tokenizer, std::string* warning);
   // --chat-template NAME; nullopt for an unknown name.
   static std::optional<ChatTemplate> by_name(std::string_view name, const Tokenizer& tokenizer);
-  // deepseek3, deepseek-r1, deepseek2, chatml (alias qwen3), mistral, llama3, kimi-k2, glm4, minimax-m2, gpt-oss,
-  // generic
+  // deepseek3, deepseek-r1, deepseek-v4, deepseek2, chatml (alias qwen3), qwen3.5, mistral, llama3, kimi-k2, glm4,
+  // minimax-m2, gpt-oss, generic
   static std::vector<std::string> names();
 
   TemplateKind kind() const { return kind_; }
@@ -76,8 +76,12 @@ class ChatTemplate {
     bool strips_think = false;          // deepseek3 (R1): past replies lose everything up to </think>
     bool prefills_think = false;        // deepseek3 (R1), chatml (Qwen3.5): the generation prompt opens "<think>\n"
     bool trims = false;                 // chatml (Qwen3.5): contents trimmed, every reply after the query thinks
-    bool spaced_inst = true;            // mistral: " [INST] u [/INST] a</s>" (v1) or "[INST] u [/INST]a</s>"
-    std::string default_system;         // chatml (Qwen2), kimi-k2: written when the first message is no system
+    // deepseek3 (V4): consecutive user messages share one <｜User｜> ("\n\n" between them); every reply opens with
+    // "</think>" (past ones lose their reasoning) or, thinking, after the last query with its think block; the
+    // generation prompt opens "<think>" thinking, else "</think>".
+    bool v4_turns = false;
+    bool spaced_inst = true;     // mistral: " [INST] u [/INST] a</s>" (v1) or "[INST] u [/INST]a</s>"
+    std::string default_system;  // chatml (Qwen2), kimi-k2: written when the first message is no system
   };
 
   ChatTemplate(TemplateKind kind, Dialect dialect, std::string bos, std::string eos)

@@ -109,13 +109,15 @@ TEST(ChatPiped, SaveAndLoadKeepTheConversation) {
 }
 
 // Going back to an earlier turn (/undo) continues exactly as a run without the undone turn, and /save then /load as
-// the uninterrupted run: greedy replies equal to the byte. On an attention model (the cache keeps the common prefix)
-// and on Qwen3.5's hybrid, whose recurrent state goes back through a checkpoint and evaluates the kept tokens again.
+// the uninterrupted run: greedy replies equal to the byte. On an attention model (the cache keeps the common prefix),
+// on Qwen3.5's hybrid, whose recurrent state goes back through a checkpoint and evaluates the kept tokens again, and
+// on DeepSeek-V4, whose window ring and compressor rows do the same (its template opens a think block).
 TEST(ChatPiped, UndoSaveAndLoadContinueAsTheUninterruptedRun) {
   const fs::path data = fs::path(HETMOE_TEST_DATA_DIR) / "models";
   for (const auto& [model, args] : {std::pair<fs::path, std::string>{data / "tiny-deepseek3-Q4_K_M.gguf",
                                                                      "--chat-template deepseek3 --temp 0 -n 6"},
-                                    {data / "tiny-qwen35moe-Q4_K_M.gguf", "--temp 0 -n 6"}}) {
+                                    {data / "tiny-qwen35moe-Q4_K_M.gguf", "--temp 0 -n 6"},
+                                    {data / "tiny-deepseek4-Q4_K_M.gguf", "--temp 0 -n 6"}}) {
     SCOPED_TRACE(model.filename().string());
     auto run = [&](const std::string& input) {
       const Piped r = chat_piped(args, input, model.string());

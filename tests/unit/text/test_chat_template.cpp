@@ -473,6 +473,34 @@ TEST(ChatTemplateChatml, Qwen35FromItsFileTrimsAndOpensTheThinkBlock) {
             "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA<|im_end|>\n");
 }
 
+// DeepSeek-V4's own template (the tiny model's copy of deepseek-ai-DeepSeek-V4.jinja), as its Jinja renders with
+// llama.cpp's enable_thinking: consecutive user messages under one <｜User｜>, past replies after "</think>" without
+// their reasoning, a reply after the last user message with its think block, the generation prompt opening one (or
+// closing it when thinking is off).
+TEST(ChatTemplateDeepseek3, V4FromItsFileOpensOrClosesTheThinkBlock) {
+  const gguf::GgufFile file =
+      gguf::GgufFile::open(std::string(HETMOE_TEST_DATA_DIR) + "/models/tiny-deepseek4-Q4_K_M.gguf");
+  std::string warning;
+  const ChatTemplate t = ChatTemplate::detect(file, deepseek_vocab(), &warning);
+  EXPECT_TRUE(warning.empty()) << warning;
+  EXPECT_EQ(t.name(), "deepseek-v4");
+  const std::vector<ChatMessage> chat = {
+      {"system", "S1"}, {"user", "Hi"}, {"user", "More"}, {"system", "S2"}, {"assistant", "<think>\nr</think>Hello"},
+      {"user", "Again"}};
+  EXPECT_EQ(t.render(chat, {}),
+            "<｜begin▁of▁sentence｜>S1\n\nS2<｜User｜>Hi\n\nMore<｜Assistant｜></think>Hello<｜end▁of▁sentence｜>"
+            "<｜User｜>Again<｜Assistant｜><think>");
+  EXPECT_EQ(t.render(chat, {.enable_thinking = false}).substr(t.render(chat, {}).size() - 7), "</think>");
+  const std::vector<ChatMessage> answered = {{"user", "q"}, {"assistant", "<think>\nr</think>A"}};
+  EXPECT_EQ(t.render(answered, {.add_generation_prompt = false}),
+            "<｜begin▁of▁sentence｜><｜User｜>q<｜Assistant｜><think>\nr</think>A<｜end▁of▁sentence｜>");
+  EXPECT_EQ(t.render(answered, {.add_generation_prompt = false, .enable_thinking = false}),
+            "<｜begin▁of▁sentence｜><｜User｜>q<｜Assistant｜></think>A<｜end▁of▁sentence｜>");
+  EXPECT_EQ(t.render(std::vector<ChatMessage>{{"user", "q"}, {"assistant", "plain"}}, {.add_generation_prompt = false}),
+            "<｜begin▁of▁sentence｜><｜User｜>q<｜Assistant｜><think></think>plain<｜end▁of▁sentence｜>");
+  EXPECT_EQ(ChatTemplate::by_name("deepseek-v4", deepseek_vocab())->render(chat, {}), t.render(chat, {}));
+}
+
 TEST(ChatTemplateDetect, TheNewReferenceModelsTemplatesMapToTheirFormats) {
   struct Case {
     const char* model;
@@ -523,8 +551,9 @@ TEST(ChatTemplate, UnknownRolesFailInEveryFormat) {
 
 TEST(ChatTemplate, NamesRoundTripThroughByName) {
   const std::vector<std::string> names = ChatTemplate::names();
-  EXPECT_EQ(names, (std::vector<std::string>{"deepseek3", "deepseek-r1", "deepseek2", "chatml", "qwen3.5", "mistral",
-                                             "llama3", "kimi-k2", "glm4", "minimax-m2", "gpt-oss", "generic"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"deepseek3", "deepseek-r1", "deepseek-v4", "deepseek2", "chatml", "qwen3.5",
+                                      "mistral", "llama3", "kimi-k2", "glm4", "minimax-m2", "gpt-oss", "generic"}));
   for (const std::string& name : names) EXPECT_EQ(named(name, deepseek_vocab()).name(), name);
   EXPECT_EQ(named("deepseek-r1", deepseek_vocab()).kind(), TemplateKind::kDeepseek3);
   EXPECT_EQ(named("qwen3", qwen_vocab()).name(), "chatml");
