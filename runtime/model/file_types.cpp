@@ -66,7 +66,14 @@ bool allows_quantization(const TensorTypeQuery& q) {
   if (!ends_with(q.name, "weight")) return false;
   if (contains(q.name, "_norm.weight")) return false;
   if (contains(q.name, "ffn_gate_inp.weight")) return false;
+  if (contains(q.name, "ssm_conv1d.weight")) return false;  // llama.cpp keeps the short convolution in F32
   return true;
+}
+
+// What llama.cpp's DeepSeek-V4 converter keeps in F32 in a float file (F16, BF16): the hyper-connection mixes, the
+// compressors' positional biases and the indexer's head weights (llama-quantize quantizes them all the same).
+bool converter_keeps_f32(std::string_view name) {
+  return contains(name, "hc_") || contains(name, "_ape.weight") || contains(name, "indexer.proj.weight");
 }
 
 // The categories of llama.cpp's tensor_get_category that deepseek2 tensors fall into. The split-MLA tensors
@@ -263,7 +270,7 @@ GgmlType TensorTypeWalk::next(std::string_view name, std::span<const int64_t> ne
 GgmlType tensor_type_for(const FileType& ft, const TensorTypeQuery& q) {
   if (!allows_quantization(q)) return GgmlType::F32;
   GgmlType t = ft.default_type;
-  if (!is_quantized(t)) return t;
+  if (!is_quantized(t)) return converter_keeps_f32(q.name) ? GgmlType::F32 : t;
   t = mix_rule(ft, q, t);
   return fallback(t, q.ne[0]);
 }

@@ -27,9 +27,12 @@ struct MakeModelOptions {
 
 // How a tensor's values are drawn (README section 2.1 of the reference data).
 enum class WeightInit {
-  kMatrix,  // scale * N(0,1)
-  kNorm,    // 1 + 0.1 * N(0,1): not 1, so a runtime that drops or swaps a norm weight shows up
-  kBias,    // 0.05 * N(0,1) (exp_probs_b)
+  kMatrix,     // scale * N(0,1)
+  kNorm,       // 1 + 0.1 * N(0,1): not 1, so a runtime that drops or swaps a norm weight shows up
+  kBias,       // 0.05 * N(0,1) (exp_probs_b)
+  kSpread,     // 0.5 * N(0,1): DeepSeek-V4's hyper-connection bases and compressor ape, Qwen3.5's ssm_dt bias
+  kDecay,      // -exp(0.5 * N(0,1)): Qwen3.5's ssm_a (the converter stores -exp(A_log)), a decay in every head
+  kExpertIds,  // I32 rows of n_used distinct expert ids (DeepSeek-V4's ffn_gate_tid2eid), ne[0] of them per row
 };
 
 struct PlannedTensor {
@@ -38,6 +41,7 @@ struct PlannedTensor {
   std::vector<int64_t> ne;  // ggml order
   WeightInit init = WeightInit::kMatrix;
   float scale = 0.05f;  // standard deviation of kMatrix values
+  int64_t n_ids = 0;    // kExpertIds: the expert count the ids are drawn from
 
   int64_t n_rows() const;
   int64_t n_elements() const { return ne[0] * n_rows(); }

@@ -212,6 +212,96 @@ constexpr ModelPreset qwen3_235b() {
   return p;
 }
 
+// Qwen3.5-MoE: the tiny one has the reference tiny-qwen35moe's dimensions (README section 10.4, without its MTP
+// block); the real ones those of the published model cards (Qwen3.5-35B-A3B, Qwen3.5-397B-A17B).
+constexpr ModelPreset qwen35moe(std::string_view name, std::string_view description, int layers, int max_layers,
+                                int64_t vocab, int64_t embd, int64_t heads, int64_t kv, int64_t head_dim,
+                                int64_t rope_dims, int64_t ff_exp, int64_t experts, int64_t used, int64_t k_heads,
+                                int64_t v_heads, int64_t state) {
+  ModelPreset p = gqa("qwen35moe", name, description);
+  p.n_layer = layers;
+  p.max_layers = max_layers;
+  p.n_vocab = vocab;
+  p.n_embd = embd;
+  p.n_head = heads;
+  p.n_head_kv = kv;
+  p.head_dim = head_dim;
+  p.rope_dims = rope_dims;
+  // Qwen3.5's mrope_section [11, 11, 10] over 32 pairs, scaled to the toy's 8 pairs as its file has them ([3, 3, 2]).
+  const int pairs = static_cast<int>(rope_dims / 2);
+  p.rope_sections[0] = p.rope_sections[1] = (pairs * 11 + 31) / 32;
+  p.rope_sections[2] = pairs - 2 * p.rope_sections[0];
+  p.n_ff_exp = ff_exp;
+  p.n_ff_shared = embd == 256 ? 64 : ff_exp;
+  p.n_expert = experts;
+  p.n_expert_used = used;
+  p.n_expert_shared = 1;
+  p.gating_func = 1;
+  p.weights_norm = true;
+  p.qk_norm = 1;
+  p.ssm_conv_kernel = 4;
+  p.ssm_state = state;
+  p.ssm_k_heads = k_heads;
+  p.ssm_v_heads = v_heads;
+  p.full_attention_interval = 4;
+  p.context_length = 262144;
+  p.rope_freq_base = 1e7f;
+  p.rms_norm_eps = 1e-6f;
+  p.tokenizer_pre = "qwen35";
+  p.matrix_scale = embd == 256 ? MatrixScale::kConstant005 : MatrixScale::kInverseSqrtRow;
+  return p;
+}
+
+// DeepSeek-V4: the tiny one has the reference tiny-deepseek4's dimensions (README section 10.5.1); the real one the
+// DeepSeek-V4-Flash values that README recalls (not checked against the release): the compression pattern (block 0
+// a window only, then ratios 4 and 128 in turn) is the tiny model's, generalised.
+constexpr ModelPreset deepseek4(std::string_view name, std::string_view description, int layers, int max_layers,
+                                int64_t vocab, int64_t embd, int64_t heads, int64_t head_dim, int64_t rope_dims,
+                                int64_t q_lora, int64_t groups, int64_t out_lora, int64_t window, int64_t ix_heads,
+                                int64_t ix_top_k, int64_t experts, int64_t used, int64_t ff_exp, int64_t hash) {
+  ModelPreset p{};
+  p.arch = "deepseek4";
+  p.name = name;
+  p.description = description;
+  p.n_layer = layers;
+  p.max_layers = max_layers;
+  p.n_vocab = vocab;
+  p.n_embd = embd;
+  p.n_head = heads;
+  p.n_head_kv = 1;
+  p.head_dim = head_dim;
+  p.rope_dims = rope_dims;
+  p.q_lora_rank = q_lora;
+  p.out_groups = groups;
+  p.out_lora_rank = out_lora;
+  p.sliding_window = window;
+  p.indexer_heads = ix_heads;
+  p.indexer_dim = 128;
+  p.indexer_top_k = ix_top_k;
+  p.n_expert = experts;
+  p.n_expert_used = used;
+  p.n_expert_shared = 1;
+  p.n_ff_exp = ff_exp;
+  p.n_group = 1;
+  p.n_group_used = 1;
+  p.gating_func = 4;
+  p.has_exp_probs_b = true;
+  p.weights_norm = true;
+  p.weights_scale = 1.5f;
+  p.hash_layers = hash;
+  p.hc_streams = 4;
+  p.swiglu_limit = 10.0f;
+  p.context_length = 1048576;
+  p.rope_freq_base = 10000.0f;
+  p.compress_rope_base = 160000.0f;
+  p.yarn_factor = 16.0f;
+  p.yarn_original_context = embd == 256 ? 512 : 65536;
+  p.rms_norm_eps = 1e-6f;
+  p.tokenizer_pre = "deepseek-v3";
+  p.matrix_scale = embd == 256 ? MatrixScale::kConstant005 : MatrixScale::kInverseSqrtRow;
+  return p;
+}
+
 // tiny-deepseek-v3: the hyperparameters of the reference tiny-deepseek3 (README section 2.3), the quick-start model.
 // deepseek-v2-lite and deepseek-v3: the dimensions of the published HF config.json files; the V3 preset keeps only
 // 4 of its 61 blocks by default (3 dense + 1 MoE, about 15 B parameters), --layers gives more.
@@ -310,6 +400,20 @@ constexpr std::array kPresets = {
     minimax_m2("minimax-m2", "MiniMax-M2 shapes (n_embd 3072, 256 experts); 4 of 62 blocks by default", 4, 62, 200064,
                3072, 48, 8, 128, 1536, 256, 8),
     qwen3_235b(),
+    qwen35moe("tiny-qwen3.5-moe",
+              "Qwen3.5-MoE-like toy (n_embd 256, 3 Gated DeltaNet + 1 attention block, 8 experts + gated shared)", 4,
+              64, 512, 256, 4, 2, 64, 16, 32, 8, 2, 2, 4, 32),
+    qwen35moe("qwen3.5-35b-a3b",
+              "Qwen3.5-35B-A3B shapes (n_embd 2048, 256 experts, DeltaNet:attention 3:1); 8 of 40 blocks by default", 8,
+              40, 248320, 2048, 16, 2, 256, 64, 512, 256, 8, 16, 32, 128),
+    qwen35moe("qwen3.5-397b-a17b", "Qwen3.5-397B-A17B shapes (n_embd 4096, 512 experts); 4 of 60 blocks by default", 4,
+              60, 248320, 4096, 32, 2, 256, 64, 1024, 512, 10, 16, 64, 128),
+    deepseek4("tiny-deepseek-v4",
+              "DeepSeek-V4-like toy (n_embd 256, 4 blocks: window, CSA, HCA, CSA; hyper-connections, 8 experts)", 4, 64,
+              512, 256, 8, 64, 16, 128, 4, 64, 8, 8, 2, 8, 2, 32, 1),
+    deepseek4("deepseek-v4-flash",
+              "DeepSeek-V4-Flash shapes as recalled (n_embd 4096, 256 experts, head 512); 4 of 43 blocks by default", 4,
+              43, 129280, 4096, 64, 512, 64, 1024, 8, 1024, 128, 64, 512, 256, 6, 2048, 3),
 };
 
 }  // namespace

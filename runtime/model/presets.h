@@ -12,7 +12,7 @@ enum class MatrixScale { kConstant005, kInverseSqrtRow };
 
 // The hyperparameters of one model that `hetmoe make-model` can generate (and `hetmoe simulate` sizes). Field names
 // follow the GGUF keys they become (section 3 of the reference README). The MLA fields serve deepseek2 and
-// deepseek32, the GQA ones glm4moe, gpt-oss, minimax-m2 and qwen3moe.
+// deepseek32, the GQA ones glm4moe, gpt-oss, minimax-m2, qwen3moe and qwen35moe's attention blocks.
 struct ModelPreset {
   std::string_view name;         // --preset value and general.name
   std::string_view description;  // one line for --help
@@ -57,10 +57,27 @@ struct ModelPreset {
   bool qkv_bias = false;       // attn_q/k/v biases (GLM-4.5, gpt-oss)
   bool gpt_oss = false;        // output bias, sinks, router and expert biases, softmax over the chosen experts
   int64_t sliding_window = 0;  // gpt-oss: every other layer
-  // deepseek32's lightning indexer.
+  // deepseek32's and deepseek4's lightning indexer.
   int64_t indexer_heads = 0;
   int64_t indexer_dim = 0;
   int64_t indexer_top_k = 0;
+  // qwen35moe: Gated DeltaNet blocks, full attention every full_attention_interval-th block, IMROPE sections, the
+  // gated shared expert's width.
+  int64_t ssm_conv_kernel = 0;
+  int64_t ssm_state = 0;  // key and value length per head
+  int64_t ssm_k_heads = 0;
+  int64_t ssm_v_heads = 0;
+  int full_attention_interval = 0;
+  int rope_sections[4] = {0, 0, 0, 0};
+  int64_t n_ff_shared = 0;
+  // deepseek4: hyper-connections, the grouped output LoRA, the compressed layers (block 0 a window only, then ratio 4
+  // and 128 in turn), hash-routed leading blocks, the clamped SwiGLU.
+  int hc_streams = 0;
+  int64_t out_groups = 0;
+  int64_t out_lora_rank = 0;
+  int64_t hash_layers = 0;
+  float compress_rope_base = 0.0f;
+  float swiglu_limit = 0.0f;
 };
 
 std::span<const ModelPreset> model_presets();

@@ -335,6 +335,31 @@ TEST(DeepSeek4, LongSequencesAgreeInAnyBatching) {
   EXPECT_EQ(run(3), run(1));
 }
 
+// The same at F32 (make-model's tiny-deepseek-v4, whose activations are not quantized, so a batch differs from
+// decode by float rounding only and no rounding event of a quantized activation is amplified): one batch of 150,
+// which the attention runs in chunks of queries over the window's ring, gives decode's logits.
+TEST(DeepSeek4, OneLongBatchGivesDecodesLogits) {
+  const fs::path path = temp_dir() / "tiny-deepseek-v4-f32.gguf";
+  make_model({.preset = "tiny-deepseek-v4", .out_path = path.string(), .type = "F32", .threads = 2});
+  auto m = model::Model::load(path.string(), 2);
+  std::vector<int32_t> tokens(150);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 37 + 11) % 509);
+  auto run = [&](int chunk) {
+    model::KvCache cache = m->make_cache(160);
+    std::vector<float> all, part;
+    for (size_t pos = 0; pos < tokens.size(); pos += static_cast<size_t>(chunk)) {
+      const size_t len = std::min(static_cast<size_t>(chunk), tokens.size() - pos);
+      m->forward(std::span<const int32_t>(tokens).subspan(pos, len), static_cast<int64_t>(pos), cache, true, part);
+      all.insert(all.end(), part.begin(), part.end());
+    }
+    return all;
+  };
+  const std::vector<float> decode = run(1), batch = run(150), chunks = run(70);
+  ASSERT_EQ(batch.size(), decode.size());
+  EXPECT_LT(test_support::relative_rms(batch, decode), 1e-4);
+  EXPECT_LT(test_support::relative_rms(chunks, decode), 1e-4);
+}
+
 // The cache's checkpoints: taken at the state's position, dropped past a rollback, the oldest dropped beyond the
 // maximum; a forward pass refuses a batch anywhere but at the state's position.
 TEST(RecurrentCache, CheckpointsAndRollback) {
