@@ -132,6 +132,78 @@ int64_t KvCache::rollback(int64_t pos) {
   return recurrent_pos_;
 }
 
+namespace {
+
+bool same_layers(const std::vector<LayerCache>& a, const std::vector<LayerCache>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t l = 0; l < a.size(); ++l)
+    if (a[l].k_width != b[l].k_width || a[l].v_width != b[l].v_width || a[l].recurrent != b[l].recurrent ||
+        a[l].block_ratio != b[l].block_ratio || a[l].block_width != b[l].block_width)
+      return false;
+  return true;
+}
+
+}  // namespace
+
+// The state's regions in order: per layer its k rows, v rows and block entries of the positions below n_pos, then
+// all recurrent state.
+template <typename Fn>
+void KvCache::for_each_region(int64_t n_pos, Fn&& fn) {
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const LayerCache& c = layers_[l];
+    fn(k_[l], n_pos * c.k_width);
+    fn(v_[l], n_pos * c.v_width);
+    fn(b_[l], (c.block_ratio > 0 ? n_pos / c.block_ratio : 0) * c.block_width);
+  }
+  fn(recurrent_base_, recurrent_floats_);
+}
+
+CacheState KvCache::save(int64_t n_pos) {
+  if (n_pos < 0 || n_pos > n_ctx_) fail("cannot save the cache at position {}: it holds {} positions", n_pos, n_ctx_);
+  if (recurrent_floats_ > 0 && recurrent_pos_ != n_pos)
+    fail("cannot save the cache at position {}: its recurrent state is at {}", n_pos, recurrent_pos_);
+  CacheState state{.n_pos = n_pos, .layers = layers_};
+  int64_t total = 0;
+  for_each_region(n_pos, [&](float*, int64_t n) { total += n; });
+  state.values.resize(static_cast<size_t>(total));
+  if (device_) device_->synchronize();  // the pass's work on the cache is done
+  float* out = state.values.data();
+  for_each_region(n_pos, [&](float* src, int64_t n) {
+    if (n == 0) return;
+    if (device_) {
+      device_->copy_to_host(stream_, out, src, static_cast<size_t>(n) * sizeof(float));
+    } else {
+      std::copy_n(src, n, out);
+    }
+    out += n;
+  });
+  if (device_) device_->synchronize(device_->record(stream_));
+  return state;
+}
+
+void KvCache::load(const CacheState& state) {
+  if (!same_layers(state.layers, layers_)) fail("cannot load a cache state of another model's layers");
+  if (state.n_pos < 0 || state.n_pos > n_ctx_)
+    fail("cannot load a cache state of {} positions into a cache of {}", state.n_pos, n_ctx_);
+  int64_t total = 0;
+  for_each_region(state.n_pos, [&](float*, int64_t n) { total += n; });
+  if (static_cast<size_t>(total) != state.values.size()) fail("cannot load a cache state of the wrong size");
+  if (device_) device_->synchronize();
+  const float* in = state.values.data();
+  for_each_region(state.n_pos, [&](float* dst, int64_t n) {
+    if (n == 0) return;
+    if (device_) {
+      device_->copy_to_device(stream_, dst, in, static_cast<size_t>(n) * sizeof(float));
+    } else {
+      std::copy_n(in, n, dst);
+    }
+    in += n;
+  });
+  if (device_) device_->synchronize(device_->record(stream_));
+  checkpoints_.clear();
+  recurrent_pos_ = state.n_pos;
+}
+
 std::vector<int64_t> KvCache::checkpoints() const {
   std::vector<int64_t> pos;
   for (const Checkpoint& c : checkpoints_) pos.push_back(c.pos);

@@ -25,6 +25,16 @@ struct LayerCache {
   int64_t blocks(int64_t n_ctx) const { return block_ratio > 0 ? n_ctx / block_ratio : 0; }
 };
 
+// A copy of a sequence's state at position n_pos in host memory (KvCache::save): every layer's rows and block entries
+// of positions below n_pos and its recurrent state. What a server keeps of a prompt prefix to serve a later request
+// that starts with it without evaluating it again; loaded into any cache of the same layers with room for n_pos.
+struct CacheState {
+  int64_t n_pos = 0;
+  std::vector<LayerCache> layers;
+  std::vector<float> values;
+  size_t bytes() const { return values.size() * sizeof(float); }
+};
+
 // A sequence's state, per layer as LayerCache says, in F32, in host memory or in a device's memory (a model whose
 // forward pass runs on the device: Model::make_cache decides).
 //
@@ -85,8 +95,17 @@ class KvCache {
   std::optional<int64_t> checkpoint_at_or_before(int64_t pos) const;
   void set_max_checkpoints(size_t n) { max_checkpoints_ = n; }
 
+  // The state at position n_pos (the rows and blocks of the positions before it, the recurrent state, which must be
+  // at n_pos). Fails with hetmoe::Error when n_pos is outside the cache or the recurrent state is elsewhere.
+  CacheState save(int64_t n_pos);
+  // Replaces the state with `state` (the cache is then at state.n_pos; its checkpoints are dropped). Fails with
+  // hetmoe::Error, the cache unchanged, when the layers differ or state.n_pos exceeds n_ctx.
+  void load(const CacheState& state);
+
  private:
   void allocate_views(float* base);
+  template <typename Fn>
+  void for_each_region(int64_t n_pos, Fn&& fn);
   void zero_recurrent();
   // recurrent_floats_ floats from src to dst, both device memory, once the device's queued work is done.
   void copy_on_device(const float* src, float* dst);

@@ -315,6 +315,49 @@ INSTANTIATE_TEST_SUITE_P(Models, RecurrentState,
                            return info.param.substr(5, info.param.find('-', 5) - 5);
                          });
 
+// A cache's saved state (a server's prefix cache) continues exactly where it was saved: loaded into the cache after
+// other tokens went in, or into a new cache of another size, the next batch gives the logits of the uninterrupted
+// run, bit for bit, on an attention model, on Qwen3.5 and on DeepSeek-V4; and on a device cache. A state of other
+// layers, or of a position the recurrent state is not at, is refused.
+TEST(CacheState, SavedStatesContinueAsTheUninterruptedRun) {
+  const fs::path data = fs::path(HETMOE_TEST_DATA_DIR) / "models";
+  const std::vector<int32_t> prompt = {3, 17, 42, 100, 7, 255, 256, 300, 11, 64}, detour = {5, 6, 7, 8, 9},
+                             next = {400, 77, 19};
+  for (const char* name : {"tiny-deepseek3-Q4_K_M.gguf", "tiny-qwen35moe-Q4_K_M.gguf", "tiny-deepseek4-Q4_K_M.gguf"})
+    for (const bool on_device : {false, true}) {
+      SCOPED_TRACE(std::string(name) + (on_device ? " on the emulated device" : ""));
+      auto dev = device::make_emulated_device({.capacity = 100'000'000});
+      auto m = model::Model::load((data / name).string(), 2);
+      if (on_device) m->attach_device(*dev, {.budget_bytes = 80'000'000});
+      std::vector<float> want, got, scratch;
+      {
+        model::KvCache fresh = m->make_cache(32);
+        m->forward(prompt, 0, fresh, false, scratch);
+        m->forward(next, 10, fresh, false, want);
+      }
+      model::KvCache cache = m->make_cache(32);
+      EXPECT_EQ(cache.device() != nullptr, on_device);
+      m->forward(prompt, 0, cache, false, scratch);
+      const model::CacheState state = cache.save(10);
+      EXPECT_GT(state.bytes(), 0u);
+      m->forward(detour, 10, cache, false, scratch);
+      if (cache.has_recurrent()) EXPECT_THROW(cache.save(10), Error) << "the state is at 15";
+      cache.load(state);
+      m->forward(next, 10, cache, false, got);
+      EXPECT_EQ(got, want);
+      model::KvCache other = m->make_cache(24);
+      other.load(state);
+      m->forward(next, 10, other, false, got);
+      EXPECT_EQ(got, want);
+      model::KvCache small = m->make_cache(8);
+      EXPECT_THROW(small.load(state), Error);
+    }
+  auto a = model::Model::load((data / "tiny-deepseek3-Q4_K_M.gguf").string(), 1);
+  auto b = model::Model::load((data / "tiny-qwen3moe-Q4_K_M.gguf").string(), 1);
+  model::KvCache ca = a->make_cache(16), cb = b->make_cache(16);
+  EXPECT_THROW(cb.load(ca.save(0)), Error);
+}
+
 // DeepSeek-V4 over 150 positions: past the sliding window (its ring wraps twice), many CSA blocks and the first HCA
 // block (128 positions). Token by token and in chunks of 3 (below the tile kernels' batch) the logits are
 // bit-identical: the ring, the compressor rows and the block entries carry over exactly between calls.
