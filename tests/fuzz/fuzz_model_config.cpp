@@ -75,13 +75,13 @@ void require(bool ok, std::string_view what) {
 }
 
 // The reference models whose layouts are fuzzed: every architecture hetmoe runs (deepseek2 with and without q LoRA,
-// deepseek32, glm4moe, gpt-oss, minimax-m2, qwen3moe, Mixtral as llama), an IQ-quantized one, and one architecture it
-// does not run (qwen35moe). The order is part of the corpus format (an input's first choice is an index into it).
-constexpr std::string_view kLayoutFiles[] = {"tiny-deepseek3-Q4_K_M.gguf",  "tiny-deepseek2lite-Q4_K_M.gguf",
-                                             "tiny-deepseek32-Q4_K_M.gguf", "tiny-glm4moe-Q4_K_M.gguf",
-                                             "tiny-gptoss-MXFP4_MOE.gguf",  "tiny-minimax-m2-Q4_K_M.gguf",
-                                             "tiny-qwen3moe-Q4_K_M.gguf",   "tiny-mixtral-Q4_K_M.gguf",
-                                             "tiny-deepseek3-IQ2_XXS.gguf", "tiny-qwen35moe-Q4_K_M.gguf"};
+// deepseek32, glm4moe, gpt-oss, minimax-m2, qwen3moe, Mixtral as llama, qwen35moe, deepseek4) and an IQ-quantized
+// one. The order is part of the corpus format (an input's first choice is an index into it): new ones go last.
+constexpr std::string_view kLayoutFiles[] = {
+    "tiny-deepseek3-Q4_K_M.gguf", "tiny-deepseek2lite-Q4_K_M.gguf", "tiny-deepseek32-Q4_K_M.gguf",
+    "tiny-glm4moe-Q4_K_M.gguf",   "tiny-gptoss-MXFP4_MOE.gguf",     "tiny-minimax-m2-Q4_K_M.gguf",
+    "tiny-qwen3moe-Q4_K_M.gguf",  "tiny-mixtral-Q4_K_M.gguf",       "tiny-deepseek3-IQ2_XXS.gguf",
+    "tiny-qwen35moe-Q4_K_M.gguf", "tiny-deepseek4-Q4_K_M.gguf"};
 
 // The manifests give array values only as "<array of N>". The tokenizer arrays come from a model of the same
 // tokenizer family in tests/data (all reference vocabularies have 512 tokens); other arrays become N zeros.
@@ -128,25 +128,18 @@ constexpr std::string_view kArchKeys[] = {"attention.head_count",
                                           "rope.scaling.type",
                                           "rope.scaling.yarn_log_multiplier",
                                           "vocab_size"};
-constexpr std::string_view kFullKeys[] = {"general.architecture",
-                                          "general.name",
-                                          "tokenizer.chat_template",
-                                          "tokenizer.ggml.add_bos_token",
-                                          "tokenizer.ggml.add_eos_token",
-                                          "tokenizer.ggml.add_space_prefix",
-                                          "tokenizer.ggml.bos_token_id",
-                                          "tokenizer.ggml.eos_token_id",
-                                          "tokenizer.ggml.eot_token_id",
-                                          "tokenizer.ggml.eom_token_id",
-                                          "tokenizer.ggml.merges",
-                                          "tokenizer.ggml.model",
-                                          "tokenizer.ggml.padding_token_id",
-                                          "tokenizer.ggml.pre",
-                                          "tokenizer.ggml.scores",
-                                          "tokenizer.ggml.token_type",
-                                          "tokenizer.ggml.tokens",
-                                          "tokenizer.ggml.unknown_token_id",
-                                          hetmoe::model::kSplitVersionKey};
+constexpr std::string_view kFullKeys[] = {
+    "general.architecture", "general.name", "tokenizer.chat_template", "tokenizer.ggml.add_bos_token",
+    "tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_space_prefix", "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id",
+    "tokenizer.ggml.merges", "tokenizer.ggml.model", "tokenizer.ggml.padding_token_id", "tokenizer.ggml.pre",
+    "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.tokens", "tokenizer.ggml.unknown_token_id",
+    hetmoe::model::kSplitVersionKey,
+    // DeepSeek-V4's own keys, last: the order is part of the corpus format
+    "deepseek4.attention.compress_ratios", "deepseek4.attention.compress_rope_freq_base",
+    "deepseek4.attention.output_group_count", "deepseek4.attention.output_lora_rank", "deepseek4.hash_layer_count",
+    "deepseek4.hyper_connection.count", "deepseek4.hyper_connection.epsilon",
+    "deepseek4.hyper_connection.sinkhorn_iterations", "deepseek4.swiglu_clamp_exp", "deepseek4.swiglu_clamp_shexp"};
 constexpr std::string_view kArchNames[] = {"deepseek2", "deepseek32", "qwen3moe",  "llama",     "glm4moe",
                                            "gpt-oss",   "minimax-m2", "deepseek4", "qwen35moe", ""};
 
