@@ -59,8 +59,11 @@ if [[ $mode == --minimize ]]; then
   trap 'rm -rf "$pool" "$merged"' EXIT
   find "$committed" "$corpus" -type f -size -16385c -exec cp {} "$pool"/ \;
   "$binary" -merge=1 -max_len="$max_len" -rss_limit_mb="$rss" -timeout=10 "$merged" "$pool" 2>&1 | tail -2
-  rm -f "$committed"/*
-  cp "$merged"/* "$committed"/
+  # The inputs that found a bug (fixed-*) stay, whatever their coverage: each is a regression check.
+  find "$committed" -type f ! -name 'fixed-*' -delete
+  for f in "$merged"/*; do
+    [[ -e $committed/fixed-crash-$(basename "$f") ]] || cp "$f" "$committed"/
+  done
   echo "fuzz.sh: $committed holds $(ls "$committed" | wc -l) inputs, $(du -sh --apparent-size "$committed" | cut -f1)"
   exit 0
 fi

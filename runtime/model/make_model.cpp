@@ -74,6 +74,17 @@ bool is_mla(const ModelPreset& p) { return p.arch == "deepseek2" || p.arch == "d
 // The compression ratio of DeepSeek-V4 block `il`: block 0 a sliding window only, then CSA (4) and HCA (128) in turn.
 int64_t compress_ratio(int il) { return il == 0 ? 0 : il % 2 == 1 ? 4 : 128; }
 
+// The DeepSeek converters' YaRN keys, the rope base and the norm epsilon, in their order.
+void add_yarn_keys(const ModelPreset& p, const std::string& a, const std::function<void(std::string, Value)>& add) {
+  add(a + "rope.scaling.type", Value::string("yarn"));
+  add(a + "rope.scaling.factor", Value::f32(p.yarn_factor));
+  add(a + "rope.scaling.original_context_length", Value::u32(static_cast<uint32_t>(p.yarn_original_context)));
+  add(a + "rope.scaling.yarn_beta_fast", Value::f32(p.yarn_beta_fast));
+  add(a + "rope.scaling.yarn_beta_slow", Value::f32(p.yarn_beta_slow));
+  add(a + "rope.freq_base", Value::f32(p.rope_freq_base));
+  add(a + "attention.layer_norm_rms_epsilon", Value::f32(p.rms_norm_eps));
+}
+
 // qwen35moe's and deepseek4's keys after general.name, in the order of the reference tiny files (README section 10).
 void arch_metadata(const ModelPreset& p, const FileType& ft, int n_layer,
                    const std::function<void(std::string, Value)>& add) {
@@ -105,13 +116,7 @@ void arch_metadata(const ModelPreset& p, const FileType& ft, int n_layer,
     add(a + "rope.dimension_count", u32(p.rope_dims));
     return;
   }
-  add(a + "rope.scaling.type", Value::string("yarn"));
-  add(a + "rope.scaling.factor", Value::f32(p.yarn_factor));
-  add(a + "rope.scaling.original_context_length", u32(p.yarn_original_context));
-  add(a + "rope.scaling.yarn_beta_fast", Value::f32(p.yarn_beta_fast));
-  add(a + "rope.scaling.yarn_beta_slow", Value::f32(p.yarn_beta_slow));
-  add(a + "rope.freq_base", Value::f32(p.rope_freq_base));
-  add(a + "attention.layer_norm_rms_epsilon", Value::f32(p.rms_norm_eps));
+  add_yarn_keys(p, a, add);
   add(a + "expert_count", u32(p.n_expert));
   add(a + "expert_used_count", u32(p.n_expert_used));
   add(a + "expert_gating_func", u32(p.gating_func));
@@ -163,13 +168,7 @@ std::vector<std::pair<std::string, Value>> build_metadata(const ModelPreset& p, 
     add(a + "attention.head_count", u32(p.n_head));
     if (is_mla(p)) {                               // in the order of the reference files (README section 2.3)
       add(a + "attention.head_count_kv", u32(1));  // MLA: one latent head
-      add(a + "rope.scaling.type", Value::string("yarn"));
-      add(a + "rope.scaling.factor", Value::f32(p.yarn_factor));
-      add(a + "rope.scaling.original_context_length", u32(p.yarn_original_context));
-      add(a + "rope.scaling.yarn_beta_fast", Value::f32(p.yarn_beta_fast));
-      add(a + "rope.scaling.yarn_beta_slow", Value::f32(p.yarn_beta_slow));
-      add(a + "rope.freq_base", Value::f32(p.rope_freq_base));
-      add(a + "attention.layer_norm_rms_epsilon", Value::f32(p.rms_norm_eps));
+      add_yarn_keys(p, a, add);
       add(a + "expert_count", u32(p.n_expert));
       add(a + "expert_used_count", u32(p.n_expert_used));
       add(a + "expert_group_count", u32(p.n_group));

@@ -104,7 +104,8 @@ Model::~Model() {
   part("rest", p.rest);
 }
 
-const gguf::TensorInfo* Model::optional_tensor(const std::string& name, std::initializer_list<int64_t> ne) const {
+const gguf::TensorInfo* Model::optional_tensor(const std::string& name, std::initializer_list<int64_t> ne,
+                                               bool ids) const {
   const gguf::TensorInfo* t = file_->find_tensor(name);
   if (!t) return nullptr;
   bool ok = true;
@@ -112,11 +113,14 @@ const gguf::TensorInfo* Model::optional_tensor(const std::string& name, std::ini
   for (int64_t v : ne) ok = ok && t->ne[i++] == v;
   for (; i < gguf::kMaxDims; ++i) ok = ok && t->ne[i] == 1;
   if (!ok) fail("{}: tensor '{}' has shape {}, expected {}", file_->path(), name, t->shape_string(), shape_of(ne));
+  if ((t->type == quant::GgmlType::I32) != ids)
+    fail("{}: tensor '{}' is stored as {}, expected {}", file_->path(), name, quant::type_info(t->type).name,
+         ids ? "I32 ids" : "weights (integers are not)");
   return t;
 }
 
-const gguf::TensorInfo& Model::tensor(const std::string& name, std::initializer_list<int64_t> ne) const {
-  const gguf::TensorInfo* t = optional_tensor(name, ne);
+const gguf::TensorInfo& Model::tensor(const std::string& name, std::initializer_list<int64_t> ne, bool ids) const {
+  const gguf::TensorInfo* t = optional_tensor(name, ne, ids);
   if (!t) fail("{}: missing tensor '{}' (expected shape {})", file_->path(), name, shape_of(ne));
   return *t;
 }

@@ -117,9 +117,11 @@ class Model {
     (void)pos0;
   }
 
-  // Tensor binding with shape checks. ne lists the expected ggml dims; the tensor must have exactly these.
-  const gguf::TensorInfo& tensor(const std::string& name, std::initializer_list<int64_t> ne) const;
-  const gguf::TensorInfo* optional_tensor(const std::string& name, std::initializer_list<int64_t> ne) const;
+  // Tensor binding with shape checks. ne lists the expected ggml dims; the tensor must have exactly these. A table of
+  // ids (`ids`: DeepSeek-V4's ffn_gate_tid2eid) must be I32, any other tensor must not.
+  const gguf::TensorInfo& tensor(const std::string& name, std::initializer_list<int64_t> ne, bool ids = false) const;
+  const gguf::TensorInfo* optional_tensor(const std::string& name, std::initializer_list<int64_t> ne,
+                                          bool ids = false) const;
   cpu::WeightMatrix matrix(const std::string& name, int64_t n_cols, int64_t n_rows) const;
   // A 1-D F32 vector of n values; other types are dequantized once into storage the model owns.
   const float* vector(const std::string& name, int64_t n);

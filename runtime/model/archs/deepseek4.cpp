@@ -85,7 +85,11 @@ void configure(const ConfigKeys& k, ModelConfig& c) {
   if (gating != static_cast<int>(Gating::kSqrtSoftplus))
     k.bad("expert_gating_func", gating, "is not 4 (sqrt-softplus), the only scoring DeepSeek-V4 uses");
   c.gating = Gating::kSqrtSoftplus;
-  c.n_ff_exp = static_cast<int64_t>(per_layer(k, "expert_feed_forward_length", 1, true)[0]);
+  // Only block 0's width counts (llama.cpp reads it so), whether the key is one value or one per block.
+  const double ff = per_layer(k, "expert_feed_forward_length", 1, true)[0];
+  if (!(ff >= 1 && ff <= ConfigKeys::kMaxDim))
+    k.bad("expert_feed_forward_length", ff, fmt::format("is out of range (1..{})", ConfigKeys::kMaxDim));
+  c.n_ff_exp = static_cast<int64_t>(ff);
   c.n_expert_shared = k.req_int("expert_shared_count");
   c.expert_weights_scale = required_float(k, "expert_weights_scale", 0, 1e6);
   const std::optional<bool> norm = k.file().get_bool(k.key("expert_weights_norm"));
@@ -95,6 +99,9 @@ void configure(const ConfigKeys& k, ModelConfig& c) {
   std::vector<double> shexp = per_layer(k, "swiglu_clamp_shexp", c.n_layer, false);
   if (shexp.empty()) shexp = exp;
   for (int64_t l = 0; l < c.n_layer; ++l) {
+    if (!(exp[l] >= 0 && exp[l] <= 1e30)) k.bad("swiglu_clamp_exp", exp[l], "holds a limit out of range (0..1e30)");
+    if (!(shexp[l] >= 0 && shexp[l] <= 1e30))
+      k.bad("swiglu_clamp_shexp", shexp[l], "holds a limit out of range (0..1e30)");
     // llama.cpp clamps only above 1e-6.
     c.swiglu_limits.push_back(exp[l] > 1e-6 ? static_cast<float>(exp[l]) : 0.0f);
     c.shared_swiglu_limits.push_back(shexp[l] > 1e-6 ? static_cast<float>(shexp[l]) : 0.0f);
@@ -220,8 +227,7 @@ class DeepSeek4 final : public Model {
       m.swiglu_limit = c.swiglu_limits[l];
       m.shared_swiglu_limit = c.shared_swiglu_limits[l];
       if (l < c.n_hash_layers) {
-        const gguf::TensorInfo& t = tensor(blk(l, "ffn_gate_tid2eid"), {c.n_expert_used, c.n_vocab});
-        if (t.type != quant::GgmlType::I32) fail("{}: tensor '{}' must be I32", file_->path(), t.name);
+        const gguf::TensorInfo& t = tensor(blk(l, "ffn_gate_tid2eid"), {c.n_expert_used, c.n_vocab}, true);
         const auto* ids = reinterpret_cast<const int32_t*>(t.data);
         for (int64_t i = 0; i < c.n_expert_used * c.n_vocab; ++i)
           if (ids[i] < 0 || ids[i] >= c.n_expert)

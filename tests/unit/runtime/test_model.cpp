@@ -358,23 +358,30 @@ TEST(CacheState, SavedStatesContinueAsTheUninterruptedRun) {
   EXPECT_THROW(cb.load(ca.save(0)), Error);
 }
 
+// 150 token ids, and every position's logits of them evaluated `chunk` tokens at a time (a cache of 160).
+std::vector<int32_t> long_sequence() {
+  std::vector<int32_t> tokens(150);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 37 + 11) % 509);
+  return tokens;
+}
+std::vector<float> logits_in_chunks(model::Model& m, const std::vector<int32_t>& tokens, int chunk) {
+  model::KvCache cache = m.make_cache(160);
+  std::vector<float> all, part;
+  for (size_t pos = 0; pos < tokens.size(); pos += static_cast<size_t>(chunk)) {
+    const size_t len = std::min(static_cast<size_t>(chunk), tokens.size() - pos);
+    m.forward(std::span<const int32_t>(tokens).subspan(pos, len), static_cast<int64_t>(pos), cache, true, part);
+    all.insert(all.end(), part.begin(), part.end());
+  }
+  return all;
+}
+
 // DeepSeek-V4 over 150 positions: past the sliding window (its ring wraps twice), many CSA blocks and the first HCA
 // block (128 positions). Token by token and in chunks of 3 (below the tile kernels' batch) the logits are
 // bit-identical: the ring, the compressor rows and the block entries carry over exactly between calls.
 TEST(DeepSeek4, LongSequencesAgreeInAnyBatching) {
   auto m = model::Model::load((fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-deepseek4-Q4_K_M.gguf").string(), 2);
-  std::vector<int32_t> tokens(150);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 37 + 11) % 509);
-  auto run = [&](int chunk) {
-    model::KvCache cache = m->make_cache(160);
-    std::vector<float> all, part;
-    for (size_t pos = 0; pos < tokens.size(); pos += static_cast<size_t>(chunk)) {
-      const size_t len = std::min(static_cast<size_t>(chunk), tokens.size() - pos);
-      m->forward(std::span<const int32_t>(tokens).subspan(pos, len), static_cast<int64_t>(pos), cache, true, part);
-      all.insert(all.end(), part.begin(), part.end());
-    }
-    return all;
-  };
+  const std::vector<int32_t> tokens = long_sequence();
+  auto run = [&](int chunk) { return logits_in_chunks(*m, tokens, chunk); };
   EXPECT_EQ(run(3), run(1));
 }
 
@@ -385,18 +392,8 @@ TEST(DeepSeek4, OneLongBatchGivesDecodesLogits) {
   const fs::path path = temp_dir() / "tiny-deepseek-v4-f32.gguf";
   make_model({.preset = "tiny-deepseek-v4", .out_path = path.string(), .type = "F32", .threads = 2});
   auto m = model::Model::load(path.string(), 2);
-  std::vector<int32_t> tokens(150);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 37 + 11) % 509);
-  auto run = [&](int chunk) {
-    model::KvCache cache = m->make_cache(160);
-    std::vector<float> all, part;
-    for (size_t pos = 0; pos < tokens.size(); pos += static_cast<size_t>(chunk)) {
-      const size_t len = std::min(static_cast<size_t>(chunk), tokens.size() - pos);
-      m->forward(std::span<const int32_t>(tokens).subspan(pos, len), static_cast<int64_t>(pos), cache, true, part);
-      all.insert(all.end(), part.begin(), part.end());
-    }
-    return all;
-  };
+  const std::vector<int32_t> tokens = long_sequence();
+  auto run = [&](int chunk) { return logits_in_chunks(*m, tokens, chunk); };
   const std::vector<float> decode = run(1), batch = run(150), chunks = run(70);
   ASSERT_EQ(batch.size(), decode.size());
   EXPECT_LT(test_support::relative_rms(batch, decode), 1e-4);
@@ -466,6 +463,38 @@ fs::path make_legacy(const fs::path& src_path) {
   fs::path out = temp_dir() / "tiny-legacy.gguf";
   w.write(out.string());
   return out;
+}
+
+// Integers where weights belong (a norm stored as I32) are refused with a one-line error naming the tensor, not
+// read as numbers; so is an id table (DeepSeek-V4's ffn_gate_tid2eid) stored as floats.
+TEST(LoadErrors, IntegerTensorsOnlyWhereIdsBelong) {
+  const fs::path data = fs::path(HETMOE_TEST_DATA_DIR) / "models";
+  struct Case {
+    const char* model;
+    const char* tensor;
+    quant::GgmlType type;
+  };
+  for (const Case c : {Case{"tiny-deepseek3-Q4_K_M.gguf", "blk.0.attn_norm.weight", quant::GgmlType::I32},
+                       Case{"tiny-deepseek4-Q4_K_M.gguf", "blk.0.ffn_gate_tid2eid.weight", quant::GgmlType::F32}}) {
+    const gguf::GgufFile src = gguf::GgufFile::open((data / c.model).string());
+    gguf::GgufWriter w;
+    for (const auto& [key, value] : src.metadata()) w.set(key, value);
+    for (const gguf::TensorInfo& t : src.tensors()) {
+      const bool swap = t.name == c.tensor;
+      w.add_tensor_bytes(t.name, swap ? c.type : t.type, std::vector<int64_t>(t.ne.begin(), t.ne.begin() + t.n_dims),
+                         std::vector<uint8_t>(t.data, t.data + t.nbytes));
+    }
+    const fs::path out = temp_dir() / (std::string("retyped-") + c.model);
+    w.write(out.string());
+    try {
+      model::Model::load(out.string(), 1);
+      ADD_FAILURE() << c.tensor << " as " << quant::type_info(c.type).name << " was accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(c.tensor), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+  }
 }
 
 TEST(Deepseek2, LegacyFusedKvbMatchesTheSplitLayout) {
