@@ -310,12 +310,21 @@ std::string ChatTemplate::render_deepseek3(std::span<const ChatMessage> messages
       std::string_view content = strip ? after_last(m.content, "</think>") : std::string_view(m.content);
       if (!dialect_.assistant_after_user) out += kDsAssistant;
       if (dialect_.v4_turns && options.enable_thinking && i >= last_user) {
-        // Its reasoning kept: the stored text up to its "</think>" (after a "<think>" it may repeat).
+        // Its reasoning kept: the stored text up to its "</think>" (after a "<think>" it may repeat); a reply cut off
+        // inside its think block is all reasoning, one without a think block has none.
         std::string_view full = m.content;
-        if (full.starts_with("<think>")) full.remove_prefix(7);
+        const bool opened = full.starts_with("<think>");
+        if (opened) full.remove_prefix(7);
         out += "<think>";
-        content = full;
-        if (full.find("</think>") == std::string_view::npos) out += "</think>";
+        if (full.find("</think>") != std::string_view::npos) {
+          content = full;
+        } else if (opened) {
+          out += full;
+          content = "</think>";
+        } else {
+          out += "</think>";
+          content = full;
+        }
       } else if (dialect_.v4_turns) {
         out += "</think>";
       }

@@ -498,6 +498,10 @@ TEST(ChatTemplateDeepseek3, V4FromItsFileOpensOrClosesTheThinkBlock) {
             "<｜begin▁of▁sentence｜><｜User｜>q<｜Assistant｜></think>A<｜end▁of▁sentence｜>");
   EXPECT_EQ(t.render(std::vector<ChatMessage>{{"user", "q"}, {"assistant", "plain"}}, {.add_generation_prompt = false}),
             "<｜begin▁of▁sentence｜><｜User｜>q<｜Assistant｜><think></think>plain<｜end▁of▁sentence｜>");
+  // A reply cut off inside its think block is all reasoning.
+  EXPECT_EQ(t.render(std::vector<ChatMessage>{{"user", "q"}, {"assistant", "<think>unfinished"}},
+                     {.add_generation_prompt = false}),
+            "<｜begin▁of▁sentence｜><｜User｜>q<｜Assistant｜><think>unfinished</think><｜end▁of▁sentence｜>");
   EXPECT_EQ(ChatTemplate::by_name("deepseek-v4", deepseek_vocab())->render(chat, {}), t.render(chat, {}));
 }
 
