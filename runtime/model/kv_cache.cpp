@@ -162,7 +162,7 @@ CacheState KvCache::save(int64_t n_pos) {
   if (n_pos < 0 || n_pos > n_ctx_) fail("cannot save the cache at position {}: it holds {} positions", n_pos, n_ctx_);
   if (recurrent_floats_ > 0 && recurrent_pos_ != n_pos)
     fail("cannot save the cache at position {}: its recurrent state is at {}", n_pos, recurrent_pos_);
-  CacheState state{.n_pos = n_pos, .layers = layers_};
+  CacheState state{.n_pos = n_pos, .layers = layers_, .values = {}};
   int64_t total = 0;
   for_each_region(n_pos, [&](float*, int64_t n) { total += n; });
   state.values.resize(static_cast<size_t>(total));

@@ -197,7 +197,9 @@ TEST(MakeModel, TinyQwen35AndDeepseekV4MatchTheirReferenceFiles) {
       if (std::string(c.ref) == "tiny-qwen35moe-Q4_K_M.gguf" && name.find("ffn_down") != std::string::npos) continue;
       EXPECT_EQ(quant::type_info(mine->type).name, t.at("type").get<std::string>()) << name;
     }
-    if (std::string(c.type) == "F16") EXPECT_EQ(names, want);  // the quantizer reorders; the converter does not
+    if (std::string(c.type) == "F16") {
+      EXPECT_EQ(names, want);  // the quantizer reorders; the converter does not
+    }
     EXPECT_EQ(names.size(), want.size());
     const std::string arch = ref->at("metadata").at("general.architecture");
     for (const auto& [key, value] : ref->at("metadata").items()) {
@@ -205,9 +207,12 @@ TEST(MakeModel, TinyQwen35AndDeepseekV4MatchTheirReferenceFiles) {
         continue;
       const gguf::Value* v = f.find(key);
       ASSERT_NE(v, nullptr) << key;
-      if (value.is_number())
+      if (value.is_number()) {
         EXPECT_EQ(static_cast<float>(v->as_float().value_or(-1)), static_cast<float>(value.get<double>())) << key;
-      if (value.is_boolean()) EXPECT_EQ(v->as_bool(), value.get<bool>()) << key;
+      }
+      if (value.is_boolean()) {
+        EXPECT_EQ(v->as_bool(), value.get<bool>()) << key;
+      }
     }
     auto m = model::Model::load(path, 1);
     model::KvCache cache = m->make_cache(32);

@@ -341,7 +341,9 @@ TEST(CacheState, SavedStatesContinueAsTheUninterruptedRun) {
       const model::CacheState state = cache.save(10);
       EXPECT_GT(state.bytes(), 0u);
       m->forward(detour, 10, cache, false, scratch);
-      if (cache.has_recurrent()) EXPECT_THROW(cache.save(10), Error) << "the state is at 15";
+      if (cache.has_recurrent()) {
+        EXPECT_THROW(cache.save(10), Error) << "the state is at 15";
+      }
       cache.load(state);
       m->forward(next, 10, cache, false, got);
       EXPECT_EQ(got, want);
