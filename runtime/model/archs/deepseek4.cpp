@@ -250,13 +250,14 @@ class DeepSeek4 final : public Model {
     return lc;
   }
 
-  // The RoPE tables of the batch: the tokens' positions with both RoPEs, forwards and backwards (the de-rope), and
-  // the starts of the blocks the batch completes, per ratio.
+  // The RoPE tables of the batch besides the pass's own (config().rope at the tokens' positions: the window layers'
+  // forwards): the window layers' backwards (the de-rope), the compressed layers' both ways, and the starts of the
+  // blocks the batch completes, per ratio.
   void begin_batch(Pass& pass, std::span<const int32_t> tokens, int64_t pos0) override {
     const ModelConfig& c = config_;
     const int64_t n = static_cast<int64_t>(tokens.size()), R = c.rope.n_dims;
     const int64_t b4 = pos0 / 4, n4 = (pos0 + n) / 4 - b4, b128 = pos0 / 128, n128 = (pos0 + n) / 128 - b128;
-    host_tables_.resize(static_cast<size_t>((4 * n + n4 + n128) * R));
+    host_tables_.resize(static_cast<size_t>((3 * n + n4 + n128) * R));
     float* t = host_tables_.data();
     auto table = [&](const cpu::RopeParams& p, int64_t first, int64_t step, int64_t count, bool back) {
       for (int64_t i = 0; i < count; ++i) {
@@ -269,14 +270,14 @@ class DeepSeek4 final : public Model {
       t += count * R;
       return offset;
     };
-    const int64_t raw = table(c.rope, pos0, 1, n, false), raw_back = table(c.rope, pos0, 1, n, true);
+    const int64_t raw_back = table(c.rope, pos0, 1, n, true);
     const int64_t comp = table(c.compress_rope, pos0, 1, n, false);
     const int64_t comp_back = table(c.compress_rope, pos0, 1, n, true);
     const int64_t blocks4 = table(c.compress_rope, b4, 4, n4, false);
     const int64_t blocks128 = table(c.compress_rope, b128, 128, n128, false);
     float* dev = pass.scratch(kTablesSlot, host_tables_.size());
     pass.from_host(host_tables_.data(), host_tables_.size(), dev);
-    tables_ = {.raw = dev + raw,
+    tables_ = {.raw = pass.rope_table,
                .raw_back = dev + raw_back,
                .comp = dev + comp,
                .comp_back = dev + comp_back,
@@ -451,7 +452,7 @@ class DeepSeek4 final : public Model {
   }
 
   struct Tables {
-    const float* raw = nullptr;  // [n][R] each
+    const float* raw = nullptr;  // [n][R] each (the pass's own table)
     const float* raw_back = nullptr;
     const float* comp = nullptr;
     const float* comp_back = nullptr;
