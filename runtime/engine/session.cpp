@@ -8,18 +8,18 @@ namespace hetmoe::engine {
 
 Session::Session(model::Model& model, int64_t n_ctx) : model_(model), cache_(model.make_cache(n_ctx)) {}
 
-std::span<const float> Session::eval(std::span<const int32_t> tokens, const std::atomic<bool>* cancel) {
-  if (tokens.empty()) fail("nothing to evaluate");
-  if (static_cast<int64_t>(tokens.size()) > n_free())
-    fail("context full: {} tokens do not fit ({} of {} positions used)", tokens.size(), n_past(), n_ctx());
+void Session::prepare(size_t n, const std::atomic<bool>* cancel) {
+  if (n == 0) fail("nothing to evaluate");
+  if (static_cast<int64_t>(n) > n_free())
+    fail("context full: {} tokens do not fit ({} of {} positions used)", n, n_past(), n_ctx());
   sync(cancel);
   if (cache_.has_recurrent()) {
     const std::optional<int64_t> newest = cache_.checkpoint_at_or_before(n_past());
-    if (tokens.size() > 1 || !newest || n_past() - *newest >= kDecodeCheckpointEvery) cache_.checkpoint();
+    if (n > 1 || !newest || n_past() - *newest >= kDecodeCheckpointEvery) cache_.checkpoint();
   }
-  const auto start = std::chrono::steady_clock::now();
-  model_.forward(tokens, n_past(), cache_, /*all_logits=*/false, logits_, nullptr, cancel);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void Session::account(std::span<const int32_t> tokens, double seconds) {
   if (tokens.size() > 1) {
     counters_.prefill_tokens += static_cast<int64_t>(tokens.size());
     counters_.prefill_seconds += seconds;
@@ -28,7 +28,56 @@ std::span<const float> Session::eval(std::span<const int32_t> tokens, const std:
     counters_.decode_seconds += seconds;
   }
   tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+}
+
+std::span<const float> Session::eval(std::span<const int32_t> tokens, const std::atomic<bool>* cancel) {
+  prepare(tokens.size(), cancel);
+  const auto start = std::chrono::steady_clock::now();
+  model_.forward(tokens, n_past(), cache_, /*all_logits=*/false, logits_, nullptr, cancel);
+  account(tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return logits_;
+}
+
+void Session::eval_batch(std::span<const BatchPart> parts, const std::atomic<bool>* cancel) {
+  if (parts.empty()) fail("nothing to evaluate: the batch is empty");
+  model::Model& model = parts.front().session->model_;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const BatchPart& part = parts[i];
+    if (&part.session->model_ != &model) fail("the sessions of a batch must run on one model");
+    for (size_t j = 0; j < i; ++j)
+      if (parts[j].session == part.session) fail("a session appears twice in one batch");
+    if (part.tokens.empty()) fail("nothing to evaluate");
+    if (static_cast<int64_t>(part.tokens.size()) > part.session->n_free())
+      fail("context full: {} tokens do not fit ({} of {} positions used)", part.tokens.size(), part.session->n_past(),
+           part.session->n_ctx());
+  }
+  thread_local std::vector<model::SequenceBatch> batch;
+  batch.clear();
+  for (const BatchPart& part : parts) {
+    part.session->prepare(part.tokens.size(), cancel);
+    batch.push_back(
+        {.tokens = part.tokens,
+         .pos0 = part.session->n_past(),
+         .cache = &part.session->cache_,
+         .logits = part.logits ? model::SequenceBatch::Logits::kLast : model::SequenceBatch::Logits::kNone});
+  }
+  thread_local std::vector<float> logits;
+  const auto start = std::chrono::steady_clock::now();
+  model.forward(batch, logits, nullptr, cancel);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const size_t n_vocab = static_cast<size_t>(model.config().n_vocab);
+  size_t row = 0;
+  for (const BatchPart& part : parts) {
+    Session& session = *part.session;
+    if (part.logits) {
+      session.logits_.assign(logits.begin() + static_cast<std::ptrdiff_t>(row * n_vocab),
+                             logits.begin() + static_cast<std::ptrdiff_t>((row + 1) * n_vocab));
+      ++row;
+    } else {
+      session.logits_.clear();
+    }
+    session.account(part.tokens, seconds);
+  }
 }
 
 void Session::truncate(int64_t n) {

@@ -33,6 +33,17 @@ class Session {
   std::span<const float> eval(std::span<const int32_t> tokens, const std::atomic<bool>* cancel = nullptr);
   // The logits eval() returned last.
   std::span<const float> last_logits() const { return logits_; }
+
+  // Several sessions of one model advance in one forward pass (continuous batching): each part's tokens after what
+  // its session holds, as eval() would take them, with its logits (of the last token, when asked) then in its
+  // last_logits(). Fails before changing anything when a part would fail alone, when a session appears twice or the
+  // sessions' models differ. With `cancel` raised, every session is left as it was (Cancelled).
+  struct BatchPart {
+    Session* session = nullptr;
+    std::span<const int32_t> tokens;
+    bool logits = true;  // false: a prompt's chunk before its last (its last_logits() are then empty)
+  };
+  static void eval_batch(std::span<const BatchPart> parts, const std::atomic<bool>* cancel = nullptr);
   // Forgets everything after the first n tokens; their cache rows are overwritten by later evals.
   void truncate(int64_t n);
   static constexpr int64_t kDecodeCheckpointEvery = 256;
@@ -54,6 +65,10 @@ class Session {
  private:
   // Brings the cache's recurrent state to n_past(): rolls back and evaluates the kept tokens after the checkpoint.
   void sync(const std::atomic<bool>* cancel);
+  // Before evaluating `n` tokens: fails when they do not fit, syncs, takes the checkpoint the batch needs.
+  void prepare(size_t n, const std::atomic<bool>* cancel);
+  // After: the tokens are the session's, their cost counted.
+  void account(std::span<const int32_t> tokens, double seconds);
 
   model::Model& model_;
   model::KvCache cache_;

@@ -131,17 +131,27 @@ void Model::attach_device(device::Device& device, const DeviceExperts::Placement
 
 void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,
                     std::vector<float>& logits, Trace* trace, const std::atomic<bool>* cancel) {
-  if (forward_once(tokens, pos0, cache, all_logits, logits, trace, cancel)) return;
+  const SequenceBatch one{.tokens = tokens,
+                          .pos0 = pos0,
+                          .cache = &cache,
+                          .logits = all_logits ? SequenceBatch::Logits::kAll : SequenceBatch::Logits::kLast};
+  forward(std::span<const SequenceBatch>(&one, 1), logits, trace, cancel);
+}
+
+void Model::forward(std::span<const SequenceBatch> batch, std::vector<float>& logits, Trace* trace,
+                    const std::atomic<bool>* cancel) {
+  if (forward_once(batch, logits, trace, cancel)) return;
   // Broken weights: run the batch again (it rewrites the same cache rows) with a check after every layer, to say
   // where it breaks. The run it repeats was deterministic, so it breaks at the same place. Recurrent state must be
   // back where the batch started: a checkpoint there (the session takes one before each batch of a prompt).
-  if (cache.has_recurrent() && cache.rollback(pos0) != pos0)
-    fail(
-        "the model computed NaN or infinity (its weights or scales are broken; no checkpoint to find the layer); "
-        "generation stopped");
+  for (const SequenceBatch& b : batch)
+    if (b.cache->has_recurrent() && b.cache->rollback(b.pos0) != b.pos0)
+      fail(
+          "the model computed NaN or infinity (its weights or scales are broken; no checkpoint to find the layer); "
+          "generation stopped");
   NonFiniteLayer finder;
   std::vector<float> again;
-  forward_once(tokens, pos0, cache, all_logits, again, &finder, cancel);
+  forward_once(batch, again, &finder, cancel);
   if (finder.layer() >= 0)
     fail(
         "the model computed NaN or infinity in layer {} (the output of blk.{}): its weights or scales are broken; "
@@ -152,40 +162,66 @@ void Model::forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cach
       "generation stopped");
 }
 
-bool Model::forward_once(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,
-                         std::vector<float>& logits, Trace* trace, const std::atomic<bool>* cancel) {
+bool Model::forward_once(std::span<const SequenceBatch> batch, std::vector<float>& logits, Trace* trace,
+                         const std::atomic<bool>* cancel) {
   const ModelConfig& c = config_;
-  const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t E = c.n_embd, nd = c.rope.n_dims;
-  if (n == 0) fail("nothing to evaluate: the token list is empty");
-  for (int32_t t : tokens)
-    if (t < 0 || t >= c.n_vocab) fail("token id {} is out of range (the vocabulary has {} tokens)", t, c.n_vocab);
-  if (pos0 < 0 || pos0 + n > cache.n_ctx())
-    fail("context full: {} more tokens do not fit after {} of {} positions", n, pos0, cache.n_ctx());
-  if (cache.has_recurrent() && pos0 != cache.recurrent_pos())
-    fail("the recurrent state holds {} positions; a batch at position {} needs a rollback first (KvCache::rollback)",
-         cache.recurrent_pos(), pos0);
-  // The pass runs where the cache lives.
-  if (cache.device() && !(device_pass_ && cache.device() == &device_pass_->device))
+  if (batch.empty()) fail("nothing to evaluate: the batch is empty");
+  // Every part is checked before anything changes.
+  const device::Device* cache_device = batch.front().cache ? batch.front().cache->device() : nullptr;
+  int64_t n = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SequenceBatch& b = batch[i];
+    const int64_t m = static_cast<int64_t>(b.tokens.size());
+    if (!b.cache) fail("a sequence of the batch has no KV cache");
+    if (m == 0) fail("nothing to evaluate: the token list is empty");
+    for (int32_t t : b.tokens)
+      if (t < 0 || t >= c.n_vocab) fail("token id {} is out of range (the vocabulary has {} tokens)", t, c.n_vocab);
+    if (b.pos0 < 0 || b.pos0 + m > b.cache->n_ctx())
+      fail("context full: {} more tokens do not fit after {} of {} positions", m, b.pos0, b.cache->n_ctx());
+    if (b.cache->has_recurrent() && b.pos0 != b.cache->recurrent_pos())
+      fail("the recurrent state holds {} positions; a batch at position {} needs a rollback first (KvCache::rollback)",
+           b.cache->recurrent_pos(), b.pos0);
+    if (b.cache->device() != cache_device) fail("the sequences of a batch need their KV caches on one device");
+    for (size_t j = 0; j < i; ++j)
+      if (batch[j].cache == b.cache) fail("a KV cache appears twice in one batch");
+    n += m;
+  }
+  // The pass runs where the caches live.
+  if (cache_device && !(device_pass_ && cache_device == &device_pass_->device))
     fail("this KV cache lives on a device the model's forward pass does not run on");
-  Pass& p = cache.device() ? *device_pass_ : *host_pass_;
+  Pass& p = cache_device ? *device_pass_ : *host_pass_;
   device::Device& d = p.device;
   const int s = p.stream;
+  batch_tokens_.clear();
+  batch_sequences_.clear();
+  int64_t n_out = 0;
+  for (const SequenceBatch& b : batch) {
+    const int64_t m = static_cast<int64_t>(b.tokens.size());
+    batch_sequences_.push_back(
+        {.row0 = static_cast<int64_t>(batch_tokens_.size()), .n = m, .pos0 = b.pos0, .cache = b.cache});
+    batch_tokens_.insert(batch_tokens_.end(), b.tokens.begin(), b.tokens.end());
+    n_out += b.logits == SequenceBatch::Logits::kAll ? m : b.logits == SequenceBatch::Logits::kLast ? 1 : 0;
+  }
+  const std::span<const int32_t> tokens(batch_tokens_);
   trace_ = trace;
   tokens_ = tokens;
-  // trace_ and tokens_ are cleared however the pass ends.
+  p.sequences = batch_sequences_;
+  // trace_, tokens_ and the pass's sequences are cleared however the pass ends.
   struct ClearTrace {
     Trace*& trace;
     std::span<const int32_t>& tokens;
+    std::span<const PassSequence>& sequences;
     ~ClearTrace() {
       trace = nullptr;
       tokens = {};
+      sequences = {};
     }
-  } clear_trace{trace_, tokens_};
+  } clear_trace{trace_, tokens_, p.sequences};
   const auto t_start = std::chrono::steady_clock::now();
   double t_attention = 0, t_dense = 0, t_moe = 0;
 
-  // Up: the embedding rows and the RoPE table of the batch's positions (the YaRN arithmetic stays on the host, in
+  // Up: the embedding rows and the RoPE table of each row's position (the YaRN arithmetic stays on the host, in
   // cpu::rope_cache).
   float* up = p.staging_up(n * (E + nd));
   for (int64_t t = 0; t < n; ++t) {
@@ -195,8 +231,9 @@ bool Model::forward_once(std::span<const int32_t> tokens, int64_t pos0, KvCache&
           "the embedding of token {} (a row of token_embd.weight) holds NaN or infinity: the model's weights are "
           "broken",
           tokens[t]);
-    cpu::rope_cache(c.rope, pos0 + t, up + n * E + t * nd);
   }
+  for (const PassSequence& q : batch_sequences_)
+    for (int64_t t = 0; t < q.n; ++t) cpu::rope_cache(c.rope, q.pos0 + t, up + n * E + (q.row0 + t) * nd);
   // The residual stream (a hyper-connected model's: S copies of the hidden state, each starting as the embedding),
   // its normalised copy and a branch's output, in the pass's memory.
   const bool mixed = c.hc_streams > 0;
@@ -217,10 +254,10 @@ bool Model::forward_once(std::span<const int32_t> tokens, int64_t pos0, KvCache&
   }
   d.copy_to_device(s, table, up + n * E, n * nd * sizeof(float));
   p.rope_table = table;
-  begin_batch(p, tokens, pos0);
+  begin_batch(p);
 
   // The recurrent state is half-updated until the last layer ran: a pass that stops early leaves it for a rollback.
-  cache.invalidate_recurrent();
+  for (const SequenceBatch& b : batch) b.cache->invalidate_recurrent();
   for (int64_t l = 0; l < c.n_layer; ++l) {
     if (cancel && cancel->load(std::memory_order_relaxed)) {
       d.synchronize();  // the staging buffers are reused by the next call
@@ -241,7 +278,7 @@ bool Model::forward_once(std::span<const int32_t> tokens, int64_t pos0, KvCache&
     };
     sub_block_input(mixed ? &hyper_attn_[l] : nullptr, h.attn_norm);
     const auto t_attn = std::chrono::steady_clock::now();
-    attention(p, l, xn, n, pos0, cache, branch);
+    attention(p, l, xn, n, branch);
     if (profile_.enabled) t_attention += seconds_since(t_attn);
     sub_block_output(mixed ? &hyper_attn_[l] : nullptr);
     sub_block_input(mixed ? &hyper_ffn_[l] : nullptr, h.ffn_norm);
@@ -251,16 +288,34 @@ bool Model::forward_once(std::span<const int32_t> tokens, int64_t pos0, KvCache&
     sub_block_output(mixed ? &hyper_ffn_[l] : nullptr);
     if (trace) trace->values(l, "l_out", p.to_host(x, n * S * E), n, S * E);
   }
-  cache.set_recurrent_pos(pos0 + n);
+  for (const SequenceBatch& b : batch) b.cache->set_recurrent_pos(b.pos0 + static_cast<int64_t>(b.tokens.size()));
 
-  const int64_t first = all_logits ? 0 : n - 1, n_out = n - first;
+  // The rows whose logits are asked for: the last ones of a single sequence, else gathered to the front row by row
+  // (a row only moves down, past rows already read).
+  logits.resize(n_out * c.n_vocab);
+  if (n_out == 0) {
+    d.synchronize(d.record(s));
+    return true;
+  }
+  int64_t first = n - n_out;
+  if (batch.size() > 1) {
+    int64_t to = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const PassSequence& q = batch_sequences_[i];
+      const SequenceBatch::Logits want = batch[i].logits;
+      if (want == SequenceBatch::Logits::kNone) continue;
+      for (int64_t from = want == SequenceBatch::Logits::kAll ? q.row0 : q.row0 + q.n - 1; from < q.row0 + q.n;
+           ++from, ++to)
+        if (from != to) d.copy_rows(s, x + from * S * E, S * E, 1, S * E, x + to * S * E, S * E);
+    }
+    first = 0;
+  }
   if (mixed) {
     hyper_pre(p, hyper_out_, true, x + first * S * E, n_out, spare, mix, coef, branch);
     d.rms_norm(s, branch, E, p.vector(output_norm_), n_out, E, c.rms_eps, xn, E);
   } else {
     d.rms_norm(s, x + first * E, E, p.vector(output_norm_), n_out, E, c.rms_eps, xn, E);
   }
-  logits.resize(n_out * c.n_vocab);
   const auto t_out = std::chrono::steady_clock::now();
   // The rows the head reads, checked on the host: its quantized activations would turn a NaN into zero logits.
   const float* rows = p.to_host(xn, n_out * E);

@@ -29,6 +29,16 @@ struct FfnWeights {
   MoeWeights moe;                    // used when moe.n_expert > 0
 };
 
+// One sequence's part of a forward call: its new tokens at positions pos0, pos0 + 1, ..., appended to its cache, and
+// which of their logits come back.
+struct SequenceBatch {
+  enum class Logits { kNone, kLast, kAll };
+  std::span<const int32_t> tokens;
+  int64_t pos0 = 0;
+  KvCache* cache = nullptr;
+  Logits logits = Logits::kLast;
+};
+
 // A loaded model: the file stays mapped and the weights are used where they lie. Architecture files
 // (deepseek2.cpp, gqa.cpp) bind their tensors and write their attention once, over Device ops; the embedding, the
 // residual stream, the FFN step (dense or MoE, run by the CPU engine and the device's expert executor) and the output
@@ -94,28 +104,32 @@ class Model {
   // the batch runs again with a check after every layer to name the first one.
   void forward(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,
                std::vector<float>& logits, Trace* trace = nullptr, const std::atomic<bool>* cancel = nullptr);
+  // Several sequences in one pass (continuous batching): each with its own cache (all where the pass runs, no cache
+  // twice), their rows together through every layer, so the MoE step routes all of them at once and the scheduler
+  // sees the real row count per expert; the attention and what a sequence keeps run per sequence. logits receives
+  // each sequence's rows as its `logits` asks, in batch order. Fails, touching no cache, when any part would fail
+  // alone. A non-finite value stops it as forward() says (every cache with recurrent state needs a checkpoint at its
+  // pos0 for the search).
+  void forward(std::span<const SequenceBatch> batch, std::vector<float>& logits, Trace* trace = nullptr,
+               const std::atomic<bool>* cancel = nullptr);
 
  protected:
   Model(std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads);
   // One pass of forward() without the search for a non-finite layer; false when the output rows or logits are not
   // finite.
-  bool forward_once(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, bool all_logits,
-                    std::vector<float>& logits, Trace* trace, const std::atomic<bool>* cancel);
+  bool forward_once(std::span<const SequenceBatch> batch, std::vector<float>& logits, Trace* trace,
+                    const std::atomic<bool>* cancel);
 
   // Attention of layer `layer` on the pass's device: the normalised input x [n][n_embd] to out [n][n_embd], both in
-  // the pass's memory, with `cache` on the same device. The weights are the handles the architecture registered in
-  // weights_ while binding.
-  virtual void attention(Pass& pass, int64_t layer, const float* x, int64_t n, int64_t pos0, KvCache& cache,
-                         float* out) = 0;
+  // the pass's memory; pass.sequences says whose rows they are, at which positions, and their caches (on the same
+  // device). What works per row (projections, norms, RoPE with pass.rope_table) runs over all n rows at once. The
+  // weights are the handles the architecture registered in weights_ while binding.
+  virtual void attention(Pass& pass, int64_t layer, const float* x, int64_t n, float* out) = 0;
   // What layer `layer` keeps of a sequence in the cache.
   virtual LayerCache cache_layer(int64_t layer) const = 0;
-  // Called once per forward call before the first layer, with the batch's tokens at positions pos0, pos0 + 1, ...:
-  // an architecture prepares what all its layers share (DeepSeek-V4: its RoPE tables).
-  virtual void begin_batch(Pass& pass, std::span<const int32_t> tokens, int64_t pos0) {
-    (void)pass;
-    (void)tokens;
-    (void)pos0;
-  }
+  // Called once per forward call before the first layer (pass.sequences set): an architecture prepares what all its
+  // layers share (DeepSeek-V4: its RoPE tables).
+  virtual void begin_batch(Pass& pass) { (void)pass; }
 
   // Tensor binding with shape checks. ne lists the expected ggml dims; the tensor must have exactly these. A table of
   // ids (`ids`: DeepSeek-V4's ffn_gate_tid2eid) must be I32, any other tensor must not.
@@ -167,7 +181,7 @@ class Model {
   };
   std::vector<HyperHandles> hyper_attn_, hyper_ffn_;  // per layer; empty without hyper-connections
   HyperHandles hyper_out_;
-  std::span<const int32_t> tokens_;  // the batch's tokens, during forward (hash routing)
+  std::span<const int32_t> tokens_;  // the batch's tokens, all sequences' in row order, during forward (hash routing)
   Trace* trace_ = nullptr;           // set during forward
   RoutingObserver* routing_observer_ = nullptr;
   RoutingOverride* routing_override_ = nullptr;
@@ -186,6 +200,9 @@ class Model {
   void hyper_pre(Pass& pass, const HyperHandles& h, bool output_head, const float* x, int64_t n, float* flat,
                  float* mix, float* coef, float* xin);
   std::deque<std::vector<float>> owned_vectors_;
+  // The current call's tokens and sequences (kept between calls so a warm decode allocates nothing).
+  std::vector<int32_t> batch_tokens_;
+  std::vector<PassSequence> batch_sequences_;
   // The host device and its pass (always there); the device pass when attach_device put the pass on a device.
   std::unique_ptr<device::Device> host_;
   std::unique_ptr<Pass> host_pass_, device_pass_;

@@ -3,10 +3,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <vector>
 
 #include "cpu_kernels/matmul.h"
 #include "runtime/device/device.h"
+#include "runtime/model/kv_cache.h"
 
 namespace hetmoe::model {
 
@@ -52,6 +54,15 @@ class DeviceWeights {
   device::DeviceMemory memory_;
 };
 
+// One sequence's rows in a forward pass's batch: rows [row0, row0 + n) are its tokens at positions pos0, pos0 + 1, ...,
+// whose keys, values and state go to its cache.
+struct PassSequence {
+  int64_t row0 = 0;
+  int64_t n = 0;
+  int64_t pos0 = 0;
+  KvCache* cache = nullptr;
+};
+
 // One device's forward pass as an architecture's attention sees it: the device and the stream the pass runs on, its
 // weights there, the RoPE table of the current call's positions, scratch buffers that keep their size between calls
 // (decode allocates nothing once warm) and the host staging of what goes up and comes down.
@@ -66,7 +77,10 @@ class Pass {
   device::Device& device;
   int stream;
   DeviceWeights weights;
-  const float* rope_table = nullptr;  // [n][rope.n_dims]: cpu::rope_cache at positions pos0, pos0 + 1, ...
+  // The current call's sequences, in row order: everything per row (projections, norms, RoPE) runs over the batch at
+  // once, what a sequence keeps (its cache, its recurrent state) per sequence.
+  std::span<const PassSequence> sequences;
+  const float* rope_table = nullptr;  // [n][rope.n_dims]: cpu::rope_cache at each row's position
 
   device::DeviceMatrix matrix(PassWeights::Handle h) const { return weights.matrix(h); }
   const float* vector(PassWeights::Handle h) const { return weights.vector(h); }

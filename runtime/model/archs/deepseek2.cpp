@@ -158,8 +158,7 @@ class Deepseek2 final : public Model {
             .v_width = absorbed_ ? c.indexer_dim : c.n_head * c.v_head};
   }
 
-  void attention(Pass& pass, int64_t layer, const float* x, int64_t n, int64_t pos0, KvCache& cache,
-                 float* out) override {
+  void attention(Pass& pass, int64_t layer, const float* x, int64_t n, float* out) override {
     const ModelConfig& c = config_;
     const MlaLayer& L = layers_[layer];
     device::Device& d = pass.device;
@@ -175,7 +174,7 @@ class Deepseek2 final : public Model {
       d.matmul(s, pass.matrix(L.q_a), x, n, qa);
       d.rms_norm(s, qa, L.q_rank, pass.vector(L.q_a_norm), n, L.q_rank, c.rms_eps, qa, L.q_rank);
       d.matmul(s, pass.matrix(L.q_b), qa, n, q);
-      if (L.ix_q) selected = select_keys(pass, layer, x, qa, n, pos0, cache);
+      if (L.ix_q) selected = select_keys(pass, layer, x, qa, n);
     } else {
       d.matmul(s, pass.matrix(L.q), x, n, q);
     }
@@ -189,7 +188,6 @@ class Deepseek2 final : public Model {
     if (absorbed_) {
       // The latent cache holds [kv_lora | k_pe] per position. Each head's q_nope is mapped into latent space by
       // attn_k_b, so keys never need decompressing; the attention output is mapped back per head by attn_v_b.
-      d.copy_rows(s, kv, width, n, width, cache.k(layer, pos0), width);
       // Each head's query in latent space beside its rotated part: [n][H][kv_lora | rope].
       float* q_lat = pass.scratch(slot + 4, n * H * width);
       d.copy_rows(s, q + nope, qk, n * H, rope, q_lat + kvl, width);
@@ -208,8 +206,15 @@ class Deepseek2 final : public Model {
                                       .scale = c.kq_scale,
                                       .keys = selected,
                                       .keys_per_query = selected ? c.indexer_top_k : 0};
-      d.attention(s, shape, {q_lat, H * width, width, cache.k(layer, 0), width, cache.k(layer, 0), width}, n, pos0,
-                  lat);
+      for (const PassSequence& sq : pass.sequences) {  // each sequence's latent rows into its cache, its queries
+        KvCache& cache = *sq.cache;
+        d.copy_rows(s, kv + sq.row0 * width, width, sq.n, width, cache.k(layer, sq.pos0), width);
+        cpu::AttentionShape seq_shape = shape;
+        if (selected) seq_shape.keys = selected + sq.row0 * c.indexer_top_k;
+        d.attention(s, seq_shape,
+                    {q_lat + sq.row0 * H * width, H * width, width, cache.k(layer, 0), width, cache.k(layer, 0), width},
+                    sq.n, sq.pos0, lat + sq.row0 * H * kvl);
+      }
       d.matmul_heads(s, pass.matrix(L.v_b),
                      {.n_heads = H,
                       .x_token_stride = H * kvl,
@@ -222,16 +227,22 @@ class Deepseek2 final : public Model {
       // k = [k_nope | k_pe (shared by the heads)], v.
       float* kvb = pass.scratch(slot + 4, n * H * (nope + vh));
       d.matmul(s, pass.matrix(L.kv_b), kv, width, n, kvb, H * (nope + vh));
-      d.copy_rows(s, kvb, nope + vh, n * H, nope, cache.k(layer, pos0), qk);
-      for (int64_t h = 0; h < H; ++h)
-        d.copy_rows(s, kv + kvl, width, n, rope, cache.k(layer, pos0) + h * qk + nope, H * qk);
-      d.copy_rows(s, kvb + nope, nope + vh, n * H, vh, cache.v(layer, pos0), vh);
       const cpu::AttentionShape shape{.n_head = static_cast<int>(H),
                                       .n_head_kv = static_cast<int>(H),
                                       .head_dim_k = static_cast<int>(qk),
                                       .head_dim_v = static_cast<int>(vh),
                                       .scale = c.kq_scale};
-      d.attention(s, shape, {q, H * qk, qk, cache.k(layer, 0), H * qk, cache.v(layer, 0), H * vh}, n, pos0, heads);
+      for (const PassSequence& sq : pass.sequences) {
+        KvCache& cache = *sq.cache;
+        const float* seq_kvb = kvb + sq.row0 * H * (nope + vh);
+        const float* seq_kv = kv + sq.row0 * width;
+        d.copy_rows(s, seq_kvb, nope + vh, sq.n * H, nope, cache.k(layer, sq.pos0), qk);
+        for (int64_t h = 0; h < H; ++h)
+          d.copy_rows(s, seq_kv + kvl, width, sq.n, rope, cache.k(layer, sq.pos0) + h * qk + nope, H * qk);
+        d.copy_rows(s, seq_kvb + nope, nope + vh, sq.n * H, vh, cache.v(layer, sq.pos0), vh);
+        d.attention(s, shape, {q + sq.row0 * H * qk, H * qk, qk, cache.k(layer, 0), H * qk, cache.v(layer, 0), H * vh},
+                    sq.n, sq.pos0, heads + sq.row0 * H * vh);
+      }
     }
     d.matmul(s, pass.matrix(L.out), heads, n, out);
   }
@@ -242,8 +253,7 @@ class Deepseek2 final : public Model {
   // normalised q LoRA latent. Both q and k are roped on their first rope dims (NEOX), head layout [rope | nope].
   // llama.cpp also multiplies both by a Walsh-Hadamard matrix; being orthonormal and applied to both, it leaves
   // q . k unchanged, so it is left out.
-  const int32_t* select_keys(Pass& pass, int64_t layer, const float* x, const float* qa, int64_t n, int64_t pos0,
-                             KvCache& cache) {
+  const int32_t* select_keys(Pass& pass, int64_t layer, const float* x, const float* qa, int64_t n) {
     const ModelConfig& c = config_;
     const MlaLayer& L = layers_[layer];
     device::Device& d = pass.device;
@@ -254,22 +264,25 @@ class Deepseek2 final : public Model {
     d.matmul(s, pass.matrix(L.ix_k), x, n, k);
     d.layer_norm(s, k, Di, pass.vector(L.ix_norm_w), pass.vector(L.ix_norm_b), n, Di, 1e-6f, k, Di);
     d.rope(s, pass.rope_table, k, n, 1, Di, 0, c.rope.n_dims, true);
-    d.copy_rows(s, k, Di, n, Di, cache.v(layer, pos0), Di);
     float* q = pass.scratch(slot + 1, n * Hi * Di);
     d.matmul(s, pass.matrix(L.ix_q), qa, n, q);
     d.rope(s, pass.rope_table, q, n, Hi, Hi * Di, Di, c.rope.n_dims, true);
     float* w = pass.scratch(slot + 2, n * Hi);
     d.matmul(s, pass.matrix(L.ix_proj), x, n, w);
     auto* selected = reinterpret_cast<int32_t*>(pass.scratch(slot + 3, n * c.indexer_top_k));
-    const cpu::IndexerInput in{.q = q,
-                               .w = w,
-                               .w_scale = 1.0f / std::sqrt(static_cast<float>(Di * Hi)),
-                               .k = cache.v(layer, 0),
-                               .k_stride = Di,
-                               .n_head = static_cast<int>(Hi),
-                               .dim = static_cast<int>(Di),
-                               .top_k = c.indexer_top_k};
-    d.indexer_select(s, in, n, pos0, selected);
+    for (const PassSequence& sq : pass.sequences) {  // each sequence's keys into its cache, its queries over them
+      KvCache& cache = *sq.cache;
+      d.copy_rows(s, k + sq.row0 * Di, Di, sq.n, Di, cache.v(layer, sq.pos0), Di);
+      const cpu::IndexerInput in{.q = q + sq.row0 * Hi * Di,
+                                 .w = w + sq.row0 * Hi,
+                                 .w_scale = 1.0f / std::sqrt(static_cast<float>(Di * Hi)),
+                                 .k = cache.v(layer, 0),
+                                 .k_stride = Di,
+                                 .n_head = static_cast<int>(Hi),
+                                 .dim = static_cast<int>(Di),
+                                 .top_k = c.indexer_top_k};
+      d.indexer_select(s, in, sq.n, sq.pos0, selected + sq.row0 * c.indexer_top_k);
+    }
     if (trace_ && d.is_host()) trace_->ids(layer, "indexer_topk", selected, n, c.indexer_top_k);
     if (selection_override_ && d.is_host()) selection_override_->reselect(layer, n, c.indexer_top_k, selected);
     return selected;

@@ -250,43 +250,70 @@ class DeepSeek4 final : public Model {
     return lc;
   }
 
-  // The RoPE tables of the batch besides the pass's own (config().rope at the tokens' positions: the window layers'
-  // forwards): the window layers' backwards (the de-rope), the compressed layers' both ways, and the starts of the
-  // blocks the batch completes, per ratio.
-  void begin_batch(Pass& pass, std::span<const int32_t> tokens, int64_t pos0) override {
+  // The RoPE tables of the batch besides the pass's own (config().rope at each row's position: the window layers'
+  // forwards): per row, the window layers' backwards (the de-rope) and the compressed layers' both ways; per sequence,
+  // the starts of the blocks it completes, per ratio.
+  void begin_batch(Pass& pass) override {
     const ModelConfig& c = config_;
-    const int64_t n = static_cast<int64_t>(tokens.size()), R = c.rope.n_dims;
-    const int64_t b4 = pos0 / 4, n4 = (pos0 + n) / 4 - b4, b128 = pos0 / 128, n128 = (pos0 + n) / 128 - b128;
+    const int64_t R = c.rope.n_dims;
+    int64_t n = 0, n4 = 0, n128 = 0;
+    for (const PassSequence& sq : pass.sequences) {
+      n += sq.n;
+      n4 += (sq.pos0 + sq.n) / 4 - sq.pos0 / 4;
+      n128 += (sq.pos0 + sq.n) / 128 - sq.pos0 / 128;
+    }
     host_tables_.resize(static_cast<size_t>((3 * n + n4 + n128) * R));
-    float* t = host_tables_.data();
-    auto table = [&](const cpu::RopeParams& p, int64_t first, int64_t step, int64_t count, bool back) {
+    auto table = [&](float* t, const cpu::RopeParams& p, int64_t first, int64_t step, int64_t count, bool back) {
       for (int64_t i = 0; i < count; ++i) {
         float* row = t + i * R;
         cpu::rope_cache(p, (first + i) * step, row);
         if (back)
           for (int64_t j = 1; j < R; j += 2) row[j] = -row[j];
       }
-      const int64_t offset = t - host_tables_.data();
-      t += count * R;
-      return offset;
     };
-    const int64_t raw_back = table(c.rope, pos0, 1, n, true);
-    const int64_t comp = table(c.compress_rope, pos0, 1, n, false);
-    const int64_t comp_back = table(c.compress_rope, pos0, 1, n, true);
-    const int64_t blocks4 = table(c.compress_rope, b4, 4, n4, false);
-    const int64_t blocks128 = table(c.compress_rope, b128, 128, n128, false);
+    // [raw_back | comp | comp_back] of n rows each, then every sequence's blocks of 4, then its blocks of 128.
+    float* const t = host_tables_.data();
+    int64_t at4 = 3 * n, at128 = 3 * n + n4;
+    block_rows_.clear();
+    for (const PassSequence& sq : pass.sequences) {
+      table(t + sq.row0 * R, c.rope, sq.pos0, 1, sq.n, true);
+      table(t + (n + sq.row0) * R, c.compress_rope, sq.pos0, 1, sq.n, false);
+      table(t + (2 * n + sq.row0) * R, c.compress_rope, sq.pos0, 1, sq.n, true);
+      const int64_t b4 = sq.pos0 / 4, c4 = (sq.pos0 + sq.n) / 4 - b4;
+      const int64_t b128 = sq.pos0 / 128, c128 = (sq.pos0 + sq.n) / 128 - b128;
+      table(t + at4 * R, c.compress_rope, b4, 4, c4, false);
+      table(t + at128 * R, c.compress_rope, b128, 128, c128, false);
+      block_rows_.push_back({at4, at128});
+      at4 += c4;
+      at128 += c128;
+    }
     float* dev = pass.scratch(kTablesSlot, host_tables_.size());
     pass.from_host(host_tables_.data(), host_tables_.size(), dev);
-    tables_ = {.raw = pass.rope_table,
-               .raw_back = dev + raw_back,
-               .comp = dev + comp,
-               .comp_back = dev + comp_back,
-               .blocks4 = dev + blocks4,
-               .blocks128 = dev + blocks128};
+    device_tables_ = dev;
+    n_rows_ = n;
   }
 
-  void attention(Pass& pass, int64_t layer, const float* x, int64_t n, int64_t pos0, KvCache& cache,
-                 float* out) override {
+  // Sequence i's tables: each row's entries from its first row, its blocks'.
+  struct Tables {
+    const float* raw = nullptr;  // [n][R] each (the pass's own table)
+    const float* raw_back = nullptr;
+    const float* comp = nullptr;
+    const float* comp_back = nullptr;
+    const float* blocks4 = nullptr;    // [blocks of 4 the sequence completes][R]
+    const float* blocks128 = nullptr;  // [blocks of 128][R]
+  };
+  Tables tables(const Pass& pass, size_t i) const {
+    const PassSequence& sq = pass.sequences[i];
+    const int64_t R = config_.rope.n_dims, at = sq.row0 * R;
+    return {.raw = pass.rope_table + at,
+            .raw_back = device_tables_ + at,
+            .comp = device_tables_ + n_rows_ * R + at,
+            .comp_back = device_tables_ + 2 * n_rows_ * R + at,
+            .blocks4 = device_tables_ + block_rows_[i].first * R,
+            .blocks128 = device_tables_ + block_rows_[i].second * R};
+  }
+
+  void attention(Pass& pass, int64_t layer, const float* x, int64_t n, float* out) override {
     const ModelConfig& c = config_;
     const Layer& L = layers_[layer];
     device::Device& d = pass.device;
@@ -299,8 +326,9 @@ class DeepSeek4 final : public Model {
     float* kv = pass.scratch(slot + 2, n * D);
     float* heads = pass.scratch(slot + 3, n * H * D);
     float* oa = pass.scratch(slot + 4, n * G * OL);
-    const float* rope_fwd = r == 0 ? tables_.raw : tables_.comp;
-    const float* rope_back = r == 0 ? tables_.raw_back : tables_.comp_back;
+    const Tables all = tables(pass, 0);  // the first sequence's rows are the batch's first
+    const float* rope_fwd = r == 0 ? all.raw : all.comp;
+    const float* rope_back = r == 0 ? all.raw_back : all.comp_back;
 
     // q: the LoRA, each head normalised without weight, roped; kv: one head, normalised, roped.
     d.matmul(s, pass.matrix(L.q_a), x, n, qr);
@@ -312,20 +340,6 @@ class DeepSeek4 final : public Model {
     d.rms_norm(s, kv, D, pass.vector(L.kv_norm), n, D, c.rms_eps, kv, D);
     d.rope(s, rope_fwd, kv + D - R, n, 1, D, D, static_cast<int>(R), false);
 
-    // The compressor's new blocks (and the indexer's keys and choice): before the attention reads them.
-    float* state = cache.recurrent(layer) + ring_rows() * D;
-    const int32_t* chosen = nullptr;
-    if (r > 0) {
-      compress_blocks(pass, layer, false, x, n, pos0, cache, state);
-      if (r == 4) {
-        compress_blocks(pass, layer, true, x, n, pos0, cache, state + compressor(layer, false, nullptr).state_floats());
-        chosen = select_blocks(pass, layer, x, qr, n, pos0, cache);
-      }
-    }
-
-    // The raw keys into the window's ring and the attention, a chunk of queries at a time (the ring holds the window
-    // and one chunk).
-    float* ring = cache.recurrent(layer);
     const int64_t rows = ring_rows();
     const cpu::AttentionShape shape{.n_head = static_cast<int>(H),
                                     .n_head_kv = 1,
@@ -334,30 +348,50 @@ class DeepSeek4 final : public Model {
                                     .scale = c.kq_scale,
                                     .sinks = pass.vector(L.sinks),
                                     .window = c.sliding_window};
-    const LayerCache lc = cache.layer(layer);
-    for (int64_t a = 0; a < n; a += kChunk) {
-      const int64_t m = std::min(kChunk, n - a);
-      for (int64_t i = 0; i < m;) {  // contiguous runs of ring rows
-        const int64_t row = (pos0 + a + i) % rows, run = std::min(m - i, rows - row);
-        d.copy_rows(s, kv + (a + i) * D, D, run, D, ring + row * D, D);
-        i += run;
-      }
-      cpu::AttentionInput in{.q = q + a * H * D,
-                             .q_token_stride = H * D,
-                             .q_head_stride = D,
-                             .k = ring,
-                             .k_stride = D,
-                             .v = ring,
-                             .v_stride = D,
-                             .ring = rows};
+    for (size_t i = 0; i < pass.sequences.size(); ++i) {
+      const PassSequence& sq = pass.sequences[i];
+      KvCache& cache = *sq.cache;
+      const Tables t = tables(pass, i);
+      const float* sx = x + sq.row0 * c.n_embd;
+      // The compressor's new blocks (and the indexer's keys and choice): before the attention reads them.
+      float* state = cache.recurrent(layer) + ring_rows() * D;
+      const int32_t* chosen = nullptr;
       if (r > 0) {
-        in.compressed = cache.block(layer, 0);
-        in.compressed_stride = lc.block_width;
-        in.ratio = r;
-        in.chosen = chosen ? chosen + a * c.indexer_top_k : nullptr;
-        in.chosen_per_query = chosen ? c.indexer_top_k : 0;
+        compress_blocks(pass, t, layer, false, sx, sq.n, sq.pos0, cache, state);
+        if (r == 4) {
+          compress_blocks(pass, t, layer, true, sx, sq.n, sq.pos0, cache,
+                          state + compressor(layer, false, nullptr).state_floats());
+          chosen = select_blocks(pass, t, layer, sx, qr + sq.row0 * QL, sq.n, sq.pos0, cache);
+        }
       }
-      d.attention(s, shape, in, m, pos0 + a, heads + a * H * D);
+      // The raw keys into the window's ring and the attention, a chunk of queries at a time (the ring holds the
+      // window and one chunk).
+      float* ring = cache.recurrent(layer);
+      const LayerCache lc = cache.layer(layer);
+      for (int64_t a = 0; a < sq.n; a += kChunk) {
+        const int64_t m = std::min(kChunk, sq.n - a), row0 = sq.row0 + a;
+        for (int64_t j = 0; j < m;) {  // contiguous runs of ring rows
+          const int64_t row = (sq.pos0 + a + j) % rows, run = std::min(m - j, rows - row);
+          d.copy_rows(s, kv + (row0 + j) * D, D, run, D, ring + row * D, D);
+          j += run;
+        }
+        cpu::AttentionInput in{.q = q + row0 * H * D,
+                               .q_token_stride = H * D,
+                               .q_head_stride = D,
+                               .k = ring,
+                               .k_stride = D,
+                               .v = ring,
+                               .v_stride = D,
+                               .ring = rows};
+        if (r > 0) {
+          in.compressed = cache.block(layer, 0);
+          in.compressed_stride = lc.block_width;
+          in.ratio = r;
+          in.chosen = chosen ? chosen + a * c.indexer_top_k : nullptr;
+          in.chosen_per_query = chosen ? c.indexer_top_k : 0;
+        }
+        d.attention(s, shape, in, m, sq.pos0 + a, heads + row0 * H * D);
+      }
     }
     // De-rope at the query's position, then the grouped output LoRA: group g's heads through its OL rows of
     // attn_output_a, the groups' results side by side through attn_output_b.
@@ -392,8 +426,8 @@ class DeepSeek4 final : public Model {
   // The compressed entries of the blocks the batch completes: pooled by the compressor, normalised, roped at the
   // block's start, the indexer's rotated by the Hadamard matrix; into the layer's block entries (the indexer's after
   // the key's D floats).
-  void compress_blocks(Pass& pass, int64_t layer, bool indexer, const float* x, int64_t n, int64_t pos0, KvCache& cache,
-                       float* state) {
+  void compress_blocks(Pass& pass, const Tables& tables, int64_t layer, bool indexer, const float* x, int64_t n,
+                       int64_t pos0, KvCache& cache, float* state) {
     const ModelConfig& c = config_;
     const Layer& L = layers_[layer];
     device::Device& d = pass.device;
@@ -409,7 +443,7 @@ class DeepSeek4 final : public Model {
     d.compress(s, comp, rows, rows + rw, 2 * rw, n, pos0, state, entries);
     if (nb == 0) return;
     d.rms_norm(s, entries, W, pass.vector(indexer ? L.ix_norm : L.comp_norm), nb, W, c.rms_eps, entries, W);
-    d.rope(s, comp.ratio == 4 ? tables_.blocks4 : tables_.blocks128, entries + W - R, nb, 1, W, W, static_cast<int>(R),
+    d.rope(s, comp.ratio == 4 ? tables.blocks4 : tables.blocks128, entries + W - R, nb, 1, W, W, static_cast<int>(R),
            false);
     const int64_t width = cache.layer(layer).block_width;
     if (!indexer) return d.copy_rows(s, entries, W, nb, W, cache.block(layer, b0), width);
@@ -420,8 +454,8 @@ class DeepSeek4 final : public Model {
 
   // The lightning indexer's choice of compressed blocks for each query [n][top_k] (-1 after the last), in the pass's
   // memory: queries from the q latent (roped with the compressed layers' RoPE, rotated), weights indexer.proj . x.
-  const int32_t* select_blocks(Pass& pass, int64_t layer, const float* x, const float* qr, int64_t n, int64_t pos0,
-                               KvCache& cache) {
+  const int32_t* select_blocks(Pass& pass, const Tables& tables, int64_t layer, const float* x, const float* qr,
+                               int64_t n, int64_t pos0, KvCache& cache) {
     const ModelConfig& c = config_;
     const Layer& L = layers_[layer];
     device::Device& d = pass.device;
@@ -433,7 +467,7 @@ class DeepSeek4 final : public Model {
     float* w = pass.scratch(slot + 1, n * IH);
     auto* selected = reinterpret_cast<int32_t*>(pass.scratch(slot + 2, n * K));
     d.matmul(s, pass.matrix(L.ix_q_b), qr, n, qi);
-    d.rope(s, tables_.comp, qi + ID - R, n, IH, IH * ID, ID, static_cast<int>(R), false);
+    d.rope(s, tables.comp, qi + ID - R, n, IH, IH * ID, ID, static_cast<int>(R), false);
     d.matmul(s, pass.matrix(hadamard_), qi, ID, n * IH, rotated, ID);
     d.matmul(s, pass.matrix(L.ix_proj), x, n, w);
     const cpu::IndexerInput in{.q = rotated,
@@ -451,19 +485,13 @@ class DeepSeek4 final : public Model {
     return selected;
   }
 
-  struct Tables {
-    const float* raw = nullptr;  // [n][R] each (the pass's own table)
-    const float* raw_back = nullptr;
-    const float* comp = nullptr;
-    const float* comp_back = nullptr;
-    const float* blocks4 = nullptr;    // [blocks of 4 the batch completes][R]
-    const float* blocks128 = nullptr;  // [blocks of 128][R]
-  };
   std::vector<Layer> layers_;
   std::vector<float> hadamard_values_;  // [indexer_dim][indexer_dim]
   PassWeights::Handle hadamard_ = 0;
   std::vector<float> host_tables_;
-  Tables tables_;
+  const float* device_tables_ = nullptr;                 // host_tables_ in the pass's memory
+  int64_t n_rows_ = 0;                                   // the batch's rows
+  std::vector<std::pair<int64_t, int64_t>> block_rows_;  // per sequence: its first rows of blocks4 and blocks128
 };
 
 }  // namespace

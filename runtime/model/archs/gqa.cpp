@@ -58,8 +58,7 @@ class GqaModel final : public Model {
     return {.k_width = config_.n_head_kv * config_.head_dim_k, .v_width = config_.n_head_kv * config_.head_dim_v};
   }
 
-  void attention(Pass& pass, int64_t layer, const float* x, int64_t n, int64_t pos0, KvCache& cache,
-                 float* out) override {
+  void attention(Pass& pass, int64_t layer, const float* x, int64_t n, float* out) override {
     const ModelConfig& c = config_;
     const GqaLayer& L = layers_[layer];
     device::Device& d = pass.device;
@@ -87,8 +86,6 @@ class GqaModel final : public Model {
     }
     d.rope(s, pass.rope_table, q, n, H, H * D, D, c.rope.n_dims, c.rope.neox);
     d.rope(s, pass.rope_table, k, n, KV, KV * D, D, c.rope.n_dims, c.rope.neox);
-    d.copy_rows(s, k, KV * D, n, KV * D, cache.k(layer, pos0), KV * D);
-    d.copy_rows(s, v, KV * Dv, n, KV * Dv, cache.v(layer, pos0), KV * Dv);
     const bool sliding = options_.swa_period > 0 && layer % options_.swa_period == 0;
     const cpu::AttentionShape shape{.n_head = static_cast<int>(H),
                                     .n_head_kv = static_cast<int>(KV),
@@ -97,7 +94,13 @@ class GqaModel final : public Model {
                                     .scale = c.kq_scale,
                                     .sinks = L.sinks ? pass.vector(L.sinks) : nullptr,
                                     .window = sliding ? c.sliding_window : 0};
-    d.attention(s, shape, {q, H * D, D, cache.k(layer, 0), KV * D, cache.v(layer, 0), KV * Dv}, n, pos0, heads);
+    for (const PassSequence& sq : pass.sequences) {  // each sequence's keys into its cache, its queries over them
+      KvCache& cache = *sq.cache;
+      d.copy_rows(s, k + sq.row0 * KV * D, KV * D, sq.n, KV * D, cache.k(layer, sq.pos0), KV * D);
+      d.copy_rows(s, v + sq.row0 * KV * Dv, KV * Dv, sq.n, KV * Dv, cache.v(layer, sq.pos0), KV * Dv);
+      d.attention(s, shape, {q + sq.row0 * H * D, H * D, D, cache.k(layer, 0), KV * D, cache.v(layer, 0), KV * Dv},
+                  sq.n, sq.pos0, heads + sq.row0 * H * Dv);
+    }
     d.matmul(s, pass.matrix(L.out), heads, n, out);
     if (L.out_bias) d.add_bias(s, pass.vector(L.out_bias), c.n_embd, n, out, c.n_embd);
   }

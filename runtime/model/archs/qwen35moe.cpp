@@ -133,10 +133,9 @@ class Qwen35Moe final : public Model {
     return {.recurrent = (c.ssm_conv_kernel - 1) * conv_channels() + cpu::delta_net_state_floats(delta_shape())};
   }
 
-  void attention(Pass& pass, int64_t layer, const float* x, int64_t n, int64_t pos0, KvCache& cache,
-                 float* out) override {
-    if (config_.is_recurrent(layer)) return delta_net(pass, layer, x, n, cache, out);
-    full_attention(pass, layer, x, n, pos0, cache, out);
+  void attention(Pass& pass, int64_t layer, const float* x, int64_t n, float* out) override {
+    if (config_.is_recurrent(layer)) return delta_net(pass, layer, x, n, out);
+    full_attention(pass, layer, x, n, out);
   }
 
  private:
@@ -149,7 +148,7 @@ class Qwen35Moe final : public Model {
     return {.n_k_heads = c.ssm_k_heads, .n_v_heads = c.ssm_v_heads, .head_dim = c.ssm_head_dim, .eps = c.rms_eps};
   }
 
-  void delta_net(Pass& pass, int64_t layer, const float* x, int64_t n, KvCache& cache, float* out) {
+  void delta_net(Pass& pass, int64_t layer, const float* x, int64_t n, float* out) {
     const ModelConfig& c = config_;
     const Block& b = blocks_[layer];
     device::Device& d = pass.device;
@@ -165,25 +164,29 @@ class Qwen35Moe final : public Model {
     d.matmul(s, pass.matrix(b.gate), x, n, z);
     d.matmul(s, pass.matrix(b.alpha), x, c.n_embd, n, gates, 2 * Hv);
     d.matmul(s, pass.matrix(b.beta), x, c.n_embd, n, gates + Hv, 2 * Hv);
-    // The layer's state: the convolution's last K - 1 inputs, then the delta rule's matrices.
-    float* conv_state = cache.recurrent(layer);
-    float* delta_state = conv_state + (K - 1) * C;
-    d.short_conv_silu(s, {.channels = C, .width = static_cast<int>(K), .weight = pass.vector(b.conv)}, mixed, C, n,
-                      conv_state, conv, C);
-    d.gated_delta_net(s, delta_shape(),
-                      {.qkv = conv,
-                       .ld_qkv = C,
-                       .alpha = gates,
-                       .beta = gates + Hv,
-                       .ld_gates = 2 * Hv,
-                       .a = pass.vector(b.a),
-                       .dt_bias = pass.vector(b.dt_bias)},
-                      n, delta_state, heads, Hv * Ds);
+    // Each sequence through its state: the convolution's last K - 1 inputs, then the delta rule's matrices.
+    for (const PassSequence& sq : pass.sequences) {
+      float* conv_state = sq.cache->recurrent(layer);
+      float* delta_state = conv_state + (K - 1) * C;
+      float* seq_conv = conv + sq.row0 * C;
+      const float* seq_gates = gates + sq.row0 * 2 * Hv;
+      d.short_conv_silu(s, {.channels = C, .width = static_cast<int>(K), .weight = pass.vector(b.conv)},
+                        mixed + sq.row0 * C, C, sq.n, conv_state, seq_conv, C);
+      d.gated_delta_net(s, delta_shape(),
+                        {.qkv = seq_conv,
+                         .ld_qkv = C,
+                         .alpha = seq_gates,
+                         .beta = seq_gates + Hv,
+                         .ld_gates = 2 * Hv,
+                         .a = pass.vector(b.a),
+                         .dt_bias = pass.vector(b.dt_bias)},
+                        sq.n, delta_state, heads + sq.row0 * Hv * Ds, Hv * Ds);
+    }
     d.gated_rms_norm(s, heads, Ds, pass.vector(b.norm), z, Ds, n * Hv, Ds, c.rms_eps, heads, Ds);
     d.matmul(s, pass.matrix(b.out), heads, n, out);
   }
 
-  void full_attention(Pass& pass, int64_t layer, const float* x, int64_t n, int64_t pos0, KvCache& cache, float* out) {
+  void full_attention(Pass& pass, int64_t layer, const float* x, int64_t n, float* out) {
     const ModelConfig& c = config_;
     const Block& b = blocks_[layer];
     device::Device& d = pass.device;
@@ -203,14 +206,18 @@ class Qwen35Moe final : public Model {
     d.rms_norm(s, k, D, pass.vector(b.k_norm), n * KV, D, c.rms_eps, k, D);
     d.rope(s, pass.rope_table, q, n, H, H * D, D, c.rope.n_dims, c.rope.neox);
     d.rope(s, pass.rope_table, k, n, KV, KV * D, D, c.rope.n_dims, c.rope.neox);
-    d.copy_rows(s, k, KV * D, n, KV * D, cache.k(layer, pos0), KV * D);
-    d.copy_rows(s, v, KV * D, n, KV * D, cache.v(layer, pos0), KV * D);
     const cpu::AttentionShape shape{.n_head = static_cast<int>(H),
                                     .n_head_kv = static_cast<int>(KV),
                                     .head_dim_k = static_cast<int>(D),
                                     .head_dim_v = static_cast<int>(D),
                                     .scale = c.kq_scale};
-    d.attention(s, shape, {q, H * D, D, cache.k(layer, 0), KV * D, cache.v(layer, 0), KV * D}, n, pos0, heads);
+    for (const PassSequence& sq : pass.sequences) {  // each sequence's keys into its cache, its queries over them
+      KvCache& cache = *sq.cache;
+      d.copy_rows(s, k + sq.row0 * KV * D, KV * D, sq.n, KV * D, cache.k(layer, sq.pos0), KV * D);
+      d.copy_rows(s, v + sq.row0 * KV * D, KV * D, sq.n, KV * D, cache.v(layer, sq.pos0), KV * D);
+      d.attention(s, shape, {q + sq.row0 * H * D, H * D, D, cache.k(layer, 0), KV * D, cache.v(layer, 0), KV * D}, sq.n,
+                  sq.pos0, heads + sq.row0 * H * D);
+    }
     d.sigmoid_mul(s, qg + D, 2 * D, n * H, D, heads, D);
     d.matmul(s, pass.matrix(b.o), heads, n, out);
   }
