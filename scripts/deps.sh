@@ -4,7 +4,7 @@ set -euo pipefail
 # Only what the code uses today (oneDNN: the comparison benchmark tests/bench/bench_onednn). clang builds the fuzz targets; clang-format and clang-tidy check the style.
 packages=(
   build-essential cmake ninja-build ccache git clang clang-format clang-tidy libclang-rt-14-dev
-  libfmt-dev libcli11-dev nlohmann-json3-dev libgtest-dev libpcre2-dev libreadline-dev libbenchmark-dev
+  libfmt-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libgtest-dev libpcre2-dev libreadline-dev libbenchmark-dev
   libhwloc-dev libnuma-dev libdnnl-dev
 )
 missing=()

@@ -42,7 +42,7 @@ demo() {
 # STYLE.md rule 11: the formatting and the naming rules are checked, not hoped for.
 lint() {
   git ls-files '*.cpp' '*.h' '*.inc' '*.cu' | xargs clang-format --dry-run -Werror
-  git ls-files 'quant/*.cpp' 'cpu_kernels/*.cpp' 'runtime/*.cpp' 'tools/*.cpp' |
+  git ls-files 'quant/*.cpp' 'cpu_kernels/*.cpp' 'runtime/*.cpp' 'server/*.cpp' 'tools/*.cpp' |
     xargs -P "$JOBS" -n 4 clang-tidy -p build --quiet 2>/dev/null
 }
 

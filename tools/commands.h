@@ -59,6 +59,26 @@ struct ChatOptions {
   int threads = 0;
 };
 
+struct ServeOptions {
+  std::string model;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  int parallel = 4;            // slots: sequences decoded together
+  int64_t ctx_size = 0;        // all slots together; 0: min(4096, training context) per slot
+  int64_t batch_size = 512;    // tokens per forward pass at most
+  int64_t max_queue = 64;      // requests waiting for a slot; more get 503
+  int64_t max_tokens = -1;     // a request's default max_tokens (-1: until the end token or the context)
+  std::string api_key;         // required as "Authorization: Bearer KEY" when set
+  std::string alias;           // the model's name in the API (default: the file's name)
+  std::string chat_template;   // empty: detect from the file
+  double max_body_mb = 8;      // larger request bodies get 413
+  double shutdown_grace = 30;  // seconds the requests in flight get after SIGTERM
+  engine::SamplingParams sampling;
+  DeviceOptions device;
+  std::string critical;
+  int threads = 0;
+};
+
 struct TokenizeOptions {
   std::string model;
   std::string file;
@@ -133,6 +153,7 @@ int bench(const BenchOptions& opt);
 int logits(const LogitsOptions& opt);
 int run(const RunOptions& opt);
 int chat(const ChatOptions& opt);
+int serve(const ServeOptions& opt);
 // Prints the token ids of a file's exact bytes on one line.
 int tokenize(const TokenizeOptions& opt);
 

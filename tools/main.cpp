@@ -247,6 +247,38 @@ int main(int argc, char** argv) {
   add_critical(c_chat, &chat.critical);
   add_device(c_chat, &chat.device);
 
+  cli::ServeOptions serve;
+  CLI::App* c_serve = app.add_subcommand(
+      "serve", "OpenAI-compatible HTTP server: several requests decoded together (continuous batching)");
+  c_serve->add_option("-m,--model", serve.model, "GGUF file")->required();
+  c_serve->add_option("--host", serve.host, "address to listen on (default 127.0.0.1: this machine only)");
+  c_serve->add_option("--port", serve.port, "TCP port (0: any free one)")->check(cli::in_range(0, 65535, "port"));
+  c_serve->add_option("-P,--parallel,--np", serve.parallel, "slots: requests decoded together (default 4)")
+      ->check(cli::in_range(1, 256, "slots"));
+  c_serve
+      ->add_option("-c,--ctx-size", serve.ctx_size,
+                   "context of all slots together, split evenly (default: min(4096, the model's) per slot)")
+      ->check(cli::in_range(0, 1e9, "tokens"));
+  c_serve->add_option("-b,--batch-size", serve.batch_size, "tokens per forward pass at most (default 512)")
+      ->check(cli::in_range(1, 1e6, "tokens"));
+  c_serve->add_option("--max-queue", serve.max_queue, "requests waiting for a slot before 503 (default 64)")
+      ->check(cli::in_range(0, 1e6, "requests"));
+  c_serve->add_option("-n,--n-predict", serve.max_tokens, "default max_tokens of a request (-1: no limit)")
+      ->check(cli::in_range(-1, 1e9, "tokens"));
+  c_serve->add_option("--api-key", serve.api_key, "require this key (Authorization: Bearer KEY)");
+  c_serve->add_option("-a,--alias", serve.alias, "the model's name in the API (default: the file name)");
+  c_serve->add_option("--chat-template", serve.chat_template, "override the template found in the file");
+  c_serve->add_option("--max-body-mb", serve.max_body_mb, "larger request bodies get 413 (default 8)")
+      ->check(cli::in_range(0.001, 1024, "MB"));
+  c_serve
+      ->add_option("--shutdown-grace", serve.shutdown_grace,
+                   "seconds requests in flight get to finish after SIGTERM (default 30)")
+      ->check(cli::in_range(0, 86400, "seconds"));
+  add_sampling(c_serve, &serve.sampling);
+  add_threads(c_serve, &serve.threads);
+  add_critical(c_serve, &serve.critical);
+  add_device(c_serve, &serve.device);
+
   cli::TokenizeOptions tokenize;
   CLI::App* c_tokenize = app.add_subcommand("tokenize", "print the token ids of a text file's exact bytes");
   c_tokenize->add_option("-m,--model", tokenize.model, "GGUF file (a vocab-only one will do)")->required();
@@ -343,6 +375,7 @@ int main(int argc, char** argv) {
       return cli::run(run);
     }
     if (c_chat->parsed()) return cli::chat(chat);
+    if (c_serve->parsed()) return cli::serve(serve);
     if (c_bench->parsed()) return cli::bench(bench);
     if (c_calibrate->parsed()) return cli::calibrate(calibrate);
     if (c_simulate->parsed()) return cli::simulate(simulate);

@@ -76,6 +76,10 @@ class Model {
   void attach_device(device::Device& device, const DeviceExperts::Placement& placement, bool whole_pass = true);
   const DeviceExperts* device_experts() const { return device_experts_.get(); }
   DeviceExperts* device_experts() { return device_experts_.get(); }
+  // Weight bytes of routed experts the CPU streamed (whole, or their residuals) since the model was loaded.
+  uint64_t cpu_expert_bytes() const {
+    return device_experts_ ? device_experts_->cpu_expert_bytes() : cpu_expert_bytes_;
+  }
   // Whether attach_device put the forward pass on the device (its caches from make_cache then live there too).
   bool pass_on_device() const { return device_pass_ != nullptr; }
   // The bytes of the pass's weights on the device (norms, attention, routers).
@@ -203,6 +207,7 @@ class Model {
   // The current call's tokens and sequences (kept between calls so a warm decode allocates nothing).
   std::vector<int32_t> batch_tokens_;
   std::vector<PassSequence> batch_sequences_;
+  uint64_t cpu_expert_bytes_ = 0;  // without a device (DeviceExperts counts its own)
   // The host device and its pass (always there); the device pass when attach_device put the pass on a device.
   std::unique_ptr<device::Device> host_;
   std::unique_ptr<Pass> host_pass_, device_pass_;

@@ -1,0 +1,320 @@
+#include "server/openai.h"
+
+#include <fmt/format.h>
+
+#include <random>
+
+namespace hetmoe::server {
+
+using nlohmann::json;
+
+json error_body(std::string_view message, std::string_view type, std::string_view param) {
+  return {{"error",
+           {{"message", message},
+            {"type", type},
+            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", nullptr}}}};
+}
+
+json parse_body(std::string_view body) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw ApiError(400, "the request body is not valid JSON");
+  if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  return j;
+}
+
+namespace {
+
+// A field of the body, null treated as absent; a value of the wrong type or range is a 400 naming it.
+const json* get(const json& body, const char* name) {
+  const auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<double> number(const json& body, const char* name, double lo, double hi) {
+  const json* v = get(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) throw ApiError(400, fmt::format("'{}' must be a number", name), name);
+  const double x = v->get<double>();
+  if (!(x >= lo && x <= hi)) throw ApiError(400, fmt::format("'{}' must be between {} and {}", name, lo, hi), name);
+  return x;
+}
+
+std::optional<int64_t> integer(const json& body, const char* name, int64_t lo, int64_t hi) {
+  const json* v = get(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer()) throw ApiError(400, fmt::format("'{}' must be an integer", name), name);
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi))
+    throw ApiError(400, fmt::format("'{}' must be between {} and {}", name, lo, hi), name);
+  const int64_t x = v->get<int64_t>();
+  if (x < lo || x > hi) throw ApiError(400, fmt::format("'{}' must be between {} and {}", name, lo, hi), name);
+  return x;
+}
+
+std::optional<bool> boolean(const json& body, const char* name) {
+  const json* v = get(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) throw ApiError(400, fmt::format("'{}' must be true or false", name), name);
+  return v->get<bool>();
+}
+
+std::string valid_text(const json& v, const char* name) {
+  std::string s = v.get<std::string>();
+  if (text::find_invalid_utf8(s)) throw ApiError(400, fmt::format("'{}' is not valid UTF-8", name), name);
+  return s;
+}
+
+// What both endpoints share: sampling, limits, stop strings, streaming.
+ParsedRequest parse_common(const json& body, const RequestDefaults& defaults) {
+  ParsedRequest r;
+  engine::SamplingParams& s = r.job.sampling;
+  s = defaults.sampling;
+  if (auto v = number(body, "temperature", 0, 2)) s.temperature = static_cast<float>(*v);
+  if (auto v = number(body, "top_p", 0, 1)) s.top_p = static_cast<float>(*v);
+  if (auto v = integer(body, "top_k", 0, 1 << 20)) s.top_k = static_cast<int32_t>(*v);
+  if (auto v = number(body, "min_p", 0, 1)) s.min_p = static_cast<float>(*v);
+  if (auto v = number(body, "presence_penalty", -2, 2)) s.presence_penalty = static_cast<float>(*v);
+  if (auto v = number(body, "frequency_penalty", -2, 2)) s.frequency_penalty = static_cast<float>(*v);
+  if (auto v = number(body, "repeat_penalty", 0, 10)) s.repeat_penalty = static_cast<float>(*v);
+  if (auto v = integer(body, "seed", INT64_MIN, INT64_MAX)) {
+    s.seed = static_cast<uint64_t>(*v);
+  } else {
+    s.seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  }
+  r.job.max_tokens = defaults.max_tokens;
+  if (auto v = integer(body, "max_tokens", 0, INT32_MAX)) r.job.max_tokens = *v;
+  (void)integer(body, "n", 1, 1);  // one choice per request
+  if (const json* stop = get(body, "stop")) {
+    if (stop->is_string()) {
+      r.job.stop.push_back(valid_text(*stop, "stop"));
+    } else if (stop->is_array() && stop->size() <= 16) {
+      for (const json& x : *stop) {
+        if (!x.is_string()) throw ApiError(400, "'stop' must be a string or an array of strings", "stop");
+        r.job.stop.push_back(valid_text(x, "stop"));
+      }
+    } else {
+      throw ApiError(400, "'stop' must be a string or an array of at most 16 strings", "stop");
+    }
+  }
+  if (auto v = boolean(body, "ignore_eos")) r.job.ignore_eos = *v;
+  if (auto v = boolean(body, "stream")) r.stream = *v;
+  if (const json* so = get(body, "stream_options")) {
+    if (!so->is_object()) throw ApiError(400, "'stream_options' must be an object", "stream_options");
+    (void)boolean(*so, "include_usage");
+  }
+  return r;
+}
+
+}  // namespace
+
+ParsedRequest parse_completion(const json& body, const text::Tokenizer& tokenizer, const RequestDefaults& defaults) {
+  ParsedRequest r = parse_common(body, defaults);
+  const json* prompt = get(body, "prompt");
+  if (!prompt) throw ApiError(400, "'prompt' is required", "prompt");
+  const json* p = prompt;
+  if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) p = &(*p)[0];
+  if (p->is_string()) {
+    r.job.prompt = tokenizer.encode(valid_text(*p, "prompt"), /*add_special=*/true, /*parse_special=*/true);
+  } else if (p->is_array() && !p->empty() &&
+             std::all_of(p->begin(), p->end(), [](const json& x) { return x.is_number_integer(); })) {
+    for (const json& x : *p) {
+      const int64_t id = x.get<int64_t>();
+      if (id < 0 || id >= tokenizer.n_vocab())
+        throw ApiError(400,
+                       fmt::format("token id {} in 'prompt' is out of range (the vocabulary has {} tokens)", id,
+                                   tokenizer.n_vocab()),
+                       "prompt");
+      r.job.prompt.push_back(static_cast<int32_t>(id));
+    }
+  } else {
+    throw ApiError(400, "'prompt' must be a string, an array of token ids or an array of one string", "prompt");
+  }
+  if (r.job.prompt.empty()) throw ApiError(400, "the prompt is empty", "prompt");
+  if (auto v = integer(body, "logprobs", 0, 20)) {
+    r.logprobs = true;
+    r.job.top_logprobs = static_cast<int32_t>(*v);
+  }
+  if (auto v = boolean(body, "echo"); v && *v) throw ApiError(400, "'echo' is not supported by this server", "echo");
+  return r;
+}
+
+ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, const text::ChatTemplate& chat_template,
+                         const RequestDefaults& defaults) {
+  ParsedRequest r = parse_common(body, defaults);
+  r.chat = true;
+  if (auto v = integer(body, "max_completion_tokens", 0, INT32_MAX)) r.job.max_tokens = *v;
+  const json* messages = get(body, "messages");
+  if (!messages || !messages->is_array() || messages->empty())
+    throw ApiError(400, "'messages' must be a non-empty array", "messages");
+  std::vector<text::ChatMessage> msgs;
+  for (const json& m : *messages) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      throw ApiError(400, "each message must be an object with a 'role'", "messages");
+    std::string role = m["role"].get<std::string>();
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant")
+      throw ApiError(400, fmt::format("message role '{}' is not one of system, developer, user, assistant", role),
+                     "messages");
+    std::string content;
+    const json* c = get(m, "content");
+    if (c && c->is_string()) {
+      content = valid_text(*c, "messages");
+    } else if (c && c->is_array()) {
+      for (const json& part : *c) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string())
+          throw ApiError(400, "message content parts must be {\"type\": \"text\", \"text\": ...}", "messages");
+        content += valid_text(part["text"], "messages");
+      }
+    } else if (c || role != "assistant") {
+      throw ApiError(400, "a message's 'content' must be a string or an array of text parts", "messages");
+    }
+    msgs.push_back({std::move(role), std::move(content)});
+  }
+  text::RenderOptions options;
+  if (const json* kw = get(body, "chat_template_kwargs")) {
+    if (!kw->is_object()) throw ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    if (auto v = boolean(*kw, "enable_thinking")) options.enable_thinking = *v;
+  }
+  std::string rendered;
+  try {
+    rendered = chat_template.render(msgs, options);
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "messages");
+  }
+  r.job.prompt = tokenizer.encode(rendered, /*add_special=*/false, /*parse_special=*/true);
+  if (r.job.prompt.empty()) throw ApiError(400, "the rendered conversation is empty", "messages");
+  r.job.render_special = true;
+  // Reasoning and content apart for the families that reason; the reply starts as reasoning when the prompt opened
+  // the think block.
+  using text::TemplateKind;
+  const TemplateKind k = chat_template.kind();
+  r.splits_reasoning = k == TemplateKind::kDeepseek3 || k == TemplateKind::kChatml || k == TemplateKind::kGlm4 ||
+                       k == TemplateKind::kMinimax || k == TemplateKind::kHarmony || k == TemplateKind::kKimiK2;
+  r.think_open = std::string(chat_template.think_open());
+  r.think_close = std::string(chat_template.think_close());
+  const size_t open = rendered.rfind(r.think_open);
+  r.starts_in_reasoning = r.splits_reasoning && open != std::string::npos &&
+                          rendered.find(r.think_close, open) == std::string::npos &&
+                          rendered.find_first_not_of(" \n", open + r.think_open.size()) == std::string::npos;
+  if (auto v = boolean(body, "logprobs")) r.logprobs = *v;
+  if (auto v = integer(body, "top_logprobs", 0, 20)) {
+    if (!r.logprobs) throw ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    r.job.top_logprobs = static_cast<int32_t>(*v);
+  } else if (r.logprobs) {
+    r.job.top_logprobs = 0;
+  }
+  return r;
+}
+
+ReasoningSplitter::Parts ReasoningSplitter::push(std::string_view text) {
+  Parts out;
+  if (!enabled_) {
+    out.content = text;
+    return out;
+  }
+  pending_ += text;
+  for (;;) {
+    const std::string& marker = inside_ ? close_ : open_;
+    const size_t at = pending_.find(marker);
+    std::string& to = inside_ ? out.reasoning : out.content;
+    if (at != std::string::npos) {
+      to += pending_.substr(0, at);
+      pending_.erase(0, at + marker.size());
+      inside_ = !inside_;
+      continue;
+    }
+    // Hold back the longest end that could start the marker.
+    size_t held = 0;
+    for (size_t len = std::min(marker.size() - 1, pending_.size()); len > 0; --len)
+      if (pending_.compare(pending_.size() - len, len, marker, 0, len) == 0) {
+        held = len;
+        break;
+      }
+    to += pending_.substr(0, pending_.size() - held);
+    pending_.erase(0, pending_.size() - held);
+    return out;
+  }
+}
+
+ReasoningSplitter::Parts ReasoningSplitter::flush() {
+  Parts out;
+  (inside_ ? out.reasoning : out.content) = std::move(pending_);
+  pending_.clear();
+  return out;
+}
+
+std::string finish_reason(Finish f) {
+  switch (f) {
+    case Finish::kStop:
+      return "stop";
+    case Finish::kLength:
+      return "length";
+    case Finish::kCancelled:
+      return "cancelled";
+    case Finish::kError:
+      return "error";
+  }
+  return "stop";
+}
+
+json usage_json(const Stream::Update& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+namespace {
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char ch : s) b.push_back(ch);
+  return b;
+}
+
+// A token's text for the logprobs: its bytes as UTF-8 where they are, else with replacement characters (a piece
+// can be part of a character).
+std::string token_text(const text::Tokenizer& tokenizer, int32_t id) {
+  std::string piece = tokenizer.token_to_piece(id, /*render_special=*/true);
+  if (!text::find_invalid_utf8(piece)) return piece;
+  std::string out;
+  for (unsigned char ch : piece) out += ch < 0x80 ? std::string(1, static_cast<char>(ch)) : std::string("\xEF\xBF\xBD");
+  return out;
+}
+
+}  // namespace
+
+json chat_logprobs(const std::vector<TokenLogprob>& lps, const text::Tokenizer& tokenizer) {
+  json content = json::array();
+  for (const TokenLogprob& lp : lps) {
+    json top = json::array();
+    for (const auto& [id, l] : lp.top)
+      top.push_back({{"token", token_text(tokenizer, id)},
+                     {"logprob", l},
+                     {"bytes", bytes_of(tokenizer.token_to_piece(id, true))}});
+    content.push_back({{"token", token_text(tokenizer, lp.token)},
+                       {"logprob", lp.logprob},
+                       {"bytes", bytes_of(tokenizer.token_to_piece(lp.token, true))},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}};
+}
+
+json completion_logprobs(const std::vector<TokenLogprob>& lps, const text::Tokenizer& tokenizer, size_t text_offset) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
+  for (const TokenLogprob& lp : lps) {
+    const std::string t = token_text(tokenizer, lp.token);
+    tokens.push_back(t);
+    token_logprobs.push_back(lp.logprob);
+    json alternatives = json::object();
+    for (const auto& [id, l] : lp.top) alternatives[token_text(tokenizer, id)] = l;
+    top.push_back(std::move(alternatives));
+    offsets.push_back(text_offset);
+    text_offset += tokenizer.token_to_piece(lp.token).size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
+}
+
+}  // namespace hetmoe::server

@@ -1,0 +1,87 @@
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/error.h"
+#include "runtime/text/chat_template.h"
+#include "runtime/text/tokenizer.h"
+#include "server/batcher.h"
+
+namespace hetmoe::server {
+
+// A request the server refuses: the HTTP status and an OpenAI-style error object's fields.
+class ApiError : public Error {
+ public:
+  ApiError(int status, std::string message, std::string param = {}, std::string type = "invalid_request_error")
+      : Error(message), status(status), param(std::move(param)), type(std::move(type)) {}
+  int status;
+  std::string param;
+  std::string type;
+};
+
+// {"error": {"message", "type", "param", "code"}}
+nlohmann::json error_body(std::string_view message, std::string_view type, std::string_view param);
+
+// What every request starts from: the server's sampling defaults and reply limit.
+struct RequestDefaults {
+  engine::SamplingParams sampling{};
+  int64_t max_tokens = -1;
+};
+
+// A parsed /v1/completions or /v1/chat/completions request: the job for the batcher and how to answer.
+struct ParsedRequest {
+  Job job;
+  bool stream = false;
+  bool chat = false;
+  bool logprobs = false;      // chat: logprobs; completions: logprobs given
+  bool include_usage = true;  // streaming: a last chunk with the usage (always sent; stream_options may ask too)
+  // chat: the rendered prompt ends inside an open think block (the reply starts as reasoning), and the markers.
+  bool starts_in_reasoning = false;
+  bool splits_reasoning = false;
+  std::string think_open, think_close;
+};
+
+// The body as JSON; ApiError 400 when it is not a JSON object.
+nlohmann::json parse_body(std::string_view body);
+
+// /v1/completions: prompt (a string, an array of token ids, or an array of one string), sampling fields, stop,
+// logprobs (an integer), stream. ApiError 400 names the field that is wrong.
+ParsedRequest parse_completion(const nlohmann::json& body, const text::Tokenizer& tokenizer,
+                               const RequestDefaults& defaults);
+// /v1/chat/completions: messages rendered with the chat template; logprobs (bool) and top_logprobs.
+ParsedRequest parse_chat(const nlohmann::json& body, const text::Tokenizer& tokenizer,
+                         const text::ChatTemplate& chat_template, const RequestDefaults& defaults);
+
+// Splits a chat reply into reasoning and content as the text streams in: text between the think markers is
+// reasoning; a possible start of a marker is held back until it is decided.
+class ReasoningSplitter {
+ public:
+  ReasoningSplitter(bool enabled, std::string open, std::string close, bool start_inside)
+      : enabled_(enabled), open_(std::move(open)), close_(std::move(close)), inside_(start_inside) {}
+  struct Parts {
+    std::string reasoning, content;
+  };
+  Parts push(std::string_view text);
+  Parts flush();
+
+ private:
+  bool enabled_;
+  std::string open_, close_;
+  bool inside_;
+  std::string pending_;
+};
+
+std::string finish_reason(Finish f);
+nlohmann::json usage_json(const Stream::Update& final);
+// Logprobs of tokens in the chat format ({"content": [{token, logprob, bytes, top_logprobs}]}) and the completions
+// format ({tokens, token_logprobs, top_logprobs, text_offset}).
+nlohmann::json chat_logprobs(const std::vector<TokenLogprob>& lps, const text::Tokenizer& tokenizer);
+nlohmann::json completion_logprobs(const std::vector<TokenLogprob>& lps, const text::Tokenizer& tokenizer,
+                                   size_t text_offset);
+
+}  // namespace hetmoe::server
