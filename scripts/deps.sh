@@ -17,3 +17,16 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# The server's client tests drive it with the official `openai` npm package: Node from Debian (when no node is
+# installed yet) and the package pinned in tests/client/package-lock.json, installed there. Test-only.
+if ! command -v node > /dev/null || ! command -v npm > /dev/null; then
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
+fi
+client="$(dirname "$0")/../tests/client"
+if [[ ! -d $client/node_modules/openai ]]; then
+  npm ci --prefix "$client" --no-audit --no-fund --loglevel=error
+fi

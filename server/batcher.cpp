@@ -9,7 +9,7 @@ namespace hetmoe::server {
 
 Stream::Update Stream::take(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
-  if (!taken_final_ && pending_.text.empty() && pending_.logprobs.empty() && !pending_.finished)
+  if (!taken_final_ && pending_.text.empty() && pending_.tokens == 0 && pending_.logprobs.empty() && !pending_.finished)
     changed_.wait_for(lock, timeout);
   Update out = std::move(pending_);
   pending_ = {};
@@ -26,10 +26,11 @@ Stream::Update Stream::take(std::chrono::milliseconds timeout) {
   return out;
 }
 
-void Stream::append(std::string_view text, const TokenLogprob* logprob) {
+void Stream::append(std::string_view text, const TokenLogprob* logprob, int64_t tokens) {
   {
     std::lock_guard lock(mutex_);
     pending_.text += text;
+    pending_.tokens += tokens;
     if (logprob) pending_.logprobs.push_back(*logprob);
   }
   changed_.notify_all();
@@ -255,6 +256,14 @@ bool Batcher::step() {
   int64_t used = 0;
   for (const Slot& s : slots_) used += s.session->n_past();
   stats_.kv_used = used;
+  stats_.cpu_expert_bytes = model_.cpu_expert_bytes();
+  if (const model::DeviceExperts* dev = model_.device_experts()) {
+    const device::TransferStats t = dev->device().transfers();
+    stats_.to_device_bytes = t.to_device_bytes;
+    stats_.to_host_bytes = t.to_host_bytes;
+    stats_.expert_moves = dev->traffic().moves;
+    stats_.expert_admissions = dev->traffic().admissions;
+  }
   return true;
 }
 
@@ -311,11 +320,11 @@ void Batcher::advance(Slot& slot) {
   const auto [stop_at, held] = find_stop(q.text, q.job.stop);
   if (stop_at != std::string::npos) {
     q.text.resize(stop_at);
-    q.stream->append(q.text, lp ? &*lp : nullptr);
+    q.stream->append(q.text, lp ? &*lp : nullptr, 1);
     q.text.clear();
     return end(slot, Finish::kStop);
   }
-  q.stream->append(std::string_view(q.text).substr(0, q.text.size() - held), lp ? &*lp : nullptr);
+  q.stream->append(std::string_view(q.text).substr(0, q.text.size() - held), lp ? &*lp : nullptr, 1);
   q.text.erase(0, q.text.size() - held);
   if (q.job.max_tokens >= 0 && q.generated >= q.job.max_tokens) return end(slot, Finish::kLength);
   if (session.n_free() < 1) return end(slot, Finish::kLength);  // the slot's context is full
@@ -327,7 +336,7 @@ void Batcher::end(Slot& slot, Finish reason, std::string error) {
   if (reason == Finish::kStop || reason == Finish::kLength) {
     // What was held back: an incomplete character, a partial stop string that never completed.
     if (q.decoder) q.text += q.decoder->flush();
-    if (!q.text.empty()) q.stream->append(q.text, nullptr);
+    if (!q.text.empty()) q.stream->append(q.text, nullptr, 0);
   }
   q.stream->finish(reason, std::move(error), static_cast<int64_t>(q.job.prompt.size()), q.cached, q.generated);
   {

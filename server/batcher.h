@@ -46,6 +46,7 @@ class Stream {
   struct Update {
     std::string text;                    // new text since the last take (complete UTF-8, stop strings held back)
     std::vector<TokenLogprob> logprobs;  // of the tokens generated since the last take
+    int64_t tokens = 0;                  // tokens generated since the last take
     bool finished = false;
     Finish finish = Finish::kStop;
     std::string error;  // kError: what went wrong
@@ -58,7 +59,7 @@ class Stream {
   bool cancelled() const { return cancelled_.load(); }
 
   // The batcher's side.
-  void append(std::string_view text, const TokenLogprob* logprob);
+  void append(std::string_view text, const TokenLogprob* logprob, int64_t tokens);
   void finish(Finish reason, std::string error, int64_t prompt_tokens, int64_t cached_tokens,
               int64_t completion_tokens);
 
@@ -91,6 +92,10 @@ struct BatcherStats {
   int64_t steps = 0, step_rows = 0;
   int64_t queued = 0, busy_slots = 0, slots = 0;
   int64_t kv_used = 0, kv_total = 0;  // positions
+  // The model's counters after the last step (read on the worker, between passes).
+  uint64_t cpu_expert_bytes = 0;                     // routed-expert weights the CPU read
+  uint64_t to_device_bytes = 0, to_host_bytes = 0;   // a device's copies
+  uint64_t expert_moves = 0, expert_admissions = 0;  // the scheduler's
 };
 
 // Continuous batching: up to `parallel` sequences, each in its own slot, advance together, one forward pass per

@@ -67,7 +67,15 @@ struct HttpServer::Impl {
   std::string metrics_text() const;
   bool authorized(const httplib::Request& req, httplib::Response& res);
   void generate(const httplib::Request& req, httplib::Response& res, bool chat);
-  void answer_whole(const ParsedRequest& r, const std::shared_ptr<Stream>& stream, httplib::Response& res);
+  // What a whole answer gathers from its stream.
+  struct Collected {
+    std::string text;
+    std::vector<TokenLogprob> logprobs;
+    int64_t tokens = 0;
+    Stream::Update final;  // finished once the stream ended
+  };
+  std::pair<int, std::string> whole_answer(const ParsedRequest& r, const Collected& c) const;
+  void answer_whole(ParsedRequest r, std::shared_ptr<Stream> stream, httplib::Response& res);
   void answer_streamed(ParsedRequest r, std::shared_ptr<Stream> stream, httplib::Response& res);
 };
 
@@ -146,18 +154,15 @@ std::string HttpServer::Impl::metrics_text() const {
   metric("kv_cache_usage_ratio", "gauge", "Used over total KV positions.",
          b.kv_total > 0 ? static_cast<double>(b.kv_used) / static_cast<double>(b.kv_total) : 0.0);
   metric("cpu_expert_bytes_total", "counter", "Routed-expert weight bytes the CPU read.",
-         static_cast<double>(s.model.cpu_expert_bytes()));
-  const model::DeviceExperts* dev = s.model.device_experts();
-  const device::TransferStats t = dev ? dev->device().transfers() : device::TransferStats{};
+         static_cast<double>(b.cpu_expert_bytes));
   metric("device_bytes_to_device_total", "counter", "Bytes copied to the device (experts moved and admitted).",
-         static_cast<double>(t.to_device_bytes));
+         static_cast<double>(b.to_device_bytes));
   metric("device_bytes_to_host_total", "counter", "Bytes copied back from the device.",
-         static_cast<double>(t.to_host_bytes));
-  const sched::Traffic traffic = dev ? dev->traffic() : sched::Traffic{};
+         static_cast<double>(b.to_host_bytes));
   metric("expert_moves_total", "counter", "Routed experts moved to the device for one step.",
-         static_cast<double>(traffic.moves));
+         static_cast<double>(b.expert_moves));
   metric("expert_admissions_total", "counter", "Routed experts admitted to the device's residency.",
-         static_cast<double>(traffic.admissions));
+         static_cast<double>(b.expert_admissions));
   metric("streams_open", "gauge", "Streamed replies in progress.", static_cast<double>(s.streams_open.load()));
   return out;
 }
@@ -302,22 +307,15 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
     return send_error(res, 400, e.what());
   }
   if (r.stream) return answer_streamed(std::move(r), std::move(stream), res);
-  answer_whole(r, stream, res);
+  answer_whole(std::move(r), std::move(stream), res);
 }
 
-void HttpServer::Impl::answer_whole(const ParsedRequest& r, const std::shared_ptr<Stream>& stream,
-                                    httplib::Response& res) {
-  std::string text;
-  std::vector<TokenLogprob> logprobs;
-  Stream::Update u;
-  for (;;) {
-    u = stream->take(kPoll);
-    text += u.text;
-    logprobs.insert(logprobs.end(), u.logprobs.begin(), u.logprobs.end());
-    if (u.finished) break;
-  }
-  if (u.finish == Finish::kError) return send_error(res, 500, u.error, {}, "server_error");
-  if (u.finish == Finish::kCancelled) return send_error(res, 503, "the request was cancelled", {}, "server_error");
+// A whole answer: what the stream gave, as the endpoint's JSON. Its status: 200, or an error's.
+std::pair<int, std::string> HttpServer::Impl::whole_answer(const ParsedRequest& r, const Collected& c) const {
+  const Stream::Update& u = c.final;
+  if (u.finish == Finish::kError) return {500, dump(error_body(u.error, "server_error", {}))};
+  if (u.finish == Finish::kCancelled)
+    return {503, dump(error_body("the request was cancelled (the server is stopping)", "server_error", {}))};
   json choice = {{"index", 0}, {"finish_reason", finish_reason(u.finish)}};
   json out = {{"id", random_id(r.chat ? "chatcmpl" : "cmpl")},
               {"created", std::time(nullptr)},
@@ -326,21 +324,61 @@ void HttpServer::Impl::answer_whole(const ParsedRequest& r, const std::shared_pt
               {"usage", usage_json(u)}};
   if (r.chat) {
     ReasoningSplitter split(r.splits_reasoning, r.think_open, r.think_close, r.starts_in_reasoning);
-    ReasoningSplitter::Parts parts = split.push(text), rest = split.flush();
+    ReasoningSplitter::Parts parts = split.push(c.text), rest = split.flush();
     parts.reasoning += rest.reasoning;
     parts.content += rest.content;
     json message = {{"role", "assistant"}, {"content", parts.content}};
     if (!parts.reasoning.empty()) message["reasoning_content"] = parts.reasoning;
     choice["message"] = std::move(message);
-    choice["logprobs"] = r.logprobs ? chat_logprobs(logprobs, tokenizer) : json(nullptr);
+    choice["logprobs"] = r.logprobs ? chat_logprobs(c.logprobs, tokenizer) : json(nullptr);
     out["object"] = "chat.completion";
   } else {
-    choice["text"] = text;
-    choice["logprobs"] = r.logprobs ? completion_logprobs(logprobs, tokenizer, 0) : json(nullptr);
+    choice["text"] = c.text;
+    choice["logprobs"] = r.logprobs ? completion_logprobs(c.logprobs, tokenizer, 0) : json(nullptr);
     out["object"] = "text_completion";
   }
   out["choices"] = json::array({std::move(choice)});
-  res.set_content(dump(out), "application/json");
+  return {200, dump(out)};
+}
+
+// Whole answers wait for their first token in the handler: an error in the prompt's evaluation still gets its
+// status. Then the rest is awaited in a content provider that watches the connection, so a client that hangs up
+// cancels its request at the next step; the status (200) is sent with the body at the end.
+void HttpServer::Impl::answer_whole(ParsedRequest r, std::shared_ptr<Stream> stream, httplib::Response& res) {
+  auto c = std::make_shared<Collected>();
+  auto add = [](Collected& c, Stream::Update u) {
+    c.text += u.text;
+    c.logprobs.insert(c.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
+    c.tokens += u.tokens;
+    if (u.finished) c.final = std::move(u);
+  };
+  while (!c->final.finished && c->tokens == 0) add(*c, stream->take(kPoll));
+  if (c->final.finished) {
+    const auto [status, body] = whole_answer(r, *c);
+    res.status = status;
+    res.set_content(body, "application/json");
+    return;
+  }
+  ++streams_open;
+  res.set_chunked_content_provider(
+      "application/json",
+      [this, r = std::move(r), stream, c, add](size_t, httplib::DataSink& sink) {
+        while (!c->final.finished) {
+          if (!sink.is_writable()) {
+            stream->cancel();
+            return false;
+          }
+          add(*c, stream->take(kPoll));
+        }
+        const std::string body = whole_answer(r, *c).second;
+        if (!sink.write(body.data(), body.size())) return false;
+        sink.done();
+        return true;
+      },
+      [this, stream](bool success) {
+        if (!success) stream->cancel();
+        --streams_open;
+      });
 }
 
 void HttpServer::Impl::answer_streamed(ParsedRequest r, std::shared_ptr<Stream> stream, httplib::Response& res) {
@@ -391,6 +429,10 @@ void HttpServer::Impl::answer_streamed(ParsedRequest r, std::shared_ptr<Stream> 
             s.stream->cancel();
             return false;
           }
+        }
+        if (!sink.is_writable()) {  // the client went away
+          s.stream->cancel();
+          return false;
         }
         const Stream::Update u = s.stream->take(kPoll);
         // The text (and its tokens' logprobs) as one chunk.

@@ -11,6 +11,8 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
+#include <tuple>
 
 #include "cpu_kernels/bandwidth.h"
 #include "cpu_kernels/kernel_table.h"
@@ -26,6 +28,7 @@
 #include "scheduler/machine.h"
 #include "scheduler/policies.h"
 #include "scheduler/routing_trace.h"
+#include "server/batcher.h"
 #include "tools/commands.h"
 #include "tools/svg_report.h"
 
@@ -155,6 +158,165 @@ PolicyResult bench_policy(model::Model& m, const BenchOptions& opt, int threads,
   return r;
 }
 
+// One level of --concurrency: `level` streams submitted together to the server's batcher (random prompts of
+// --prompt tokens, greedy, --gen tokens each), decoding in the same forward passes.
+struct LevelRun {
+  double aggregate_tok_s = 0;   // all streams' tokens after their first, over the time all of them were decoding
+  double per_stream_tok_s = 0;  // the median stream's tokens after its first over its own decode time
+  double ttft_s = 0;            // the median stream's time from submission to its first token
+  double cpu_expert_bytes_per_token = 0, moves_per_token = 0, admissions_per_token = 0;
+  double rows_per_step = 0;  // decode steps: rows per forward pass
+};
+
+LevelRun run_level(model::Model& m, const BenchOptions& opt, int level, uint32_t seed) {
+  const model::ModelConfig& c = m.config();
+  server::Batcher batcher(m, nullptr,
+                          {.parallel = level,
+                           .slot_ctx = opt.prompt + opt.gen + 1,
+                           .max_batch_tokens = std::max<int64_t>(512, level),
+                           .max_queue = static_cast<size_t>(level)});
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(c.n_vocab - 1));
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  std::vector<std::shared_ptr<server::Stream>> streams;
+  for (int i = 0; i < level; ++i) {
+    server::Job job;
+    job.prompt.resize(static_cast<size_t>(opt.prompt));
+    for (int32_t& t : job.prompt) t = id(rng);
+    job.sampling.temperature = 0;
+    job.max_tokens = opt.gen;
+    streams.push_back(batcher.submit(std::move(job)));
+  }
+  std::vector<Clock::time_point> first(level), last(level);
+  std::vector<int64_t> got(level, 0);
+  std::vector<bool> done(level, false);
+  server::BatcherStats at_decode{};
+  bool decoding = false;
+  for (int left = level; left > 0;) {
+    for (int i = 0; i < level; ++i) {
+      if (done[i]) continue;
+      // Blocking, one stream after the other: the streams advance in the same steps, so the others' tokens are
+      // there when this one's arrive. (Polling would take CPU time from the pool's threads, and a parallel loop
+      // waits for its slowest thread.)
+      const server::Stream::Update u = streams[i]->take(std::chrono::milliseconds(1000));
+      const auto now = Clock::now();
+      if (u.tokens > 0) {
+        if (got[i] == 0) first[i] = now;
+        got[i] += u.tokens;
+        last[i] = now;
+      }
+      if (u.finished) {
+        if (u.finish == server::Finish::kError) fail("concurrency {}: {}", level, u.error);
+        done[i] = true;
+        --left;
+      }
+    }
+    if (!decoding && std::all_of(got.begin(), got.end(), [](int64_t g) { return g > 0; })) {
+      decoding = true;
+      at_decode = batcher.stats();
+    }
+  }
+  const server::BatcherStats end = batcher.stats();
+  LevelRun r;
+  std::vector<double> per_stream, ttft;
+  for (int i = 0; i < level; ++i) {
+    per_stream.push_back(static_cast<double>(got[i] - 1) /
+                         std::max(1e-9, std::chrono::duration<double>(last[i] - first[i]).count()));
+    ttft.push_back(std::chrono::duration<double>(first[i] - t0).count());
+  }
+  // From the moment every stream has its first token, every step is a decode step of all of them: their rows.
+  const double rows = static_cast<double>(std::max<int64_t>(1, end.step_rows - at_decode.step_rows));
+  const auto start = *std::max_element(first.begin(), first.end());
+  const auto stop = *std::max_element(last.begin(), last.end());
+  r.aggregate_tok_s = rows / std::max(1e-9, std::chrono::duration<double>(stop - start).count());
+  r.per_stream_tok_s = median_of(per_stream);
+  r.ttft_s = median_of(ttft);
+  r.cpu_expert_bytes_per_token = static_cast<double>(end.cpu_expert_bytes - at_decode.cpu_expert_bytes) / rows;
+  r.moves_per_token = static_cast<double>(end.expert_moves - at_decode.expert_moves) / rows;
+  r.admissions_per_token = static_cast<double>(end.expert_admissions - at_decode.expert_admissions) / rows;
+  r.rows_per_step = rows / static_cast<double>(std::max<int64_t>(1, end.steps - at_decode.steps));
+  return r;
+}
+
+struct ConcurrencyResult {
+  std::string policy;
+  std::vector<std::pair<int, std::vector<LevelRun>>> levels;  // streams, measured runs
+};
+
+// The concurrency table: per policy and level, medians [min-max] of the runs; the aggregate speedup over the first
+// level; with --json, every run.
+int report_concurrency(const BenchOptions& opt, engine::Engine& e, const std::vector<ConcurrencyResult>& results,
+                       const std::optional<double>& zipf, bool trace) {
+  if (zipf) fmt::print("routing: synthetic, Zipf s = {} (the model's outputs are not its own)\n", *zipf);
+  if (trace) fmt::print("routing: replayed from {} (the model's outputs are not its own)\n", opt.trace);
+  const std::string device = e.device() ? e.device()->name() : "none";
+  fmt::print(
+      "model {} ({:.2f} GB), {} threads, prompts of {} tokens, {} tokens per stream, median [min-max] of {} runs; "
+      "device: {}\n",
+      opt.model, static_cast<double>(e.model().file().file_size()) / 1e9, e.model().pool().size(), opt.prompt, opt.gen,
+      opt.repeat, device);
+  nlohmann::json out = nlohmann::json::array();
+  for (const ConcurrencyResult& r : results) {
+    fmt::print("{:<9} {:>7}  {:<24} {:<20} {:<8} {:<9} {:<14} {:<11} {}\n", "policy", "streams",
+               "aggregate decode tok/s", "per-stream tok/s", "TTFT s", "rows/step", "CPU expert MB", "moves",
+               "admitted");
+    fmt::print("{:<9} {:>7}  {:<24} {:<20} {:<8} {:<9} {:<14} {:<11} {}\n", "", "", "", "", "", "", "per token",
+               "per token", "per token");
+    double base = 0;
+    nlohmann::json levels = nlohmann::json::array();
+    for (const auto& [level, runs] : r.levels) {
+      auto field = [&](double LevelRun::*f) {
+        std::vector<double> v;
+        for (const LevelRun& run : runs) v.push_back(run.*f);
+        const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+        return std::make_tuple(median_of(v), *lo, *hi);
+      };
+      const auto [agg, agg_lo, agg_hi] = field(&LevelRun::aggregate_tok_s);
+      const auto [per, per_lo, per_hi] = field(&LevelRun::per_stream_tok_s);
+      const double ttft = std::get<0>(field(&LevelRun::ttft_s));
+      const double rows = std::get<0>(field(&LevelRun::rows_per_step));
+      const double cpu_bytes = std::get<0>(field(&LevelRun::cpu_expert_bytes_per_token));
+      const double moves = std::get<0>(field(&LevelRun::moves_per_token));
+      const double admitted = std::get<0>(field(&LevelRun::admissions_per_token));
+      if (base == 0) base = agg;
+      fmt::print("{:<9} {:>7}  {:<24} {:<20} {:<8.3f} {:<9.1f} {:<14.1f} {:<11.2f} {:.2f}\n", r.policy, level,
+                 fmt::format("{:.1f} [{:.1f}-{:.1f}] {:.2f}x", agg, agg_lo, agg_hi, agg / base),
+                 fmt::format("{:.1f} [{:.1f}-{:.1f}]", per, per_lo, per_hi), ttft, rows, cpu_bytes / 1e6, moves,
+                 admitted);
+      nlohmann::json rs = nlohmann::json::array();
+      for (const LevelRun& run : runs)
+        rs.push_back({{"aggregate_decode_tok_s", run.aggregate_tok_s},
+                      {"per_stream_decode_tok_s", run.per_stream_tok_s},
+                      {"ttft_s", run.ttft_s},
+                      {"rows_per_step", run.rows_per_step},
+                      {"cpu_expert_bytes_per_token", run.cpu_expert_bytes_per_token},
+                      {"moves_per_token", run.moves_per_token},
+                      {"admissions_per_token", run.admissions_per_token}});
+      levels.push_back({{"streams", level},
+                        {"aggregate_decode_tok_s", agg},
+                        {"per_stream_decode_tok_s", per},
+                        {"ttft_s", ttft},
+                        {"rows_per_step", rows},
+                        {"cpu_expert_bytes_per_token", cpu_bytes},
+                        {"moves_per_token", moves},
+                        {"admissions_per_token", admitted},
+                        {"speedup", agg / base},
+                        {"runs", rs}});
+    }
+    out.push_back({{"policy", r.policy}, {"levels", levels}});
+  }
+  if (!opt.json.empty())
+    io::write_file(opt.json, nlohmann::json{{"model", opt.model},
+                                            {"prompt_tokens", opt.prompt},
+                                            {"gen_tokens", opt.gen},
+                                            {"device", device},
+                                            {"concurrency", out}}
+                                     .dump(2) +
+                                 "\n");
+  return 0;
+}
+
 // Every MoE layer's routing replaced by the steps of a source: Zipf draws (--synthetic zipf:S: a fixed ranking of
 // each layer's experts, one workload for the warm-up counts that place experts and for the runs) or a trace replayed
 // (--trace FILE).
@@ -260,6 +422,7 @@ int bench(const BenchOptions& opt) {
   // Each policy on a freshly loaded model (the file stays mapped by the OS cache): cpu without a device, the others
   // with the device of --device, placed and run by their plans.
   std::vector<PolicyResult> results;
+  std::vector<ConcurrencyResult> concurrency;
   std::unique_ptr<engine::Engine> e;
   EnergyMeter energy;
   for (const std::string& policy : opt.policies) {
@@ -280,6 +443,22 @@ int bench(const BenchOptions& opt) {
       routing.emplace(
           [replay = sched::TraceReplay(*trace)](int64_t l, int64_t n) mutable { return replay.next(l, n); });
     m->set_routing_override(routing ? &*routing : nullptr);
+    if (!opt.concurrency.empty()) {
+      ConcurrencyResult cr{.policy = policy, .levels = {}};
+      run_level(*m, opt, opt.concurrency.front(), 99);  // warm-up: the mapped weights fault in
+      for (const int level : opt.concurrency) {
+        std::vector<LevelRun> runs;
+        for (int i = 0; i < opt.repeat; ++i) {
+          fmt::print(stderr, "\r  {}: {} streams, run {}/{}        ", policy, level, i + 1, opt.repeat);
+          runs.push_back(run_level(*m, opt, level, static_cast<uint32_t>(1000 * level + i)));
+        }
+        cr.levels.emplace_back(level, std::move(runs));
+      }
+      fmt::print(stderr, "\r  {}: done{:40}\n", policy, "");
+      m->set_routing_override(nullptr);
+      concurrency.push_back(std::move(cr));
+      continue;
+    }
     PolicyResult r = bench_policy(*m, opt, threads, policy, energy);
     m->set_routing_override(nullptr);
     if (const model::DeviceExperts* dev = m->device_experts())
@@ -288,6 +467,7 @@ int bench(const BenchOptions& opt) {
   }
   fmt::print(stderr, "\n");
 
+  if (!concurrency.empty()) return report_concurrency(opt, *e, concurrency, zipf, trace.has_value());
   if (zipf) fmt::print("routing: synthetic, Zipf s = {} (the model's outputs are not its own)\n", *zipf);
   if (trace) fmt::print("routing: replayed from {} (the model's outputs are not its own)\n", opt.trace);
   fmt::print("model {}  ({:.2f} GB file, {:.3f} GB read per decoded token), median [min-max] of {} runs\n", opt.model,

@@ -95,9 +95,10 @@ struct BenchOptions {
   DeviceOptions device;
   std::string critical;  // split models: --critical R|all (empty: the default)
   int threads = 0;
-  int repeat = 3;         // measured runs per policy (after one warm-up run); medians are reported
-  std::string synthetic;  // "zipf:S": replace the model's routing by Zipf-skewed routing of exponent S
-  std::string trace;      // or replay this routing trace (hetmoe run --trace-routing), cycled
+  int repeat = 3;                // measured runs per policy (after one warm-up run); medians are reported
+  std::string synthetic;         // "zipf:S": replace the model's routing by Zipf-skewed routing of exponent S
+  std::string trace;             // or replay this routing trace (hetmoe run --trace-routing), cycled
+  std::vector<int> concurrency;  // streams decoded together per level (the server's batcher); empty: one stream
 };
 
 struct SimulateOptions {

@@ -301,6 +301,12 @@ int main(int argc, char** argv) {
   c_bench->add_option("--trace", bench.trace,
                       "replay this routing trace (hetmoe run --trace-routing) instead of the model's routing; its "
                       "counts place the experts");
+  c_bench
+      ->add_option("--concurrency", bench.concurrency,
+                   "levels of streams decoded together (e.g. 1,4,8): aggregate and per-stream decode, TTFT, CPU "
+                   "expert bytes and moves per token")
+      ->delimiter(',')
+      ->check(cli::in_range(1, 256, "streams"));
   c_bench->add_option("--repeat", bench.repeat, "measured runs per policy after a warm-up (median and spread)")
       ->check(cli::in_range(1, 1000, "runs"));
   add_threads(c_bench, &bench.threads);

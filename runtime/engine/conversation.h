@@ -42,8 +42,8 @@ class Conversation {
   // again (a reply's text need not tokenize to the ids the model generated).
   struct CacheRecord {
     std::vector<int32_t> tokens;
-    std::vector<int64_t> segment_tokens;  // tokens per segment, in order
-    std::vector<size_t> segment_ends;     // each segment's end in text
+    std::vector<int64_t> segment_tokens{};  // tokens per segment, in order
+    std::vector<size_t> segment_ends{};     // each segment's end in text
     std::string text;
   };
   CacheRecord cache_record() const;

@@ -20,7 +20,7 @@ struct ChatMessage {
 struct RenderOptions {
   bool add_generation_prompt = true;  // end with the assistant's turn opening
   bool enable_thinking = true;        // Qwen3, GLM-4.5, DeepSeek-V4: false asks for no thinking, as their templates do
-  std::string date;                   // gpt-oss's "Current date" (YYYY-MM-DD); empty: today
+  std::string date{};                 // gpt-oss's "Current date" (YYYY-MM-DD); empty: today
 };
 
 // The chat formats hetmoe knows, rendered in C++ (no Jinja): each produces exactly the string the model's own

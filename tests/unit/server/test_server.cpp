@@ -274,7 +274,7 @@ TEST(Server, AFullQueueGets503WithRetryAfter) {
 // A client that reads two chunks of a long stream and hangs up: its sequence is cancelled within a few steps and
 // its slot is free again.
 TEST(Server, AClientThatGoesAwayFreesItsSlot) {
-  Served s("tiny-qwen3moe-Q4_K_M.gguf", {.parallel = 1, .slot_ctx = 512});
+  Served s("tiny-qwen3moe-Q4_K_M.gguf", {.parallel = 1, .slot_ctx = 4096});
   {
     httplib::Client c = s.client();
     int chunks = 0;
@@ -288,14 +288,64 @@ TEST(Server, AClientThatGoesAwayFreesItsSlot) {
   }
   for (int i = 0; i < 500 && s.batcher.stats().busy_slots > 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  const BatcherStats st = s.batcher.stats();
+  BatcherStats st = s.batcher.stats();
   EXPECT_EQ(st.busy_slots, 0);
   EXPECT_EQ(st.cancelled, 1);
   EXPECT_LT(st.generated_tokens, 400);
+  // A whole answer's client that gives up waiting (its read times out, it closes the connection): the same.
+  {
+    httplib::Client c = s.client();
+    c.set_read_timeout(0, 200'000);
+    auto r = c.Post("/v1/completions", json{{"prompt", "tell a long story"}, {"max_tokens", 4000}}.dump(),
+                    "application/json");
+    EXPECT_FALSE(r);
+  }
+  for (int i = 0; i < 500 && s.batcher.stats().busy_slots > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  st = s.batcher.stats();
+  EXPECT_EQ(st.busy_slots, 0);
+  EXPECT_EQ(st.cancelled, 2);
+  EXPECT_LT(st.generated_tokens, 400 + 4000);
   // The slot serves the next request.
   auto r = s.post("/v1/completions", {{"prompt", "again"}, {"max_tokens", 3}});
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
+}
+
+// Stopping (SIGTERM's path): no new request is taken (503), the ones in flight finish within the grace, the rest
+// are cancelled.
+TEST(Server, StoppingFinishesOrCancelsWhatIsInFlight) {
+  for (const bool grace : {true, false}) {
+    SCOPED_TRACE(grace ? "with grace" : "without");
+    Served s("tiny-qwen3moe-Q4_K_M.gguf", {.parallel = 1, .slot_ctx = 512});
+    Job job;
+    job.prompt = {1, 2, 3};
+    job.sampling.temperature = 0;
+    job.max_tokens = 300;
+    auto running = s.batcher.submit(job);
+    auto waiting = s.batcher.submit(job);
+    while (s.batcher.stats().busy_slots == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::thread stopper(
+        [&] { s.batcher.stop(grace ? std::chrono::milliseconds(60000) : std::chrono::milliseconds(0)); });
+    while (!s.batcher.stopping()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    auto refused = s.post("/v1/completions", {{"prompt", "late"}, {"max_tokens", 2}});
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->status, 503);
+    EXPECT_EQ(s.client().Get("/health")->status, 503);
+    stopper.join();
+    for (const auto& st : {running, waiting}) {
+      Stream::Update u;
+      int64_t tokens = 0;
+      do {
+        u = st->take(std::chrono::milliseconds(10));
+        tokens += u.tokens;
+      } while (!u.finished);
+      EXPECT_EQ(u.finish, grace ? Finish::kLength : Finish::kCancelled);
+      if (grace) {
+        EXPECT_EQ(tokens, 300);
+      }
+    }
+  }
 }
 
 TEST(Server, TokenizeDetokenizeModelsAndMetrics) {
