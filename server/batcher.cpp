@@ -236,33 +236,36 @@ bool Batcher::step() {
     return true;
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  {
+    // The step's counts first: whoever sees a token of this step sees them too.
+    std::lock_guard lock(mutex_);
+    ++stats_.steps;
+    int64_t rows = 0;
+    for (const auto& p : parts) rows += static_cast<int64_t>(p.tokens.size());
+    stats_.step_rows += rows;
+    stats_.prefill_tokens += prompt_rows;
+    if (prompt_rows > 0) {
+      stats_.prefill_seconds += seconds;
+    } else {
+      stats_.decode_seconds += seconds;
+    }
+    int64_t used = 0;
+    for (const Slot& s : slots_) used += s.session->n_past();
+    stats_.kv_used = used;
+    stats_.cpu_expert_bytes = model_.cpu_expert_bytes();
+    if (const model::DeviceExperts* dev = model_.device_experts()) {
+      const device::TransferStats t = dev->device().transfers();
+      stats_.to_device_bytes = t.to_device_bytes;
+      stats_.to_host_bytes = t.to_host_bytes;
+      stats_.expert_moves = dev->traffic().moves;
+      stats_.expert_admissions = dev->traffic().admissions;
+    }
+  }
   for (size_t i = 0; i < parts.size(); ++i) {
     Slot& s = *owners[i];
     Sequence& q = *s.seq;
     if (q.next < 0) q.prompt_done += static_cast<int64_t>(parts[i].tokens.size());
     if (parts[i].logits) advance(s);
-  }
-  std::lock_guard lock(mutex_);
-  ++stats_.steps;
-  int64_t rows = 0;
-  for (const auto& p : parts) rows += static_cast<int64_t>(p.tokens.size());
-  stats_.step_rows += rows;
-  stats_.prefill_tokens += prompt_rows;
-  if (prompt_rows > 0) {
-    stats_.prefill_seconds += seconds;
-  } else {
-    stats_.decode_seconds += seconds;
-  }
-  int64_t used = 0;
-  for (const Slot& s : slots_) used += s.session->n_past();
-  stats_.kv_used = used;
-  stats_.cpu_expert_bytes = model_.cpu_expert_bytes();
-  if (const model::DeviceExperts* dev = model_.device_experts()) {
-    const device::TransferStats t = dev->device().transfers();
-    stats_.to_device_bytes = t.to_device_bytes;
-    stats_.to_host_bytes = t.to_host_bytes;
-    stats_.expert_moves = dev->traffic().moves;
-    stats_.expert_admissions = dev->traffic().admissions;
   }
   return true;
 }

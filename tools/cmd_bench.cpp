@@ -192,6 +192,7 @@ LevelRun run_level(model::Model& m, const BenchOptions& opt, int level, uint32_t
   std::vector<int64_t> got(level, 0);
   std::vector<bool> done(level, false);
   server::BatcherStats at_decode{};
+  std::vector<int64_t> base;  // each stream's tokens when all of them had their first
   bool decoding = false;
   for (int left = level; left > 0;) {
     for (int i = 0; i < level; ++i) {
@@ -215,6 +216,7 @@ LevelRun run_level(model::Model& m, const BenchOptions& opt, int level, uint32_t
     if (!decoding && std::all_of(got.begin(), got.end(), [](int64_t g) { return g > 0; })) {
       decoding = true;
       at_decode = batcher.stats();
+      base = got;
     }
   }
   const server::BatcherStats end = batcher.stats();
@@ -225,11 +227,14 @@ LevelRun run_level(model::Model& m, const BenchOptions& opt, int level, uint32_t
                          std::max(1e-9, std::chrono::duration<double>(last[i] - first[i]).count()));
     ttft.push_back(std::chrono::duration<double>(first[i] - t0).count());
   }
-  // From the moment every stream has its first token, every step is a decode step of all of them: their rows.
+  // From the moment every stream has its first token, every step is a decode step of all of them.
   const double rows = static_cast<double>(std::max<int64_t>(1, end.step_rows - at_decode.step_rows));
   const auto start = *std::max_element(first.begin(), first.end());
   const auto stop = *std::max_element(last.begin(), last.end());
-  r.aggregate_tok_s = rows / std::max(1e-9, std::chrono::duration<double>(stop - start).count());
+  int64_t decoded = 0;
+  for (int i = 0; i < level; ++i) decoded += got[i] - base[i];
+  r.aggregate_tok_s =
+      static_cast<double>(decoded) / std::max(1e-9, std::chrono::duration<double>(stop - start).count());
   r.per_stream_tok_s = median_of(per_stream);
   r.ttft_s = median_of(ttft);
   r.cpu_expert_bytes_per_token = static_cast<double>(end.cpu_expert_bytes - at_decode.cpu_expert_bytes) / rows;
