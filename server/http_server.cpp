@@ -328,6 +328,20 @@ std::pair<int, std::string> HttpServer::Impl::whole_answer(const ParsedRequest& 
     parts.reasoning += rest.reasoning;
     parts.content += rest.content;
     json message = {{"role", "assistant"}, {"content", parts.content}};
+    if (r.tool_format != text::ToolCallFormat::kNone) {
+      // The calls out of the content (the prompt's opening of a forced call first).
+      text::ToolCallParser calls(r.tool_format);
+      text::ToolCallParser::Parts found = calls.push(r.reply_prefix + parts.content), tail = calls.flush();
+      found.content += tail.content;
+      if (!found.calls.empty()) {
+        for (text::ToolCall& call : found.calls) call.id = random_id("call");
+        const size_t b = found.content.find_first_not_of(" \n\r\t");
+        const size_t e = found.content.find_last_not_of(" \n\r\t");
+        message["content"] = b == std::string::npos ? json(nullptr) : json(found.content.substr(b, e - b + 1));
+        message["tool_calls"] = tool_calls_json(found.calls, 0, false);
+        if (u.finish == Finish::kStop) choice["finish_reason"] = "tool_calls";
+      }
+    }
     if (!parts.reasoning.empty()) message["reasoning_content"] = parts.reasoning;
     choice["message"] = std::move(message);
     choice["logprobs"] = r.logprobs ? chat_logprobs(c.logprobs, tokenizer) : json(nullptr);
@@ -389,6 +403,8 @@ void HttpServer::Impl::answer_streamed(ParsedRequest r, std::shared_ptr<Stream> 
     std::string id;
     std::time_t created;
     ReasoningSplitter split;
+    text::ToolCallParser calls;
+    size_t n_calls = 0;
     bool sent_role = false, done = false;
     size_t text_offset = 0;
     std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
@@ -397,9 +413,12 @@ void HttpServer::Impl::answer_streamed(ParsedRequest r, std::shared_ptr<Stream> 
                                           .stream = std::move(stream),
                                           .id = {},
                                           .created = std::time(nullptr),
-                                          .split = ReasoningSplitter(false, {}, {}, false)});
+                                          .split = ReasoningSplitter(false, {}, {}, false),
+                                          .calls = text::ToolCallParser(text::ToolCallFormat::kNone)});
   st->id = random_id(st->r.chat ? "chatcmpl" : "cmpl");
   st->split = ReasoningSplitter(st->r.splits_reasoning, st->r.think_open, st->r.think_close, st->r.starts_in_reasoning);
+  st->calls = text::ToolCallParser(st->r.tool_format);
+  if (!st->r.reply_prefix.empty()) st->calls.push(st->r.reply_prefix);  // held back: it opens a call
   ++streams_open;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
@@ -436,11 +455,25 @@ void HttpServer::Impl::answer_streamed(ParsedRequest r, std::shared_ptr<Stream> 
         }
         const Stream::Update u = s.stream->take(kPoll);
         // The text (and its tokens' logprobs) as one chunk.
-        auto text_chunk = [&](const ReasoningSplitter::Parts& parts, const std::vector<TokenLogprob>& lps) {
+        auto text_chunk = [&](const ReasoningSplitter::Parts& parts, const std::vector<TokenLogprob>& lps,
+                              bool flushing = false) {
           if (s.r.chat) {
             json delta = json::object();
             if (!parts.reasoning.empty()) delta["reasoning_content"] = parts.reasoning;
-            if (!parts.content.empty()) delta["content"] = parts.content;
+            text::ToolCallParser::Parts found = s.calls.push(parts.content);
+            if (flushing) {
+              text::ToolCallParser::Parts tail = s.calls.flush();
+              found.content += tail.content;
+            }
+            // Once a call was made, the whitespace between calls is not content.
+            const bool blank = found.content.find_first_not_of(" \n\r\t") == std::string::npos;
+            if (!found.content.empty() && !(blank && (s.n_calls > 0 || !found.calls.empty())))
+              delta["content"] = found.content;
+            if (!found.calls.empty()) {
+              for (text::ToolCall& call : found.calls) call.id = random_id("call");
+              delta["tool_calls"] = tool_calls_json(found.calls, s.n_calls, true);
+              s.n_calls += found.calls.size();
+            }
             if (delta.empty() && lps.empty()) return true;
             return send(chunk({{"index", 0},
                                {"delta", delta},
@@ -454,19 +487,20 @@ void HttpServer::Impl::answer_streamed(ParsedRequest r, std::shared_ptr<Stream> 
         };
         bool ok = text_chunk(s.r.chat ? s.split.push(u.text) : ReasoningSplitter::Parts{{}, u.text}, u.logprobs);
         if (ok && u.finished) {
-          if (s.r.chat) ok = text_chunk(s.split.flush(), {});
+          if (s.r.chat) ok = text_chunk(s.split.flush(), {}, true);
           if (ok && u.finish == Finish::kError) {
             const std::string line = "data: " + dump(error_body(u.error, "server_error", {})) + "\n\n";
             ok = sink.write(line.data(), line.size());
           } else if (ok) {
-            json last = chunk(s.r.chat ? json{{"index", 0},
-                                              {"delta", json::object()},
-                                              {"logprobs", nullptr},
-                                              {"finish_reason", finish_reason(u.finish)}}
-                                       : json{{"index", 0},
-                                              {"text", ""},
-                                              {"logprobs", nullptr},
-                                              {"finish_reason", finish_reason(u.finish)}});
+            const std::string reason =
+                s.n_calls > 0 && u.finish == Finish::kStop ? std::string("tool_calls") : finish_reason(u.finish);
+            json last = chunk(
+                s.r.chat
+                    ? json{{"index", 0}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", reason}}
+                    : json{{"index", 0},
+                           {"text", ""},
+                           {"logprobs", nullptr},
+                           {"finish_reason", finish_reason(u.finish)}});
             last["usage"] = usage_json(u);
             ok = send(last);
           }

@@ -153,8 +153,8 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
       throw ApiError(400, "each message must be an object with a 'role'", "messages");
     std::string role = m["role"].get<std::string>();
     if (role == "developer") role = "system";
-    if (role != "system" && role != "user" && role != "assistant")
-      throw ApiError(400, fmt::format("message role '{}' is not one of system, developer, user, assistant", role),
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+      throw ApiError(400, fmt::format("message role '{}' is not one of system, developer, user, assistant, tool", role),
                      "messages");
     std::string content;
     const json* c = get(m, "content");
@@ -170,9 +170,64 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
     } else if (c || role != "assistant") {
       throw ApiError(400, "a message's 'content' must be a string or an array of text parts", "messages");
     }
-    msgs.push_back({std::move(role), std::move(content)});
+    text::ChatMessage msg{.role = std::move(role), .content = std::move(content)};
+    if (const json* calls = get(m, "tool_calls")) {
+      if (msg.role != "assistant" || !calls->is_array())
+        throw ApiError(400, "'tool_calls' must be an array, in an assistant message", "messages");
+      for (const json& call : *calls) {
+        const json* f = call.is_object() ? get(call, "function") : nullptr;
+        if (!f || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string())
+          throw ApiError(400, "each tool call needs a 'function' with a 'name'", "messages");
+        text::ToolCall tc{.id = call.value("id", ""), .name = (*f)["name"].get<std::string>(), .arguments = "{}"};
+        if (const json* a = get(*f, "arguments")) {
+          if (!a->is_string()) throw ApiError(400, "a tool call's 'arguments' must be a JSON string", "messages");
+          tc.arguments = valid_text(*a, "messages");
+        }
+        msg.tool_calls.push_back(std::move(tc));
+      }
+    }
+    if (msg.role == "tool") {
+      if (const json* id = get(m, "tool_call_id"); id && id->is_string()) msg.tool_call_id = id->get<std::string>();
+    }
+    msgs.push_back(std::move(msg));
   }
   text::RenderOptions options;
+  // Tools: each {"type": "function", "function": {"name", ...}}, kept in the client's key order for the template.
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body.dump());
+  std::string forced;  // tool_choice: a function the reply must call, or "" for any ("required")
+  bool required = false;
+  if (const json* tools = get(body, "tools")) {
+    if (!tools->is_array()) throw ApiError(400, "'tools' must be an array", "tools");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& t = (*tools)[i];
+      if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
+          !t["function"].is_object() || !t["function"].contains("name") || !t["function"]["name"].is_string())
+        throw ApiError(400, "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}", "tools");
+      options.tools.push_back(ordered["tools"][i]);
+    }
+    if (const json* choice = get(body, "tool_choice")) {
+      if (choice->is_string()) {
+        const std::string c = choice->get<std::string>();
+        if (c == "none") {
+          options.tools.clear();
+        } else if (c == "required") {
+          required = true;
+        } else if (c != "auto") {
+          throw ApiError(400, "'tool_choice' must be none, auto, required or a function", "tool_choice");
+        }
+      } else if (choice->is_object() && choice->contains("function") && (*choice)["function"].is_object() &&
+                 (*choice)["function"].contains("name") && (*choice)["function"]["name"].is_string()) {
+        forced = (*choice)["function"]["name"].get<std::string>();
+        required = true;
+        bool known = false;
+        for (const json& t : *tools) known = known || t["function"]["name"] == forced;
+        if (!known)
+          throw ApiError(400, fmt::format("tool_choice names '{}', which is not in 'tools'", forced), "tool_choice");
+      } else {
+        throw ApiError(400, "'tool_choice' must be none, auto, required or a function", "tool_choice");
+      }
+    }
+  }
   if (const json* kw = get(body, "chat_template_kwargs")) {
     if (!kw->is_object()) throw ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
     if (auto v = boolean(*kw, "enable_thinking")) options.enable_thinking = *v;
@@ -180,8 +235,15 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
   std::string rendered;
   try {
     rendered = chat_template.render(msgs, options);
-  } catch (const Error& e) {
+  } catch (const Error& e) {  // a role or tools the template cannot take
     throw ApiError(400, e.what(), "messages");
+  }
+  if (!options.tools.empty()) {
+    r.tool_format = chat_template.tool_call_format();
+    // A call the reply must make is opened by the prompt (the template's own syntax), the model goes on from there.
+    if (required && r.tool_format == text::ToolCallFormat::kHermes)
+      r.reply_prefix = forced.empty() ? "<tool_call>\n" : "<tool_call>\n{\"name\": \"" + forced + "\", \"arguments\": ";
+    rendered += r.reply_prefix;
   }
   r.job.prompt = tokenizer.encode(rendered, /*add_special=*/false, /*parse_special=*/true);
   if (r.job.prompt.empty()) throw ApiError(400, "the rendered conversation is empty", "messages");
@@ -242,6 +304,18 @@ ReasoningSplitter::Parts ReasoningSplitter::flush() {
   Parts out;
   (inside_ ? out.reasoning : out.content) = std::move(pending_);
   pending_.clear();
+  return out;
+}
+
+json tool_calls_json(const std::vector<text::ToolCall>& calls, size_t first_index, bool with_index) {
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {{"id", calls[i].id},
+              {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (with_index) c["index"] = first_index + i;
+    out.push_back(std::move(c));
+  }
   return out;
 }
 

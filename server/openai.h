@@ -10,6 +10,7 @@
 #include "runtime/error.h"
 #include "runtime/text/chat_template.h"
 #include "runtime/text/tokenizer.h"
+#include "runtime/text/tool_calls.h"
 #include "server/batcher.h"
 
 namespace hetmoe::server {
@@ -44,6 +45,10 @@ struct ParsedRequest {
   bool starts_in_reasoning = false;
   bool splits_reasoning = false;
   std::string think_open, think_close;
+  // chat with tools: the model's call syntax, and what the prompt already wrote of the reply (tool_choice "required"
+  // or a named function opens the call; the parser reads it before the generated text).
+  text::ToolCallFormat tool_format = text::ToolCallFormat::kNone;
+  std::string reply_prefix;
 };
 
 // The body as JSON; ApiError 400 when it is not a JSON object.
@@ -77,6 +82,8 @@ class ReasoningSplitter {
 };
 
 std::string finish_reason(Finish f);
+// A reply's calls as OpenAI's message.tool_calls (in a streamed delta each has its index).
+nlohmann::json tool_calls_json(const std::vector<text::ToolCall>& calls, size_t first_index, bool with_index);
 nlohmann::json usage_json(const Stream::Update& final);
 // Logprobs of tokens in the chat format ({"content": [{token, logprob, bytes, top_logprobs}]}) and the completions
 // format ({tokens, token_logprobs, top_logprobs, text_offset}).

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "runtime/error.h"
+#include "runtime/text/tool_calls.h"
 
 // Each render_ function follows one official Jinja template, named above it, for messages whose content is a
 // plain string (no tool calls, no images). Where a template silently skips a role or raises, hetmoe fails with a
@@ -25,10 +26,25 @@ bool contains(std::string_view s, std::string_view part) { return s.find(part) !
 
 bool is_known_role(const std::string& role) { return role == "system" || role == "user" || role == "assistant"; }
 
-void check_roles(std::span<const ChatMessage> messages, std::string_view format) {
-  for (const ChatMessage& m : messages)
+// Roles the format can express; tools, tool messages and calls only where it has tool calls.
+void check_roles(std::span<const ChatMessage> messages, const RenderOptions& options, std::string_view format,
+                 bool tools) {
+  for (const ChatMessage& m : messages) {
+    if (tools && m.role == "tool") continue;
     if (!is_known_role(m.role))
-      fail("chat template {}: role '{}' is not supported (system, user or assistant)", format, m.role);
+      fail("chat template {}: role '{}' is not supported (system, user or assistant{})", format, m.role,
+           tools ? ", tool" : "");
+    if (!tools && !m.tool_calls.empty())
+      fail("chat template {}: hetmoe renders no tool calls in this format yet", format);
+  }
+  if (!tools && !options.tools.empty()) fail("chat template {}: hetmoe renders no tools in this format yet", format);
+}
+
+bool uses_tools(std::span<const ChatMessage> messages, const RenderOptions& options) {
+  if (!options.tools.empty()) return true;
+  for (const ChatMessage& m : messages)
+    if (m.role == "tool" || !m.tool_calls.empty()) return true;
+  return false;
 }
 
 // Python's str.lstrip/rstrip/strip with an explicit character set, as the templates call them.
@@ -245,8 +261,16 @@ std::string ChatTemplate::name() const {
   return "generic";
 }
 
+ToolCallFormat ChatTemplate::tool_call_format() const {
+  // Qwen3's template (Qwen3.5's differs: not yet).
+  if (kind_ == TemplateKind::kChatml && !dialect_.trims) return ToolCallFormat::kHermes;
+  return ToolCallFormat::kNone;
+}
+
 std::string ChatTemplate::render(std::span<const ChatMessage> messages, const RenderOptions& options) const {
-  check_roles(messages, name());
+  check_roles(messages, options, name(), tool_call_format() != ToolCallFormat::kNone);
+  if (tool_call_format() == ToolCallFormat::kHermes && uses_tools(messages, options))
+    return render_chatml_tools(messages, options);
   switch (kind_) {
     case TemplateKind::kDeepseek3:
       return render_deepseek3(messages, options);
@@ -412,6 +436,71 @@ std::string ChatTemplate::render_chatml(std::span<const ChatMessage> messages, c
       out += "<think>\n\n</think>\n\n";
     else if (dialect_.prefills_think)
       out += "<think>\n";
+  }
+  return out;
+}
+
+// Qwen/Qwen3 with tools or tool messages: the system turn opens with the first system message (if any) and "\n\n",
+// then "# Tools" with each tool as Python's json.dumps prints it inside <tools></tools> and the call instructions; a
+// reply's calls follow its content, each "<tool_call>\n{"name": "N", "arguments": A}\n</tool_call>" with a newline
+// between (and after content); consecutive tool messages share one user turn, each in
+// "\n<tool_response>\n...\n</tool_response>". Otherwise as render_chatml.
+std::string ChatTemplate::render_chatml_tools(std::span<const ChatMessage> messages,
+                                              const RenderOptions& options) const {
+  std::string out;
+  const bool first_system = !messages.empty() && messages[0].role == "system";
+  if (!options.tools.empty()) {
+    out += "<|im_start|>system\n";
+    if (first_system) out += messages[0].content + "\n\n";
+    out +=
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+        "function signatures within <tools></tools> XML tags:\n<tools>";
+    for (const nlohmann::ordered_json& tool : options.tools) out += "\n" + python_json(tool);
+    out +=
+        "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+        "<args-json-object>}\n</tool_call><|im_end|>\n";
+  } else if (first_system) {
+    out += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
+  }
+  size_t last_query = messages.empty() ? 0 : messages.size() - 1;
+  for (size_t i = messages.size(); i-- > 0;) {
+    const std::string& c = messages[i].content;
+    if (messages[i].role == "user" && !(c.starts_with("<tool_response>") && c.ends_with("</tool_response>"))) {
+      last_query = i;
+      break;
+    }
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user" || (m.role == "system" && i > 0)) {
+      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    } else if (m.role == "assistant") {
+      const auto [reasoning, content] = split_reply(m.content, false);
+      out += "<|im_start|>assistant\n";
+      if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {
+        out += "<think>\n";
+        out += strip(reasoning, "\n");
+        out += "\n</think>\n\n";
+        out += lstrip(content, "\n");
+      } else {
+        out += content;
+      }
+      for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+        if (k > 0 || !content.empty()) out += "\n";
+        out += "<tool_call>\n{\"name\": \"" + m.tool_calls[k].name + "\", \"arguments\": " + m.tool_calls[k].arguments +
+               "}\n</tool_call>";
+      }
+      out += "<|im_end|>\n";
+    } else if (m.role == "tool") {
+      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
+      if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+    }
+  }
+  if (options.add_generation_prompt) {
+    out += "<|im_start|>assistant\n";
+    if (!options.enable_thinking) out += "<think>\n\n</think>\n\n";
   }
   return out;
 }

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
@@ -12,15 +13,34 @@
 
 namespace hetmoe::text {
 
+// A function call a reply made: its id (the tool message answering it names it), the function and its arguments as
+// JSON text.
+struct ToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;
+};
+
 struct ChatMessage {
-  std::string role;  // "system", "user" or "assistant"
+  std::string role;  // "system", "user", "assistant", or "tool" (a function's result) where the template has tools
   std::string content;
+  std::vector<ToolCall> tool_calls{};  // an assistant message's calls
+  std::string tool_call_id{};          // a tool message: the call it answers
 };
 
 struct RenderOptions {
   bool add_generation_prompt = true;  // end with the assistant's turn opening
   bool enable_thinking = true;        // Qwen3, GLM-4.5, DeepSeek-V4: false asks for no thinking, as their templates do
   std::string date{};                 // gpt-oss's "Current date" (YYYY-MM-DD); empty: today
+  // The functions the model may call, each an OpenAI tool object ({"type": "function", "function": {...}}) with its
+  // keys in the order the client wrote them (templates print them with Python's json.dumps).
+  std::vector<nlohmann::ordered_json> tools{};
+};
+
+// How a template's model writes function calls in its reply.
+enum class ToolCallFormat {
+  kNone,    // the template has no tool calls (in hetmoe yet)
+  kHermes,  // Qwen3: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
 };
 
 // The chat formats hetmoe knows, rendered in C++ (no Jinja): each produces exactly the string the model's own
@@ -50,6 +70,9 @@ class ChatTemplate {
   static std::vector<std::string> names();
 
   TemplateKind kind() const { return kind_; }
+  // The syntax of the function calls the model writes; kNone where the template takes no tools (render() then
+  // refuses tools, tool messages and replies with calls).
+  ToolCallFormat tool_call_format() const;
   std::string name() const;
 
   // The conversation as the model expects it, special tokens as text (tokenize with parse_special = true).
@@ -92,6 +115,9 @@ class ChatTemplate {
   std::string render_deepseek3(std::span<const ChatMessage> messages, const RenderOptions& options) const;
   std::string render_deepseek2(std::span<const ChatMessage> messages, const RenderOptions& options) const;
   std::string render_chatml(std::span<const ChatMessage> messages, const RenderOptions& options) const;
+  // Qwen3's template with tools: the tool list in the system turn, calls as <tool_call> blocks, results as
+  // <tool_response> blocks in user turns.
+  std::string render_chatml_tools(std::span<const ChatMessage> messages, const RenderOptions& options) const;
   std::string render_mistral(std::span<const ChatMessage> messages) const;
   std::string render_llama3(std::span<const ChatMessage> messages, const RenderOptions& options) const;
   std::string render_kimi_k2(std::span<const ChatMessage> messages, const RenderOptions& options) const;

@@ -50,6 +50,25 @@ const lp = await client.chat.completions.create({
 check(lp.choices[0].logprobs.content.length === 5, "chat: a logprob per token");
 check(lp.choices[0].logprobs.content.every((t) => t.top_logprobs.length === 3 && t.logprob <= 0), "chat: top_logprobs");
 
+// Tools: the request with tools, a call in the history and its result is answered; whatever the random model
+// writes, a reply is either text or well-formed calls.
+const tools = [{ type: "function", function: { name: "get_weather", description: "The weather in a city",
+  parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] } } }];
+const toolHistory = [
+  { role: "user", content: "Weather in Paris?" },
+  { role: "assistant", content: null,
+    tool_calls: [{ id: "call_1", type: "function", function: { name: "get_weather", arguments: '{"city":"Paris"}' } }] },
+  { role: "tool", tool_call_id: "call_1", content: "18C" },
+];
+for (const tool_choice of ["auto", "required", { type: "function", function: { name: "get_weather" } }]) {
+  const t = await client.chat.completions.create({ model, messages: toolHistory, tools, tool_choice, max_tokens: 6 });
+  const m = t.choices[0].message;
+  check(["stop", "length", "tool_calls"].includes(t.choices[0].finish_reason), "tools: finish reason");
+  check(typeof m.content === "string" || (m.content === null && m.tool_calls.length > 0), "tools: content or calls");
+  for (const call of m.tool_calls ?? [])
+    check(call.type === "function" && typeof call.function.arguments === "string", "tools: a call's shape");
+}
+
 // Completions, whole and streamed.
 const prompt = "Once upon a time";
 const completion = await client.completions.create({ model, prompt, max_tokens: 6, temperature: 0 });

@@ -348,6 +348,48 @@ TEST(Server, StoppingFinishesOrCancelsWhatIsInFlight) {
   }
 }
 
+// Tools go into the prompt as the template writes them (Qwen3's here), with calls and results in the history; a
+// required call is opened by the prompt; tools the request gets wrong are 400.
+TEST(Server, ToolsReachThePromptAndBadToolsAre400) {
+  Served s("tiny-qwen3moe-Q4_K_M.gguf", {.parallel = 1, .slot_ctx = 1024});
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "description": "The weather in a city", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])");
+  const json history = json::parse(R"([
+      {"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+          "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "18C and sunny"}])");
+  auto prompt_tokens = [&](json body) {
+    body["max_tokens"] = 1;
+    auto r = s.post("/v1/chat/completions", body);
+    EXPECT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    return body_of(r)["usage"]["prompt_tokens"].get<int64_t>();
+  };
+  const int64_t plain = prompt_tokens({{"messages", history}});
+  const int64_t with_tools = prompt_tokens({{"messages", history}, {"tools", tools}});
+  EXPECT_GT(with_tools, plain + 50);  // the tool list and its instructions
+  EXPECT_EQ(prompt_tokens({{"messages", history}, {"tools", tools}, {"tool_choice", "none"}}), plain);
+  // A forced call: the prompt ends with the call's opening, which the reply then continues.
+  const int64_t forced =
+      prompt_tokens({{"messages", history},
+                     {"tools", tools},
+                     {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}});
+  EXPECT_GT(forced, with_tools + 5);
+  for (const json& bad : {json{{"messages", history}, {"tools", "get_weather"}},
+                          json{{"messages", history}, {"tools", json::array({{{"type", "retrieval"}}})}},
+                          json{{"messages", history}, {"tools", tools}, {"tool_choice", "sometimes"}},
+                          json{{"messages", history},
+                               {"tools", tools},
+                               {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}},
+                          json{{"messages", json::array({{{"role", "assistant"}, {"tool_calls", "x"}}})}}}) {
+    auto r = s.post("/v1/chat/completions", bad);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << bad.dump();
+  }
+}
+
 TEST(Server, TokenizeDetokenizeModelsAndMetrics) {
   Served s("tiny-qwen3moe-Q4_K_M.gguf");
   auto t = s.post("/tokenize", {{"content", "hello world"}});

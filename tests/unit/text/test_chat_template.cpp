@@ -14,6 +14,7 @@
 #include "runtime/gguf/reader.h"
 #include "runtime/text/chat_template.h"
 #include "runtime/text/tokenizer.h"
+#include "runtime/text/tool_calls.h"
 #include "tests/support/reference.h"
 
 namespace hetmoe::text {
@@ -541,7 +542,12 @@ TEST(ChatTemplateGeneric, PlainHeadersAndEosAfterReplies) {
 TEST(ChatTemplate, UnknownRolesFailInEveryFormat) {
   for (const std::string& name : ChatTemplate::names()) {
     const ChatTemplate t = named(name, deepseek_vocab());
-    EXPECT_THROW(render(t, {{"user", "u"}, {"tool", "42"}}), Error) << name;
+    // A tool's result only where the format has tool calls.
+    if (t.tool_call_format() == ToolCallFormat::kNone) {
+      EXPECT_THROW(render(t, {{"user", "u"}, {"tool", "42"}}), Error) << name;
+    } else {
+      EXPECT_NO_THROW(render(t, {{"user", "u"}, {"tool", "42"}})) << name;
+    }
     try {
       render(t, {{"ipython", "x"}});
       ADD_FAILURE() << name << " accepted role ipython";
@@ -658,6 +664,95 @@ TEST(ChatTemplate, MissingBosAndEosRenderAsNothing) {
             "User: u\n\nAssistant: aAssistant:");
   const VocabOnly out_of_range({"a"}, 7, -1);
   EXPECT_EQ(render(named("mistral", out_of_range), {{"user", "u"}, {"assistant", "a"}}), " [INST] u [/INST] a");
+}
+
+}  // namespace
+}  // namespace hetmoe::text
+
+namespace hetmoe::text {
+namespace {
+
+// Qwen3's template with tools, as its Jinja writes it: the tool list in the system turn (json.dumps spacing, keys in
+// the client's order, non-ASCII as is), a reply's reasoning and calls, two tool results in one user turn, and the
+// conversation going on after them (the last query is the user message, so the reply after it keeps its reasoning).
+TEST(ChatTemplateTools, Qwen3RendersToolsCallsAndResultsAsItsTemplate) {
+  const ChatTemplate t = *ChatTemplate::by_name("qwen3", qwen_vocab());
+  EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kHermes);
+  RenderOptions options;
+  options.tools.push_back(nlohmann::ordered_json::parse(
+      R"({"type":"function","function":{"name":"get_weather","description":"Météo \"now\"","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}})"));
+  const std::vector<ChatMessage> chat = {
+      {.role = "system", .content = "Be brief."},
+      {.role = "user", .content = "Weather in Paris and Rome?"},
+      {.role = "assistant",
+       .content = "<think>\nTwo cities.\n</think>\n\nChecking.",
+       .tool_calls = {{.id = "a", .name = "get_weather", .arguments = R"({"city": "Paris"})"},
+                      {.id = "b", .name = "get_weather", .arguments = R"({"city": "Rome"})"}}},
+      {.role = "tool", .content = "18C", .tool_call_id = "a"},
+      {.role = "tool", .content = "24C", .tool_call_id = "b"}};
+  const std::string expected =
+      "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user "
+      "query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+      R"({"type": "function", "function": {"name": "get_weather", "description": "Météo \"now\"", "parameters": )"
+      R"({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})"
+      "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+      "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+      "<args-json-object>}\n</tool_call><|im_end|>\n"
+      "<|im_start|>user\nWeather in Paris and Rome?<|im_end|>\n"
+      "<|im_start|>assistant\n<think>\nTwo cities.\n</think>\n\nChecking.\n<tool_call>\n{\"name\": \"get_weather\", "
+      "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+      "{\"city\": \"Rome\"}}\n</tool_call><|im_end|>\n"
+      "<|im_start|>user\n<tool_response>\n18C\n</tool_response>\n<tool_response>\n24C\n</tool_response><|im_end|>\n"
+      "<|im_start|>assistant\n";
+  EXPECT_EQ(t.render(chat, options), expected);
+  // Without tools, a conversation with no tool messages renders as before.
+  const std::vector<ChatMessage> plain = {{.role = "user", .content = "hi"}};
+  EXPECT_EQ(t.render(plain, {}), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplateTools, FormatsWithoutToolCallsRefuseThem) {
+  const ChatTemplate t = *ChatTemplate::by_name("deepseek3", deepseek_vocab());
+  EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kNone);
+  RenderOptions options;
+  options.tools.push_back(nlohmann::ordered_json::parse(R"({"type":"function","function":{"name":"f"}})"));
+  const std::vector<ChatMessage> chat = {{.role = "user", .content = "hi"}};
+  EXPECT_THROW(t.render(chat, options), Error);
+  const std::vector<ChatMessage> with_tool = {{.role = "user", .content = "hi"}, {.role = "tool", .content = "x"}};
+  EXPECT_THROW(t.render(with_tool, {}), Error);
+}
+
+TEST(ToolCalls, PythonJsonSpacingAndEscapes) {
+  EXPECT_EQ(python_json(nlohmann::ordered_json::parse(R"({"b":[1,2.5,true,null],"a":"x\ny\u0001é"})")),
+            "{\"b\": [1, 2.5, true, null], \"a\": \"x\\ny\\u0001é\"}");
+}
+
+// The same reply in any split of its text gives the same content and calls; a block that is not a call stays text.
+TEST(ToolCalls, HermesCallsComeOutOfTheStreamInAnySplit) {
+  const std::string reply =
+      "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>\n<tool_call>\nnot json\n</tool_call>";
+  for (size_t piece : {1, 2, 3, 7, 1000}) {
+    SCOPED_TRACE(piece);
+    ToolCallParser p(ToolCallFormat::kHermes);
+    std::string content;
+    std::vector<ToolCall> calls;
+    for (size_t i = 0; i < reply.size(); i += piece) {
+      ToolCallParser::Parts part = p.push(std::string_view(reply).substr(i, piece));
+      content += part.content;
+      calls.insert(calls.end(), part.calls.begin(), part.calls.end());
+    }
+    content += p.flush().content;
+    ASSERT_EQ(calls.size(), 2u);
+    EXPECT_EQ(calls[0].name, "get_weather");
+    EXPECT_EQ(nlohmann::json::parse(calls[0].arguments), nlohmann::json::parse(R"({"city":"Paris"})"));
+    EXPECT_EQ(calls[1].name, "get_time");
+    EXPECT_EQ(calls[1].arguments, "{}");
+    EXPECT_EQ(content, "Let me check.\n<tool_call>\nnot json\n</tool_call>");
+  }
+  // An unfinished call at the end is content.
+  ToolCallParser p(ToolCallFormat::kHermes);
+  EXPECT_EQ(p.push("a <tool_call>\n{\"name\"").content, "a ");
+  EXPECT_EQ(p.flush().content, "<tool_call>\n{\"name\"");
 }
 
 }  // namespace

@@ -1,0 +1,146 @@
+#include "runtime/text/tool_calls.h"
+
+#include <fmt/format.h>
+
+namespace hetmoe::text {
+namespace {
+
+void append_string(std::string& out, const std::string& s) {
+  out += '"';
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      default:
+        if (c < 0x20) {
+          out += fmt::format("\\u{:04x}", c);
+        } else {
+          out += ch;
+        }
+    }
+  }
+  out += '"';
+}
+
+void append_json(std::string& out, const nlohmann::ordered_json& v) {
+  switch (v.type()) {
+    case nlohmann::ordered_json::value_t::object: {
+      out += '{';
+      bool first = true;
+      for (const auto& [key, item] : v.items()) {
+        if (!first) out += ", ";
+        first = false;
+        append_string(out, key);
+        out += ": ";
+        append_json(out, item);
+      }
+      out += '}';
+      return;
+    }
+    case nlohmann::ordered_json::value_t::array: {
+      out += '[';
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (i) out += ", ";
+        append_json(out, v[i]);
+      }
+      out += ']';
+      return;
+    }
+    case nlohmann::ordered_json::value_t::string:
+      return append_string(out, v.get_ref<const std::string&>());
+    default:
+      out += v.dump();  // numbers, booleans, null: as Python prints them (true, false, null; shortest floats)
+  }
+}
+
+// Where a format's call opens and closes.
+constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
+
+}  // namespace
+
+std::string python_json(const nlohmann::ordered_json& value) {
+  std::string out;
+  append_json(out, value);
+  return out;
+}
+
+std::optional<ToolCall> ToolCallParser::parse_block(std::string_view body) {
+  // Hermes: {"name": ..., "arguments": {...}} between newlines.
+  const nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
+  ToolCall call{.id = fmt::format("call_{}", next_id_), .name = j["name"].get<std::string>(), .arguments = "{}"};
+  if (const auto a = j.find("arguments"); a != j.end())
+    call.arguments = a->is_string() ? a->get<std::string>() : a->dump();
+  ++next_id_;
+  return call;
+}
+
+ToolCallParser::Parts ToolCallParser::push(std::string_view text) {
+  Parts out;
+  if (format_ == ToolCallFormat::kNone) {
+    out.content = text;
+    return out;
+  }
+  pending_ += text;
+  for (;;) {
+    // Calls are separated by a newline: it belongs to neither.
+    if (after_call_ && !pending_.empty()) {
+      if (pending_.front() == '\n') pending_.erase(0, 1);
+      after_call_ = false;
+    }
+    const size_t open = pending_.find(kHermesOpen);
+    if (open == std::string::npos) {
+      // Hold back the longest end that could start the marker.
+      size_t held = 0;
+      for (size_t len = std::min(kHermesOpen.size() - 1, pending_.size()); len > 0; --len)
+        if (pending_.compare(pending_.size() - len, len, kHermesOpen, 0, len) == 0) {
+          held = len;
+          break;
+        }
+      out.content += pending_.substr(0, pending_.size() - held);
+      pending_.erase(0, pending_.size() - held);
+      return out;
+    }
+    out.content += pending_.substr(0, open);
+    pending_.erase(0, open);
+    const size_t close = pending_.find(kHermesClose);
+    if (close == std::string::npos) return out;  // the call is not complete yet
+    const std::string_view body = std::string_view(pending_).substr(kHermesOpen.size(), close - kHermesOpen.size());
+    if (std::optional<ToolCall> call = parse_block(body)) {
+      out.calls.push_back(std::move(*call));
+      after_call_ = true;
+    } else {
+      out.content += pending_.substr(0, close + kHermesClose.size());
+    }
+    pending_.erase(0, close + kHermesClose.size());
+  }
+}
+
+ToolCallParser::Parts ToolCallParser::flush() {
+  Parts out;
+  out.content = std::move(pending_);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace hetmoe::text

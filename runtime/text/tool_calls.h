@@ -1,0 +1,40 @@
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/text/chat_template.h"
+
+namespace hetmoe::text {
+
+// JSON as Python's json.dumps(x, ensure_ascii=False) prints it (the chat templates' `tojson`): ", " and ": " between
+// items, keys in their order, non-ASCII characters as they are.
+std::string python_json(const nlohmann::ordered_json& value);
+
+// Takes a reply's function calls out of its text as it streams in: text before and between calls goes on as content;
+// a call is held back from its opening marker until it is complete, then given as a ToolCall (its arguments as
+// compact JSON text, its id "call_" and a number). A block that does not parse stays content, as written.
+class ToolCallParser {
+ public:
+  explicit ToolCallParser(ToolCallFormat format) : format_(format) {}
+  struct Parts {
+    std::string content;
+    std::vector<ToolCall> calls;
+  };
+  Parts push(std::string_view text);
+  // The end of the reply: what is still held back (an unfinished call) is content.
+  Parts flush();
+
+ private:
+  std::optional<ToolCall> parse_block(std::string_view body);
+
+  ToolCallFormat format_;
+  std::string pending_;
+  bool after_call_ = false;  // a newline that follows a call is dropped
+  int next_id_ = 0;
+};
+
+}  // namespace hetmoe::text
