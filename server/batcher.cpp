@@ -341,8 +341,8 @@ void Batcher::end(Slot& slot, Finish reason, std::string error) {
     if (q.decoder) q.text += q.decoder->flush();
     if (!q.text.empty()) q.stream->append(q.text, nullptr, 0);
   }
-  q.stream->finish(reason, std::move(error), static_cast<int64_t>(q.job.prompt.size()), q.cached, q.generated);
   {
+    // Counted before the request hears of it: what it reads of the counts next includes it.
     std::lock_guard lock(mutex_);
     switch (reason) {
       case Finish::kCancelled:
@@ -357,6 +357,7 @@ void Batcher::end(Slot& slot, Finish reason, std::string error) {
     stats_.generated_tokens += q.generated;
     --stats_.busy_slots;
   }
+  q.stream->finish(reason, std::move(error), static_cast<int64_t>(q.job.prompt.size()), q.cached, q.generated);
   slot.seq.reset();
   slot.last_used = ++clock_;
 }

@@ -243,6 +243,8 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
     // A call the reply must make is opened by the prompt (the template's own syntax), the model goes on from there.
     if (required && r.tool_format == text::ToolCallFormat::kHermes)
       r.reply_prefix = forced.empty() ? "<tool_call>\n" : "<tool_call>\n{\"name\": \"" + forced + "\", \"arguments\": ";
+    if (required && r.tool_format == text::ToolCallFormat::kGlm)
+      r.reply_prefix = forced.empty() ? "<tool_call>" : "<tool_call>" + forced + "\n";
     rendered += r.reply_prefix;
   }
   r.job.prompt = tokenizer.encode(rendered, /*add_special=*/false, /*parse_special=*/true);

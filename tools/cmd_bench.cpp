@@ -270,7 +270,9 @@ int report_concurrency(const BenchOptions& opt, engine::Engine& e, const std::ve
                "per token", "per token");
     double base = 0;
     nlohmann::json levels = nlohmann::json::array();
-    for (const auto& [level, runs] : r.levels) {
+    for (const auto& entry : r.levels) {
+      const int level = entry.first;
+      const std::vector<LevelRun>& runs = entry.second;
       auto field = [&](double LevelRun::*f) {
         std::vector<double> v;
         for (const LevelRun& run : runs) v.push_back(run.*f);

@@ -58,6 +58,17 @@ std::string_view rstrip(std::string_view s, std::string_view chars) {
 }
 std::string_view strip(std::string_view s, std::string_view chars) { return rstrip(lstrip(s, chars), chars); }
 
+// Qwen3's last_query_index: the last user message that is not a wrapped tool response (its content as `text` gives
+// it); messages.size() - 1 when there is none.
+template <typename Text>
+size_t last_query_index(std::span<const ChatMessage> messages, Text text) {
+  for (size_t i = messages.size(); i-- > 0;) {
+    const std::string c = text(messages[i].content);
+    if (messages[i].role == "user" && !(c.starts_with("<tool_response>") && c.ends_with("</tool_response>"))) return i;
+  }
+  return messages.empty() ? 0 : messages.size() - 1;
+}
+
 // Jinja's `trim` filter strips whitespace (Python's str.strip()); ASCII whitespace is what matters in practice.
 constexpr std::string_view kWhitespace = " \t\n\r\v\f";
 
@@ -264,6 +275,7 @@ std::string ChatTemplate::name() const {
 ToolCallFormat ChatTemplate::tool_call_format() const {
   // Qwen3's template (Qwen3.5's differs: not yet).
   if (kind_ == TemplateKind::kChatml && !dialect_.trims) return ToolCallFormat::kHermes;
+  if (kind_ == TemplateKind::kGlm4) return ToolCallFormat::kGlm;
   return ToolCallFormat::kNone;
 }
 
@@ -402,15 +414,7 @@ std::string ChatTemplate::render_chatml(std::span<const ChatMessage> messages, c
     else if (!dialect_.default_system.empty())
       out += "<|im_start|>system\n" + dialect_.default_system + "<|im_end|>\n";
   }
-  // The last user message that is not a wrapped tool response; messages.size() - 1 when there is none.
-  size_t last_query = messages.empty() ? 0 : messages.size() - 1;
-  for (size_t i = messages.size(); i-- > 0;) {
-    const std::string c = text(messages[i].content);
-    if (messages[i].role == "user" && !(c.starts_with("<tool_response>") && c.ends_with("</tool_response>"))) {
-      last_query = i;
-      break;
-    }
-  }
+  const size_t last_query = last_query_index(messages, text);
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     if (m.role == "user" || (m.role == "system" && i > 0)) {
@@ -463,14 +467,7 @@ std::string ChatTemplate::render_chatml_tools(std::span<const ChatMessage> messa
   } else if (first_system) {
     out += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
   }
-  size_t last_query = messages.empty() ? 0 : messages.size() - 1;
-  for (size_t i = messages.size(); i-- > 0;) {
-    const std::string& c = messages[i].content;
-    if (messages[i].role == "user" && !(c.starts_with("<tool_response>") && c.ends_with("</tool_response>"))) {
-      last_query = i;
-      break;
-    }
-  }
+  const size_t last_query = last_query_index(messages, [](const std::string& c) { return c; });
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     if (m.role == "user" || (m.role == "system" && i > 0)) {
@@ -592,8 +589,26 @@ std::ptrdiff_t last_user(std::span<const ChatMessage> messages) {
 // block + "\n" + the trimmed reply; the think block keeps a reply's reasoning only after the last user message
 // ("\n<think>r</think>"), else is empty ("\n<think></think>"). enable_thinking = false appends "/nothink" to user
 // messages and an empty think block to the generation prompt "<|assistant|>".
+// With tools (the template's `tojson(ensure_ascii=False)`, its trim_blocks whitespace): the list after
+// "[gMASK]<sop>" as "<|system|>\n# Tools..." with one tool per line; a reply's calls after its text, each
+// "\n<tool_call>name\n" + "<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n" per argument (strings as they are,
+// other values as JSON) + "</tool_call>"; a run of tool results opens with "<|observation|>", each
+// "\n<tool_response>\nr\n</tool_response>".
+std::string ChatTemplate::glm4_tools(const RenderOptions& options) const {
+  if (options.tools.empty()) return "";
+  std::string out =
+      "<|system|>\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+      "with function signatures within <tools></tools> XML tags:\n<tools>\n";
+  for (const nlohmann::ordered_json& tool : options.tools) out += python_json(tool) + "\n";
+  out +=
+      "</tools>\n\nFor each function call, output the function name and arguments within the following XML "
+      "format:\n<tool_call>{function-name}\n<arg_key>{arg-key-1}</arg_key>\n<arg_value>{arg-value-1}</arg_value>\n"
+      "<arg_key>{arg-key-2}</arg_key>\n<arg_value>{arg-value-2}</arg_value>\n...\n</tool_call>";
+  return out;
+}
+
 std::string ChatTemplate::render_glm4(std::span<const ChatMessage> messages, const RenderOptions& options) const {
-  std::string out = "[gMASK]<sop>";
+  std::string out = "[gMASK]<sop>" + glm4_tools(options);
   const std::ptrdiff_t last = last_user(messages);
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
@@ -616,6 +631,20 @@ std::string ChatTemplate::render_glm4(std::span<const ChatMessage> messages, con
         out += "\n";
         out += c;
       }
+      for (const ToolCall& call : m.tool_calls) {
+        out += "\n<tool_call>" + call.name + "\n";
+        const nlohmann::ordered_json args =
+            nlohmann::ordered_json::parse(call.arguments.empty() ? "{}" : call.arguments, nullptr, false);
+        if (!args.is_object())
+          fail("chat template glm4: the arguments of a call to {} are not a JSON object", call.name);
+        for (const auto& [key, value] : args.items())
+          out += "<arg_key>" + key + "</arg_key>\n<arg_value>" +
+                 (value.is_string() ? value.get<std::string>() : python_json(value)) + "</arg_value>\n";
+        out += "</tool_call>";
+      }
+    } else if (m.role == "tool") {
+      if (i == 0 || messages[i - 1].role != "tool") out += "<|observation|>";
+      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
     } else {
       out += "<|system|>\n" + m.content;
     }

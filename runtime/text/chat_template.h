@@ -41,6 +41,7 @@ struct RenderOptions {
 enum class ToolCallFormat {
   kNone,    // the template has no tool calls (in hetmoe yet)
   kHermes,  // Qwen3: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
+  kGlm,     // GLM-4.5: <tool_call>name\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n...</tool_call>
 };
 
 // The chat formats hetmoe knows, rendered in C++ (no Jinja): each produces exactly the string the model's own
@@ -122,6 +123,8 @@ class ChatTemplate {
   std::string render_llama3(std::span<const ChatMessage> messages, const RenderOptions& options) const;
   std::string render_kimi_k2(std::span<const ChatMessage> messages, const RenderOptions& options) const;
   std::string render_glm4(std::span<const ChatMessage> messages, const RenderOptions& options) const;
+  // GLM-4.5's tool list after "[gMASK]<sop>" and a reply's calls (arguments as <arg_key>/<arg_value> pairs).
+  std::string glm4_tools(const RenderOptions& options) const;
   std::string render_minimax(std::span<const ChatMessage> messages, const RenderOptions& options) const;
   std::string render_harmony(std::span<const ChatMessage> messages, const RenderOptions& options) const;
   std::string render_generic(std::span<const ChatMessage> messages, const RenderOptions& options) const;

@@ -73,7 +73,7 @@ void append_json(std::string& out, const nlohmann::ordered_json& v) {
   }
 }
 
-// Where a format's call opens and closes.
+// Where a call opens and closes (Hermes and GLM-4.5 alike).
 constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
 
 }  // namespace
@@ -84,7 +84,45 @@ std::string python_json(const nlohmann::ordered_json& value) {
   return out;
 }
 
+// GLM-4.5: "name\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n..." (whitespace between the tags ignored); a
+// value that parses as JSON is that value, else a string. Nullopt when the body is not that.
+static std::optional<std::pair<std::string, nlohmann::ordered_json>> parse_glm(std::string_view body) {
+  constexpr std::string_view kWs = " \n\r\t";
+  const size_t first_key = body.find("<arg_key>");
+  std::string_view name = body.substr(0, first_key);
+  const size_t b = name.find_first_not_of(kWs);
+  if (b == std::string_view::npos) return std::nullopt;
+  name = name.substr(b, name.find_last_not_of(kWs) - b + 1);
+  if (name.find_first_of("<>\n") != std::string_view::npos) return std::nullopt;
+  nlohmann::ordered_json args = nlohmann::ordered_json::object();
+  std::string_view rest = first_key == std::string_view::npos ? std::string_view() : body.substr(first_key);
+  while (!rest.empty()) {
+    auto take = [&](std::string_view open, std::string_view close) -> std::optional<std::string_view> {
+      const size_t at = rest.find_first_not_of(kWs);
+      if (at == std::string_view::npos || rest.substr(at, open.size()) != open) return std::nullopt;
+      const size_t end = rest.find(close, at + open.size());
+      if (end == std::string_view::npos) return std::nullopt;
+      const std::string_view inside = rest.substr(at + open.size(), end - at - open.size());
+      rest = rest.substr(end + close.size());
+      return inside;
+    };
+    const auto key = take("<arg_key>", "</arg_key>");
+    if (!key) return std::nullopt;
+    const auto value = take("<arg_value>", "</arg_value>");
+    if (!value) return std::nullopt;
+    nlohmann::ordered_json v = nlohmann::ordered_json::parse(*value, nullptr, /*allow_exceptions=*/false);
+    args[std::string(*key)] = v.is_discarded() ? nlohmann::ordered_json(std::string(*value)) : std::move(v);
+    if (rest.find_first_not_of(kWs) == std::string_view::npos) break;
+  }
+  return std::make_pair(std::string(name), std::move(args));
+}
+
 std::optional<ToolCall> ToolCallParser::parse_block(std::string_view body) {
+  if (format_ == ToolCallFormat::kGlm) {
+    auto call = parse_glm(body);
+    if (!call) return std::nullopt;
+    return ToolCall{.id = fmt::format("call_{}", next_id_++), .name = call->first, .arguments = call->second.dump()};
+  }
   // Hermes: {"name": ..., "arguments": {...}} between newlines.
   const nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;

@@ -710,9 +710,56 @@ TEST(ChatTemplateTools, Qwen3RendersToolsCallsAndResultsAsItsTemplate) {
   EXPECT_EQ(t.render(plain, {}), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
 }
 
+// GLM-4.5's template with tools (trim_blocks whitespace): the list after "[gMASK]<sop>", a reply's calls with their
+// arguments as key/value tags (strings bare, numbers as JSON), tool results after "<|observation|>".
+TEST(ChatTemplateTools, Glm45RendersToolsCallsAndResultsAsItsTemplate) {
+  const ChatTemplate t = *ChatTemplate::by_name("glm4", deepseek_vocab());
+  EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kGlm);
+  RenderOptions options;
+  options.tools.push_back(
+      nlohmann::ordered_json::parse(R"({"type":"function","function":{"name":"get_weather","parameters":{}}})"));
+  const std::vector<ChatMessage> chat = {
+      {.role = "user", .content = "Weather in Paris?"},
+      {.role = "assistant",
+       .content = "",
+       .tool_calls = {{.id = "a", .name = "get_weather", .arguments = R"({"city": "Paris", "days": 2})"}}},
+      {.role = "tool", .content = "18C", .tool_call_id = "a"}};
+  EXPECT_EQ(t.render(chat, options),
+            "[gMASK]<sop><|system|>\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+            "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {}}}\n</tools>\n\n"
+            "For each function call, output the function name and arguments within the following XML format:\n"
+            "<tool_call>{function-name}\n<arg_key>{arg-key-1}</arg_key>\n<arg_value>{arg-value-1}</arg_value>\n"
+            "<arg_key>{arg-key-2}</arg_key>\n<arg_value>{arg-value-2}</arg_value>\n...\n</tool_call>"
+            "<|user|>\nWeather in Paris?<|assistant|>\n<think></think>\n<tool_call>get_weather\n"
+            "<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n"
+            "</tool_call><|observation|>\n<tool_response>\n18C\n</tool_response><|assistant|>");
+}
+
+TEST(ToolCalls, GlmCallsComeOutOfTheStream) {
+  const std::string reply =
+      "Sure.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days"
+      "</arg_key>\n<arg_value>2</arg_value>\n</tool_call>\n<tool_call>oops <b></tool_call>";
+  for (size_t piece : {1, 5, 1000}) {
+    ToolCallParser p(ToolCallFormat::kGlm);
+    std::string content;
+    std::vector<ToolCall> calls;
+    for (size_t i = 0; i < reply.size(); i += piece) {
+      ToolCallParser::Parts part = p.push(std::string_view(reply).substr(i, piece));
+      content += part.content;
+      calls.insert(calls.end(), part.calls.begin(), part.calls.end());
+    }
+    content += p.flush().content;
+    ASSERT_EQ(calls.size(), 1u) << piece;
+    EXPECT_EQ(calls[0].name, "get_weather");
+    EXPECT_EQ(calls[0].arguments, R"({"city":"Paris","days":2})");
+    EXPECT_EQ(content, "Sure.\n<tool_call>oops <b></tool_call>");
+  }
+}
+
 TEST(ChatTemplateTools, FormatsWithoutToolCallsRefuseThem) {
   const ChatTemplate t = *ChatTemplate::by_name("deepseek3", deepseek_vocab());
-  EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kNone);
+  EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kNone);  // not yet
   RenderOptions options;
   options.tools.push_back(nlohmann::ordered_json::parse(R"({"type":"function","function":{"name":"f"}})"));
   const std::vector<ChatMessage> chat = {{.role = "user", .content = "hi"}};
