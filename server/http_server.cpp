@@ -330,7 +330,7 @@ std::pair<int, std::string> HttpServer::Impl::whole_answer(const ParsedRequest& 
     json message = {{"role", "assistant"}, {"content", parts.content}};
     if (r.tool_format != text::ToolCallFormat::kNone) {
       // The calls out of the content (the prompt's opening of a forced call first).
-      text::ToolCallParser calls(r.tool_format);
+      text::ToolCallParser calls(r.tool_format, r.tools);
       text::ToolCallParser::Parts found = calls.push(r.reply_prefix + parts.content), tail = calls.flush();
       found.content += tail.content;
       if (!found.calls.empty()) {
@@ -417,7 +417,7 @@ void HttpServer::Impl::answer_streamed(ParsedRequest r, std::shared_ptr<Stream> 
                                           .calls = text::ToolCallParser(text::ToolCallFormat::kNone)});
   st->id = random_id(st->r.chat ? "chatcmpl" : "cmpl");
   st->split = ReasoningSplitter(st->r.splits_reasoning, st->r.think_open, st->r.think_close, st->r.starts_in_reasoning);
-  st->calls = text::ToolCallParser(st->r.tool_format);
+  st->calls = text::ToolCallParser(st->r.tool_format, st->r.tools);
   if (!st->r.reply_prefix.empty()) st->calls.push(st->r.reply_prefix);  // held back: it opens a call
   ++streams_open;
   res.set_header("Cache-Control", "no-cache");

@@ -238,18 +238,6 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
   } catch (const Error& e) {  // a role or tools the template cannot take
     throw ApiError(400, e.what(), "messages");
   }
-  if (!options.tools.empty()) {
-    r.tool_format = chat_template.tool_call_format();
-    // A call the reply must make is opened by the prompt (the template's own syntax), the model goes on from there.
-    if (required && r.tool_format == text::ToolCallFormat::kHermes)
-      r.reply_prefix = forced.empty() ? "<tool_call>\n" : "<tool_call>\n{\"name\": \"" + forced + "\", \"arguments\": ";
-    if (required && r.tool_format == text::ToolCallFormat::kGlm)
-      r.reply_prefix = forced.empty() ? "<tool_call>" : "<tool_call>" + forced + "\n";
-    rendered += r.reply_prefix;
-  }
-  r.job.prompt = tokenizer.encode(rendered, /*add_special=*/false, /*parse_special=*/true);
-  if (r.job.prompt.empty()) throw ApiError(400, "the rendered conversation is empty", "messages");
-  r.job.render_special = true;
   // Reasoning and content apart for the families that reason; the reply starts as reasoning when the prompt opened
   // the think block.
   using text::TemplateKind;
@@ -262,6 +250,27 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
   r.starts_in_reasoning = r.splits_reasoning && open != std::string::npos &&
                           rendered.find(r.think_close, open) == std::string::npos &&
                           rendered.find_first_not_of(" \n", open + r.think_open.size()) == std::string::npos;
+  if (!options.tools.empty()) {
+    r.tool_format = chat_template.tool_call_format();
+    r.tools = options.tools;
+    // A call the reply must make is opened by the prompt (the template's own syntax), the model goes on from there;
+    // a think block the prompt opened is closed first.
+    using text::ToolCallFormat;
+    if (required && r.tool_format == ToolCallFormat::kHermes)
+      r.reply_prefix = forced.empty() ? "<tool_call>\n" : "<tool_call>\n{\"name\": \"" + forced + "\", \"arguments\": ";
+    if (required && r.tool_format == ToolCallFormat::kGlm)
+      r.reply_prefix = forced.empty() ? "<tool_call>" : "<tool_call>" + forced + "\n";
+    if (required && r.tool_format == ToolCallFormat::kXml)
+      r.reply_prefix = forced.empty() ? "<tool_call>\n" : "<tool_call>\n<function=" + forced + ">\n";
+    if (!r.reply_prefix.empty() && r.starts_in_reasoning) {
+      rendered += "\n" + r.think_close + "\n\n";
+      r.starts_in_reasoning = false;
+    }
+    rendered += r.reply_prefix;
+  }
+  r.job.prompt = tokenizer.encode(rendered, /*add_special=*/false, /*parse_special=*/true);
+  if (r.job.prompt.empty()) throw ApiError(400, "the rendered conversation is empty", "messages");
+  r.job.render_special = true;
   if (auto v = boolean(body, "logprobs")) r.logprobs = *v;
   if (auto v = integer(body, "top_logprobs", 0, 20)) {
     if (!r.logprobs) throw ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");

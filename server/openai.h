@@ -48,6 +48,7 @@ struct ParsedRequest {
   // chat with tools: the model's call syntax, and what the prompt already wrote of the reply (tool_choice "required"
   // or a named function opens the call; the parser reads it before the generated text).
   text::ToolCallFormat tool_format = text::ToolCallFormat::kNone;
+  std::vector<nlohmann::ordered_json> tools;  // the request's, for the parser (parameter types)
   std::string reply_prefix;
 };
 

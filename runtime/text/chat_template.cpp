@@ -274,7 +274,7 @@ std::string ChatTemplate::name() const {
 
 ToolCallFormat ChatTemplate::tool_call_format() const {
   // Qwen3's template (Qwen3.5's differs: not yet).
-  if (kind_ == TemplateKind::kChatml && !dialect_.trims) return ToolCallFormat::kHermes;
+  if (kind_ == TemplateKind::kChatml) return dialect_.trims ? ToolCallFormat::kXml : ToolCallFormat::kHermes;
   if (kind_ == TemplateKind::kGlm4) return ToolCallFormat::kGlm;
   return ToolCallFormat::kNone;
 }
@@ -283,6 +283,8 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Re
   check_roles(messages, options, name(), tool_call_format() != ToolCallFormat::kNone);
   if (tool_call_format() == ToolCallFormat::kHermes && uses_tools(messages, options))
     return render_chatml_tools(messages, options);
+  if (tool_call_format() == ToolCallFormat::kXml && uses_tools(messages, options))
+    return render_qwen35_tools(messages, options);
   switch (kind_) {
     case TemplateKind::kDeepseek3:
       return render_deepseek3(messages, options);
@@ -499,6 +501,92 @@ std::string ChatTemplate::render_chatml_tools(std::span<const ChatMessage> messa
     out += "<|im_start|>assistant\n";
     if (!options.enable_thinking) out += "<think>\n\n</think>\n\n";
   }
+  return out;
+}
+
+// Qwen/Qwen3.5 with tools or tool messages: the system turn holds "# Tools", the tool list (json.dumps, one per line
+// inside <tools></tools>) and the call instructions, then "\n\n" and the first system message when it is not blank;
+// contents are trimmed; a reply's calls follow its content ("\n\n" before the first when there is content, "\n"
+// between), each "<tool_call>\n<function=NAME>\n" + "<parameter=K>\nV\n</parameter>\n" per argument (objects and
+// arrays as JSON, anything else as Python's str) + "</function>\n</tool_call>"; tool results go into a user turn
+// opened after a message of another role, each "\n<tool_response>\nR\n</tool_response>". Otherwise as
+// render_chatml.
+std::string ChatTemplate::render_qwen35_tools(std::span<const ChatMessage> messages,
+                                              const RenderOptions& options) const {
+  auto trim = [](const std::string& c) { return std::string(strip(c, kWhitespace)); };
+  std::string out;
+  const bool first_system = !messages.empty() && messages[0].role == "system";
+  if (!options.tools.empty()) {
+    out += "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>";
+    for (const nlohmann::ordered_json& tool : options.tools) out += "\n" + python_json(tool);
+    out +=
+        "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
+        "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+        "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple "
+        "lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the "
+        "specified format: an inner <function=...></function> block must be nested within <tool_call></tool_call> "
+        "XML tags\n- Required parameters MUST be specified\n- You may provide optional reasoning for your function "
+        "call in natural language BEFORE the function call, but NOT after\n- If there is no function call "
+        "available, answer the question like normal with your current knowledge and do not tell the user about "
+        "function calls\n</IMPORTANT>";
+    if (first_system && !trim(messages[0].content).empty()) out += "\n\n" + trim(messages[0].content);
+    out += "<|im_end|>\n";
+  } else if (first_system) {
+    out += "<|im_start|>system\n" + trim(messages[0].content) + "<|im_end|>\n";
+  }
+  const size_t last_query = last_query_index(messages, trim);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    const std::string content = trim(m.content);
+    if (m.role == "system") {
+      if (i > 0) fail("chat template qwen3.5: a system message must come first");
+    } else if (m.role == "user") {
+      out += "<|im_start|>user\n" + content + "<|im_end|>\n";
+    } else if (m.role == "assistant") {
+      const auto [reasoning, reply] = split_reply(content, false);
+      std::string text(reply);
+      out += "<|im_start|>assistant\n";
+      if (i > last_query) out += "<think>\n" + std::string(strip(reasoning, kWhitespace)) + "\n</think>\n\n";
+      out += text;
+      for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+        const ToolCall& call = m.tool_calls[k];
+        if (k == 0) {
+          out += strip(text, kWhitespace).empty() ? "" : "\n\n";
+        } else {
+          out += "\n";
+        }
+        out += "<tool_call>\n<function=" + call.name + ">\n";
+        const nlohmann::ordered_json args =
+            nlohmann::ordered_json::parse(call.arguments.empty() ? "{}" : call.arguments, nullptr, false);
+        if (!args.is_object())
+          fail("chat template qwen3.5: the arguments of a call to {} are not a JSON object", call.name);
+        for (const auto& [key, value] : args.items()) {
+          std::string v;
+          if (value.is_object() || value.is_array()) {
+            v = python_json(value);
+          } else if (value.is_string()) {
+            v = value.get<std::string>();
+          } else if (value.is_boolean()) {
+            v = value.get<bool>() ? "True" : "False";
+          } else if (value.is_null()) {
+            v = "None";
+          } else {
+            v = value.dump();
+          }
+          out += "<parameter=" + key + ">\n" + v + "\n</parameter>\n";
+        }
+        out += "</function>\n</tool_call>";
+      }
+      out += "<|im_end|>\n";
+    } else if (m.role == "tool") {
+      if (i > 0 && messages[i - 1].role != "tool") out += "<|im_start|>user";
+      out += "\n<tool_response>\n" + content + "\n</tool_response>";
+      if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+    }
+  }
+  if (options.add_generation_prompt)
+    out +=
+        options.enable_thinking ? "<|im_start|>assistant\n<think>\n" : "<|im_start|>assistant\n<think>\n\n</think>\n\n";
   return out;
 }
 

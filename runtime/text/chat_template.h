@@ -42,6 +42,7 @@ enum class ToolCallFormat {
   kNone,    // the template has no tool calls (in hetmoe yet)
   kHermes,  // Qwen3: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
   kGlm,     // GLM-4.5: <tool_call>name\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n...</tool_call>
+  kXml,     // Qwen3.5: <tool_call>\n<function=name>\n<parameter=k>\nv\n</parameter>\n</function>\n</tool_call>
 };
 
 // The chat formats hetmoe knows, rendered in C++ (no Jinja): each produces exactly the string the model's own
@@ -119,6 +120,9 @@ class ChatTemplate {
   // Qwen3's template with tools: the tool list in the system turn, calls as <tool_call> blocks, results as
   // <tool_response> blocks in user turns.
   std::string render_chatml_tools(std::span<const ChatMessage> messages, const RenderOptions& options) const;
+  // Qwen3.5's with tools: the tool list and its instructions before the system message, calls as <function=...>
+  // blocks with one <parameter=...> per argument.
+  std::string render_qwen35_tools(std::span<const ChatMessage> messages, const RenderOptions& options) const;
   std::string render_mistral(std::span<const ChatMessage> messages) const;
   std::string render_llama3(std::span<const ChatMessage> messages, const RenderOptions& options) const;
   std::string render_kimi_k2(std::span<const ChatMessage> messages, const RenderOptions& options) const;

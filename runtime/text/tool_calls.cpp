@@ -117,7 +117,64 @@ static std::optional<std::pair<std::string, nlohmann::ordered_json>> parse_glm(s
   return std::make_pair(std::string(name), std::move(args));
 }
 
+ToolCallParser::ToolCallParser(ToolCallFormat format, const std::vector<nlohmann::ordered_json>& tools)
+    : format_(format) {
+  for (const nlohmann::ordered_json& tool : tools) {
+    const auto f = tool.find("function");
+    if (f == tool.end() || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string()) continue;
+    const auto params = f->find("parameters");
+    if (params == f->end() || !params->is_object() || !params->contains("properties")) continue;
+    const nlohmann::ordered_json& props = (*params)["properties"];
+    if (!props.is_object()) continue;
+    auto& types = param_types_[(*f)["name"].get<std::string>()];
+    for (const auto& [name, schema] : props.items())
+      if (schema.is_object() && schema.contains("type") && schema["type"].is_string())
+        types[name] = schema["type"].get<std::string>();
+  }
+}
+
+// Qwen3.5: "\n<function=NAME>\n" + "<parameter=K>\nV\n</parameter>\n"... + "</function>\n" (one newline either
+// side of a value belongs to the format). Nullopt when the body is not that.
+static std::optional<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>> parse_xml(
+    std::string_view body) {
+  constexpr std::string_view kWs = " \n\r\t";
+  auto skip = [&](std::string_view s) { return s.substr(std::min(s.size(), s.find_first_not_of(kWs))); };
+  std::string_view rest = skip(body);
+  if (!rest.starts_with("<function=")) return std::nullopt;
+  const size_t name_end = rest.find('>');
+  if (name_end == std::string_view::npos) return std::nullopt;
+  std::string name(rest.substr(10, name_end - 10));
+  rest = skip(rest.substr(name_end + 1));
+  std::vector<std::pair<std::string, std::string>> params;
+  while (rest.starts_with("<parameter=")) {
+    const size_t key_end = rest.find('>');
+    const size_t close = rest.find("</parameter>");
+    if (key_end == std::string_view::npos || close == std::string_view::npos || close < key_end) return std::nullopt;
+    std::string_view value = rest.substr(key_end + 1, close - key_end - 1);
+    if (value.starts_with("\n")) value.remove_prefix(1);
+    if (value.ends_with("\n")) value.remove_suffix(1);
+    params.emplace_back(std::string(rest.substr(11, key_end - 11)), std::string(value));
+    rest = skip(rest.substr(close + 12));
+  }
+  if (!rest.starts_with("</function>") || !skip(rest.substr(11)).empty()) return std::nullopt;
+  return std::make_pair(std::move(name), std::move(params));
+}
+
 std::optional<ToolCall> ToolCallParser::parse_block(std::string_view body) {
+  if (format_ == ToolCallFormat::kXml) {
+    auto call = parse_xml(body);
+    if (!call) return std::nullopt;
+    nlohmann::ordered_json args = nlohmann::ordered_json::object();
+    const auto types = param_types_.find(call->first);
+    for (const auto& [key, text] : call->second) {
+      const bool is_string =
+          types != param_types_.end() && types->second.count(key) && types->second.at(key) == "string";
+      nlohmann::ordered_json v = is_string ? nlohmann::ordered_json()
+                                           : nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+      args[key] = is_string || v.is_discarded() ? nlohmann::ordered_json(text) : std::move(v);
+    }
+    return ToolCall{.id = fmt::format("call_{}", next_id_++), .name = call->first, .arguments = args.dump()};
+  }
   if (format_ == ToolCallFormat::kGlm) {
     auto call = parse_glm(body);
     if (!call) return std::nullopt;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -19,7 +20,9 @@ std::string python_json(const nlohmann::ordered_json& value);
 // compact JSON text, its id "call_" and a number). A block that does not parse stays content, as written.
 class ToolCallParser {
  public:
-  explicit ToolCallParser(ToolCallFormat format) : format_(format) {}
+  // `tools` (the request's): Qwen3.5's parameters are text, and a parameter whose schema type is "string" stays a
+  // string where others are read as JSON when they parse.
+  explicit ToolCallParser(ToolCallFormat format, const std::vector<nlohmann::ordered_json>& tools = {});
   struct Parts {
     std::string content;
     std::vector<ToolCall> calls;
@@ -32,6 +35,7 @@ class ToolCallParser {
   std::optional<ToolCall> parse_block(std::string_view body);
 
   ToolCallFormat format_;
+  std::map<std::string, std::map<std::string, std::string>> param_types_;  // function -> parameter -> schema type
   std::string pending_;
   bool after_call_ = false;  // a newline that follows a call is dropped
   int next_id_ = 0;

@@ -757,6 +757,68 @@ TEST(ToolCalls, GlmCallsComeOutOfTheStream) {
   }
 }
 
+// Qwen3.5's template with tools: the list and instructions before the (trimmed) system message, a reply's reasoning
+// (after the last query) and calls with one <parameter=...> per argument (strings bare, numbers as they print,
+// objects as JSON), results in a user turn; the generation prompt opens the think block.
+TEST(ChatTemplateTools, Qwen35RendersToolsCallsAndResultsAsItsTemplate) {
+  const ChatTemplate t = *ChatTemplate::by_name("qwen3.5", qwen_vocab());
+  EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kXml);
+  RenderOptions options;
+  options.tools.push_back(
+      nlohmann::ordered_json::parse(R"({"type":"function","function":{"name":"get_weather","parameters":{}}})"));
+  const std::vector<ChatMessage> chat = {
+      {.role = "system", .content = " Be brief. "},
+      {.role = "user", .content = "Weather in Paris?"},
+      {.role = "assistant",
+       .content = "<think>\nCall it.\n</think>\n\nChecking.",
+       .tool_calls = {{.id = "a",
+                       .name = "get_weather",
+                       .arguments = R"({"city": "Paris", "days": 2, "opts": {"u": "C"}})"}}},
+      {.role = "tool", .content = "18C", .tool_call_id = "a"}};
+  const std::string expected =
+      "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
+      "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {}}}\n</tools>\n\n"
+      "If you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n"
+      "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+      "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n"
+      "</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified "
+      "format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n- "
+      "Required parameters MUST be specified\n- You may provide optional reasoning for your function call in natural "
+      "language BEFORE the function call, but NOT after\n- If there is no function call available, answer the "
+      "question like normal with your current knowledge and do not tell the user about function calls\n"
+      "</IMPORTANT>\n\nBe brief.<|im_end|>\n"
+      "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+      "<|im_start|>assistant\n<think>\nCall it.\n</think>\n\nChecking.\n\n<tool_call>\n<function=get_weather>\n"
+      "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n<parameter=opts>\n{\"u\": \"C\"}\n"
+      "</parameter>\n</function>\n</tool_call><|im_end|>\n"
+      "<|im_start|>user\n<tool_response>\n18C\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n";
+  EXPECT_EQ(t.render(chat, options), expected);
+}
+
+// Qwen3.5's calls come back with their parameters typed: a "string" parameter stays text, others are read as JSON.
+TEST(ToolCalls, Qwen35CallsComeOutWithTypedParameters) {
+  const std::vector<nlohmann::ordered_json> tools = {nlohmann::ordered_json::parse(
+      R"({"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"code":{"type":"string"},"n":{"type":"integer"}}}}})")};
+  const std::string reply =
+      "Ok.\n\n<tool_call>\n<function=f>\n<parameter=code>\n42\n</parameter>\n<parameter=n>\n7\n</parameter>\n"
+      "<parameter=text>\ntwo\nlines\n</parameter>\n</function>\n</tool_call>";
+  for (size_t piece : {1, 9, 1000}) {
+    ToolCallParser p(ToolCallFormat::kXml, tools);
+    std::string content;
+    std::vector<ToolCall> calls;
+    for (size_t i = 0; i < reply.size(); i += piece) {
+      ToolCallParser::Parts part = p.push(std::string_view(reply).substr(i, piece));
+      content += part.content;
+      calls.insert(calls.end(), part.calls.begin(), part.calls.end());
+    }
+    content += p.flush().content;
+    ASSERT_EQ(calls.size(), 1u) << piece;
+    EXPECT_EQ(calls[0].name, "f");
+    EXPECT_EQ(calls[0].arguments, R"({"code":"42","n":7,"text":"two\nlines"})");
+    EXPECT_EQ(content, "Ok.\n\n");
+  }
+}
+
 TEST(ChatTemplateTools, FormatsWithoutToolCallsRefuseThem) {
   const ChatTemplate t = *ChatTemplate::by_name("deepseek3", deepseek_vocab());
   EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kNone);  // not yet
