@@ -262,6 +262,8 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
       r.reply_prefix = forced.empty() ? "<tool_call>" : "<tool_call>" + forced + "\n";
     if (required && r.tool_format == ToolCallFormat::kXml)
       r.reply_prefix = forced.empty() ? "<tool_call>\n" : "<tool_call>\n<function=" + forced + ">\n";
+    if (required && r.tool_format == ToolCallFormat::kMinimax)
+      r.reply_prefix = "<minimax:tool_call>\n" + (forced.empty() ? "" : "<invoke name=\"" + forced + "\">\n");
     if (!r.reply_prefix.empty() && r.starts_in_reasoning) {
       rendered += "\n" + r.think_close + "\n\n";
       r.starts_in_reasoning = false;

@@ -276,6 +276,7 @@ ToolCallFormat ChatTemplate::tool_call_format() const {
   // Qwen3's template (Qwen3.5's differs: not yet).
   if (kind_ == TemplateKind::kChatml) return dialect_.trims ? ToolCallFormat::kXml : ToolCallFormat::kHermes;
   if (kind_ == TemplateKind::kGlm4) return ToolCallFormat::kGlm;
+  if (kind_ == TemplateKind::kMinimax) return ToolCallFormat::kMinimax;
   return ToolCallFormat::kNone;
 }
 
@@ -755,7 +756,22 @@ std::string ChatTemplate::render_minimax(std::span<const ChatMessage> messages, 
     if (!messages[0].content.empty()) system = messages[0].content;
     conversation = messages.subspan(1);
   }
-  std::string out = "]~!b[]~b]system\n" + system + "[e~[\n";
+  std::string out = "]~!b[]~b]system\n" + system;
+  if (!options.tools.empty()) {
+    // The template's tool list: each tool's function object, then an example call (its whitespace as the Jinja's
+    // trim_blocks and "-" markers leave it).
+    out +=
+        "\n\n# Tools\nYou may call one or more tools to assist with the user query.\nHere are the tools available in "
+        "JSONSchema format:\n\n<tools>\n";
+    for (const nlohmann::ordered_json& tool : options.tools)
+      out += "<tool>" + python_json(tool.contains("function") ? tool["function"] : tool) + "</tool>\n";
+    out +=
+        "</tools>\n\nWhen making tool calls, use XML format to invoke tools and pass parameters:\n\n"
+        "<minimax:tool_call>\n<invoke name=\"tool-name-1\">\n<parameter "
+        "name=\"param-key-1\">param-value-1</parameter>\n"
+        "<parameter name=\"param-key-2\">param-value-2</parameter>\n...\n</invoke>\n</minimax:tool_call>";
+  }
+  out += "[e~[\n";
   const std::ptrdiff_t last = last_user(conversation);
   for (size_t i = 0; i < conversation.size(); ++i) {
     const ChatMessage& m = conversation[i];
@@ -770,7 +786,34 @@ std::string ChatTemplate::render_minimax(std::span<const ChatMessage> messages, 
         out += "\n</think>\n\n";
       }
       out += content;
+      if (!m.tool_calls.empty()) {
+        out += "\n<minimax:tool_call>\n";
+        for (const ToolCall& call : m.tool_calls) {
+          out += "<invoke name=\"" + call.name + "\">\n";
+          const nlohmann::ordered_json args =
+              nlohmann::ordered_json::parse(call.arguments.empty() ? "{}" : call.arguments, nullptr, false);
+          if (!args.is_object())
+            fail("chat template minimax-m2: the arguments of a call to {} are not a JSON object", call.name);
+          for (const auto& [key, value] : args.items())
+            out += "<parameter name=\"" + key + "\">" +
+                   (value.is_string() ? value.get<std::string>() : python_json(value)) + "</parameter>\n";
+          out += "</invoke>\n";
+        }
+        out += "</minimax:tool_call>";
+      }
       out += "[e~[\n";
+    } else if (m.role == "tool") {
+      // A result needs the call it answers before it, as the template checks.
+      bool called = false;
+      for (size_t j = i; j-- > 0;)
+        if (conversation[j].role == "assistant") {
+          called = !conversation[j].tool_calls.empty();
+          break;
+        }
+      if (!called) fail("chat template minimax-m2: a tool message without an assistant tool call before it");
+      if (i == 0 || conversation[i - 1].role != "tool") out += "]~b]tool";
+      out += "\n<response>" + m.content + "</response>";
+      if (i + 1 == conversation.size() || conversation[i + 1].role != "tool") out += "[e~[\n";
     }
   }
   if (options.add_generation_prompt) out += "]~b]ai\n<think>\n";

@@ -39,10 +39,11 @@ struct RenderOptions {
 
 // How a template's model writes function calls in its reply.
 enum class ToolCallFormat {
-  kNone,    // the template has no tool calls (in hetmoe yet)
-  kHermes,  // Qwen3: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
-  kGlm,     // GLM-4.5: <tool_call>name\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n...</tool_call>
-  kXml,     // Qwen3.5: <tool_call>\n<function=name>\n<parameter=k>\nv\n</parameter>\n</function>\n</tool_call>
+  kNone,     // the template has no tool calls (in hetmoe yet)
+  kHermes,   // Qwen3: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
+  kGlm,      // GLM-4.5: <tool_call>name\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n...</tool_call>
+  kXml,      // Qwen3.5: <tool_call>\n<function=name>\n<parameter=k>\nv\n</parameter>\n</function>\n</tool_call>
+  kMinimax,  // MiniMax-M2: <minimax:tool_call>\n<invoke name="n">\n<parameter name="k">v</parameter>\n</invoke>\n...
 };
 
 // The chat formats hetmoe knows, rendered in C++ (no Jinja): each produces exactly the string the model's own

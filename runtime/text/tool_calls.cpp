@@ -73,9 +73,6 @@ void append_json(std::string& out, const nlohmann::ordered_json& v) {
   }
 }
 
-// Where a call opens and closes (Hermes and GLM-4.5 alike).
-constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
-
 }  // namespace
 
 std::string python_json(const nlohmann::ordered_json& value) {
@@ -160,34 +157,88 @@ static std::optional<std::pair<std::string, std::vector<std::pair<std::string, s
   return std::make_pair(std::move(name), std::move(params));
 }
 
-std::optional<ToolCall> ToolCallParser::parse_block(std::string_view body) {
+// A parameter's text as JSON: a "string" parameter (by the tool's schema) stays text, others are read as JSON when
+// they parse.
+static nlohmann::ordered_json typed_value(const std::map<std::string, std::map<std::string, std::string>>& types,
+                                          const std::string& function, const std::string& key,
+                                          const std::string& text) {
+  const auto f = types.find(function);
+  const bool is_string = f != types.end() && f->second.count(key) && f->second.at(key) == "string";
+  if (is_string) return text;
+  nlohmann::ordered_json v = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return v.is_discarded() ? nlohmann::ordered_json(text) : v;
+}
+
+// MiniMax-M2: one or more `<invoke name="N">` + `<parameter name="k">v</parameter>`... + `</invoke>`, whitespace
+// between the tags ignored.
+static std::optional<std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>>>
+parse_invokes(std::string_view body) {
+  constexpr std::string_view kWs = " \n\r\t";
+  auto skip = [&](std::string_view s) { return s.substr(std::min(s.size(), s.find_first_not_of(kWs))); };
+  std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>> calls;
+  std::string_view rest = skip(body);
+  while (!rest.empty()) {
+    if (!rest.starts_with("<invoke name=\"")) return std::nullopt;
+    const size_t name_end = rest.find("\">", 14);
+    if (name_end == std::string_view::npos) return std::nullopt;
+    std::string name(rest.substr(14, name_end - 14));
+    rest = skip(rest.substr(name_end + 2));
+    std::vector<std::pair<std::string, std::string>> params;
+    while (rest.starts_with("<parameter name=\"")) {
+      const size_t key_end = rest.find("\">", 17);
+      const size_t close = rest.find("</parameter>");
+      if (key_end == std::string_view::npos || close == std::string_view::npos || close < key_end) return std::nullopt;
+      params.emplace_back(std::string(rest.substr(17, key_end - 17)),
+                          std::string(rest.substr(key_end + 2, close - key_end - 2)));
+      rest = skip(rest.substr(close + 12));
+    }
+    if (!rest.starts_with("</invoke>")) return std::nullopt;
+    rest = skip(rest.substr(9));
+    calls.emplace_back(std::move(name), std::move(params));
+  }
+  if (calls.empty()) return std::nullopt;
+  return calls;
+}
+
+std::string_view ToolCallParser::open_marker() const {
+  return format_ == ToolCallFormat::kMinimax ? "<minimax:tool_call>" : "<tool_call>";
+}
+std::string_view ToolCallParser::close_marker() const {
+  return format_ == ToolCallFormat::kMinimax ? "</minimax:tool_call>" : "</tool_call>";
+}
+
+std::vector<ToolCall> ToolCallParser::parse_block(std::string_view body) {
+  if (format_ == ToolCallFormat::kMinimax) {
+    auto invokes = parse_invokes(body);
+    if (!invokes) return {};
+    std::vector<ToolCall> calls;
+    for (const auto& [name, params] : *invokes) {
+      nlohmann::ordered_json args = nlohmann::ordered_json::object();
+      for (const auto& [key, text] : params) args[key] = typed_value(param_types_, name, key, text);
+      calls.push_back({.id = fmt::format("call_{}", next_id_++), .name = name, .arguments = args.dump()});
+    }
+    return calls;
+  }
   if (format_ == ToolCallFormat::kXml) {
     auto call = parse_xml(body);
-    if (!call) return std::nullopt;
+    if (!call) return {};
     nlohmann::ordered_json args = nlohmann::ordered_json::object();
-    const auto types = param_types_.find(call->first);
-    for (const auto& [key, text] : call->second) {
-      const bool is_string =
-          types != param_types_.end() && types->second.count(key) && types->second.at(key) == "string";
-      nlohmann::ordered_json v = is_string ? nlohmann::ordered_json()
-                                           : nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-      args[key] = is_string || v.is_discarded() ? nlohmann::ordered_json(text) : std::move(v);
-    }
-    return ToolCall{.id = fmt::format("call_{}", next_id_++), .name = call->first, .arguments = args.dump()};
+    for (const auto& [key, text] : call->second) args[key] = typed_value(param_types_, call->first, key, text);
+    return {{.id = fmt::format("call_{}", next_id_++), .name = call->first, .arguments = args.dump()}};
   }
   if (format_ == ToolCallFormat::kGlm) {
     auto call = parse_glm(body);
-    if (!call) return std::nullopt;
-    return ToolCall{.id = fmt::format("call_{}", next_id_++), .name = call->first, .arguments = call->second.dump()};
+    if (!call) return {};
+    return {{.id = fmt::format("call_{}", next_id_++), .name = call->first, .arguments = call->second.dump()}};
   }
   // Hermes: {"name": ..., "arguments": {...}} between newlines.
   const nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
+  if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string()) return {};
   ToolCall call{.id = fmt::format("call_{}", next_id_), .name = j["name"].get<std::string>(), .arguments = "{}"};
   if (const auto a = j.find("arguments"); a != j.end())
     call.arguments = a->is_string() ? a->get<std::string>() : a->dump();
   ++next_id_;
-  return call;
+  return {call};
 }
 
 ToolCallParser::Parts ToolCallParser::push(std::string_view text) {
@@ -203,12 +254,13 @@ ToolCallParser::Parts ToolCallParser::push(std::string_view text) {
       if (pending_.front() == '\n') pending_.erase(0, 1);
       after_call_ = false;
     }
-    const size_t open = pending_.find(kHermesOpen);
+    const std::string_view kOpen = open_marker(), kClose = close_marker();
+    const size_t open = pending_.find(kOpen);
     if (open == std::string::npos) {
       // Hold back the longest end that could start the marker.
       size_t held = 0;
-      for (size_t len = std::min(kHermesOpen.size() - 1, pending_.size()); len > 0; --len)
-        if (pending_.compare(pending_.size() - len, len, kHermesOpen, 0, len) == 0) {
+      for (size_t len = std::min(kOpen.size() - 1, pending_.size()); len > 0; --len)
+        if (pending_.compare(pending_.size() - len, len, kOpen, 0, len) == 0) {
           held = len;
           break;
         }
@@ -218,16 +270,16 @@ ToolCallParser::Parts ToolCallParser::push(std::string_view text) {
     }
     out.content += pending_.substr(0, open);
     pending_.erase(0, open);
-    const size_t close = pending_.find(kHermesClose);
+    const size_t close = pending_.find(kClose);
     if (close == std::string::npos) return out;  // the call is not complete yet
-    const std::string_view body = std::string_view(pending_).substr(kHermesOpen.size(), close - kHermesOpen.size());
-    if (std::optional<ToolCall> call = parse_block(body)) {
-      out.calls.push_back(std::move(*call));
+    const std::string_view body = std::string_view(pending_).substr(kOpen.size(), close - kOpen.size());
+    if (std::vector<ToolCall> calls = parse_block(body); !calls.empty()) {
+      for (ToolCall& call : calls) out.calls.push_back(std::move(call));
       after_call_ = true;
     } else {
-      out.content += pending_.substr(0, close + kHermesClose.size());
+      out.content += pending_.substr(0, close + kClose.size());
     }
-    pending_.erase(0, close + kHermesClose.size());
+    pending_.erase(0, close + kClose.size());
   }
 }
 

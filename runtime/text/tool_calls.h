@@ -32,7 +32,11 @@ class ToolCallParser {
   Parts flush();
 
  private:
-  std::optional<ToolCall> parse_block(std::string_view body);
+  // The calls of one block between the format's markers (MiniMax-M2 writes several in one); empty when the block is
+  // not well formed.
+  std::vector<ToolCall> parse_block(std::string_view body);
+  std::string_view open_marker() const;
+  std::string_view close_marker() const;
 
   ToolCallFormat format_;
   std::map<std::string, std::map<std::string, std::string>> param_types_;  // function -> parameter -> schema type

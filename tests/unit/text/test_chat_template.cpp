@@ -546,7 +546,11 @@ TEST(ChatTemplate, UnknownRolesFailInEveryFormat) {
     if (t.tool_call_format() == ToolCallFormat::kNone) {
       EXPECT_THROW(render(t, {{"user", "u"}, {"tool", "42"}}), Error) << name;
     } else {
-      EXPECT_NO_THROW(render(t, {{"user", "u"}, {"tool", "42"}})) << name;
+      const std::vector<ChatMessage> called = {
+          {.role = "user", .content = "u"},
+          {.role = "assistant", .content = "", .tool_calls = {{.id = "1", .name = "f", .arguments = "{}"}}},
+          {.role = "tool", .content = "42"}};
+      EXPECT_NO_THROW(render(t, called)) << name;
     }
     try {
       render(t, {{"ipython", "x"}});
@@ -816,6 +820,58 @@ TEST(ToolCalls, Qwen35CallsComeOutWithTypedParameters) {
     EXPECT_EQ(calls[0].name, "f");
     EXPECT_EQ(calls[0].arguments, R"({"code":"42","n":7,"text":"two\nlines"})");
     EXPECT_EQ(content, "Ok.\n\n");
+  }
+}
+
+// MiniMax-M2's template with tools: each tool's function object in <tool> tags after the system text, calls as
+// <invoke> blocks in one <minimax:tool_call>, results after "]~b]tool" in <response> tags.
+TEST(ChatTemplateTools, MinimaxM2RendersToolsCallsAndResultsAsItsTemplate) {
+  const ChatTemplate t = *ChatTemplate::by_name("minimax-m2", deepseek_vocab());
+  EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kMinimax);
+  RenderOptions options;
+  options.tools.push_back(
+      nlohmann::ordered_json::parse(R"({"type":"function","function":{"name":"get_weather","parameters":{}}})"));
+  const std::vector<ChatMessage> chat = {
+      {.role = "user", .content = "Weather?"},
+      {.role = "assistant",
+       .content = "Checking.",
+       .tool_calls = {{.id = "a", .name = "get_weather", .arguments = R"({"city": "Paris", "days": 2})"}}},
+      {.role = "tool", .content = "18C", .tool_call_id = "a"}};
+  EXPECT_EQ(
+      t.render(chat, options),
+      "]~!b[]~b]system\nYou are a helpful assistant.\n\n# Tools\nYou may call one or more tools to assist with the "
+      "user query.\nHere are the tools available in JSONSchema format:\n\n<tools>\n"
+      "<tool>{\"name\": \"get_weather\", \"parameters\": {}}</tool>\n</tools>\n\nWhen making tool calls, use XML "
+      "format to invoke tools and pass parameters:\n\n<minimax:tool_call>\n<invoke name=\"tool-name-1\">\n"
+      "<parameter name=\"param-key-1\">param-value-1</parameter>\n<parameter name=\"param-key-2\">param-value-2"
+      "</parameter>\n...\n</invoke>\n</minimax:tool_call>[e~[\n]~b]user\nWeather?[e~[\n]~b]ai\nChecking.\n"
+      "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</parameter>\n"
+      "<parameter name=\"days\">2</parameter>\n</invoke>\n</minimax:tool_call>[e~[\n]~b]tool\n<response>18C"
+      "</response>[e~[\n]~b]ai\n<think>\n");
+  // A tool result with no call before it is refused, as the template raises.
+  const std::vector<ChatMessage> orphan = {{.role = "user", .content = "x"}, {.role = "tool", .content = "y"}};
+  EXPECT_THROW(t.render(orphan, options), Error);
+}
+
+TEST(ToolCalls, MinimaxCallsComeOutTogether) {
+  const std::string reply =
+      "Ok.\n<minimax:tool_call>\n<invoke name=\"a\">\n<parameter name=\"x\">1</parameter>\n</invoke>\n"
+      "<invoke name=\"b\">\n<parameter name=\"s\">hi there</parameter>\n</invoke>\n</minimax:tool_call>";
+  for (size_t piece : {1, 4, 1000}) {
+    ToolCallParser p(ToolCallFormat::kMinimax);
+    std::string content;
+    std::vector<ToolCall> calls;
+    for (size_t i = 0; i < reply.size(); i += piece) {
+      ToolCallParser::Parts part = p.push(std::string_view(reply).substr(i, piece));
+      content += part.content;
+      calls.insert(calls.end(), part.calls.begin(), part.calls.end());
+    }
+    content += p.flush().content;
+    ASSERT_EQ(calls.size(), 2u) << piece;
+    EXPECT_EQ(calls[0].name, "a");
+    EXPECT_EQ(calls[0].arguments, R"({"x":1})");
+    EXPECT_EQ(calls[1].arguments, R"({"s":"hi there"})");
+    EXPECT_EQ(content, "Ok.\n");
   }
 }
 
