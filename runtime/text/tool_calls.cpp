@@ -254,13 +254,13 @@ ToolCallParser::Parts ToolCallParser::push(std::string_view text) {
       if (pending_.front() == '\n') pending_.erase(0, 1);
       after_call_ = false;
     }
-    const std::string_view kOpen = open_marker(), kClose = close_marker();
-    const size_t open = pending_.find(kOpen);
+    const std::string_view open_tag = open_marker(), close_tag = close_marker();
+    const size_t open = pending_.find(open_tag);
     if (open == std::string::npos) {
       // Hold back the longest end that could start the marker.
       size_t held = 0;
-      for (size_t len = std::min(kOpen.size() - 1, pending_.size()); len > 0; --len)
-        if (pending_.compare(pending_.size() - len, len, kOpen, 0, len) == 0) {
+      for (size_t len = std::min(open_tag.size() - 1, pending_.size()); len > 0; --len)
+        if (pending_.compare(pending_.size() - len, len, open_tag, 0, len) == 0) {
           held = len;
           break;
         }
@@ -270,16 +270,16 @@ ToolCallParser::Parts ToolCallParser::push(std::string_view text) {
     }
     out.content += pending_.substr(0, open);
     pending_.erase(0, open);
-    const size_t close = pending_.find(kClose);
+    const size_t close = pending_.find(close_tag);
     if (close == std::string::npos) return out;  // the call is not complete yet
-    const std::string_view body = std::string_view(pending_).substr(kOpen.size(), close - kOpen.size());
+    const std::string_view body = std::string_view(pending_).substr(open_tag.size(), close - open_tag.size());
     if (std::vector<ToolCall> calls = parse_block(body); !calls.empty()) {
       for (ToolCall& call : calls) out.calls.push_back(std::move(call));
       after_call_ = true;
     } else {
-      out.content += pending_.substr(0, close + kClose.size());
+      out.content += pending_.substr(0, close + close_tag.size());
     }
-    pending_.erase(0, close + kClose.size());
+    pending_.erase(0, close + close_tag.size());
   }
 }
 
