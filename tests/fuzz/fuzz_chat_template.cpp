@@ -1,11 +1,13 @@
 // libFuzzer target for chat-template rendering. Each input picks a vocabulary (its BOS/EOS texts go into some
 // formats), a template (every built-in one by name, or one detected from a tokenizer.chat_template made of the
 // markers detection looks for and arbitrary text, or from a file whose chat_template is missing or not a string),
-// the render options and a conversation: up to 8 messages with a role (system, user, assistant, tool or arbitrary)
-// and content mixing arbitrary bytes (invalid UTF-8 included) with the formats' own markers.
+// the render options (sometimes a tool) and a conversation: up to 8 messages with a role (system, user, assistant, tool
+// or arbitrary), content mixing arbitrary bytes (invalid UTF-8 included) with the formats' own markers, and sometimes
+// an assistant's call with arguments that are a JSON object or arbitrary text.
 //
 // Nothing may crash. render() may throw hetmoe::Error only where it says it does: a role other than system, user
-// or assistant, or (mistral) a conversation that does not alternate after an optional first system message. Beyond
+// or assistant (or tool, in the formats with tool calls), the tool refusals tool_refusal() lists, or (mistral) a
+// conversation that does not alternate after an optional first system message. Beyond
 // that:
 // - rendering is deterministic;
 // - every user message's content is in the output (llama3 and qwen3.5 trim surrounding whitespace first), and so is
@@ -41,6 +43,7 @@ using hetmoe::text::ChatMessage;
 using hetmoe::text::ChatTemplate;
 using hetmoe::text::TemplateKind;
 using hetmoe::text::Tokenizer;
+using hetmoe::text::ToolCallFormat;
 
 void require(bool ok, const char* what) {
   if (ok) return;
@@ -156,7 +159,36 @@ struct TemplateFile {
   }
 };
 
-bool known_role(const std::string& role) { return role == "system" || role == "user" || role == "assistant"; }
+// A role the format takes: system, user, assistant, and tool where it has tool calls.
+bool known_role(const std::string& role, const ChatTemplate& t) {
+  return role == "system" || role == "user" || role == "assistant" ||
+         (role == "tool" && t.tool_call_format() != ToolCallFormat::kNone);
+}
+
+// The refusals the tool formats document: tools, calls or tool messages where the format has no tool calls (a
+// role check above); arguments that are not a JSON object where the template reads them as one (GLM-4.5, Qwen3.5,
+// MiniMax-M2); a tool result with no call before it (MiniMax-M2); a system message after the first (Qwen3.5 with
+// tools).
+bool tool_refusal(const std::vector<ChatMessage>& messages, const hetmoe::text::RenderOptions& options,
+                  const ChatTemplate& t) {
+  const ToolCallFormat f = t.tool_call_format();
+  bool tools = !options.tools.empty(), bad_args = false, orphan = false, late_system = false, called = false;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    tools = tools || m.role == "tool" || !m.tool_calls.empty();
+    if (f == ToolCallFormat::kNone) continue;
+    for (const hetmoe::text::ToolCall& c : m.tool_calls) {
+      const auto args = nlohmann::ordered_json::parse(c.arguments.empty() ? "{}" : c.arguments, nullptr, false);
+      bad_args = bad_args || !args.is_object();
+    }
+    if (m.role == "assistant") called = !m.tool_calls.empty();
+    orphan = orphan || (m.role == "tool" && !called);
+    late_system = late_system || (m.role == "system" && i > 0);
+  }
+  if (f == ToolCallFormat::kNone) return tools;
+  if (f == ToolCallFormat::kHermes) return false;
+  return bad_args || (f == ToolCallFormat::kMinimax && orphan) || (f == ToolCallFormat::kXml && tools && late_system);
+}
 
 // The conversations mistral's format takes: an optional system message, then user and assistant alternating from a
 // user turn, and not a system message alone.
@@ -221,24 +253,42 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Never empty: an empty date means today's, and rendering would depend on the clock.
   options.date = in.ConsumeBool() ? "2026-12-01" : "d" + in.ConsumeRandomLengthString(16);
 
+  // Sometimes a tool, with a name and parameters of arbitrary text.
+  if (in.ConsumeBool()) {
+    nlohmann::ordered_json tool = {{"type", "function"},
+                                   {"function", {{"name", in.ConsumeRandomLengthString(12)}, {"parameters", {}}}}};
+    tool["function"]["description"] = in.ConsumeRandomLengthString(24);
+    options.tools.push_back(std::move(tool));
+  }
   std::vector<ChatMessage> messages(in.ConsumeIntegralInRange<size_t>(0, kMaxMessages));
   bool roles_known = true;
   for (ChatMessage& m : messages) {
     const size_t role = in.ConsumeIntegralInRange<size_t>(0, std::size(kRoles));
     m.role = role < std::size(kRoles) ? std::string(kRoles[role]) : in.ConsumeRandomLengthString(16);
     m.content = fuzzed_text(in, 4);
-    roles_known = roles_known && known_role(m.role);
+    roles_known = roles_known && known_role(m.role, *chat);
+    // An assistant's calls: arguments a JSON object or arbitrary text.
+    if (m.role == "assistant" && in.ConsumeBool()) {
+      const std::string name = in.ConsumeRandomLengthString(12);
+      std::string args = in.ConsumeBool() ? nlohmann::json{{in.ConsumeRandomLengthString(8), in.ConsumeIntegral<int>()},
+                                                           {"s", in.ConsumeRandomLengthString(16)}}
+                                                .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                                          : in.ConsumeRandomLengthString(24);
+      m.tool_calls.push_back({.id = "c", .name = name, .arguments = std::move(args)});
+    }
   }
 
   std::string out;
   try {
     out = chat->render(messages, options);
   } catch (const hetmoe::Error&) {
-    const bool documented = !roles_known || (chat->kind() == TemplateKind::kMistral && !mistral_accepts(messages));
+    const bool documented = !roles_known || (chat->kind() == TemplateKind::kMistral && !mistral_accepts(messages)) ||
+                            tool_refusal(messages, options, *chat);
     require(documented, "render() failed on a conversation the format takes");
     return 0;
   }
   require(roles_known, "render() took an unknown role");
+  require(!tool_refusal(messages, options, *chat), "render() took tools, calls or results it documents refusing");
   require(chat->kind() != TemplateKind::kMistral || mistral_accepts(messages),
           "mistral took a conversation that does not alternate");
   require(chat->render(messages, options) == out, "rendering is not deterministic");
