@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "runtime/error.h"
+#include "runtime/text/think_filter.h"
 
 namespace hetmoe::server {
 
@@ -298,11 +299,7 @@ std::pair<size_t, size_t> find_stop(const std::string& text, const std::vector<s
   for (const std::string& stop : stops) {
     if (stop.empty()) continue;
     first = std::min(first, text.find(stop));
-    for (size_t len = std::min(stop.size() - 1, text.size()); len > held; --len)
-      if (text.compare(text.size() - len, len, stop, 0, len) == 0) {
-        held = len;
-        break;
-      }
+    held = std::max(held, text::marker_start_at_end(text, stop));
   }
   return {first, held};
 }

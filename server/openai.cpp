@@ -4,6 +4,8 @@
 
 #include <random>
 
+#include "runtime/text/think_filter.h"
+
 namespace hetmoe::server {
 
 using nlohmann::json;
@@ -301,12 +303,7 @@ ReasoningSplitter::Parts ReasoningSplitter::push(std::string_view text) {
       continue;
     }
     // Hold back the longest end that could start the marker.
-    size_t held = 0;
-    for (size_t len = std::min(marker.size() - 1, pending_.size()); len > 0; --len)
-      if (pending_.compare(pending_.size() - len, len, marker, 0, len) == 0) {
-        held = len;
-        break;
-      }
+    const size_t held = text::marker_start_at_end(pending_, marker);
     to += pending_.substr(0, pending_.size() - held);
     pending_.erase(0, pending_.size() - held);
     return out;

@@ -8,10 +8,14 @@ namespace hetmoe::engine {
 
 Session::Session(model::Model& model, int64_t n_ctx) : model_(model), cache_(model.make_cache(n_ctx)) {}
 
-void Session::prepare(size_t n, const std::atomic<bool>* cancel) {
+void Session::check_fits(size_t n) const {
   if (n == 0) fail("nothing to evaluate");
   if (static_cast<int64_t>(n) > n_free())
     fail("context full: {} tokens do not fit ({} of {} positions used)", n, n_past(), n_ctx());
+}
+
+void Session::prepare(size_t n, const std::atomic<bool>* cancel) {
+  check_fits(n);
   sync(cancel);
   if (cache_.has_recurrent()) {
     const std::optional<int64_t> newest = cache_.checkpoint_at_or_before(n_past());
@@ -46,10 +50,7 @@ void Session::eval_batch(std::span<const BatchPart> parts, const std::atomic<boo
     if (&part.session->model_ != &model) fail("the sessions of a batch must run on one model");
     for (size_t j = 0; j < i; ++j)
       if (parts[j].session == part.session) fail("a session appears twice in one batch");
-    if (part.tokens.empty()) fail("nothing to evaluate");
-    if (static_cast<int64_t>(part.tokens.size()) > part.session->n_free())
-      fail("context full: {} tokens do not fit ({} of {} positions used)", part.tokens.size(), part.session->n_past(),
-           part.session->n_ctx());
+    part.session->check_fits(part.tokens.size());
   }
   thread_local std::vector<model::SequenceBatch> batch;
   batch.clear();

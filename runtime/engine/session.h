@@ -65,6 +65,8 @@ class Session {
  private:
   // Brings the cache's recurrent state to n_past(): rolls back and evaluates the kept tokens after the checkpoint.
   void sync(const std::atomic<bool>* cancel);
+  // Fails when `n` tokens cannot be evaluated next (none, or more than the free positions).
+  void check_fits(size_t n) const;
   // Before evaluating `n` tokens: fails when they do not fit, syncs, takes the checkpoint the batch needs.
   void prepare(size_t n, const std::atomic<bool>* cancel);
   // After: the tokens are the session's, their cost counted.

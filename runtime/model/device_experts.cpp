@@ -34,19 +34,6 @@ device::DeviceMatrix upload(device::Device& device, int stream, const cpu::Weigh
   return {w.type, w.n_cols, w.n_rows, w.row_bytes, dst};
 }
 
-// Weight bytes the CPU reads for routed expert e in a step: W (or W^Q, plus W^R when any item is critical) when
-// it runs there whole; W^R only for a device expert's critical items (whole = false).
-uint64_t routed_bytes(const MoeWeights& w, const RoutedItems& items, int64_t e, int64_t n_embd, bool whole) {
-  bool critical = false;
-  for (int64_t o = items.begin(e); o < items.end[e] && w.split(); ++o) critical |= items.critical[items.order[o]] != 0;
-  auto part = [&](const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up, const cpu::WeightMatrix& down) {
-    return gate.row_bytes * w.n_ff_exp + up.row_bytes * w.n_ff_exp + down.row_bytes * n_embd;
-  };
-  uint64_t bytes = whole ? part(w.gate_exps, w.up_exps, w.down_exps) : 0;
-  if (critical) bytes += part(w.gate_exps_r, w.up_exps_r, w.down_exps_r);
-  return bytes;
-}
-
 }  // namespace
 
 DeviceExperts::DeviceExperts(device::Device& device, const Placement& placement, std::span<const Expert> experts)

@@ -412,11 +412,8 @@ void Model::ffn(Pass& p, int64_t layer, const float* x, int64_t n, float* out) {
       .layer = layer, .w = w.moe, .r = r, .items = items, .shared_weights = gated ? shared_weights.data() : nullptr};
   const FfnRows rows{.x = host_x, .out = host_out, .n = n, .n_embd = E, .device = on_device};
   if (device_experts_) return device_experts_->run(kernels_, *pool_, step, rows);
-  const MoeWeights& m = w.moe;
-  const uint64_t expert_bytes = static_cast<uint64_t>(m.n_ff_exp) * (m.gate_exps.row_bytes + m.up_exps.row_bytes) +
-                                static_cast<uint64_t>(E) * m.down_exps.row_bytes;
-  for (int64_t e = 0; e < m.n_expert; ++e)
-    if (items.end[e] > items.begin(e)) cpu_expert_bytes_ += expert_bytes;
+  for (int64_t e = 0; e < w.moe.n_expert; ++e)
+    if (items.end[e] > items.begin(e)) cpu_expert_bytes_ += routed_bytes(w.moe, items, e, E, true);
   run_experts_on_cpu(kernels_, *pool_, step, rows);
   p.from_host(host_out, n * E, out);
 }

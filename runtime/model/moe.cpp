@@ -111,6 +111,17 @@ bool shared_expert_weights(const cpu::KernelTable& k, const MoeWeights& w, const
   return true;
 }
 
+uint64_t routed_bytes(const MoeWeights& w, const RoutedItems& items, int64_t e, int64_t n_embd, bool whole) {
+  bool critical = false;
+  for (int64_t o = items.begin(e); o < items.end[e] && w.split(); ++o) critical |= items.critical[items.order[o]] != 0;
+  auto part = [&](const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up, const cpu::WeightMatrix& down) {
+    return gate.row_bytes * w.n_ff_exp + up.row_bytes * w.n_ff_exp + down.row_bytes * n_embd;
+  };
+  uint64_t bytes = whole ? part(w.gate_exps, w.up_exps, w.down_exps) : 0;
+  if (critical) bytes += part(w.gate_exps_r, w.up_exps_r, w.down_exps_r);
+  return bytes;
+}
+
 void run_experts_on_cpu(const cpu::KernelTable& k, cpu::ThreadPool& pool, const MoeStep& step, const FfnRows& ffn) {
   const MoeWeights& w = step.w;
   const Routing& r = step.r;

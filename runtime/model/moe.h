@@ -98,6 +98,9 @@ struct RoutedItems {
   int64_t begin(int64_t e) const { return e == 0 ? 0 : end[e - 1]; }
 };
 RoutedItems group_items(const MoeWeights& w, const Routing& r, int64_t n, int64_t n_used);
+// Weight bytes the CPU reads for routed expert e in a step: W (or W^Q, plus W^R when any item is critical) when
+// it runs there whole; W^R only for a device expert's critical items (whole = false).
+uint64_t routed_bytes(const MoeWeights& w, const RoutedItems& items, int64_t e, int64_t n_embd, bool whole);
 
 // Where a step's rows live when the forward pass runs on the device: `x` is the device copy of the step's host input,
 // and the result goes to `out` (device memory, overwritten); the host output then only holds the CPU's part. Null

@@ -34,12 +34,18 @@ std::string ThinkFilter::push(std::string_view text) {
       continue;
     }
     // Hold back the longest tail that could still become the marker.
-    size_t hold = std::min(marker.size() - 1, pending_.size());
-    while (hold > 0 && marker.compare(0, hold, pending_, pending_.size() - hold, hold) != 0) --hold;
+    const size_t hold = marker_start_at_end(pending_, marker);
     out += emit(std::string_view(pending_).substr(0, pending_.size() - hold));
     pending_.erase(0, pending_.size() - hold);
     return out;
   }
+}
+
+size_t marker_start_at_end(std::string_view text, std::string_view marker) {
+  if (marker.empty()) return 0;
+  size_t hold = std::min(marker.size() - 1, text.size());
+  while (hold > 0 && marker.compare(0, hold, text, text.size() - hold, hold) != 0) --hold;
+  return hold;
 }
 
 std::string ThinkFilter::flush() {

@@ -5,6 +5,10 @@
 
 namespace hetmoe::text {
 
+// How many bytes at the end of `text` could be the start of `marker` (the longest such end shorter than the marker):
+// what a filter of streamed text holds back until the next piece decides.
+size_t marker_start_at_end(std::string_view text, std::string_view marker);
+
 // Shows a reasoning model's <think>...</think> block dimmed, plainly or not at all, on streamed text whose
 // markers may arrive split across tokens: a possible start of a marker is held back until it is decided.
 class ThinkFilter {

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "runtime/text/think_filter.h"
+
 namespace hetmoe::text {
 namespace {
 
@@ -258,12 +260,7 @@ ToolCallParser::Parts ToolCallParser::push(std::string_view text) {
     const size_t open = pending_.find(open_tag);
     if (open == std::string::npos) {
       // Hold back the longest end that could start the marker.
-      size_t held = 0;
-      for (size_t len = std::min(open_tag.size() - 1, pending_.size()); len > 0; --len)
-        if (pending_.compare(pending_.size() - len, len, open_tag, 0, len) == 0) {
-          held = len;
-          break;
-        }
+      const size_t held = marker_start_at_end(pending_, open_tag);
       out.content += pending_.substr(0, pending_.size() - held);
       pending_.erase(0, pending_.size() - held);
       return out;
