@@ -69,6 +69,21 @@ size_t last_query_index(std::span<const ChatMessage> messages, Text text) {
   return messages.empty() ? 0 : messages.size() - 1;
 }
 
+// A call's arguments as the templates that read them as a mapping take them; fails (one line, naming the format)
+// when they are not a JSON object.
+nlohmann::ordered_json call_arguments(const ToolCall& call, std::string_view format) {
+  nlohmann::ordered_json args =
+      nlohmann::ordered_json::parse(call.arguments.empty() ? "{}" : call.arguments, nullptr, false);
+  if (!args.is_object())
+    fail("chat template {}: the arguments of a call to {} are not a JSON object", format, call.name);
+  return args;
+}
+
+// An argument's value as GLM-4.5's and MiniMax-M2's templates write it: a string as it is, anything else as JSON.
+std::string argument_text(const nlohmann::ordered_json& value) {
+  return value.is_string() ? value.get<std::string>() : python_json(value);
+}
+
 // Jinja's `trim` filter strips whitespace (Python's str.strip()); ASCII whitespace is what matters in practice.
 constexpr std::string_view kWhitespace = " \t\n\r\v\f";
 
@@ -557,10 +572,7 @@ std::string ChatTemplate::render_qwen35_tools(std::span<const ChatMessage> messa
           out += "\n";
         }
         out += "<tool_call>\n<function=" + call.name + ">\n";
-        const nlohmann::ordered_json args =
-            nlohmann::ordered_json::parse(call.arguments.empty() ? "{}" : call.arguments, nullptr, false);
-        if (!args.is_object())
-          fail("chat template qwen3.5: the arguments of a call to {} are not a JSON object", call.name);
+        const nlohmann::ordered_json args = call_arguments(call, "qwen3.5");
         for (const auto& [key, value] : args.items()) {
           std::string v;
           if (value.is_object() || value.is_array()) {
@@ -722,13 +734,9 @@ std::string ChatTemplate::render_glm4(std::span<const ChatMessage> messages, con
       }
       for (const ToolCall& call : m.tool_calls) {
         out += "\n<tool_call>" + call.name + "\n";
-        const nlohmann::ordered_json args =
-            nlohmann::ordered_json::parse(call.arguments.empty() ? "{}" : call.arguments, nullptr, false);
-        if (!args.is_object())
-          fail("chat template glm4: the arguments of a call to {} are not a JSON object", call.name);
+        const nlohmann::ordered_json args = call_arguments(call, "glm4");
         for (const auto& [key, value] : args.items())
-          out += "<arg_key>" + key + "</arg_key>\n<arg_value>" +
-                 (value.is_string() ? value.get<std::string>() : python_json(value)) + "</arg_value>\n";
+          out += "<arg_key>" + key + "</arg_key>\n<arg_value>" + argument_text(value) + "</arg_value>\n";
         out += "</tool_call>";
       }
     } else if (m.role == "tool") {
@@ -790,13 +798,9 @@ std::string ChatTemplate::render_minimax(std::span<const ChatMessage> messages, 
         out += "\n<minimax:tool_call>\n";
         for (const ToolCall& call : m.tool_calls) {
           out += "<invoke name=\"" + call.name + "\">\n";
-          const nlohmann::ordered_json args =
-              nlohmann::ordered_json::parse(call.arguments.empty() ? "{}" : call.arguments, nullptr, false);
-          if (!args.is_object())
-            fail("chat template minimax-m2: the arguments of a call to {} are not a JSON object", call.name);
+          const nlohmann::ordered_json args = call_arguments(call, "minimax-m2");
           for (const auto& [key, value] : args.items())
-            out += "<parameter name=\"" + key + "\">" +
-                   (value.is_string() ? value.get<std::string>() : python_json(value)) + "</parameter>\n";
+            out += "<parameter name=\"" + key + "\">" + argument_text(value) + "</parameter>\n";
           out += "</invoke>\n";
         }
         out += "</minimax:tool_call>";

@@ -676,6 +676,18 @@ TEST(ChatTemplate, MissingBosAndEosRenderAsNothing) {
 namespace hetmoe::text {
 namespace {
 
+// A reply pushed through `p` in pieces of `piece` bytes, then flushed: all its content and calls.
+ToolCallParser::Parts parse_in_pieces(ToolCallParser& p, std::string_view reply, size_t piece) {
+  ToolCallParser::Parts all;
+  for (size_t i = 0; i < reply.size(); i += piece) {
+    ToolCallParser::Parts part = p.push(reply.substr(i, piece));
+    all.content += part.content;
+    all.calls.insert(all.calls.end(), part.calls.begin(), part.calls.end());
+  }
+  all.content += p.flush().content;
+  return all;
+}
+
 // Qwen3's template with tools, as its Jinja writes it: the tool list in the system turn (json.dumps spacing, keys in
 // the client's order, non-ASCII as is), a reply's reasoning and calls, two tool results in one user turn, and the
 // conversation going on after them (the last query is the user message, so the reply after it keeps its reasoning).
@@ -746,14 +758,7 @@ TEST(ToolCalls, GlmCallsComeOutOfTheStream) {
       "</arg_key>\n<arg_value>2</arg_value>\n</tool_call>\n<tool_call>oops <b></tool_call>";
   for (size_t piece : {1, 5, 1000}) {
     ToolCallParser p(ToolCallFormat::kGlm);
-    std::string content;
-    std::vector<ToolCall> calls;
-    for (size_t i = 0; i < reply.size(); i += piece) {
-      ToolCallParser::Parts part = p.push(std::string_view(reply).substr(i, piece));
-      content += part.content;
-      calls.insert(calls.end(), part.calls.begin(), part.calls.end());
-    }
-    content += p.flush().content;
+    const auto [content, calls] = parse_in_pieces(p, reply, piece);
     ASSERT_EQ(calls.size(), 1u) << piece;
     EXPECT_EQ(calls[0].name, "get_weather");
     EXPECT_EQ(calls[0].arguments, R"({"city":"Paris","days":2})");
@@ -808,14 +813,7 @@ TEST(ToolCalls, Qwen35CallsComeOutWithTypedParameters) {
       "<parameter=text>\ntwo\nlines\n</parameter>\n</function>\n</tool_call>";
   for (size_t piece : {1, 9, 1000}) {
     ToolCallParser p(ToolCallFormat::kXml, tools);
-    std::string content;
-    std::vector<ToolCall> calls;
-    for (size_t i = 0; i < reply.size(); i += piece) {
-      ToolCallParser::Parts part = p.push(std::string_view(reply).substr(i, piece));
-      content += part.content;
-      calls.insert(calls.end(), part.calls.begin(), part.calls.end());
-    }
-    content += p.flush().content;
+    const auto [content, calls] = parse_in_pieces(p, reply, piece);
     ASSERT_EQ(calls.size(), 1u) << piece;
     EXPECT_EQ(calls[0].name, "f");
     EXPECT_EQ(calls[0].arguments, R"({"code":"42","n":7,"text":"two\nlines"})");
@@ -859,14 +857,7 @@ TEST(ToolCalls, MinimaxCallsComeOutTogether) {
       "<invoke name=\"b\">\n<parameter name=\"s\">hi there</parameter>\n</invoke>\n</minimax:tool_call>";
   for (size_t piece : {1, 4, 1000}) {
     ToolCallParser p(ToolCallFormat::kMinimax);
-    std::string content;
-    std::vector<ToolCall> calls;
-    for (size_t i = 0; i < reply.size(); i += piece) {
-      ToolCallParser::Parts part = p.push(std::string_view(reply).substr(i, piece));
-      content += part.content;
-      calls.insert(calls.end(), part.calls.begin(), part.calls.end());
-    }
-    content += p.flush().content;
+    const auto [content, calls] = parse_in_pieces(p, reply, piece);
     ASSERT_EQ(calls.size(), 2u) << piece;
     EXPECT_EQ(calls[0].name, "a");
     EXPECT_EQ(calls[0].arguments, R"({"x":1})");
@@ -899,14 +890,7 @@ TEST(ToolCalls, HermesCallsComeOutOfTheStreamInAnySplit) {
   for (size_t piece : {1, 2, 3, 7, 1000}) {
     SCOPED_TRACE(piece);
     ToolCallParser p(ToolCallFormat::kHermes);
-    std::string content;
-    std::vector<ToolCall> calls;
-    for (size_t i = 0; i < reply.size(); i += piece) {
-      ToolCallParser::Parts part = p.push(std::string_view(reply).substr(i, piece));
-      content += part.content;
-      calls.insert(calls.end(), part.calls.begin(), part.calls.end());
-    }
-    content += p.flush().content;
+    const auto [content, calls] = parse_in_pieces(p, reply, piece);
     ASSERT_EQ(calls.size(), 2u);
     EXPECT_EQ(calls[0].name, "get_weather");
     EXPECT_EQ(nlohmann::json::parse(calls[0].arguments), nlohmann::json::parse(R"({"city":"Paris"})"));
