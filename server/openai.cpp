@@ -266,6 +266,11 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
       r.reply_prefix = forced.empty() ? "<tool_call>\n" : "<tool_call>\n<function=" + forced + ">\n";
     if (required && r.tool_format == ToolCallFormat::kMinimax)
       r.reply_prefix = "<minimax:tool_call>\n" + (forced.empty() ? "" : "<invoke name=\"" + forced + "\">\n");
+    if (required &&
+        (r.tool_format == ToolCallFormat::kDsmlFunctionCalls || r.tool_format == ToolCallFormat::kDsmlToolCalls))
+      r.reply_prefix =
+          (r.tool_format == ToolCallFormat::kDsmlToolCalls ? "<｜DSML｜tool_calls>\n" : "<｜DSML｜function_calls>\n") +
+          (forced.empty() ? "" : "<｜DSML｜invoke name=\"" + forced + "\">\n");
     if (!r.reply_prefix.empty() && r.starts_in_reasoning) {
       rendered += "\n" + r.think_close + "\n\n";
       r.starts_in_reasoning = false;

@@ -189,6 +189,12 @@ std::optional<ChatTemplate> ChatTemplate::from_text(std::string_view tmpl, const
     d.v4_turns = true;
     return make(TemplateKind::kDeepseek3, std::move(d), tokenizer);
   }
+  // DeepSeek-V3.2's writes its calls as DSML and their results in <function_results>.
+  if (contains(tmpl, kDsAssistant) && contains(tmpl, kDsUser) && contains(tmpl, "DSML") &&
+      contains(tmpl, "<function_results>")) {
+    d.v32_turns = true;
+    return make(TemplateKind::kDeepseek3, std::move(d), tokenizer);
+  }
   if (contains(tmpl, kDsAssistant) && contains(tmpl, kDsUser)) {
     d.joins_systems = contains(tmpl, "is_first_sp");
     d.assistant_after_user = contains(tmpl, "is_last_user");
@@ -232,6 +238,10 @@ std::optional<ChatTemplate> ChatTemplate::by_name(std::string_view name, const T
     d.prefills_think = true;
     return make(TemplateKind::kDeepseek3, std::move(d), tokenizer);
   }
+  if (name == "deepseek-v3.2") {
+    d.v32_turns = true;
+    return make(TemplateKind::kDeepseek3, std::move(d), tokenizer);
+  }
   if (name == "deepseek-v4") {
     d.v4_turns = true;
     return make(TemplateKind::kDeepseek3, std::move(d), tokenizer);
@@ -257,13 +267,14 @@ std::optional<ChatTemplate> ChatTemplate::by_name(std::string_view name, const T
 }
 
 std::vector<std::string> ChatTemplate::names() {
-  return {"deepseek3", "deepseek-r1", "deepseek-v4", "deepseek2",  "chatml",  "qwen3.5", "mistral",
-          "llama3",    "kimi-k2",     "glm4",        "minimax-m2", "gpt-oss", "generic"};
+  return {"deepseek3", "deepseek-r1", "deepseek-v3.2", "deepseek-v4", "deepseek2",  "chatml",  "qwen3.5",
+          "mistral",   "llama3",      "kimi-k2",       "glm4",        "minimax-m2", "gpt-oss", "generic"};
 }
 
 std::string ChatTemplate::name() const {
   switch (kind_) {
     case TemplateKind::kDeepseek3:
+      if (dialect_.v32_turns) return "deepseek-v3.2";
       return dialect_.v4_turns ? "deepseek-v4" : dialect_.strips_think ? "deepseek-r1" : "deepseek3";
     case TemplateKind::kDeepseek2:
       return "deepseek2";
@@ -288,10 +299,11 @@ std::string ChatTemplate::name() const {
 }
 
 ToolCallFormat ChatTemplate::tool_call_format() const {
-  // Qwen3's template (Qwen3.5's differs: not yet).
   if (kind_ == TemplateKind::kChatml) return dialect_.trims ? ToolCallFormat::kXml : ToolCallFormat::kHermes;
   if (kind_ == TemplateKind::kGlm4) return ToolCallFormat::kGlm;
   if (kind_ == TemplateKind::kMinimax) return ToolCallFormat::kMinimax;
+  if (kind_ == TemplateKind::kDeepseek3 && dialect_.v32_turns) return ToolCallFormat::kDsmlFunctionCalls;
+  if (kind_ == TemplateKind::kDeepseek3 && dialect_.v4_turns) return ToolCallFormat::kDsmlToolCalls;
   return ToolCallFormat::kNone;
 }
 
@@ -332,11 +344,9 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Re
 // "</think>", and the generation prompt is "<｜Assistant｜><think>\n".
 // DeepSeek-V3-0324: "<｜Assistant｜>" follows every user turn instead of opening the reply, and the generation
 // prompt is written only when the conversation does not end with a user turn.
-// deepseek-ai/DeepSeek-V4: as V3, but consecutive user messages share one "<｜User｜>" joined by "\n\n"; a reply
-// opens with "</think>" and keeps only what follows its last "</think>", except, when thinking, a reply after the last
-// user message, which keeps its reasoning in "<think>...</think>" (a stored reply holds its reasoning up to its
-// "</think>"); the generation prompt is "<｜Assistant｜><think>" thinking, else "<｜Assistant｜></think>".
+// DeepSeek-V3.2 and V4: render_dsml.
 std::string ChatTemplate::render_deepseek3(std::span<const ChatMessage> messages, const RenderOptions& options) const {
+  if (dialect_.v4_turns || dialect_.v32_turns) return render_dsml(messages, options);
   std::string system;
   bool first_system = true;
   for (const ChatMessage& m : messages) {
@@ -349,54 +359,185 @@ std::string ChatTemplate::render_deepseek3(std::span<const ChatMessage> messages
   }
   std::string out = bos_ + system;
   bool last_is_user = false;
-  size_t last_user = 0;
-  for (size_t i = 0; i < messages.size(); ++i)
-    if (messages[i].role == "user") last_user = i + 1;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const ChatMessage& m = messages[i];
+  for (const ChatMessage& m : messages) {
     if (m.role == "user") {
-      out += dialect_.v4_turns && last_is_user ? std::string_view("\n\n") : kDsUser;
+      out += kDsUser;
       out += m.content;
       if (dialect_.assistant_after_user) out += kDsAssistant;
       last_is_user = true;
     } else if (m.role == "assistant") {
-      const bool strip = dialect_.strips_think || dialect_.v4_turns;
-      std::string_view content = strip ? after_last(m.content, "</think>") : std::string_view(m.content);
       if (!dialect_.assistant_after_user) out += kDsAssistant;
-      if (dialect_.v4_turns && options.enable_thinking && i >= last_user) {
-        // Its reasoning kept: the stored text up to its "</think>" (after a "<think>" it may repeat); a reply cut off
-        // inside its think block is all reasoning, one without a think block has none.
-        std::string_view full = m.content;
-        const bool opened = full.starts_with("<think>");
-        if (opened) full.remove_prefix(7);
-        out += "<think>";
-        if (full.find("</think>") != std::string_view::npos) {
-          content = full;
-        } else if (opened) {
-          out += full;
-          content = "</think>";
-        } else {
-          out += "</think>";
-          content = full;
-        }
-      } else if (dialect_.v4_turns) {
-        out += "</think>";
-      }
-      out += content;
+      out += dialect_.strips_think ? after_last(m.content, "</think>") : std::string_view(m.content);
       out += kDsEndOfSentence;
       last_is_user = false;
     }
   }
   if (options.add_generation_prompt) {
-    if (dialect_.v4_turns) {
-      out += kDsAssistant;
-      out += options.enable_thinking ? "<think>" : "</think>";
-    } else if (!dialect_.assistant_after_user) {
+    if (!dialect_.assistant_after_user) {
       out += kDsAssistant;
       if (dialect_.prefills_think) out += "<think>\n";
     } else if (!last_is_user) {
       out += kDsAssistant;
     }
+  }
+  return out;
+}
+
+namespace {
+
+constexpr std::string_view kDsml = "｜DSML｜";
+
+// The tool lists' headers and footers of DeepSeek-V3.2's and V4's templates (before and after the functions' JSON
+// schemas, one per line).
+constexpr std::string_view kV32ToolsHeader =
+    "## Tools\n\nYou have access to a set of tools you can use to answer the user's question.\nYou can invoke "
+    "functions by writing a \"<｜DSML｜function_calls>\" block like the following as part of your reply to the user:\n"
+    "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"$FUNCTION_NAME\">\n<｜DSML｜parameter name=\"$PARAMETER_NAME\" "
+    "string=\"true|false\">$PARAMETER_VALUE</｜DSML｜parameter>\n...\n</｜DSML｜invoke>\n<｜DSML｜invoke "
+    "name=\"$FUNCTION_NAME2\">\n...\n</｜DSML｜invoke>\n</｜DSML｜function_calls>\n\nString and scalar parameters "
+    "should "
+    "be specified as is without any escaping or quotes, while lists and objects should use JSON format. The "
+    "\"string\" attribute should be set to \"true\" for string type parameters and \"false\" for other types "
+    "(numbers, booleans, arrays, objects).\n\nIf the thinking_mode is enabled, then after function results you "
+    "should strongly consider outputting a thinking block. Here is an example:\n\n<｜DSML｜function_calls>\n...\n"
+    "</｜DSML｜function_calls>\n\n<function_results>\n...\n</function_results>\n\n<think>...thinking about "
+    "results</think>\n\nHere are the functions available in JSONSchema format:\n<functions>\n";
+constexpr std::string_view kV32ToolsFooter = "</functions>\n";
+constexpr std::string_view kV4ToolsHeader =
+    "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can invoke tools by "
+    "writing a \"<｜DSML｜tool_calls>\" block like the following:\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke "
+    "name=\"$TOOL_NAME\">\n<｜DSML｜parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE"
+    "</｜DSML｜parameter>\n...\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"$TOOL_NAME2\">\n...\n</｜DSML｜invoke>\n"
+    "</｜DSML｜tool_calls>\n\nString parameters should be specified as is and set `string=\"true\"`. For all other "
+    "types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string=\"false\"`.\n\nIf "
+    "thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside "
+    "<think>...</think> BEFORE any tool calls or final response.\n\nOtherwise, output directly after </think> with "
+    "tool calls or final response.\n\n### Available Tool Schemas\n\n";
+constexpr std::string_view kV4ToolsFooter =
+    "\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n";
+
+}  // namespace
+
+// deepseek-ai/DeepSeek-V3.2 and DeepSeek-V4 (the reference GGUFs' templates): bos + the system messages joined by
+// "\n\n" + the tool list; then the turns as the Dialect's v32_turns and v4_turns say. A reply that keeps its
+// reasoning writes "<think>" + its reasoning + "</think>" (a stored reply holds its reasoning up to its first
+// "</think>"; one cut off inside its think block is all reasoning); one that does not writes "</think>" and what
+// follows its last "</think>". Its calls follow its content after "\n\n" as one DSML block.
+std::string ChatTemplate::render_dsml(std::span<const ChatMessage> messages, const RenderOptions& options) const {
+  const bool v4 = dialect_.v4_turns, thinking = options.enable_thinking;
+  std::string system;
+  for (const ChatMessage& m : messages)
+    if (m.role == "system") system += (system.empty() ? "" : "\n\n") + m.content;
+  if (!options.tools.empty()) {
+    std::string tools(v4 ? kV4ToolsHeader : kV32ToolsHeader);
+    for (const nlohmann::ordered_json& tool : options.tools) {
+      const auto type = tool.find("type"), function = tool.find("function");
+      if (type != tool.end() && *type == "function" && function != tool.end()) tools += python_json(*function) + "\n";
+    }
+    tools += v4 ? kV4ToolsFooter : kV32ToolsFooter;
+    system = system.empty() ? tools : system + "\n\n" + tools;
+  }
+  // V3.2 counts user messages, V4 tool results too, for "after the last user message".
+  std::ptrdiff_t last_user = -1;
+  bool has_results = false;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].role == "user" || (v4 && messages[i].role == "tool")) last_user = static_cast<std::ptrdiff_t>(i);
+    has_results = has_results || messages[i].role == "tool";
+  }
+  std::string out = bos_ + system;
+  // A reply's think block: kept (its reasoning), dropped ("</think>" and the text after it), or none (V3.2's reply
+  // that follows neither a user message nor results).
+  enum class Think { kKeep, kDrop, kNone };
+  auto reply = [&](const ChatMessage& m, Think think) {
+    std::string_view text = m.content;
+    if (think == Think::kKeep) {
+      if (text.starts_with("<think>")) {
+        text.remove_prefix(7);
+        out += "<think>";
+        out += text;
+        if (!contains(text, "</think>")) out += "</think>";
+      } else {
+        out += contains(text, "</think>") ? "<think>" : "<think></think>";
+        out += text;
+      }
+    } else if (think == Think::kDrop) {
+      out += "</think>";
+      out += after_last(text, "</think>");
+    } else {
+      out += text;
+    }
+    if (!m.tool_calls.empty()) {
+      const std::string_view block = v4 ? "tool_calls>" : "function_calls>";
+      out += fmt::format("\n\n<{}{}\n", kDsml, block);
+      for (const ToolCall& call : m.tool_calls) {
+        out += fmt::format("<{}invoke name=\"{}\">\n", kDsml, call.name);
+        const nlohmann::ordered_json args = call_arguments(call, name());
+        for (const auto& [key, value] : args.items())
+          out += fmt::format("<{0}parameter name=\"{1}\" string=\"{2}\">{3}</{0}parameter>\n", kDsml, key,
+                             value.is_string() ? "true" : "false", argument_text(value));
+        if (v4 && args.empty()) out += "\n";
+        out += fmt::format("</{}invoke>\n", kDsml);
+      }
+      out += fmt::format("</{}{}", kDsml, block);
+    }
+    out += kDsEndOfSentence;
+  };
+  if (v4) {
+    bool in_user = false;
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const ChatMessage& m = messages[i];
+      if (m.role == "user" || m.role == "tool") {
+        out += in_user ? std::string_view("\n\n") : kDsUser;
+        in_user = true;
+        out += m.role == "user" ? m.content : "<tool_result>" + m.content + "</tool_result>";
+      } else if (m.role == "assistant") {
+        in_user = false;
+        out += kDsAssistant;
+        // The template's drop_thinking (default true) keeps only the last reply's reasoning, unless tools are in play.
+        const bool after_last_user = static_cast<std::ptrdiff_t>(i) > last_user;
+        const bool keep = thinking && (!options.tools.empty() || after_last_user || has_results);
+        reply(m, keep ? Think::kKeep : Think::kDrop);
+      }
+    }
+    if (options.add_generation_prompt) {
+      out += kDsAssistant;
+      out += thinking ? "<think>" : "</think>";
+    }
+    return out;
+  }
+  // V3.2: a reply opens with <｜Assistant｜> after a user message, with "\n\n" after a block of results, with
+  // nothing else.
+  enum class Pending { kNone, kAssistant, kResults } pending = Pending::kNone;
+  std::ptrdiff_t caller = -1;  // the last reply with calls
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user") {
+      out += kDsUser;
+      out += m.content;
+      pending = Pending::kAssistant;
+    } else if (m.role == "assistant") {
+      if (pending == Pending::kAssistant) out += kDsAssistant;
+      if (pending == Pending::kResults) out += "\n\n";
+      const bool keep = thinking && static_cast<std::ptrdiff_t>(i) > last_user;
+      reply(m, pending == Pending::kNone ? Think::kNone : keep ? Think::kKeep : Think::kDrop);
+      pending = Pending::kNone;
+      if (!m.tool_calls.empty()) caller = static_cast<std::ptrdiff_t>(i);
+    } else if (m.role == "tool") {
+      // The template numbers a result by its distance from the reply with the calls, and closes the block at the
+      // last call's result.
+      if (caller < 0) fail("chat template {}: a tool message without an assistant tool call before it", name());
+      const auto order = static_cast<std::ptrdiff_t>(i) - caller;
+      if (order == 1) out += "\n\n<function_results>";
+      out += "\n<result>" + m.content + "</result>";
+      if (order == static_cast<std::ptrdiff_t>(messages[caller].tool_calls.size())) {
+        out += "\n</function_results>";
+        pending = Pending::kResults;
+      }
+    }
+  }
+  if (options.add_generation_prompt && pending != Pending::kNone) {
+    out += pending == Pending::kAssistant ? kDsAssistant : std::string_view("\n\n");
+    out += thinking ? "<think>" : "<think></think>";
   }
   return out;
 }

@@ -30,8 +30,8 @@ struct ChatMessage {
 
 struct RenderOptions {
   bool add_generation_prompt = true;  // end with the assistant's turn opening
-  bool enable_thinking = true;        // Qwen3, GLM-4.5, DeepSeek-V4: false asks for no thinking, as their templates do
-  std::string date{};                 // gpt-oss's "Current date" (YYYY-MM-DD); empty: today
+  bool enable_thinking = true;  // Qwen3, GLM-4.5, DeepSeek-V3.2/V4: false asks for no thinking, as their templates do
+  std::string date{};           // gpt-oss's "Current date" (YYYY-MM-DD); empty: today
   // The functions the model may call, each an OpenAI tool object ({"type": "function", "function": {...}}) with its
   // keys in the order the client wrote them (templates print them with Python's json.dumps).
   std::vector<nlohmann::ordered_json> tools{};
@@ -44,6 +44,10 @@ enum class ToolCallFormat {
   kGlm,      // GLM-4.5: <tool_call>name\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n...</tool_call>
   kXml,      // Qwen3.5: <tool_call>\n<function=name>\n<parameter=k>\nv\n</parameter>\n</function>\n</tool_call>
   kMinimax,  // MiniMax-M2: <minimax:tool_call>\n<invoke name="n">\n<parameter name="k">v</parameter>\n</invoke>\n...
+  // DeepSeek-V3.2: <｜DSML｜function_calls>\n<｜DSML｜invoke name="n">\n<｜DSML｜parameter name="k" string="true">v
+  // </｜DSML｜parameter>\n</｜DSML｜invoke>\n...</｜DSML｜function_calls> (string="false": the value is JSON)
+  kDsmlFunctionCalls,
+  kDsmlToolCalls,  // DeepSeek-V4: the same in a <｜DSML｜tool_calls> block
 };
 
 // The chat formats hetmoe knows, rendered in C++ (no Jinja): each produces exactly the string the model's own
@@ -68,8 +72,8 @@ class ChatTemplate {
   static ChatTemplate detect(const gguf::GgufFile& file, const Tokenizer& tokenizer, std::string* warning);
   // --chat-template NAME; nullopt for an unknown name.
   static std::optional<ChatTemplate> by_name(std::string_view name, const Tokenizer& tokenizer);
-  // deepseek3, deepseek-r1, deepseek-v4, deepseek2, chatml (alias qwen3), qwen3.5, mistral, llama3, kimi-k2, glm4,
-  // minimax-m2, gpt-oss, generic
+  // deepseek3, deepseek-r1, deepseek-v3.2, deepseek-v4, deepseek2, chatml (alias qwen3), qwen3.5, mistral, llama3,
+  // kimi-k2, glm4, minimax-m2, gpt-oss, generic
   static std::vector<std::string> names();
 
   TemplateKind kind() const { return kind_; }
@@ -106,6 +110,10 @@ class ChatTemplate {
     // "</think>" (past ones lose their reasoning) or, thinking, after the last query with its think block; the
     // generation prompt opens "<think>" thinking, else "</think>".
     bool v4_turns = false;
+    // deepseek3 (V3.2): every user message opens its own <｜User｜>; a reply opens with "</think>" (past ones lose
+    // their reasoning) or, thinking, after the last user message with its think block; tool results follow the call
+    // in one <function_results> block; the generation prompt opens "<think>" thinking, else writes "<think></think>".
+    bool v32_turns = false;
     bool spaced_inst = true;     // mistral: " [INST] u [/INST] a</s>" (v1) or "[INST] u [/INST]a</s>"
     std::string default_system;  // chatml (Qwen2), kimi-k2: written when the first message is no system
   };
@@ -116,6 +124,9 @@ class ChatTemplate {
   static std::optional<ChatTemplate> from_text(std::string_view tmpl, const Tokenizer& tokenizer);
 
   std::string render_deepseek3(std::span<const ChatMessage> messages, const RenderOptions& options) const;
+  // DeepSeek-V3.2 and V4: the tool list after the system prompt, calls as DSML blocks, results in
+  // <function_results> (V3.2) or in user turns as <tool_result> (V4).
+  std::string render_dsml(std::span<const ChatMessage> messages, const RenderOptions& options) const;
   std::string render_deepseek2(std::span<const ChatMessage> messages, const RenderOptions& options) const;
   std::string render_chatml(std::span<const ChatMessage> messages, const RenderOptions& options) const;
   // Qwen3's template with tools: the tool list in the system turn, calls as <tool_call> blocks, results as

@@ -83,9 +83,17 @@ std::string python_json(const nlohmann::ordered_json& value) {
   return out;
 }
 
-// GLM-4.5: "name\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n..." (whitespace between the tags ignored); a
-// value that parses as JSON is that value, else a string. Nullopt when the body is not that.
-static std::optional<std::pair<std::string, nlohmann::ordered_json>> parse_glm(std::string_view body) {
+// A call as the XML-like formats write it: the function and each parameter's text, with, where the format marks it
+// (DSML's string="true|false"), whether that text is a string.
+struct TextCall {
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> params;
+  std::vector<std::optional<bool>> marked_string{};
+};
+
+// GLM-4.5: "name\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n..." (whitespace between the tags ignored).
+// Nullopt when the body is not that.
+static std::optional<TextCall> parse_glm(std::string_view body) {
   constexpr std::string_view kWs = " \n\r\t";
   const size_t first_key = body.find("<arg_key>");
   std::string_view name = body.substr(0, first_key);
@@ -93,7 +101,7 @@ static std::optional<std::pair<std::string, nlohmann::ordered_json>> parse_glm(s
   if (b == std::string_view::npos) return std::nullopt;
   name = name.substr(b, name.find_last_not_of(kWs) - b + 1);
   if (name.find_first_of("<>\n") != std::string_view::npos) return std::nullopt;
-  nlohmann::ordered_json args = nlohmann::ordered_json::object();
+  TextCall call{.name = std::string(name), .params = {}};
   std::string_view rest = first_key == std::string_view::npos ? std::string_view() : body.substr(first_key);
   while (!rest.empty()) {
     auto take = [&](std::string_view open, std::string_view close) -> std::optional<std::string_view> {
@@ -109,11 +117,10 @@ static std::optional<std::pair<std::string, nlohmann::ordered_json>> parse_glm(s
     if (!key) return std::nullopt;
     const auto value = take("<arg_value>", "</arg_value>");
     if (!value) return std::nullopt;
-    nlohmann::ordered_json v = nlohmann::ordered_json::parse(*value, nullptr, /*allow_exceptions=*/false);
-    args[std::string(*key)] = v.is_discarded() ? nlohmann::ordered_json(std::string(*value)) : std::move(v);
+    call.params.emplace_back(std::string(*key), std::string(*value));
     if (rest.find_first_not_of(kWs) == std::string_view::npos) break;
   }
-  return std::make_pair(std::string(name), std::move(args));
+  return call;
 }
 
 ToolCallParser::ToolCallParser(ToolCallFormat format, const std::vector<nlohmann::ordered_json>& tools)
@@ -134,8 +141,7 @@ ToolCallParser::ToolCallParser(ToolCallFormat format, const std::vector<nlohmann
 
 // Qwen3.5: "\n<function=NAME>\n" + "<parameter=K>\nV\n</parameter>\n"... + "</function>\n" (one newline either
 // side of a value belongs to the format). Nullopt when the body is not that.
-static std::optional<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>> parse_xml(
-    std::string_view body) {
+static std::optional<TextCall> parse_xml(std::string_view body) {
   constexpr std::string_view kWs = " \n\r\t";
   auto skip = [&](std::string_view s) { return s.substr(std::min(s.size(), s.find_first_not_of(kWs))); };
   std::string_view rest = skip(body);
@@ -156,82 +162,100 @@ static std::optional<std::pair<std::string, std::vector<std::pair<std::string, s
     rest = skip(rest.substr(close + 12));
   }
   if (!rest.starts_with("</function>") || !skip(rest.substr(11)).empty()) return std::nullopt;
-  return std::make_pair(std::move(name), std::move(params));
+  return TextCall{.name = std::move(name), .params = std::move(params)};
 }
 
-// A parameter's text as JSON: a "string" parameter (by the tool's schema) stays text, others are read as JSON when
-// they parse.
+// A parameter's text as JSON: a string parameter stays text, others are read as JSON when they parse. Which are
+// strings the call says where its format marks them (DSML's string="true"), else the tool's schema.
 static nlohmann::ordered_json typed_value(const std::map<std::string, std::map<std::string, std::string>>& types,
-                                          const std::string& function, const std::string& key,
-                                          const std::string& text) {
+                                          const std::string& function, const std::string& key, const std::string& text,
+                                          std::optional<bool> marked_string = {}) {
   const auto f = types.find(function);
-  const bool is_string = f != types.end() && f->second.count(key) && f->second.at(key) == "string";
+  const bool is_string =
+      marked_string.value_or(f != types.end() && f->second.count(key) && f->second.at(key) == "string");
   if (is_string) return text;
   nlohmann::ordered_json v = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   return v.is_discarded() ? nlohmann::ordered_json(text) : v;
 }
 
-// MiniMax-M2: one or more `<invoke name="N">` + `<parameter name="k">v</parameter>`... + `</invoke>`, whitespace
-// between the tags ignored.
-static std::optional<std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>>>
-parse_invokes(std::string_view body) {
+// MiniMax-M2 (ns ""): one or more `<invoke name="N">` + `<parameter name="k">v</parameter>`... + `</invoke>`;
+// DeepSeek's DSML (ns "｜DSML｜"): the same tags with the prefix, each parameter marked string="true" (its value as
+// it is) or "false" (JSON). Whitespace between the tags ignored.
+static std::optional<std::vector<TextCall>> parse_invokes(std::string_view body, std::string_view ns) {
   constexpr std::string_view kWs = " \n\r\t";
   auto skip = [&](std::string_view s) { return s.substr(std::min(s.size(), s.find_first_not_of(kWs))); };
-  std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>> calls;
+  const std::string invoke_open = fmt::format("<{}invoke name=\"", ns), invoke_close = fmt::format("</{}invoke>", ns);
+  const std::string param_open = fmt::format("<{}parameter name=\"", ns);
+  const std::string param_close = fmt::format("</{}parameter>", ns);
+  std::vector<TextCall> calls;
   std::string_view rest = skip(body);
   while (!rest.empty()) {
-    if (!rest.starts_with("<invoke name=\"")) return std::nullopt;
-    const size_t name_end = rest.find("\">", 14);
+    if (!rest.starts_with(invoke_open)) return std::nullopt;
+    const size_t name_end = rest.find("\">", invoke_open.size());
     if (name_end == std::string_view::npos) return std::nullopt;
-    std::string name(rest.substr(14, name_end - 14));
+    TextCall call{.name = std::string(rest.substr(invoke_open.size(), name_end - invoke_open.size())), .params = {}};
     rest = skip(rest.substr(name_end + 2));
-    std::vector<std::pair<std::string, std::string>> params;
-    while (rest.starts_with("<parameter name=\"")) {
-      const size_t key_end = rest.find("\">", 17);
-      const size_t close = rest.find("</parameter>");
-      if (key_end == std::string_view::npos || close == std::string_view::npos || close < key_end) return std::nullopt;
-      params.emplace_back(std::string(rest.substr(17, key_end - 17)),
-                          std::string(rest.substr(key_end + 2, close - key_end - 2)));
-      rest = skip(rest.substr(close + 12));
+    while (rest.starts_with(param_open)) {
+      const size_t key_end = rest.find('"', param_open.size());
+      const size_t tag_end = rest.find('>', key_end);
+      const size_t close = rest.find(param_close, tag_end);
+      if (close == std::string_view::npos) return std::nullopt;  // so are key_end and tag_end
+      const std::string_view attributes = rest.substr(key_end + 1, tag_end - key_end - 1);
+      call.params.emplace_back(std::string(rest.substr(param_open.size(), key_end - param_open.size())),
+                               std::string(rest.substr(tag_end + 1, close - tag_end - 1)));
+      call.marked_string.push_back(attributes.find("string=\"true\"") != std::string_view::npos ? std::optional(true)
+                                   : attributes.find("string=\"false\"") != std::string_view::npos
+                                       ? std::optional(false)
+                                       : std::nullopt);
+      rest = skip(rest.substr(close + param_close.size()));
     }
-    if (!rest.starts_with("</invoke>")) return std::nullopt;
-    rest = skip(rest.substr(9));
-    calls.emplace_back(std::move(name), std::move(params));
+    if (!rest.starts_with(invoke_close)) return std::nullopt;
+    rest = skip(rest.substr(invoke_close.size()));
+    calls.push_back(std::move(call));
   }
   if (calls.empty()) return std::nullopt;
   return calls;
 }
 
-std::string_view ToolCallParser::open_marker() const {
-  return format_ == ToolCallFormat::kMinimax ? "<minimax:tool_call>" : "<tool_call>";
-}
-std::string_view ToolCallParser::close_marker() const {
-  return format_ == ToolCallFormat::kMinimax ? "</minimax:tool_call>" : "</tool_call>";
+ToolCallParser::Markers ToolCallParser::markers() const {
+  switch (format_) {
+    case ToolCallFormat::kMinimax:
+      return {"<minimax:tool_call>", "</minimax:tool_call>"};
+    case ToolCallFormat::kDsmlFunctionCalls:
+      return {"<｜DSML｜function_calls>", "</｜DSML｜function_calls>"};
+    case ToolCallFormat::kDsmlToolCalls:
+      return {"<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"};
+    default:
+      return {"<tool_call>", "</tool_call>"};
+  }
 }
 
 std::vector<ToolCall> ToolCallParser::parse_block(std::string_view body) {
-  if (format_ == ToolCallFormat::kMinimax) {
-    auto invokes = parse_invokes(body);
-    if (!invokes) return {};
-    std::vector<ToolCall> calls;
-    for (const auto& [name, params] : *invokes) {
-      nlohmann::ordered_json args = nlohmann::ordered_json::object();
-      for (const auto& [key, text] : params) args[key] = typed_value(param_types_, name, key, text);
-      calls.push_back({.id = fmt::format("call_{}", next_id_++), .name = name, .arguments = args.dump()});
-    }
-    return calls;
-  }
-  if (format_ == ToolCallFormat::kXml) {
-    auto call = parse_xml(body);
-    if (!call) return {};
+  std::vector<ToolCall> calls;
+  auto add = [&](const TextCall& call) {
     nlohmann::ordered_json args = nlohmann::ordered_json::object();
-    for (const auto& [key, text] : call->second) args[key] = typed_value(param_types_, call->first, key, text);
-    return {{.id = fmt::format("call_{}", next_id_++), .name = call->first, .arguments = args.dump()}};
-  }
-  if (format_ == ToolCallFormat::kGlm) {
-    auto call = parse_glm(body);
-    if (!call) return {};
-    return {{.id = fmt::format("call_{}", next_id_++), .name = call->first, .arguments = call->second.dump()}};
+    for (size_t i = 0; i < call.params.size(); ++i) {
+      const auto& [key, text] = call.params[i];
+      args[key] = typed_value(param_types_, call.name, key, text,
+                              i < call.marked_string.size() ? call.marked_string[i] : std::nullopt);
+    }
+    calls.push_back({.id = fmt::format("call_{}", next_id_++), .name = call.name, .arguments = args.dump()});
+  };
+  switch (format_) {
+    case ToolCallFormat::kMinimax:
+    case ToolCallFormat::kDsmlFunctionCalls:
+    case ToolCallFormat::kDsmlToolCalls:
+      if (auto invokes = parse_invokes(body, format_ == ToolCallFormat::kMinimax ? "" : "｜DSML｜"))
+        for (const TextCall& call : *invokes) add(call);
+      return calls;
+    case ToolCallFormat::kXml:
+      if (auto call = parse_xml(body)) add(*call);
+      return calls;
+    case ToolCallFormat::kGlm:
+      if (auto call = parse_glm(body)) add(*call);
+      return calls;
+    default:
+      break;
   }
   // Hermes: {"name": ..., "arguments": {...}} between newlines.
   const nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
@@ -256,7 +280,7 @@ ToolCallParser::Parts ToolCallParser::push(std::string_view text) {
       if (pending_.front() == '\n') pending_.erase(0, 1);
       after_call_ = false;
     }
-    const std::string_view open_tag = open_marker(), close_tag = close_marker();
+    const auto [open_tag, close_tag] = markers();
     const size_t open = pending_.find(open_tag);
     if (open == std::string::npos) {
       // Hold back the longest end that could start the marker.

@@ -20,8 +20,8 @@ std::string python_json(const nlohmann::ordered_json& value);
 // compact JSON text, its id "call_" and a number). A block that does not parse stays content, as written.
 class ToolCallParser {
  public:
-  // `tools` (the request's): Qwen3.5's parameters are text, and a parameter whose schema type is "string" stays a
-  // string where others are read as JSON when they parse.
+  // `tools` (the request's): the XML-like formats' parameters are text; one whose schema type is "string" (or that
+  // DSML marks string="true") stays a string, others are read as JSON when they parse.
   explicit ToolCallParser(ToolCallFormat format, const std::vector<nlohmann::ordered_json>& tools = {});
   struct Parts {
     std::string content;
@@ -35,8 +35,11 @@ class ToolCallParser {
   // The calls of one block between the format's markers (MiniMax-M2 writes several in one); empty when the block is
   // not well formed.
   std::vector<ToolCall> parse_block(std::string_view body);
-  std::string_view open_marker() const;
-  std::string_view close_marker() const;
+  // The format's markers around a block of calls.
+  struct Markers {
+    std::string_view open, close;
+  };
+  Markers markers() const;
 
   ToolCallFormat format_;
   std::map<std::string, std::map<std::string, std::string>> param_types_;  // function -> parameter -> schema type

@@ -167,12 +167,13 @@ bool known_role(const std::string& role, const ChatTemplate& t) {
 
 // The refusals the tool formats document: tools, calls or tool messages where the format has no tool calls (a
 // role check above); arguments that are not a JSON object where the template reads them as one (GLM-4.5, Qwen3.5,
-// MiniMax-M2); a tool result with no call before it (MiniMax-M2); a system message after the first (Qwen3.5 with
-// tools).
+// MiniMax-M2, DeepSeek-V3.2/V4); a tool result whose last reply before it made no call (MiniMax-M2) or with no reply
+// before it that made calls (DeepSeek-V3.2); a system message after the first (Qwen3.5 with tools).
 bool tool_refusal(const std::vector<ChatMessage>& messages, const hetmoe::text::RenderOptions& options,
                   const ChatTemplate& t) {
   const ToolCallFormat f = t.tool_call_format();
   bool tools = !options.tools.empty(), bad_args = false, orphan = false, late_system = false, called = false;
+  bool ever_called = false, uncalled = false;
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     tools = tools || m.role == "tool" || !m.tool_calls.empty();
@@ -182,12 +183,15 @@ bool tool_refusal(const std::vector<ChatMessage>& messages, const hetmoe::text::
       bad_args = bad_args || !args.is_object();
     }
     if (m.role == "assistant") called = !m.tool_calls.empty();
+    ever_called = ever_called || called;
     orphan = orphan || (m.role == "tool" && !called);
+    uncalled = uncalled || (m.role == "tool" && !ever_called);
     late_system = late_system || (m.role == "system" && i > 0);
   }
   if (f == ToolCallFormat::kNone) return tools;
   if (f == ToolCallFormat::kHermes) return false;
-  return bad_args || (f == ToolCallFormat::kMinimax && orphan) || (f == ToolCallFormat::kXml && tools && late_system);
+  return bad_args || (f == ToolCallFormat::kMinimax && orphan) ||
+         (f == ToolCallFormat::kDsmlFunctionCalls && uncalled) || (f == ToolCallFormat::kXml && tools && late_system);
 }
 
 // The conversations mistral's format takes: an optional system message, then user and assistant alternating from a

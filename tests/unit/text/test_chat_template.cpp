@@ -506,6 +506,31 @@ TEST(ChatTemplateDeepseek3, V4FromItsFileOpensOrClosesTheThinkBlock) {
   EXPECT_EQ(ChatTemplate::by_name("deepseek-v4", deepseek_vocab())->render(chat, {}), t.render(chat, {}));
 }
 
+// DeepSeek-V3.2's own template (the tiny model's copy), as its Jinja renders with llama.cpp's enable_thinking: every
+// user message opens its own <｜User｜>, a past reply opens with "</think>" (or, thinking, after the last user
+// message, with its think block), and the generation prompt closes an empty think block unless thinking.
+TEST(ChatTemplateDeepseek3, V32FromItsFileClosesTheThinkBlockUnlessThinking) {
+  const gguf::GgufFile file =
+      gguf::GgufFile::open(std::string(HETMOE_TEST_DATA_DIR) + "/models/tiny-deepseek32-Q4_K_M.gguf");
+  std::string warning;
+  const ChatTemplate t = ChatTemplate::detect(file, deepseek_vocab(), &warning);
+  EXPECT_TRUE(warning.empty()) << warning;
+  EXPECT_EQ(t.name(), "deepseek-v3.2");
+  EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kDsmlFunctionCalls);
+  const std::vector<ChatMessage> chat = {
+      {"system", "S1"}, {"user", "Hi"}, {"user", "More"}, {"system", "S2"}, {"assistant", "<think>r</think>Hello"},
+      {"user", "Again"}};
+  EXPECT_EQ(t.render(chat, {.enable_thinking = false}),
+            "<｜begin▁of▁sentence｜>S1\n\nS2<｜User｜>Hi<｜User｜>More<｜Assistant｜></think>Hello<｜end▁of▁sentence｜>"
+            "<｜User｜>Again<｜Assistant｜><think></think>");
+  EXPECT_TRUE(t.render(chat, {}).ends_with("<｜User｜>Again<｜Assistant｜><think>")) << t.render(chat, {});
+  const std::vector<ChatMessage> answered(chat.begin(), chat.end() - 1);
+  EXPECT_EQ(t.render(answered, {.add_generation_prompt = false}),
+            "<｜begin▁of▁sentence｜>S1\n\nS2<｜User｜>Hi<｜User｜>More<｜Assistant｜><think>r</think>Hello"
+            "<｜end▁of▁sentence｜>");
+  EXPECT_EQ(ChatTemplate::by_name("deepseek-v3.2", deepseek_vocab())->render(chat, {}), t.render(chat, {}));
+}
+
 TEST(ChatTemplateDetect, TheNewReferenceModelsTemplatesMapToTheirFormats) {
   struct Case {
     const char* model;
@@ -565,9 +590,9 @@ TEST(ChatTemplate, UnknownRolesFailInEveryFormat) {
 
 TEST(ChatTemplate, NamesRoundTripThroughByName) {
   const std::vector<std::string> names = ChatTemplate::names();
-  EXPECT_EQ(names,
-            (std::vector<std::string>{"deepseek3", "deepseek-r1", "deepseek-v4", "deepseek2", "chatml", "qwen3.5",
-                                      "mistral", "llama3", "kimi-k2", "glm4", "minimax-m2", "gpt-oss", "generic"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"deepseek3", "deepseek-r1", "deepseek-v3.2", "deepseek-v4", "deepseek2",
+                                             "chatml", "qwen3.5", "mistral", "llama3", "kimi-k2", "glm4", "minimax-m2",
+                                             "gpt-oss", "generic"}));
   for (const std::string& name : names) EXPECT_EQ(named(name, deepseek_vocab()).name(), name);
   EXPECT_EQ(named("deepseek-r1", deepseek_vocab()).kind(), TemplateKind::kDeepseek3);
   EXPECT_EQ(named("qwen3", qwen_vocab()).name(), "chatml");
@@ -864,6 +889,138 @@ TEST(ToolCalls, MinimaxCallsComeOutTogether) {
     EXPECT_EQ(calls[1].arguments, R"({"s":"hi there"})");
     EXPECT_EQ(content, "Ok.\n");
   }
+}
+
+// DeepSeek-V3.2's and V4's templates with tools, as their Jinja writes them (the tiny models' copies): the tool list
+// after the system prompt, a reply's calls as one DSML block (string="true" for a string argument, JSON otherwise;
+// V4 writes an empty invoke with a blank line), the results in <function_results> after the call (V3.2) or in a user
+// turn as <tool_result>s (V4), and the conversation going on after them.
+const std::vector<nlohmann::ordered_json>& dsml_tools() {
+  static const std::vector<nlohmann::ordered_json> tools = {
+      nlohmann::ordered_json::parse(R"({"type":"function","function":{"name":"get_weather","description":"Weather",
+          "parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}}}}})"),
+      nlohmann::ordered_json::parse(R"({"type":"function","function":{"name":"now","parameters":{}}})")};
+  return tools;
+}
+std::vector<ChatMessage> dsml_chat(bool goes_on) {
+  std::vector<ChatMessage> chat = {
+      {.role = "system", .content = "S"},
+      {.role = "user", .content = "Weather?"},
+      {.role = "assistant",
+       .content = "Checking.",
+       .tool_calls = {{.id = "a", .name = "get_weather", .arguments = R"({"city": "Paris", "days": 2})"},
+                      {.id = "b", .name = "now", .arguments = "{}"}}},
+      {.role = "tool", .content = "18C", .tool_call_id = "a"},
+      {.role = "tool", .content = "noon", .tool_call_id = "b"}};
+  if (goes_on) {
+    chat.push_back({.role = "assistant", .content = "It is 18C."});
+    chat.push_back({.role = "user", .content = "Thanks"});
+  }
+  return chat;
+}
+
+TEST(ChatTemplateTools, DeepseekV32RendersToolsCallsAndResultsAsItsTemplate) {
+  const ChatTemplate t = *ChatTemplate::by_name("deepseek-v3.2", deepseek_vocab());
+  RenderOptions options{.enable_thinking = false, .tools = dsml_tools()};
+  const std::string head =
+      "<｜begin▁of▁sentence｜>S\n\n"
+      "## Tools\n\nYou have access to a set of tools you can use to answer the user's question.\n"
+      "You can invoke functions by writing a \"<｜DSML｜function_calls>\" block like the following as part of you"
+      "r reply to the user:\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"$FUNCTION_NAME\">\n"
+      "<｜DSML｜parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</｜DSML｜parameter>\n"
+      "...\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"$FUNCTION_NAME2\">\n"
+      "...\n</｜DSML｜invoke>\n</｜DSML｜function_calls>\n\nString and scalar parameters should be specified as is "
+      "without any escaping or quotes, while lists and objects should use JSON format. The \"string\" attribute"
+      " should be set to \"true\" for string type parameters and \"false\" for other types (numbers, booleans, "
+      "arrays, objects).\n\nIf the thinking_mode is enabled, then after function results you should strongly co"
+      "nsider outputting a thinking block. Here is an example:\n\n<｜DSML｜function_calls>\n"
+      "...\n</｜DSML｜function_calls>\n\n<function_results>\n...\n</function_results>\n"
+      "\n<think>...thinking about results</think>\n\nHere are the functions available in JSONSchema format:\n"
+      "<functions>\n{\"name\": \"get_weather\", \"description\": \"Weather\", \"parameters\": {\"type\": \"obje"
+      "ct\", \"properties\": {\"city\": {\"type\": \"string\"}, \"days\": {\"type\": \"integer\"}}}}\n"
+      "{\"name\": \"now\", \"parameters\": {}}\n</functions>\n<｜User｜>Weather?<｜Assistant｜>";
+  const std::string calls =
+      "Checking.\n\n<｜DSML｜function_calls>\n"
+      "<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜paramet"
+      "er>\n<｜DSML｜parameter name=\"days\" string=\"false\">2</｜DSML｜parameter>\n"
+      "</｜DSML｜invoke>\n<｜DSML｜invoke name=\"now\">\n</｜DSML｜invoke>\n"
+      "</｜DSML｜function_calls><｜end▁of▁sentence｜>\n\n<function_results>\n"
+      "<result>18C</result>\n<result>noon</result>\n</function_results>\n\n";
+  EXPECT_EQ(t.render(dsml_chat(false), options), head + "</think>" + calls + "<think></think>");
+  options.enable_thinking = true;
+  EXPECT_EQ(t.render(dsml_chat(false), options), head + "<think></think>" + calls + "<think>");
+  EXPECT_EQ(
+      t.render(dsml_chat(true), options),
+      head + "</think>" + calls + "</think>It is 18C.<｜end▁of▁sentence｜><｜User｜>Thanks<｜Assistant｜><think>");
+  // A tool result with no call before it is refused (the template would index the wrong message).
+  const std::vector<ChatMessage> orphan = {{.role = "user", .content = "x"}, {.role = "tool", .content = "y"}};
+  EXPECT_THROW(t.render(orphan, options), Error);
+}
+
+TEST(ChatTemplateTools, DeepseekV4RendersToolsCallsAndResultsAsItsTemplate) {
+  const ChatTemplate t = *ChatTemplate::by_name("deepseek-v4", deepseek_vocab());
+  EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kDsmlToolCalls);
+  RenderOptions options{.enable_thinking = false, .tools = dsml_tools()};
+  const std::string calls =
+      "Checking.\n\n<｜DSML｜tool_calls>\n"
+      "<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜paramet"
+      "er>\n<｜DSML｜parameter name=\"days\" string=\"false\">2</｜DSML｜parameter>\n"
+      "</｜DSML｜invoke>\n<｜DSML｜invoke name=\"now\">\n\n</｜DSML｜invoke>\n"
+      "</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>18C</tool_result>\n"
+      "\n<tool_result>noon</tool_result><｜Assistant｜>";
+  EXPECT_EQ(
+      t.render(dsml_chat(false), options),
+      "<｜begin▁of▁sentence｜>S\n\n"
+      "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can invoke tools b"
+      "y writing a \"<｜DSML｜tool_calls>\" block like the following:\n\n"
+      "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"$TOOL_NAME\">\n<｜DSML｜parameter name=\"$PARAMETER_NAME\" string"
+      "=\"true|false\">$PARAMETER_VALUE</｜DSML｜parameter>\n...\n</｜DSML｜invoke>\n"
+      "<｜DSML｜invoke name=\"$TOOL_NAME2\">\n...\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>\n"
+      "\nString parameters should be specified as is and set `string=\"true\"`. For all other types (numbers, b"
+      "ooleans, arrays, objects), pass the value in JSON format and set `string=\"false\"`.\n"
+      "\nIf thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside <th"
+      "ink>...</think> BEFORE any tool calls or final response.\n\nOtherwise, output directly after </think> wi"
+      "th tool calls or final response.\n\n### Available Tool Schemas\n"
+      "\n{\"name\": \"get_weather\", \"description\": \"Weather\", \"parameters\": {\"type\": \"object\", \"pro"
+      "perties\": {\"city\": {\"type\": \"string\"}, \"days\": {\"type\": \"integer\"}}}}\n"
+      "{\"name\": \"now\", \"parameters\": {}}\n\nYou MUST strictly follow the above defined tool name and para"
+      "meter schemas to invoke tool calls.\n<｜User｜>Weather?<｜Assistant｜></think>" +
+          calls + "</think>");
+  // Thinking, without tools in the request: the results in the conversation keep every reply's think block.
+  EXPECT_EQ(t.render(dsml_chat(true), {}),
+            "<｜begin▁of▁sentence｜>S<｜User｜>Weather?<｜Assistant｜><think></think>" + calls +
+                "<think></think>It is 18C.<｜end▁of▁sentence｜><｜User｜>Thanks<｜Assistant｜><think>");
+}
+
+TEST(ToolCalls, DsmlCallsComeOutTypedByTheirStringMark) {
+  const std::string reply =
+      "Ok.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+      "<｜DSML｜parameter name=\"city\" string=\"true\">42</｜DSML｜parameter>\n"
+      "<｜DSML｜parameter name=\"days\" string=\"false\">[1, 2]</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+      "<｜DSML｜invoke name=\"now\">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>";
+  for (size_t piece : {1, 5, 1000}) {
+    ToolCallParser p(ToolCallFormat::kDsmlFunctionCalls, dsml_tools());
+    const auto [content, calls] = parse_in_pieces(p, reply, piece);
+    ASSERT_EQ(calls.size(), 2u) << piece;
+    EXPECT_EQ(calls[0].name, "get_weather");
+    EXPECT_EQ(calls[0].arguments, R"({"city":"42","days":[1,2]})");
+    EXPECT_EQ(calls[1].name, "now");
+    EXPECT_EQ(calls[1].arguments, "{}");
+    EXPECT_EQ(content, "Ok.\n\n");
+  }
+  // V4's block name; a block V3.2 would write is text to V4's parser.
+  std::string v4 = reply;
+  for (size_t at; (at = v4.find("function_calls>")) != std::string::npos;) v4.replace(at, 15, "tool_calls>");
+  ToolCallParser p4(ToolCallFormat::kDsmlToolCalls);
+  EXPECT_EQ(parse_in_pieces(p4, v4, 3).calls.size(), 2u);
+  ToolCallParser wrong(ToolCallFormat::kDsmlToolCalls);
+  EXPECT_EQ(parse_in_pieces(wrong, reply, 1000).content, reply);
+  // A parameter not closed leaves the block as text.
+  ToolCallParser broken(ToolCallFormat::kDsmlFunctionCalls);
+  const std::string unclosed =
+      "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"x\" string=\"true\">1\n"
+      "</｜DSML｜invoke>\n</｜DSML｜function_calls>";
+  EXPECT_EQ(parse_in_pieces(broken, unclosed, 1000).content, unclosed);
 }
 
 TEST(ChatTemplateTools, FormatsWithoutToolCallsRefuseThem) {
