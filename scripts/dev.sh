@@ -64,7 +64,7 @@ test_all() {
   # a crash fails the stage (scripts/fuzz.sh runs a target for longer, docs/fuzzing.md has the long campaign). The
   # GGUF reader gets a minute: every file hetmoe opens goes through it.
   mkdir -p build-fuzz
-  for run in gguf:60 gguf_shards:30 tokenizer:30 model_config:30 chat_template:30; do
+  for run in gguf:60 gguf_shards:30 tokenizer:30 model_config:30 chat_template:30 openai:30; do
     local target=${run%:*} log=build-fuzz/ci-${run%:*}.log
     HETMOE_FUZZ_JOBS=$JOBS scripts/fuzz.sh "$target" "${run#*:}" >"$log" 2>&1 || { tail -40 "$log"; exit 1; }
     grep -E "^(stat::number_of_executed_units|fuzz.sh: $target: corpus)" "$log"

@@ -6,15 +6,15 @@
 #                                         local inputs that keeps their coverage (libFuzzer -merge=1)
 #
 # TARGET is gguf (the GGUF reader), gguf_shards (split sets), tokenizer, model_config (model loading from mutated
-# real layouts) or chat_template; docs/fuzzing.md says what each checks. The target is built with clang, ASan and
-# UBSan in build-fuzz (HETMOE_FUZZ_BUILD overrides; HETMOE_FUZZ_JOBS sets the build's parallelism) and runs on the
-# committed corpus tests/fuzz/corpus/TARGET, the seeds this script makes for it, and <build>/TARGET/corpus, where new
+# real layouts), chat_template or openai (the server's request parsing and reply assembly); docs/fuzzing.md says what
+# each checks. The target is built with clang, ASan and UBSan in build-fuzz (HETMOE_FUZZ_BUILD overrides;
+# HETMOE_FUZZ_JOBS sets the build's parallelism) and runs on the committed corpus tests/fuzz/corpus/TARGET, the seeds this script makes for it, and <build>/TARGET/corpus, where new
 # inputs are kept across runs. A crashing input is saved under <build>/TARGET/crashes and ends the run non-zero; the
 # log is <build>/TARGET.log. HETMOE_SHARED_REF overrides where the reference data lives.
 set -euo pipefail
 
 usage() {
-  echo "usage: scripts/fuzz.sh gguf|gguf_shards|tokenizer|model_config|chat_template [SECONDS|--minimize]" >&2
+  echo "usage: scripts/fuzz.sh gguf|gguf_shards|tokenizer|model_config|chat_template|openai [SECONDS|--minimize]" >&2
   exit 2
 }
 [[ $# -ge 1 ]] || usage
@@ -37,6 +37,7 @@ case $target in
   tokenizer) max_len=1024 rss=4096 tools=() ;;
   model_config) max_len=1024 rss=4096 tools=() ;;
   chat_template) max_len=4096 rss=2048 tools=() ;;
+  openai) max_len=4096 rss=2048 tools=() ;;
   *) usage ;;
 esac
 binary=$build/tests/fuzz/fuzz_$target

@@ -34,6 +34,12 @@ const json* get(const json& body, const char* name) {
   return &*it;
 }
 
+// A member's text; "" when it is absent or not a string (json::value would throw on another type).
+std::string text_of(const json& j, const char* name) {
+  const json* v = get(j, name);
+  return v && v->is_string() ? v->get<std::string>() : std::string();
+}
+
 std::optional<double> number(const json& body, const char* name, double lo, double hi) {
   const json* v = get(body, name);
   if (!v) return std::nullopt;
@@ -164,8 +170,7 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
       content = valid_text(*c, "messages");
     } else if (c && c->is_array()) {
       for (const json& part : *c) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-            !part["text"].is_string())
+        if (!part.is_object() || text_of(part, "type") != "text" || !part.contains("text") || !part["text"].is_string())
           throw ApiError(400, "message content parts must be {\"type\": \"text\", \"text\": ...}", "messages");
         content += valid_text(part["text"], "messages");
       }
@@ -180,7 +185,7 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
         const json* f = call.is_object() ? get(call, "function") : nullptr;
         if (!f || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string())
           throw ApiError(400, "each tool call needs a 'function' with a 'name'", "messages");
-        text::ToolCall tc{.id = call.value("id", ""), .name = (*f)["name"].get<std::string>(), .arguments = "{}"};
+        text::ToolCall tc{.id = text_of(call, "id"), .name = (*f)["name"].get<std::string>(), .arguments = "{}"};
         if (const json* a = get(*f, "arguments")) {
           if (!a->is_string()) throw ApiError(400, "a tool call's 'arguments' must be a JSON string", "messages");
           tc.arguments = valid_text(*a, "messages");
@@ -202,8 +207,8 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
     if (!tools->is_array()) throw ApiError(400, "'tools' must be an array", "tools");
     for (size_t i = 0; i < tools->size(); ++i) {
       const json& t = (*tools)[i];
-      if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
-          !t["function"].is_object() || !t["function"].contains("name") || !t["function"]["name"].is_string())
+      if (!t.is_object() || text_of(t, "type") != "function" || !t.contains("function") || !t["function"].is_object() ||
+          !t["function"].contains("name") || !t["function"]["name"].is_string())
         throw ApiError(400, "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}", "tools");
       options.tools.push_back(ordered["tools"][i]);
     }

@@ -239,7 +239,9 @@ std::vector<ToolCall> ToolCallParser::parse_block(std::string_view body) {
       args[key] = typed_value(param_types_, call.name, key, text,
                               i < call.marked_string.size() ? call.marked_string[i] : std::nullopt);
     }
-    calls.push_back({.id = fmt::format("call_{}", next_id_++), .name = call.name, .arguments = args.dump()});
+    calls.push_back({.id = fmt::format("call_{}", next_id_++),
+                     .name = call.name,
+                     .arguments = args.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)});
   };
   switch (format_) {
     case ToolCallFormat::kMinimax:

@@ -379,6 +379,8 @@ TEST(Server, ToolsReachThePromptAndBadToolsAre400) {
   EXPECT_GT(forced, with_tools + 5);
   for (const json& bad : {json{{"messages", history}, {"tools", "get_weather"}},
                           json{{"messages", history}, {"tools", json::array({{{"type", "retrieval"}}})}},
+                          // A field of the wrong type where a string is looked for (once a 500).
+                          json{{"messages", history}, {"tools", json::array({{{"type", {{"name", "f"}}}}})}},
                           json{{"messages", history}, {"tools", tools}, {"tool_choice", "sometimes"}},
                           json{{"messages", history},
                                {"tools", tools},
