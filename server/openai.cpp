@@ -262,20 +262,7 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
     r.tools = options.tools;
     // A call the reply must make is opened by the prompt (the template's own syntax), the model goes on from there;
     // a think block the prompt opened is closed first.
-    using text::ToolCallFormat;
-    if (required && r.tool_format == ToolCallFormat::kHermes)
-      r.reply_prefix = forced.empty() ? "<tool_call>\n" : "<tool_call>\n{\"name\": \"" + forced + "\", \"arguments\": ";
-    if (required && r.tool_format == ToolCallFormat::kGlm)
-      r.reply_prefix = forced.empty() ? "<tool_call>" : "<tool_call>" + forced + "\n";
-    if (required && r.tool_format == ToolCallFormat::kXml)
-      r.reply_prefix = forced.empty() ? "<tool_call>\n" : "<tool_call>\n<function=" + forced + ">\n";
-    if (required && r.tool_format == ToolCallFormat::kMinimax)
-      r.reply_prefix = "<minimax:tool_call>\n" + (forced.empty() ? "" : "<invoke name=\"" + forced + "\">\n");
-    if (required &&
-        (r.tool_format == ToolCallFormat::kDsmlFunctionCalls || r.tool_format == ToolCallFormat::kDsmlToolCalls))
-      r.reply_prefix =
-          (r.tool_format == ToolCallFormat::kDsmlToolCalls ? "<｜DSML｜tool_calls>\n" : "<｜DSML｜function_calls>\n") +
-          (forced.empty() ? "" : "<｜DSML｜invoke name=\"" + forced + "\">\n");
+    if (required) r.reply_prefix = text::call_opening(r.tool_format, forced);
     if (!r.reply_prefix.empty() && r.starts_in_reasoning) {
       rendered += "\n" + r.think_close + "\n\n";
       r.starts_in_reasoning = false;

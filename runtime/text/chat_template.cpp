@@ -302,6 +302,7 @@ ToolCallFormat ChatTemplate::tool_call_format() const {
   if (kind_ == TemplateKind::kChatml) return dialect_.trims ? ToolCallFormat::kXml : ToolCallFormat::kHermes;
   if (kind_ == TemplateKind::kGlm4) return ToolCallFormat::kGlm;
   if (kind_ == TemplateKind::kMinimax) return ToolCallFormat::kMinimax;
+  if (kind_ == TemplateKind::kKimiK2) return ToolCallFormat::kKimi;
   if (kind_ == TemplateKind::kDeepseek3 && dialect_.v32_turns) return ToolCallFormat::kDsmlFunctionCalls;
   if (kind_ == TemplateKind::kDeepseek3 && dialect_.v4_turns) return ToolCallFormat::kDsmlToolCalls;
   return ToolCallFormat::kNone;
@@ -798,19 +799,38 @@ std::string ChatTemplate::render_llama3(std::span<const ChatMessage> messages, c
 
 // moonshotai/Kimi-K2-Instruct: "<|im_system|>system<|im_middle|>...<|im_end|>" (or <|im_user|>user,
 // <|im_assistant|>assistant) per message in place, no newlines and no bos; when the first message is not a
-// system message the template writes "You are a helpful assistant" as one.
+// system message the template writes "You are a helpful assistant" as one. Tools, calls and results as Moonshot's
+// later templates write them (K2-Instruct-0905, K2-Thinking; the first K2 template declared tools the same way but
+// dropped a reply's calls): the tools as JSON in a "tool_declare" system turn first; a reply's calls after its content
+// in <|tool_calls_section_begin|>, each "<|tool_call_begin|>ID<|tool_call_argument_begin|>ARGS<|tool_call_end|>" with
+// the model's own ids (functions.NAME:INDEX); a result as a "tool" system turn "## Return of ID\nresult".
 std::string ChatTemplate::render_kimi_k2(std::span<const ChatMessage> messages, const RenderOptions& options) const {
   std::string out;
+  if (!options.tools.empty()) {
+    nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+    for (const nlohmann::ordered_json& tool : options.tools) tools.push_back(tool);
+    out += "<|im_system|>tool_declare<|im_middle|>" + python_json(tools) + "<|im_end|>";
+  }
   if (!messages.empty() && messages[0].role != "system")
     out += "<|im_system|>system<|im_middle|>" + dialect_.default_system + "<|im_end|>";
   for (const ChatMessage& m : messages) {
-    if (m.role == "system")
-      out += "<|im_system|>system<|im_middle|>";
-    else if (m.role == "user")
-      out += "<|im_user|>user<|im_middle|>";
-    else
-      out += "<|im_assistant|>assistant<|im_middle|>";
-    out += m.content + "<|im_end|>";
+    if (m.role == "system") {
+      out += "<|im_system|>system<|im_middle|>" + m.content;
+    } else if (m.role == "user") {
+      out += "<|im_user|>user<|im_middle|>" + m.content;
+    } else if (m.role == "tool") {
+      out += "<|im_system|>tool<|im_middle|>## Return of " + m.tool_call_id + "\n" + m.content;
+    } else {
+      out += "<|im_assistant|>assistant<|im_middle|>" + m.content;
+      if (!m.tool_calls.empty()) {
+        out += "<|tool_calls_section_begin|>";
+        for (const ToolCall& call : m.tool_calls)
+          out +=
+              "<|tool_call_begin|>" + call.id + "<|tool_call_argument_begin|>" + call.arguments + "<|tool_call_end|>";
+        out += "<|tool_calls_section_end|>";
+      }
+    }
+    out += "<|im_end|>";
   }
   if (options.add_generation_prompt) out += "<|im_assistant|>assistant<|im_middle|>";
   return out;

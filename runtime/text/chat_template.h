@@ -48,6 +48,9 @@ enum class ToolCallFormat {
   // </｜DSML｜parameter>\n</｜DSML｜invoke>\n...</｜DSML｜function_calls> (string="false": the value is JSON)
   kDsmlFunctionCalls,
   kDsmlToolCalls,  // DeepSeek-V4: the same in a <｜DSML｜tool_calls> block
+  // Kimi-K2: <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{...}
+  // <|tool_call_end|>...<|tool_calls_section_end|>
+  kKimi,
 };
 
 // The chat formats hetmoe knows, rendered in C++ (no Jinja): each produces exactly the string the model's own

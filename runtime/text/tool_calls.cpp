@@ -75,6 +75,33 @@ void append_json(std::string& out, const nlohmann::ordered_json& v) {
   }
 }
 
+// Whitespace between the tags of a call, which the parsers skip.
+constexpr std::string_view kWs = " \n\r\t";
+std::string_view skip_ws(std::string_view s) { return s.substr(std::min(s.size(), s.find_first_not_of(kWs))); }
+std::string_view strip_ws(std::string_view s) {
+  s = skip_ws(s);
+  return s.substr(0, s.find_last_not_of(kWs) + 1);
+}
+
+// The markers around a format's block of calls.
+struct Markers {
+  std::string_view open, close;
+};
+Markers block_markers(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kMinimax:
+      return {"<minimax:tool_call>", "</minimax:tool_call>"};
+    case ToolCallFormat::kDsmlFunctionCalls:
+      return {"<｜DSML｜function_calls>", "</｜DSML｜function_calls>"};
+    case ToolCallFormat::kDsmlToolCalls:
+      return {"<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"};
+    case ToolCallFormat::kKimi:
+      return {"<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"};
+    default:
+      return {"<tool_call>", "</tool_call>"};
+  }
+}
+
 }  // namespace
 
 std::string python_json(const nlohmann::ordered_json& value) {
@@ -94,13 +121,9 @@ struct TextCall {
 // GLM-4.5: "name\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n..." (whitespace between the tags ignored).
 // Nullopt when the body is not that.
 static std::optional<TextCall> parse_glm(std::string_view body) {
-  constexpr std::string_view kWs = " \n\r\t";
   const size_t first_key = body.find("<arg_key>");
-  std::string_view name = body.substr(0, first_key);
-  const size_t b = name.find_first_not_of(kWs);
-  if (b == std::string_view::npos) return std::nullopt;
-  name = name.substr(b, name.find_last_not_of(kWs) - b + 1);
-  if (name.find_first_of("<>\n") != std::string_view::npos) return std::nullopt;
+  const std::string_view name = strip_ws(body.substr(0, first_key));
+  if (name.empty() || name.find_first_of("<>\n") != std::string_view::npos) return std::nullopt;
   TextCall call{.name = std::string(name), .params = {}};
   std::string_view rest = first_key == std::string_view::npos ? std::string_view() : body.substr(first_key);
   while (!rest.empty()) {
@@ -123,6 +146,28 @@ static std::optional<TextCall> parse_glm(std::string_view body) {
   return call;
 }
 
+std::string call_opening(ToolCallFormat format, const std::string& function) {
+  if (format == ToolCallFormat::kNone) return {};
+  // The block's opening, on its own line where the format writes one, then the named call's opening.
+  std::string out(block_markers(format).open);
+  if (format != ToolCallFormat::kGlm && format != ToolCallFormat::kKimi) out += '\n';
+  if (function.empty()) return out;
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return out + "{\"name\": \"" + function + "\", \"arguments\": ";
+    case ToolCallFormat::kGlm:
+      return out + function + "\n";
+    case ToolCallFormat::kXml:
+      return out + "<function=" + function + ">\n";
+    case ToolCallFormat::kMinimax:
+      return out + "<invoke name=\"" + function + "\">\n";
+    case ToolCallFormat::kKimi:
+      return out + "<|tool_call_begin|>functions." + function + ":0<|tool_call_argument_begin|>";
+    default:  // DSML
+      return out + "<｜DSML｜invoke name=\"" + function + "\">\n";
+  }
+}
+
 ToolCallParser::ToolCallParser(ToolCallFormat format, const std::vector<nlohmann::ordered_json>& tools)
     : format_(format) {
   for (const nlohmann::ordered_json& tool : tools) {
@@ -142,14 +187,12 @@ ToolCallParser::ToolCallParser(ToolCallFormat format, const std::vector<nlohmann
 // Qwen3.5: "\n<function=NAME>\n" + "<parameter=K>\nV\n</parameter>\n"... + "</function>\n" (one newline either
 // side of a value belongs to the format). Nullopt when the body is not that.
 static std::optional<TextCall> parse_xml(std::string_view body) {
-  constexpr std::string_view kWs = " \n\r\t";
-  auto skip = [&](std::string_view s) { return s.substr(std::min(s.size(), s.find_first_not_of(kWs))); };
-  std::string_view rest = skip(body);
+  std::string_view rest = skip_ws(body);
   if (!rest.starts_with("<function=")) return std::nullopt;
   const size_t name_end = rest.find('>');
   if (name_end == std::string_view::npos) return std::nullopt;
   std::string name(rest.substr(10, name_end - 10));
-  rest = skip(rest.substr(name_end + 1));
+  rest = skip_ws(rest.substr(name_end + 1));
   std::vector<std::pair<std::string, std::string>> params;
   while (rest.starts_with("<parameter=")) {
     const size_t key_end = rest.find('>');
@@ -159,9 +202,9 @@ static std::optional<TextCall> parse_xml(std::string_view body) {
     if (value.starts_with("\n")) value.remove_prefix(1);
     if (value.ends_with("\n")) value.remove_suffix(1);
     params.emplace_back(std::string(rest.substr(11, key_end - 11)), std::string(value));
-    rest = skip(rest.substr(close + 12));
+    rest = skip_ws(rest.substr(close + 12));
   }
-  if (!rest.starts_with("</function>") || !skip(rest.substr(11)).empty()) return std::nullopt;
+  if (!rest.starts_with("</function>") || !skip_ws(rest.substr(11)).empty()) return std::nullopt;
   return TextCall{.name = std::move(name), .params = std::move(params)};
 }
 
@@ -182,19 +225,17 @@ static nlohmann::ordered_json typed_value(const std::map<std::string, std::map<s
 // DeepSeek's DSML (ns "｜DSML｜"): the same tags with the prefix, each parameter marked string="true" (its value as
 // it is) or "false" (JSON). Whitespace between the tags ignored.
 static std::optional<std::vector<TextCall>> parse_invokes(std::string_view body, std::string_view ns) {
-  constexpr std::string_view kWs = " \n\r\t";
-  auto skip = [&](std::string_view s) { return s.substr(std::min(s.size(), s.find_first_not_of(kWs))); };
   const std::string invoke_open = fmt::format("<{}invoke name=\"", ns), invoke_close = fmt::format("</{}invoke>", ns);
   const std::string param_open = fmt::format("<{}parameter name=\"", ns);
   const std::string param_close = fmt::format("</{}parameter>", ns);
   std::vector<TextCall> calls;
-  std::string_view rest = skip(body);
+  std::string_view rest = skip_ws(body);
   while (!rest.empty()) {
     if (!rest.starts_with(invoke_open)) return std::nullopt;
     const size_t name_end = rest.find("\">", invoke_open.size());
     if (name_end == std::string_view::npos) return std::nullopt;
     TextCall call{.name = std::string(rest.substr(invoke_open.size(), name_end - invoke_open.size())), .params = {}};
-    rest = skip(rest.substr(name_end + 2));
+    rest = skip_ws(rest.substr(name_end + 2));
     while (rest.starts_with(param_open)) {
       const size_t key_end = rest.find('"', param_open.size());
       const size_t tag_end = rest.find('>', key_end);
@@ -207,27 +248,40 @@ static std::optional<std::vector<TextCall>> parse_invokes(std::string_view body,
                                    : attributes.find("string=\"false\"") != std::string_view::npos
                                        ? std::optional(false)
                                        : std::nullopt);
-      rest = skip(rest.substr(close + param_close.size()));
+      rest = skip_ws(rest.substr(close + param_close.size()));
     }
     if (!rest.starts_with(invoke_close)) return std::nullopt;
-    rest = skip(rest.substr(invoke_close.size()));
+    rest = skip_ws(rest.substr(invoke_close.size()));
     calls.push_back(std::move(call));
   }
   if (calls.empty()) return std::nullopt;
   return calls;
 }
 
-ToolCallParser::Markers ToolCallParser::markers() const {
-  switch (format_) {
-    case ToolCallFormat::kMinimax:
-      return {"<minimax:tool_call>", "</minimax:tool_call>"};
-    case ToolCallFormat::kDsmlFunctionCalls:
-      return {"<｜DSML｜function_calls>", "</｜DSML｜function_calls>"};
-    case ToolCallFormat::kDsmlToolCalls:
-      return {"<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"};
-    default:
-      return {"<tool_call>", "</tool_call>"};
+// Kimi-K2: one or more "<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>{...}<|tool_call_end|>",
+// whitespace between them ignored; the id as the model wrote it (the template writes it back), the arguments a JSON
+// object. Empty when the block is not that.
+static std::vector<ToolCall> parse_kimi(std::string_view body) {
+  constexpr std::string_view kBegin = "<|tool_call_begin|>", kArguments = "<|tool_call_argument_begin|>",
+                             kEnd = "<|tool_call_end|>";
+  std::vector<ToolCall> calls;
+  std::string_view rest = skip_ws(body);
+  while (!rest.empty()) {
+    if (!rest.starts_with(kBegin)) return {};
+    const size_t arguments = rest.find(kArguments), end = rest.find(kEnd);
+    if (arguments == std::string_view::npos || end == std::string_view::npos || end < arguments) return {};
+    std::string_view id = strip_ws(rest.substr(kBegin.size(), arguments - kBegin.size()));
+    std::string_view name = id.substr(0, id.rfind(':'));
+    if (name.starts_with("functions.")) name.remove_prefix(10);
+    const nlohmann::ordered_json args = nlohmann::ordered_json::parse(
+        rest.substr(arguments + kArguments.size(), end - arguments - kArguments.size()), nullptr, false);
+    if (name.empty() || !args.is_object()) return {};
+    calls.push_back({.id = std::string(id),
+                     .name = std::string(name),
+                     .arguments = args.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)});
+    rest = skip_ws(rest.substr(end + kEnd.size()));
   }
+  return calls;
 }
 
 std::vector<ToolCall> ToolCallParser::parse_block(std::string_view body) {
@@ -256,6 +310,8 @@ std::vector<ToolCall> ToolCallParser::parse_block(std::string_view body) {
     case ToolCallFormat::kGlm:
       if (auto call = parse_glm(body)) add(*call);
       return calls;
+    case ToolCallFormat::kKimi:
+      return parse_kimi(body);
     default:
       break;
   }
@@ -282,7 +338,7 @@ ToolCallParser::Parts ToolCallParser::push(std::string_view text) {
       if (pending_.front() == '\n') pending_.erase(0, 1);
       after_call_ = false;
     }
-    const auto [open_tag, close_tag] = markers();
+    const auto [open_tag, close_tag] = block_markers(format_);
     const size_t open = pending_.find(open_tag);
     if (open == std::string::npos) {
       // Hold back the longest end that could start the marker.

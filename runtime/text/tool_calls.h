@@ -15,6 +15,10 @@ namespace hetmoe::text {
 // items, keys in their order, non-ASCII characters as they are.
 std::string python_json(const nlohmann::ordered_json& value);
 
+// What opens a reply that must call a function, in the format's syntax: a call block, and when `function` is not
+// empty, the call of that function up to its arguments. Empty for kNone.
+std::string call_opening(ToolCallFormat format, const std::string& function);
+
 // Takes a reply's function calls out of its text as it streams in: text before and between calls goes on as content;
 // a call is held back from its opening marker until it is complete, then given as a ToolCall (its arguments as
 // compact JSON text, its id "call_" and a number). A block that does not parse stays content, as written.
@@ -35,11 +39,6 @@ class ToolCallParser {
   // The calls of one block between the format's markers (MiniMax-M2 writes several in one); empty when the block is
   // not well formed.
   std::vector<ToolCall> parse_block(std::string_view body);
-  // The format's markers around a block of calls.
-  struct Markers {
-    std::string_view open, close;
-  };
-  Markers markers() const;
 
   ToolCallFormat format_;
   std::map<std::string, std::map<std::string, std::string>> param_types_;  // function -> parameter -> schema type

@@ -701,6 +701,14 @@ TEST(ChatTemplate, MissingBosAndEosRenderAsNothing) {
 namespace hetmoe::text {
 namespace {
 
+// Render options with one tool, get_weather without parameters.
+RenderOptions weather_tool() {
+  RenderOptions options;
+  options.tools.push_back(
+      nlohmann::ordered_json::parse(R"({"type":"function","function":{"name":"get_weather","parameters":{}}})"));
+  return options;
+}
+
 // A reply pushed through `p` in pieces of `piece` bytes, then flushed: all its content and calls.
 ToolCallParser::Parts parse_in_pieces(ToolCallParser& p, std::string_view reply, size_t piece) {
   ToolCallParser::Parts all;
@@ -756,9 +764,7 @@ TEST(ChatTemplateTools, Qwen3RendersToolsCallsAndResultsAsItsTemplate) {
 TEST(ChatTemplateTools, Glm45RendersToolsCallsAndResultsAsItsTemplate) {
   const ChatTemplate t = *ChatTemplate::by_name("glm4", deepseek_vocab());
   EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kGlm);
-  RenderOptions options;
-  options.tools.push_back(
-      nlohmann::ordered_json::parse(R"({"type":"function","function":{"name":"get_weather","parameters":{}}})"));
+  RenderOptions options = weather_tool();
   const std::vector<ChatMessage> chat = {
       {.role = "user", .content = "Weather in Paris?"},
       {.role = "assistant",
@@ -797,9 +803,7 @@ TEST(ToolCalls, GlmCallsComeOutOfTheStream) {
 TEST(ChatTemplateTools, Qwen35RendersToolsCallsAndResultsAsItsTemplate) {
   const ChatTemplate t = *ChatTemplate::by_name("qwen3.5", qwen_vocab());
   EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kXml);
-  RenderOptions options;
-  options.tools.push_back(
-      nlohmann::ordered_json::parse(R"({"type":"function","function":{"name":"get_weather","parameters":{}}})"));
+  RenderOptions options = weather_tool();
   const std::vector<ChatMessage> chat = {
       {.role = "system", .content = " Be brief. "},
       {.role = "user", .content = "Weather in Paris?"},
@@ -851,9 +855,7 @@ TEST(ToolCalls, Qwen35CallsComeOutWithTypedParameters) {
 TEST(ChatTemplateTools, MinimaxM2RendersToolsCallsAndResultsAsItsTemplate) {
   const ChatTemplate t = *ChatTemplate::by_name("minimax-m2", deepseek_vocab());
   EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kMinimax);
-  RenderOptions options;
-  options.tools.push_back(
-      nlohmann::ordered_json::parse(R"({"type":"function","function":{"name":"get_weather","parameters":{}}})"));
+  RenderOptions options = weather_tool();
   const std::vector<ChatMessage> chat = {
       {.role = "user", .content = "Weather?"},
       {.role = "assistant",
@@ -1021,6 +1023,83 @@ TEST(ToolCalls, DsmlCallsComeOutTypedByTheirStringMark) {
       "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"x\" string=\"true\">1\n"
       "</｜DSML｜invoke>\n</｜DSML｜function_calls>";
   EXPECT_EQ(parse_in_pieces(broken, unclosed, 1000).content, unclosed);
+}
+
+// Kimi-K2 with tools, as Moonshot's later templates write them (the tool parts of K2-Thinking's, in llama.cpp's
+// models/templates): the tools as JSON in a tool_declare turn before everything, a reply's calls with the model's own
+// ids, a result as "## Return of ID" in a tool turn.
+TEST(ChatTemplateTools, KimiK2RendersToolsCallsAndResultsAsItsTemplate) {
+  const ChatTemplate t = *ChatTemplate::by_name("kimi-k2", deepseek_vocab());
+  EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kKimi);
+  RenderOptions options = weather_tool();
+  const std::vector<ChatMessage> chat = {
+      {.role = "user", .content = "Weather?"},
+      {.role = "assistant",
+       .content = "Checking.",
+       .tool_calls = {{.id = "functions.get_weather:0", .name = "get_weather", .arguments = R"({"city": "Paris"})"}}},
+      {.role = "tool", .content = "18C", .tool_call_id = "functions.get_weather:0"}};
+  EXPECT_EQ(t.render(chat, options),
+            "<|im_system|>tool_declare<|im_middle|>[{\"type\": \"function\", \"function\": {\"name\": "
+            "\"get_weather\", \"parameters\": {}}}]<|im_end|><|im_system|>system<|im_middle|>You are a helpful "
+            "assistant<|im_end|><|im_user|>user<|im_middle|>Weather?<|im_end|><|im_assistant|>assistant<|im_middle|>"
+            "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+            "<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>"
+            "<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0\n18C<|im_end|>"
+            "<|im_assistant|>assistant<|im_middle|>");
+}
+
+TEST(ToolCalls, KimiCallsKeepTheModelsIds) {
+  const std::string reply =
+      "Sure.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+      "{\"city\": \"Paris\"}<|tool_call_end|> <|tool_call_begin|>functions.now:1<|tool_call_argument_begin|>{}"
+      "<|tool_call_end|><|tool_calls_section_end|>";
+  for (size_t piece : {1, 6, 1000}) {
+    ToolCallParser p(ToolCallFormat::kKimi);
+    const auto [content, calls] = parse_in_pieces(p, reply, piece);
+    ASSERT_EQ(calls.size(), 2u) << piece;
+    EXPECT_EQ(calls[0].id, "functions.get_weather:0");
+    EXPECT_EQ(calls[0].name, "get_weather");
+    EXPECT_EQ(calls[0].arguments, R"({"city":"Paris"})");
+    EXPECT_EQ(calls[1].id, "functions.now:1");
+    EXPECT_EQ(calls[1].name, "now");
+    EXPECT_EQ(content, "Sure.");
+  }
+  // Arguments that are not a JSON object leave the block as text.
+  ToolCallParser p(ToolCallFormat::kKimi);
+  const std::string bad =
+      "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>[1]<|tool_call_end|>"
+      "<|tool_calls_section_end|>";
+  EXPECT_EQ(parse_in_pieces(p, bad, 1000).content, bad);
+}
+
+// A forced call opens the reply in each format's syntax; what the model writes after it completes a call the parser
+// reads.
+TEST(ToolCalls, AForcedCallsOpeningParsesOnceCompleted) {
+  struct Case {
+    ToolCallFormat format;
+    std::string rest;
+  };
+  for (const Case& c : {Case{ToolCallFormat::kHermes, "{\"x\": 1}}\n</tool_call>"},
+                        Case{ToolCallFormat::kGlm, "<arg_key>x</arg_key>\n<arg_value>1</arg_value>\n</tool_call>"},
+                        Case{ToolCallFormat::kXml, "<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>"},
+                        Case{ToolCallFormat::kMinimax,
+                             "<parameter name=\"x\">1</parameter>\n</invoke>\n"
+                             "</minimax:tool_call>"},
+                        Case{ToolCallFormat::kDsmlFunctionCalls,
+                             "<｜DSML｜parameter name=\"x\" string=\"false\">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+                             "</｜DSML｜function_calls>"},
+                        Case{ToolCallFormat::kDsmlToolCalls,
+                             "<｜DSML｜parameter name=\"x\" string=\"false\">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+                             "</｜DSML｜tool_calls>"},
+                        Case{ToolCallFormat::kKimi, "{\"x\": 1}<|tool_call_end|><|tool_calls_section_end|>"}}) {
+    ToolCallParser p(c.format);
+    const auto [content, calls] = parse_in_pieces(p, call_opening(c.format, "f") + c.rest, 3);
+    ASSERT_EQ(calls.size(), 1u) << static_cast<int>(c.format);
+    EXPECT_EQ(calls[0].name, "f");
+    EXPECT_EQ(calls[0].arguments, R"({"x":1})");
+    EXPECT_EQ(content, "");
+  }
+  EXPECT_EQ(call_opening(ToolCallFormat::kNone, "f"), "");
 }
 
 TEST(ChatTemplateTools, FormatsWithoutToolCallsRefuseThem) {
