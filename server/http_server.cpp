@@ -41,12 +41,6 @@ void send_error(httplib::Response& res, int status, std::string_view message, st
   res.set_content(dump(error_body(message, type, param)), "application/json");
 }
 
-std::string random_id(std::string_view prefix) {
-  static std::atomic<uint64_t> counter{0};
-  const uint64_t t = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-  return fmt::format("{}-{:x}{:04x}", prefix, t & 0xffffffffffffull, counter.fetch_add(1) & 0xffff);
-}
-
 }  // namespace
 
 struct HttpServer::Impl {
@@ -323,24 +317,18 @@ std::pair<int, std::string> HttpServer::Impl::whole_answer(const ParsedRequest& 
               {"system_fingerprint", "hetmoe"},
               {"usage", usage_json(u)}};
   if (r.chat) {
-    ReasoningSplitter split(r.splits_reasoning, r.think_open, r.think_close, r.starts_in_reasoning);
-    ReasoningSplitter::Parts parts = split.push(c.text), rest = split.flush();
+    ReplyParser reply(r);
+    ReplyParser::Parts parts = reply.push(c.text), rest = reply.flush();
     parts.reasoning += rest.reasoning;
     parts.content += rest.content;
+    parts.calls.insert(parts.calls.end(), rest.calls.begin(), rest.calls.end());
     json message = {{"role", "assistant"}, {"content", parts.content}};
-    if (r.tool_format != text::ToolCallFormat::kNone) {
-      // The calls out of the content (the prompt's opening of a forced call first).
-      text::ToolCallParser calls(r.tool_format, r.tools);
-      text::ToolCallParser::Parts found = calls.push(r.reply_prefix + parts.content), tail = calls.flush();
-      found.content += tail.content;
-      if (!found.calls.empty()) {
-        for (text::ToolCall& call : found.calls) call.id = random_id("call");
-        const size_t b = found.content.find_first_not_of(" \n\r\t");
-        const size_t e = found.content.find_last_not_of(" \n\r\t");
-        message["content"] = b == std::string::npos ? json(nullptr) : json(found.content.substr(b, e - b + 1));
-        message["tool_calls"] = tool_calls_json(found.calls, 0, false);
-        if (u.finish == Finish::kStop) choice["finish_reason"] = "tool_calls";
-      }
+    if (!parts.calls.empty()) {
+      const size_t b = parts.content.find_first_not_of(" \n\r\t");
+      const size_t e = parts.content.find_last_not_of(" \n\r\t");
+      message["content"] = b == std::string::npos ? json(nullptr) : json(parts.content.substr(b, e - b + 1));
+      message["tool_calls"] = tool_calls_json(parts.calls, 0, false);
+      if (u.finish == Finish::kStop) choice["finish_reason"] = "tool_calls";
     }
     if (!parts.reasoning.empty()) message["reasoning_content"] = parts.reasoning;
     choice["message"] = std::move(message);
@@ -402,23 +390,16 @@ void HttpServer::Impl::answer_streamed(ParsedRequest r, std::shared_ptr<Stream> 
     std::shared_ptr<Stream> stream;
     std::string id;
     std::time_t created;
-    ReasoningSplitter split;
-    text::ToolCallParser calls;
+    std::optional<ReplyParser> reply;  // chat
     size_t n_calls = 0;
     bool sent_role = false, done = false;
     size_t text_offset = 0;
     std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
   };
-  auto st = std::make_shared<State>(State{.r = std::move(r),
-                                          .stream = std::move(stream),
-                                          .id = {},
-                                          .created = std::time(nullptr),
-                                          .split = ReasoningSplitter(false, {}, {}, false),
-                                          .calls = text::ToolCallParser(text::ToolCallFormat::kNone)});
+  auto st = std::make_shared<State>(
+      State{.r = std::move(r), .stream = std::move(stream), .id = {}, .created = std::time(nullptr)});
   st->id = random_id(st->r.chat ? "chatcmpl" : "cmpl");
-  st->split = ReasoningSplitter(st->r.splits_reasoning, st->r.think_open, st->r.think_close, st->r.starts_in_reasoning);
-  st->calls = text::ToolCallParser(st->r.tool_format, st->r.tools);
-  if (!st->r.reply_prefix.empty()) st->calls.push(st->r.reply_prefix);  // held back: it opens a call
+  if (st->r.chat) st->reply.emplace(st->r);
   ++streams_open;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
@@ -455,22 +436,15 @@ void HttpServer::Impl::answer_streamed(ParsedRequest r, std::shared_ptr<Stream> 
         }
         const Stream::Update u = s.stream->take(kPoll);
         // The text (and its tokens' logprobs) as one chunk.
-        auto text_chunk = [&](const ReasoningSplitter::Parts& parts, const std::vector<TokenLogprob>& lps,
-                              bool flushing = false) {
+        auto text_chunk = [&](const ReplyParser::Parts& found, const std::vector<TokenLogprob>& lps) {
           if (s.r.chat) {
             json delta = json::object();
-            if (!parts.reasoning.empty()) delta["reasoning_content"] = parts.reasoning;
-            text::ToolCallParser::Parts found = s.calls.push(parts.content);
-            if (flushing) {
-              text::ToolCallParser::Parts tail = s.calls.flush();
-              found.content += tail.content;
-            }
+            if (!found.reasoning.empty()) delta["reasoning_content"] = found.reasoning;
             // Once a call was made, the whitespace between calls is not content.
             const bool blank = found.content.find_first_not_of(" \n\r\t") == std::string::npos;
             if (!found.content.empty() && !(blank && (s.n_calls > 0 || !found.calls.empty())))
               delta["content"] = found.content;
             if (!found.calls.empty()) {
-              for (text::ToolCall& call : found.calls) call.id = random_id("call");
               delta["tool_calls"] = tool_calls_json(found.calls, s.n_calls, true);
               s.n_calls += found.calls.size();
             }
@@ -480,14 +454,14 @@ void HttpServer::Impl::answer_streamed(ParsedRequest r, std::shared_ptr<Stream> 
                                {"logprobs", s.r.logprobs ? chat_logprobs(lps, tokenizer) : json(nullptr)},
                                {"finish_reason", nullptr}}));
           }
-          if (parts.content.empty() && lps.empty()) return true;
+          if (found.content.empty() && lps.empty()) return true;
           json lp = s.r.logprobs ? completion_logprobs(lps, tokenizer, s.text_offset) : json(nullptr);
-          s.text_offset += parts.content.size();
-          return send(chunk({{"index", 0}, {"text", parts.content}, {"logprobs", lp}, {"finish_reason", nullptr}}));
+          s.text_offset += found.content.size();
+          return send(chunk({{"index", 0}, {"text", found.content}, {"logprobs", lp}, {"finish_reason", nullptr}}));
         };
-        bool ok = text_chunk(s.r.chat ? s.split.push(u.text) : ReasoningSplitter::Parts{{}, u.text}, u.logprobs);
+        bool ok = text_chunk(s.r.chat ? s.reply->push(u.text) : ReplyParser::Parts{.content = u.text}, u.logprobs);
         if (ok && u.finished) {
-          if (s.r.chat) ok = text_chunk(s.split.flush(), {}, true);
+          if (s.r.chat) ok = text_chunk(s.reply->flush(), {});
           if (ok && u.finish == Finish::kError) {
             const std::string line = "data: " + dump(error_body(u.error, "server_error", {})) + "\n\n";
             ok = sink.write(line.data(), line.size());

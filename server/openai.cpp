@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
+#include <chrono>
 #include <random>
 
 #include "runtime/text/think_filter.h"
@@ -251,6 +253,7 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
   const TemplateKind k = chat_template.kind();
   r.splits_reasoning = k == TemplateKind::kDeepseek3 || k == TemplateKind::kChatml || k == TemplateKind::kGlm4 ||
                        k == TemplateKind::kMinimax || k == TemplateKind::kHarmony || k == TemplateKind::kKimiK2;
+  r.harmony = k == TemplateKind::kHarmony;
   r.think_open = std::string(chat_template.think_open());
   r.think_close = std::string(chat_template.think_close());
   const size_t open = rendered.rfind(r.think_open);
@@ -313,6 +316,45 @@ ReasoningSplitter::Parts ReasoningSplitter::flush() {
   pending_.clear();
   return out;
 }
+
+std::string random_id(std::string_view prefix) {
+  static std::atomic<uint64_t> counter{0};
+  const uint64_t t = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  return fmt::format("{}-{:x}{:04x}", prefix, t & 0xffffffffffffull, counter.fetch_add(1) & 0xffff);
+}
+
+ReplyParser::ReplyParser(const ParsedRequest& r)
+    : harmony_(r.harmony),
+      fresh_ids_(r.tool_format != text::ToolCallFormat::kKimi),
+      split_(r.splits_reasoning, r.think_open, r.think_close, r.starts_in_reasoning),
+      calls_(r.tool_format, r.tools) {
+  // The prefix opens a call: held back until the call completes.
+  if (harmony_)
+    (void)channels_.push(r.reply_prefix);
+  else
+    (void)calls_.push(r.reply_prefix);
+}
+
+ReplyParser::Parts ReplyParser::take(std::string_view text, bool flushing) {
+  Parts out;
+  if (harmony_) {
+    text::HarmonyReply::Parts p = flushing ? channels_.flush() : channels_.push(text);
+    out = {.reasoning = std::move(p.reasoning), .content = std::move(p.content), .calls = std::move(p.calls)};
+  } else {
+    const ReasoningSplitter::Parts parts = flushing ? split_.flush() : split_.push(text);
+    out.reasoning = parts.reasoning;
+    text::ToolCallParser::Parts found = calls_.push(parts.content);
+    if (flushing) found.content += calls_.flush().content;
+    out.content = std::move(found.content);
+    out.calls = std::move(found.calls);
+  }
+  if (fresh_ids_)
+    for (text::ToolCall& call : out.calls) call.id = random_id("call");
+  return out;
+}
+
+ReplyParser::Parts ReplyParser::push(std::string_view text) { return take(text, false); }
+ReplyParser::Parts ReplyParser::flush() { return take({}, true); }
 
 json tool_calls_json(const std::vector<text::ToolCall>& calls, size_t first_index, bool with_index) {
   json out = json::array();

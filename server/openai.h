@@ -50,7 +50,11 @@ struct ParsedRequest {
   text::ToolCallFormat tool_format = text::ToolCallFormat::kNone;
   std::vector<nlohmann::ordered_json> tools;  // the request's, for the parser (parameter types)
   std::string reply_prefix;
+  bool harmony = false;  // gpt-oss: the reply is a sequence of channel messages
 };
+
+// A unique id for a response or a call: the prefix, "-" and hex digits (time and a counter).
+std::string random_id(std::string_view prefix);
 
 // The body as JSON; ApiError 400 when it is not a JSON object.
 nlohmann::json parse_body(std::string_view body);
@@ -80,6 +84,29 @@ class ReasoningSplitter {
   std::string open_, close_;
   bool inside_;
   std::string pending_;
+};
+
+// A chat reply as it streams in, apart: its reasoning, content and calls as the request's template writes them (the
+// reasoning splitter, then the tool-call parser; gpt-oss's channels through HarmonyReply). What the prompt already
+// wrote of the reply (a forced call's opening) is read first. Calls get fresh unique ids ("call_..."), except
+// Kimi-K2's, whose ids the model writes and reads back.
+class ReplyParser {
+ public:
+  explicit ReplyParser(const ParsedRequest& r);
+  struct Parts {
+    std::string reasoning, content;
+    std::vector<text::ToolCall> calls;
+  };
+  Parts push(std::string_view text);
+  Parts flush();
+
+ private:
+  Parts take(std::string_view text, bool flushing);
+  bool harmony_;
+  bool fresh_ids_;
+  ReasoningSplitter split_;
+  text::ToolCallParser calls_;
+  text::HarmonyReply channels_;
 };
 
 std::string finish_reason(Finish f);

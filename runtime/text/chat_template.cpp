@@ -303,6 +303,7 @@ ToolCallFormat ChatTemplate::tool_call_format() const {
   if (kind_ == TemplateKind::kGlm4) return ToolCallFormat::kGlm;
   if (kind_ == TemplateKind::kMinimax) return ToolCallFormat::kMinimax;
   if (kind_ == TemplateKind::kKimiK2) return ToolCallFormat::kKimi;
+  if (kind_ == TemplateKind::kHarmony) return ToolCallFormat::kHarmony;
   if (kind_ == TemplateKind::kDeepseek3 && dialect_.v32_turns) return ToolCallFormat::kDsmlFunctionCalls;
   if (kind_ == TemplateKind::kDeepseek3 && dialect_.v4_turns) return ToolCallFormat::kDsmlToolCalls;
   return ToolCallFormat::kNone;
@@ -985,11 +986,165 @@ std::string ChatTemplate::render_minimax(std::span<const ChatMessage> messages, 
   return out;
 }
 
+namespace {
+
+// Jinja's truth of a value: none, false, 0, "" and empty arrays and objects are false.
+bool truthy(const nlohmann::ordered_json* v) {
+  if (!v || v->is_null()) return false;
+  if (v->is_boolean()) return v->get<bool>();
+  if (v->is_number()) return v->get<double>() != 0;
+  if (v->is_string() || v->is_array() || v->is_object()) return !v->empty();
+  return true;
+}
+
+const nlohmann::ordered_json* member(const nlohmann::ordered_json& j, const char* name) {
+  if (!j.is_object()) return nullptr;
+  const auto it = j.find(name);
+  return it == j.end() ? nullptr : &*it;
+}
+
+// Python's str() of a JSON value, as Jinja's "+" and join write it (strings bare, True/False/None).
+std::string python_str(const nlohmann::ordered_json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_boolean()) return v.get<bool>() ? "True" : "False";
+  if (v.is_null()) return "None";
+  return python_json(v);
+}
+
+// Python's len() of a string: its code points (continuation bytes not counted).
+size_t utf8_length(std::string_view s) {
+  size_t n = 0;
+  for (const char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+// `name in (schema.required or [])`: an item of the list (a substring, where a template passes a string).
+bool is_required(const nlohmann::ordered_json& schema, const std::string& name) {
+  const nlohmann::ordered_json* required = member(schema, "required");
+  if (!truthy(required)) return false;
+  if (required->is_string()) return contains(required->get_ref<const std::string&>(), name);
+  if (!required->is_array()) return false;
+  for (const nlohmann::ordered_json& r : *required)
+    if (r.is_string() && r.get_ref<const std::string&>() == name) return true;
+  return false;
+}
+
+bool has_type(const nlohmann::ordered_json& spec, std::string_view type) {
+  const nlohmann::ordered_json* t = member(spec, "type");
+  return t && t->is_string() && t->get_ref<const std::string&>() == type;
+}
+
+// gpt-oss's render_typescript_type: a JSON schema as the TypeScript-like type its template writes, with the
+// whitespace its Jinja (trim_blocks, lstrip_blocks) leaves: a nested object's property types after a newline and 16
+// spaces, a oneOf's variants joined by " | " and a newline. (The macro's "any" for unions of objects never applies:
+// the flag it sets inside its loop does not outlive the loop in Jinja.)
+std::string harmony_type(const nlohmann::ordered_json& spec) {
+  const nlohmann::ordered_json* type = member(spec, "type");
+  if (has_type(spec, "array")) {
+    std::string out = "any[]";
+    if (const nlohmann::ordered_json* items = member(spec, "items"); truthy(items)) {
+      if (has_type(*items, "string")) {
+        out = "string[]";
+      } else if (has_type(*items, "number") || has_type(*items, "integer")) {
+        out = "number[]";
+      } else if (has_type(*items, "boolean")) {
+        out = "boolean[]";
+      } else {
+        const std::string inner = harmony_type(*items);
+        out = inner == "object | object" || utf8_length(inner) > 50 ? "any[]" : inner + "[]";
+      }
+    }
+    return truthy(member(spec, "nullable")) ? out + " | null" : out;
+  }
+  if (type && type->is_array() && !type->empty()) {
+    std::string out;
+    for (size_t i = 0; i < type->size(); ++i) out += (i ? " | " : "") + python_str((*type)[i]);
+    return out;
+  }
+  if (const nlohmann::ordered_json* variants = member(spec, "oneOf"); truthy(variants)) {
+    std::string out;
+    for (size_t i = 0; variants->is_array() && i < variants->size(); ++i) {
+      const nlohmann::ordered_json& v = (*variants)[i];
+      out += harmony_type(v);
+      if (const nlohmann::ordered_json* d = member(v, "description"); truthy(d)) out += "// " + python_str(*d);
+      if (const nlohmann::ordered_json* d = member(v, "default"))
+        out += "                    // default: " + python_json(*d);
+      if (i + 1 < variants->size()) out += " | \n";
+    }
+    return out;
+  }
+  if (has_type(spec, "string")) {
+    if (const nlohmann::ordered_json* values = member(spec, "enum"); truthy(values) && values->is_array()) {
+      std::string out = "\"";
+      for (size_t i = 0; i < values->size(); ++i) out += (i ? "\" | \"" : "") + python_str((*values)[i]);
+      return out + "\"";
+    }
+    return truthy(member(spec, "nullable")) ? "string | null" : "string";
+  }
+  if (has_type(spec, "number") || has_type(spec, "integer")) return "number";
+  if (has_type(spec, "boolean")) return "boolean";
+  if (has_type(spec, "object")) {
+    const nlohmann::ordered_json* props = member(spec, "properties");
+    if (!truthy(props) || !props->is_object()) return "object";
+    std::string out = "{\n";
+    bool first = true;
+    for (const auto& [name, prop] : props->items()) {
+      if (!first) out += ", ";
+      first = false;
+      out += name + (is_required(spec, name) ? "" : "?") + ": \n                " + harmony_type(prop);
+    }
+    return out + "}";
+  }
+  return "any";
+}
+
+// gpt-oss's render_tool_namespace("functions", tools): each tool as a commented TypeScript type.
+std::string harmony_tools(const std::vector<nlohmann::ordered_json>& tools) {
+  std::string out = "## functions\n\nnamespace functions {\n\n";
+  for (const nlohmann::ordered_json& tool : tools) {
+    const nlohmann::ordered_json* f = member(tool, "function");
+    if (!f) continue;
+    const nlohmann::ordered_json* description = member(*f, "description");
+    const nlohmann::ordered_json* name = member(*f, "name");
+    out += "// " + (description ? python_str(*description) : std::string()) + "\ntype " +
+           (name ? python_str(*name) : std::string()) + " = ";
+    const nlohmann::ordered_json* params = member(*f, "parameters");
+    const nlohmann::ordered_json* props = params ? member(*params, "properties") : nullptr;
+    if (!truthy(props) || !props->is_object()) {
+      out += "() => any;\n\n";
+      continue;
+    }
+    out += "(_: {\n";
+    for (const auto& [pname, spec] : props->items()) {
+      if (const nlohmann::ordered_json* d = member(spec, "description"); truthy(d))
+        out += "// " + python_str(*d) + "\n";
+      out += pname + (is_required(*params, pname) ? "" : "?") + ": " + harmony_type(spec);
+      if (const nlohmann::ordered_json* d = member(spec, "default")) {
+        if (truthy(member(spec, "enum")))
+          out += ", // default: " + python_str(*d);
+        else if (truthy(member(spec, "oneOf")))
+          out += "// default: " + python_str(*d);
+        else
+          out += ", // default: " + python_json(*d);
+      }
+      out += ",\n";
+    }
+    out += "}) => any;\n\n";
+  }
+  return out + "} // namespace functions";
+}
+
+}  // namespace
+
 // openai/gpt-oss-120b (harmony): a system message naming the model, knowledge cutoff, date, reasoning effort
 // (medium) and channels; a first system message becomes the developer message "# Instructions\n\ns\n\n"; then
 // "<|start|>user<|message|>u<|end|>" and, for a reply, its final channel
 // "<|start|>assistant<|channel|>final<|message|>a<|end|>" (<|return|> for a last reply without a generation prompt).
 // A stored reply's analysis (everything up to think_close) is dropped, as the template drops past reasoning.
+// With tools: the system message sends calls to the commentary channel, the developer message lists the tools as
+// TypeScript types; a reply with calls writes its first call "<|start|>assistant to=functions.NAME<|channel|>commentary
+// json<|message|>ARGS<|call|>" (its content before it in the analysis channel unless a later reply has no calls), a
+// result "<|start|>functions.NAME to=assistant<|channel|>commentary<|message|>"RESULT"<|end|>" (JSON-quoted).
 std::string ChatTemplate::render_harmony(std::span<const ChatMessage> messages, const RenderOptions& options) const {
   std::string date = options.date;
   if (date.empty()) {
@@ -1000,30 +1155,60 @@ std::string ChatTemplate::render_harmony(std::span<const ChatMessage> messages, 
     std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
     date = buf;
   }
+  const bool tools = !options.tools.empty();
   std::string out =
       "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: "
       "2024-06\nCurrent date: " +
       date +
       "\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every "
-      "message.<|end|>";
+      "message.";
+  if (tools) out += "\nCalls to these tools must go to the commentary channel: 'functions'.";
+  out += "<|end|>";
   std::span<const ChatMessage> rest = messages;
+  std::string developer;
   if (!messages.empty() && messages[0].role == "system") {
-    if (!messages[0].content.empty())
-      out += "<|start|>developer<|message|># Instructions\n\n" + messages[0].content + "\n\n<|end|>";
+    developer = messages[0].content;
     rest = messages.subspan(1);
   }
+  if (!developer.empty() || tools) {
+    out += "<|start|>developer<|message|>";
+    if (!developer.empty()) out += "# Instructions\n\n" + developer + "\n\n";
+    if (tools) out += "# Tools\n\n" + harmony_tools(options.tools);
+    out += "<|end|>";
+  }
+  // A stored reply: its analysis dropped, and a final-channel header it was recorded with.
+  auto reply_text = [&](const ChatMessage& m) {
+    std::string_view content =
+        contains(m.content, think_close()) ? after_last(m.content, think_close()) : std::string_view(m.content);
+    constexpr std::string_view kFinal = "<|channel|>final<|message|>";
+    if (content.starts_with(kFinal)) content.remove_prefix(kFinal.size());
+    return content;
+  };
+  std::string last_call;  // the function of the last call, which the next tool messages answer
   for (size_t i = 0; i < rest.size(); ++i) {
     const ChatMessage& m = rest[i];
     if (m.role == "user") {
       out += "<|start|>user<|message|>" + m.content + "<|end|>";
+    } else if (m.role == "assistant" && !m.tool_calls.empty()) {
+      bool later_final = false;
+      for (size_t j = i + 1; j < rest.size(); ++j)
+        later_final = later_final || (rest[j].role == "assistant" && rest[j].tool_calls.empty());
+      const std::string_view content = reply_text(m);
+      if (!content.empty() && !later_final)
+        out += "<|start|>assistant<|channel|>analysis<|message|>" + std::string(content) + "<|end|>";
+      const ToolCall& call = m.tool_calls[0];  // the template writes one call per reply
+      out += "<|start|>assistant to=functions." + call.name + "<|channel|>commentary json<|message|>" +
+             python_json(call_arguments(call, "gpt-oss")) + "<|call|>";
+      last_call = call.name;
     } else if (m.role == "assistant") {
-      std::string_view content =
-          contains(m.content, think_close()) ? after_last(m.content, think_close()) : std::string_view(m.content);
-      constexpr std::string_view kFinal = "<|channel|>final<|message|>";  // a reply recorded without analysis
-      if (content.starts_with(kFinal)) content.remove_prefix(kFinal.size());
       out += "<|start|>assistant<|channel|>final<|message|>";
-      out += content;
+      out += reply_text(m);
       out += i + 1 == rest.size() && !options.add_generation_prompt ? "<|return|>" : "<|end|>";
+      last_call.clear();
+    } else if (m.role == "tool") {
+      if (last_call.empty()) fail("chat template gpt-oss: a tool message without an assistant tool call before it");
+      out += "<|start|>functions." + last_call + " to=assistant<|channel|>commentary<|message|>" +
+             python_json(m.content) + "<|end|>";
     }
   }
   if (options.add_generation_prompt) out += "<|start|>assistant";

@@ -51,6 +51,9 @@ enum class ToolCallFormat {
   // Kimi-K2: <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{...}
   // <|tool_call_end|>...<|tool_calls_section_end|>
   kKimi,
+  // gpt-oss: a commentary message to a function, <|start|>assistant<|channel|>commentary to=functions.NAME
+  // <|constrain|>json<|message|>{...} ending the reply (<|call|>); header parts in either order
+  kHarmony,
 };
 
 // The chat formats hetmoe knows, rendered in C++ (no Jinja): each produces exactly the string the model's own

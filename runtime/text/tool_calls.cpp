@@ -148,6 +148,10 @@ static std::optional<TextCall> parse_glm(std::string_view body) {
 
 std::string call_opening(ToolCallFormat format, const std::string& function) {
   if (format == ToolCallFormat::kNone) return {};
+  // gpt-oss: the reply's first message addressed to the function (the prompt ends "<|start|>assistant").
+  if (format == ToolCallFormat::kHarmony)
+    return function.empty() ? "<|channel|>commentary to=functions."
+                            : " to=functions." + function + "<|channel|>commentary json<|message|>";
   // The block's opening, on its own line where the format writes one, then the named call's opening.
   std::string out(block_markers(format).open);
   if (format != ToolCallFormat::kGlm && format != ToolCallFormat::kKimi) out += '\n';
@@ -327,7 +331,7 @@ std::vector<ToolCall> ToolCallParser::parse_block(std::string_view body) {
 
 ToolCallParser::Parts ToolCallParser::push(std::string_view text) {
   Parts out;
-  if (format_ == ToolCallFormat::kNone) {
+  if (format_ == ToolCallFormat::kNone || format_ == ToolCallFormat::kHarmony) {  // HarmonyReply's
     out.content = text;
     return out;
   }
@@ -366,6 +370,112 @@ ToolCallParser::Parts ToolCallParser::flush() {
   Parts out;
   out.content = std::move(pending_);
   pending_.clear();
+  return out;
+}
+
+namespace {
+
+constexpr std::string_view kHarmonyMessage = "<|message|>", kHarmonyEnd = "<|end|>";
+// The longest header hetmoe waits for before it takes the text as plain (a real one is under 100 bytes).
+constexpr size_t kHarmonyMaxHeader = 256;
+
+// The word after `key` in a header (up to whitespace or the next marker); empty when absent.
+std::string_view header_value(std::string_view header, std::string_view key) {
+  const size_t at = header.find(key);
+  if (at == std::string_view::npos) return {};
+  const std::string_view rest = header.substr(at + key.size());
+  return rest.substr(0, rest.find_first_of(" \n\r\t<"));
+}
+
+}  // namespace
+
+void HarmonyReply::body(std::string_view text, Parts& out) {
+  (kind_ == Kind::kReasoning ? out.reasoning : out.content) += text;
+}
+
+void HarmonyReply::end_call(Parts& out) {
+  const nlohmann::ordered_json args = nlohmann::ordered_json::parse(pending_, nullptr, /*allow_exceptions=*/false);
+  if (args.is_object() && !function_.empty())
+    out.calls.push_back({.id = fmt::format("call_{}", next_id_++),
+                         .name = function_,
+                         .arguments = args.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)});
+  else
+    out.content += pending_;  // not a call after all: its text
+  pending_.clear();
+}
+
+HarmonyReply::Parts HarmonyReply::push(std::string_view text) {
+  Parts out;
+  if (state_ == State::kPlain) {
+    out.content = text;
+    return out;
+  }
+  pending_ += text;
+  for (;;) {
+    if (state_ == State::kPlain) {
+      out.content += pending_;
+      pending_.clear();
+      return out;
+    }
+    if (state_ == State::kHeader) {
+      // A header is one whose "<|message|>" starts within kHarmonyMaxHeader bytes, however the text arrives.
+      const size_t at = pending_.find(kHarmonyMessage);
+      if (at == std::string::npos && pending_.size() < kHarmonyMaxHeader + kHarmonyMessage.size()) return out;
+      if (at == std::string::npos || at > kHarmonyMaxHeader) {
+        state_ = State::kPlain;
+        continue;
+      }
+      const std::string_view header = std::string_view(pending_).substr(0, at);
+      const std::string_view channel = header_value(header, "<|channel|>");
+      const std::string_view recipient = header_value(header, "to=");
+      function_.clear();
+      if (channel == "analysis") {
+        kind_ = Kind::kReasoning;
+      } else if (recipient.starts_with("functions.")) {
+        kind_ = Kind::kCall;
+        function_ = recipient.substr(10);
+      } else {
+        kind_ = Kind::kContent;
+      }
+      pending_.erase(0, at + kHarmonyMessage.size());
+      state_ = State::kBody;
+      continue;
+    }
+    // A body: up to "<|end|>"; a call's waits for it whole, another's goes out but for a possible start of it.
+    if (kind_ == Kind::kCall) {
+      const size_t end = pending_.find(kHarmonyEnd);
+      if (end == std::string::npos) return out;
+      std::string rest = pending_.substr(end + kHarmonyEnd.size());
+      pending_.resize(end);
+      end_call(out);
+      pending_ = std::move(rest);
+      state_ = State::kHeader;
+      continue;
+    }
+    const size_t end = pending_.find(kHarmonyEnd);
+    if (end == std::string::npos) {
+      const size_t held = marker_start_at_end(pending_, kHarmonyEnd);
+      body(std::string_view(pending_).substr(0, pending_.size() - held), out);
+      pending_.erase(0, pending_.size() - held);
+      return out;
+    }
+    body(std::string_view(pending_).substr(0, end), out);
+    pending_.erase(0, end + kHarmonyEnd.size());
+    state_ = State::kHeader;
+  }
+}
+
+HarmonyReply::Parts HarmonyReply::flush() {
+  Parts out;
+  if (state_ == State::kBody && kind_ == Kind::kCall) {
+    end_call(out);
+  } else if (state_ == State::kBody) {
+    body(pending_, out);
+  } else {
+    out.content += pending_;  // a header that never finished: text
+  }
+  pending_.clear();
+  state_ = State::kHeader;
   return out;
 }
 

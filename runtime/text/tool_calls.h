@@ -21,7 +21,8 @@ std::string call_opening(ToolCallFormat format, const std::string& function);
 
 // Takes a reply's function calls out of its text as it streams in: text before and between calls goes on as content;
 // a call is held back from its opening marker until it is complete, then given as a ToolCall (its arguments as
-// compact JSON text, its id "call_" and a number). A block that does not parse stays content, as written.
+// compact JSON text, its id "call_" and a number). A block that does not parse stays content, as written. gpt-oss's
+// calls are messages of its reply: HarmonyReply takes them (this parser passes its text on).
 class ToolCallParser {
  public:
   // `tools` (the request's): the XML-like formats' parameters are text; one whose schema type is "string" (or that
@@ -44,6 +45,34 @@ class ToolCallParser {
   std::map<std::string, std::map<std::string, std::string>> param_types_;  // function -> parameter -> schema type
   std::string pending_;
   bool after_call_ = false;  // a newline that follows a call is dropped
+  int next_id_ = 0;
+};
+
+// A gpt-oss reply as it streams in after the generation prompt "<|start|>assistant": messages, each a header (its
+// channel, a recipient "to=...", a content type, in any order) then "<|message|>" and a body, the next one after
+// "<|end|><|start|>assistant"; the last ends the reply (<|return|>, <|call|>: end-of-generation tokens, not in the
+// text). An analysis body is reasoning, a final or plain commentary body content, a commentary body to functions.NAME a
+// call (its arguments the body, a JSON object). Text with no header within 256 bytes (a model that ignores the format)
+// is content as it is.
+class HarmonyReply {
+ public:
+  struct Parts {
+    std::string reasoning, content;
+    std::vector<ToolCall> calls;
+  };
+  Parts push(std::string_view text);
+  Parts flush();
+
+ private:
+  enum class State { kHeader, kBody, kPlain };
+  enum class Kind { kReasoning, kContent, kCall };
+  void body(std::string_view text, Parts& out);  // a reasoning or content body's text
+  void end_call(Parts& out);                     // the call whose body is pending_, complete
+
+  State state_ = State::kHeader;
+  Kind kind_ = Kind::kContent;
+  std::string pending_;   // the header so far, or the body held back (a call's, or a possible start of "<|end|>")
+  std::string function_;  // the call's function
   int next_id_ = 0;
 };
 

@@ -167,8 +167,8 @@ bool known_role(const std::string& role, const ChatTemplate& t) {
 
 // The refusals the tool formats document: tools, calls or tool messages where the format has no tool calls (a
 // role check above); arguments that are not a JSON object where the template reads them as one (GLM-4.5, Qwen3.5,
-// MiniMax-M2, DeepSeek-V3.2/V4); a tool result whose last reply before it made no call (MiniMax-M2) or with no reply
-// before it that made calls (DeepSeek-V3.2); a system message after the first (Qwen3.5 with tools).
+// MiniMax-M2, DeepSeek-V3.2/V4, gpt-oss); a tool result whose last reply before it made no call (MiniMax-M2, gpt-oss)
+// or with no reply before it that made calls (DeepSeek-V3.2); a system message after the first (Qwen3.5 with tools).
 bool tool_refusal(const std::vector<ChatMessage>& messages, const hetmoe::text::RenderOptions& options,
                   const ChatTemplate& t) {
   const ToolCallFormat f = t.tool_call_format();
@@ -190,7 +190,7 @@ bool tool_refusal(const std::vector<ChatMessage>& messages, const hetmoe::text::
   }
   if (f == ToolCallFormat::kNone) return tools;
   if (f == ToolCallFormat::kHermes || f == ToolCallFormat::kKimi) return false;
-  return bad_args || (f == ToolCallFormat::kMinimax && orphan) ||
+  return bad_args || ((f == ToolCallFormat::kMinimax || f == ToolCallFormat::kHarmony) && orphan) ||
          (f == ToolCallFormat::kDsmlFunctionCalls && uncalled) || (f == ToolCallFormat::kXml && tools && late_system);
 }
 
@@ -302,7 +302,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const bool trims = chat->kind() == TemplateKind::kLlama3 || chat->name() == "qwen3.5";
       const std::string_view text = trims ? strip_whitespace(m.content) : std::string_view(m.content);
       require(out.find(text) != std::string::npos, "a user message is missing from the output");
-    } else if (m.role == "assistant" && verbatim_reply(m.content, *chat)) {
+    } else if (m.role == "assistant" && verbatim_reply(m.content, *chat) &&
+               !(chat->kind() == TemplateKind::kHarmony && !m.tool_calls.empty())) {  // gpt-oss may drop its analysis
       require(out.find(m.content) != std::string::npos, "an assistant reply is missing from the output");
     }
   }

@@ -1,15 +1,15 @@
 // libFuzzer target for what the server does with a request and a reply before and after the model: the OpenAI request
 // parsing (parse_body, then parse_chat or parse_completion with a reference model's vocabulary and chat template, its
-// own or one chosen by name) and the answer assembly of a chat reply (the reasoning splitter and the tool-call parser
-// of the parsed request, fed the reply prefix the request wrote and arbitrary model text, then the calls as JSON).
+// own or one chosen by name) and the answer assembly of a chat reply (the request's ReplyParser fed arbitrary model
+// text, then the calls as JSON).
 //
 // Input: byte 0 picks the model, byte 1 the endpoint (bit 0: chat), the template (bit 1: by name, the name from the
 // bits above) and where the reply is cut for streaming; the rest is the body, then, after the first NUL byte, the
 // reply text.
 //
 // Nothing may crash. The parsers may throw only ApiError with a 4xx status (the server answers anything else with
-// 500). The reply gives the same reasoning, content and calls whole and cut in two pieces; every call's arguments
-// produced by the XML-like formats are a JSON object; the calls' JSON can be written.
+// 500). The reply gives the same reasoning, content and calls whole and cut in two or three pieces; every call's
+// arguments are a JSON object but Hermes's (the model's text as written); the calls' JSON can be written.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstdint>
@@ -33,12 +33,11 @@ namespace {
 namespace fs = std::filesystem;
 using hetmoe::server::ApiError;
 using hetmoe::server::ParsedRequest;
-using hetmoe::server::ReasoningSplitter;
+using hetmoe::server::ReplyParser;
 using hetmoe::text::ChatTemplate;
 using hetmoe::text::Tokenizer;
 using hetmoe::text::ToolCall;
 using hetmoe::text::ToolCallFormat;
-using hetmoe::text::ToolCallParser;
 
 void require(bool ok, const char* what) {
   if (ok) return;
@@ -56,41 +55,30 @@ std::vector<Model>& models() {
   return list;
 }
 
-// What a reply gives: its reasoning, content and calls.
-struct Answer {
-  std::string reasoning, content;
-  std::vector<ToolCall> calls;
-};
-
-// The reply as the server assembles it: the prefix the prompt wrote, then the model's text in pieces cut at `cuts`.
-Answer assemble(const ParsedRequest& r, std::string_view reply, std::vector<size_t> cuts) {
-  ReasoningSplitter splitter(r.splits_reasoning, r.think_open, r.think_close, r.starts_in_reasoning);
-  ToolCallParser parser(r.tool_format, r.tools);
-  Answer a;
-  auto take = [&](const ReasoningSplitter::Parts& p) {
+// The reply as the server assembles it, the model's text in pieces cut at `cuts`.
+ReplyParser::Parts assemble(const ParsedRequest& r, std::string_view reply, std::vector<size_t> cuts) {
+  ReplyParser parser(r);
+  ReplyParser::Parts a;
+  auto take = [&](ReplyParser::Parts p) {
     a.reasoning += p.reasoning;
-    const ToolCallParser::Parts t = parser.push(p.content);
-    a.content += t.content;
-    a.calls.insert(a.calls.end(), t.calls.begin(), t.calls.end());
+    a.content += p.content;
+    a.calls.insert(a.calls.end(), p.calls.begin(), p.calls.end());
   };
-  take(splitter.push(r.reply_prefix));
   size_t at = 0;
   cuts.push_back(reply.size());
   for (const size_t cut : cuts) {
-    take(splitter.push(reply.substr(at, cut - at)));
+    take(parser.push(reply.substr(at, cut - at)));
     at = cut;
   }
-  take(splitter.flush());
-  a.content += parser.flush().content;
+  take(parser.flush());
   return a;
 }
 
-bool same(const Answer& a, const Answer& b) {
+// The same answer, ids aside (fresh for each call).
+bool same(const ReplyParser::Parts& a, const ReplyParser::Parts& b) {
   if (a.reasoning != b.reasoning || a.content != b.content || a.calls.size() != b.calls.size()) return false;
   for (size_t i = 0; i < a.calls.size(); ++i)
-    if (a.calls[i].id != b.calls[i].id || a.calls[i].name != b.calls[i].name ||
-        a.calls[i].arguments != b.calls[i].arguments)
-      return false;
+    if (a.calls[i].name != b.calls[i].name || a.calls[i].arguments != b.calls[i].arguments) return false;
   return true;
 }
 
@@ -137,7 +125,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const int32_t id : r.job.prompt) require(id >= 0 && id < model.vocab->n_vocab(), "a prompt id out of range");
   if (!chat) return 0;
 
-  const Answer whole = assemble(r, reply, {});
+  const ReplyParser::Parts whole = assemble(r, reply, {});
   const size_t cut = reply.empty() ? 0 : (flags >> 2) * 7919u % (reply.size() + 1);
   require(same(whole, assemble(r, reply, {cut})), "the reply cut in two answers otherwise than whole");
   require(same(whole, assemble(r, reply, {cut / 2, cut})), "the reply cut in three answers otherwise than whole");

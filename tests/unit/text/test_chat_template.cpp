@@ -1102,6 +1102,99 @@ TEST(ToolCalls, AForcedCallsOpeningParsesOnceCompleted) {
   EXPECT_EQ(call_opening(ToolCallFormat::kNone, "f"), "");
 }
 
+// gpt-oss's template with tools (the tiny model's copy, rendered by its Jinja with trim_blocks and lstrip_blocks):
+// the system message sends calls to the commentary channel; the developer message lists the tools as TypeScript
+// types (with the whitespace the template's macro leaves in nested objects and oneOf unions); a reply's call goes to
+// functions.NAME on the commentary channel, its content before it as analysis unless a later reply has no calls; a
+// result answers from functions.NAME, JSON-quoted.
+TEST(ChatTemplateTools, GptOssRendersToolsCallsAndResultsAsItsTemplate) {
+  const ChatTemplate t = *ChatTemplate::by_name("gpt-oss", deepseek_vocab());
+  EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kHarmony);
+  RenderOptions options{.date = "2026-12-01"};
+  options.tools = {nlohmann::ordered_json::parse(R"({"type":"function","function":{"name":"get_weather",
+      "description":"Weather in a city","parameters":{"type":"object","properties":{
+      "city":{"type":"string","description":"The city"}, "days":{"type":"integer","default":1},
+      "unit":{"type":"string","enum":["c","f"],"default":"c"}, "tags":{"type":"array","items":{"type":"string"}},
+      "where":{"type":"object","properties":{"lat":{"type":"number"},"lon":{"type":"number"}},"required":["lat"]},
+      "one":{"oneOf":[{"type":"string","description":"s"},{"type":"number","default":3}]},
+      "both":{"type":["string","null"]}, "n":{"type":"string","nullable":true}},"required":["city"]}}})"),
+                   nlohmann::ordered_json::parse(R"({"type":"function","function":{"name":"now",
+      "description":"The time","parameters":{"type":"object","properties":{}}}})")};
+  const std::vector<ChatMessage> called = {
+      {.role = "system", .content = "S"},
+      {.role = "user", .content = "Weather?"},
+      {.role = "assistant",
+       .content = "Let me check.",
+       .tool_calls = {{.id = "a", .name = "get_weather", .arguments = R"({"city": "Paris", "days": 2})"}}},
+      {.role = "tool", .content = "18C", .tool_call_id = "a"}};
+  const std::string head =
+      "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: "
+      "2024-06\nCurrent date: 2026-12-01\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. "
+      "Channel must be included for every message.\nCalls to these tools must go to the commentary channel: "
+      "'functions'.<|end|><|start|>developer<|message|># Instructions\n\nS\n\n# Tools\n\n## functions\n\nnamespace "
+      "functions {\n\n// Weather in a city\ntype get_weather = (_: {\n// The city\ncity: string,\ndays?: number, // "
+      "default: 1,\nunit?: \"c\" | \"f\", // default: c,\ntags?: string[],\nwhere?: {\nlat: \n                "
+      "number, lon?: \n                number},\none?: string// s | \nnumber                    // default: 3,\n"
+      "both?: string | null,\nn?: string | null,\n}) => any;\n\n// The time\ntype now = () => any;\n\n} // "
+      "namespace functions<|end|><|start|>user<|message|>Weather?<|end|>";
+  const std::string call =
+      "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\", "
+      "\"days\": 2}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"18C\"<|end|>";
+  EXPECT_EQ(t.render(called, options), head + "<|start|>assistant<|channel|>analysis<|message|>Let me check.<|end|>" +
+                                           call + "<|start|>assistant");
+  std::vector<ChatMessage> answered = called;
+  answered.push_back({.role = "assistant", .content = "It is 18C."});
+  answered.push_back({.role = "user", .content = "Thanks"});
+  EXPECT_EQ(t.render(answered, options),
+            head + call +
+                "<|start|>assistant<|channel|>final<|message|>It is 18C.<|end|><|start|>user<|message|>Thanks<|end|>"
+                "<|start|>assistant");
+  // A result with no call before it is refused, as the template raises.
+  const std::vector<ChatMessage> orphan = {{.role = "user", .content = "x"}, {.role = "tool", .content = "y"}};
+  EXPECT_THROW(t.render(orphan, options), Error);
+}
+
+// gpt-oss's reply is a sequence of channel messages: analysis is reasoning, final is content, a commentary message to
+// functions.NAME is a call (the reply ends at its <|call|>, which does not reach the text), whichever order the
+// header's parts come in; text with no header is content.
+TEST(ToolCalls, HarmonyChannelsComeApartInAnySplit) {
+  const std::string reply =
+      "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
+      "to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}";
+  for (size_t piece : {1, 7, 1000}) {
+    HarmonyReply h;
+    HarmonyReply::Parts all;
+    for (size_t i = 0; i < reply.size(); i += piece) {
+      HarmonyReply::Parts p = h.push(std::string_view(reply).substr(i, piece));
+      all.reasoning += p.reasoning;
+      all.content += p.content;
+      all.calls.insert(all.calls.end(), p.calls.begin(), p.calls.end());
+    }
+    HarmonyReply::Parts end = h.flush();
+    all.calls.insert(all.calls.end(), end.calls.begin(), end.calls.end());
+    all.content += end.content;
+    EXPECT_EQ(all.reasoning, "Need weather.") << piece;
+    EXPECT_EQ(all.content, "") << piece;
+    ASSERT_EQ(all.calls.size(), 1u) << piece;
+    EXPECT_EQ(all.calls[0].name, "get_weather");
+    EXPECT_EQ(all.calls[0].arguments, R"({"city":"Paris"})");
+  }
+  // The template's own order of the header, as a forced call's opening writes it.
+  HarmonyReply forced;
+  (void)forced.push(call_opening(ToolCallFormat::kHarmony, "now"));
+  (void)forced.push("{}");
+  EXPECT_EQ(forced.flush().calls.size(), 1u);
+  // A final answer; then text without any header.
+  HarmonyReply answer;
+  HarmonyReply::Parts a =
+      answer.push("<|channel|>analysis<|message|>r<|end|><|start|>assistant<|channel|>final<|message|>Hi");
+  EXPECT_EQ(a.reasoning, "r");
+  EXPECT_EQ(a.content + answer.flush().content, "Hi");
+  HarmonyReply plain;
+  const std::string text(300, 'x');
+  EXPECT_EQ(plain.push(text).content + plain.flush().content, text);
+}
+
 TEST(ChatTemplateTools, FormatsWithoutToolCallsRefuseThem) {
   const ChatTemplate t = *ChatTemplate::by_name("deepseek3", deepseek_vocab());
   EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kNone);  // not yet
