@@ -225,15 +225,8 @@ void HttpServer::Impl::routes() {
       if (it == body.end() || !it->is_string()) throw ApiError(400, "'content' must be a string", "content");
       const std::string content = it->get<std::string>();
       if (text::find_invalid_utf8(content)) throw ApiError(400, "'content' is not valid UTF-8", "content");
-      bool add_special = false, with_pieces = false;
-      if (const auto a = body.find("add_special"); a != body.end() && !a->is_null()) {
-        if (!a->is_boolean()) throw ApiError(400, "'add_special' must be true or false", "add_special");
-        add_special = a->get<bool>();
-      }
-      if (const auto a = body.find("with_pieces"); a != body.end() && !a->is_null()) {
-        if (!a->is_boolean()) throw ApiError(400, "'with_pieces' must be true or false", "with_pieces");
-        with_pieces = a->get<bool>();
-      }
+      const bool add_special = boolean(body, "add_special").value_or(false);
+      const bool with_pieces = boolean(body, "with_pieces").value_or(false);
       const std::vector<int32_t> ids = tokenizer.encode(content, add_special, /*parse_special=*/true);
       json tokens = json::array();
       for (int32_t id : ids) {

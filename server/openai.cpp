@@ -62,13 +62,6 @@ std::optional<int64_t> integer(const json& body, const char* name, int64_t lo, i
   return x;
 }
 
-std::optional<bool> boolean(const json& body, const char* name) {
-  const json* v = get(body, name);
-  if (!v) return std::nullopt;
-  if (!v->is_boolean()) throw ApiError(400, fmt::format("'{}' must be true or false", name), name);
-  return v->get<bool>();
-}
-
 std::string valid_text(const json& v, const char* name) {
   std::string s = v.get<std::string>();
   if (text::find_invalid_utf8(s)) throw ApiError(400, fmt::format("'{}' is not valid UTF-8", name), name);
@@ -117,6 +110,13 @@ ParsedRequest parse_common(const json& body, const RequestDefaults& defaults) {
 }
 
 }  // namespace
+
+std::optional<bool> boolean(const json& body, const char* name) {
+  const json* v = get(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) throw ApiError(400, fmt::format("'{}' must be true or false", name), name);
+  return v->get<bool>();
+}
 
 ParsedRequest parse_completion(const json& body, const text::Tokenizer& tokenizer, const RequestDefaults& defaults) {
   ParsedRequest r = parse_common(body, defaults);

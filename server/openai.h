@@ -56,6 +56,9 @@ struct ParsedRequest {
 // A unique id for a response or a call: the prefix, "-" and hex digits (time and a counter).
 std::string random_id(std::string_view prefix);
 
+// A boolean field of a request, null or absent as nullopt; ApiError 400 naming it when it is another type.
+std::optional<bool> boolean(const nlohmann::json& body, const char* name);
+
 // The body as JSON; ApiError 400 when it is not a JSON object.
 nlohmann::json parse_body(std::string_view body);
 
