@@ -306,6 +306,9 @@ ToolCallFormat ChatTemplate::tool_call_format() const {
   if (kind_ == TemplateKind::kHarmony) return ToolCallFormat::kHarmony;
   if (kind_ == TemplateKind::kDeepseek3 && dialect_.v32_turns) return ToolCallFormat::kDsmlFunctionCalls;
   if (kind_ == TemplateKind::kDeepseek3 && dialect_.v4_turns) return ToolCallFormat::kDsmlToolCalls;
+  // R1's template writes calls and results (not the tools: they reach the model through the client's system prompt).
+  if (kind_ == TemplateKind::kDeepseek3 && dialect_.strips_think && !dialect_.assistant_after_user)
+    return ToolCallFormat::kDeepseekR1;
   return ToolCallFormat::kNone;
 }
 
@@ -346,6 +349,10 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Re
 // "</think>", and the generation prompt is "<｜Assistant｜><think>\n".
 // DeepSeek-V3-0324: "<｜Assistant｜>" follows every user turn instead of opening the reply, and the generation
 // prompt is written only when the conversation does not end with a user turn.
+// DeepSeek-R1 with tools (its template, as llama.cpp's models/templates keeps it for the R1 distills): a reply's calls
+// "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>...
+// <｜tool▁calls▁end｜>", results "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>r<｜tool▁output▁end｜>...
+// <｜tool▁outputs▁end｜>"; no tool list.
 // DeepSeek-V3.2 and V4: render_dsml.
 std::string ChatTemplate::render_deepseek3(std::span<const ChatMessage> messages, const RenderOptions& options) const {
   if (dialect_.v4_turns || dialect_.v32_turns) return render_dsml(messages, options);
@@ -361,18 +368,47 @@ std::string ChatTemplate::render_deepseek3(std::span<const ChatMessage> messages
   }
   std::string out = bos_ + system;
   bool last_is_user = false;
+  // R1's calls and results: the first call of the conversation opens the calls block with <｜Assistant｜>, later ones
+  // with a newline; the first result opens the outputs block, later ones a newline; the reply after results follows
+  // their end without <｜Assistant｜> (the template's flags are never reset).
+  bool called = false, answered = false, in_results = false;
   for (const ChatMessage& m : messages) {
     if (m.role == "user") {
       out += kDsUser;
       out += m.content;
       if (dialect_.assistant_after_user) out += kDsAssistant;
       last_is_user = true;
+      in_results = false;
     } else if (m.role == "assistant") {
-      if (!dialect_.assistant_after_user) out += kDsAssistant;
-      out += dialect_.strips_think ? after_last(m.content, "</think>") : std::string_view(m.content);
-      out += kDsEndOfSentence;
       last_is_user = false;
+      if (!m.tool_calls.empty()) {
+        in_results = false;
+        for (const ToolCall& call : m.tool_calls) {
+          out += called ? "\n<｜tool▁call▁begin｜>" : "<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>";
+          called = true;
+          out += "function<｜tool▁sep｜>" + call.name + "\n```json\n" + call.arguments + "\n```<｜tool▁call▁end｜>";
+        }
+        out += "<｜tool▁calls▁end｜>";
+        out += kDsEndOfSentence;
+        if (m.content.empty()) continue;  // a call's content is null in the API
+      }
+      if (in_results) {
+        out += "<｜tool▁outputs▁end｜>" + m.content;
+        in_results = false;
+      } else {
+        if (!dialect_.assistant_after_user) out += kDsAssistant;
+        out += dialect_.strips_think ? after_last(m.content, "</think>") : std::string_view(m.content);
+      }
+      out += kDsEndOfSentence;
+    } else if (m.role == "tool") {
+      out += answered ? "\n<｜tool▁output▁begin｜>" : "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>";
+      answered = in_results = true;
+      out += m.content + "<｜tool▁output▁end｜>";
     }
+  }
+  if (in_results) {
+    out += "<｜tool▁outputs▁end｜>";
+    return out;  // the reply follows the results
   }
   if (options.add_generation_prompt) {
     if (!dialect_.assistant_after_user) {
@@ -1184,7 +1220,7 @@ std::string ChatTemplate::render_harmony(std::span<const ChatMessage> messages, 
     if (content.starts_with(kFinal)) content.remove_prefix(kFinal.size());
     return content;
   };
-  std::string last_call;  // the function of the last call, which the next tool messages answer
+  std::optional<std::string> last_call;  // the function of the last call, which the next tool messages answer
   for (size_t i = 0; i < rest.size(); ++i) {
     const ChatMessage& m = rest[i];
     if (m.role == "user") {
@@ -1204,10 +1240,10 @@ std::string ChatTemplate::render_harmony(std::span<const ChatMessage> messages, 
       out += "<|start|>assistant<|channel|>final<|message|>";
       out += reply_text(m);
       out += i + 1 == rest.size() && !options.add_generation_prompt ? "<|return|>" : "<|end|>";
-      last_call.clear();
+      last_call.reset();
     } else if (m.role == "tool") {
-      if (last_call.empty()) fail("chat template gpt-oss: a tool message without an assistant tool call before it");
-      out += "<|start|>functions." + last_call + " to=assistant<|channel|>commentary<|message|>" +
+      if (!last_call) fail("chat template gpt-oss: a tool message without an assistant tool call before it");
+      out += "<|start|>functions." + *last_call + " to=assistant<|channel|>commentary<|message|>" +
              python_json(m.content) + "<|end|>";
     }
   }

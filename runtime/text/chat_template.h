@@ -54,6 +54,9 @@ enum class ToolCallFormat {
   // gpt-oss: a commentary message to a function, <|start|>assistant<|channel|>commentary to=functions.NAME
   // <|constrain|>json<|message|>{...} ending the reply (<|call|>); header parts in either order
   kHarmony,
+  // DeepSeek-R1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```
+  // <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+  kDeepseekR1,
 };
 
 // The chat formats hetmoe knows, rendered in C++ (no Jinja): each produces exactly the string the model's own

@@ -97,6 +97,8 @@ Markers block_markers(ToolCallFormat format) {
       return {"<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"};
     case ToolCallFormat::kKimi:
       return {"<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"};
+    case ToolCallFormat::kDeepseekR1:
+      return {"<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"};
     default:
       return {"<tool_call>", "</tool_call>"};
   }
@@ -154,7 +156,8 @@ std::string call_opening(ToolCallFormat format, const std::string& function) {
                             : " to=functions." + function + "<|channel|>commentary json<|message|>";
   // The block's opening, on its own line where the format writes one, then the named call's opening.
   std::string out(block_markers(format).open);
-  if (format != ToolCallFormat::kGlm && format != ToolCallFormat::kKimi) out += '\n';
+  if (format != ToolCallFormat::kGlm && format != ToolCallFormat::kKimi && format != ToolCallFormat::kDeepseekR1)
+    out += '\n';
   if (function.empty()) return out;
   switch (format) {
     case ToolCallFormat::kHermes:
@@ -167,6 +170,8 @@ std::string call_opening(ToolCallFormat format, const std::string& function) {
       return out + "<invoke name=\"" + function + "\">\n";
     case ToolCallFormat::kKimi:
       return out + "<|tool_call_begin|>functions." + function + ":0<|tool_call_argument_begin|>";
+    case ToolCallFormat::kDeepseekR1:
+      return out + "<｜tool▁call▁begin｜>function<｜tool▁sep｜>" + function + "\n```json\n";
     default:  // DSML
       return out + "<｜DSML｜invoke name=\"" + function + "\">\n";
   }
@@ -288,6 +293,33 @@ static std::vector<ToolCall> parse_kimi(std::string_view body) {
   return calls;
 }
 
+// DeepSeek-R1: one or more "<｜tool▁call▁begin｜>TYPE<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>",
+// whitespace between them ignored (the fence's "json" optional); the arguments a JSON object. Empty when the block
+// is not that.
+std::vector<ToolCall> ToolCallParser::parse_deepseek_r1(std::string_view body) {
+  constexpr std::string_view kBegin = "<｜tool▁call▁begin｜>", kSep = "<｜tool▁sep｜>", kEnd = "<｜tool▁call▁end｜>";
+  std::vector<ToolCall> calls;
+  std::string_view rest = skip_ws(body);
+  while (!rest.empty()) {
+    if (!rest.starts_with(kBegin)) return {};
+    const size_t sep = rest.find(kSep), end = rest.find(kEnd);
+    if (sep == std::string_view::npos || end == std::string_view::npos || end < sep) return {};
+    std::string_view call = rest.substr(sep + kSep.size(), end - sep - kSep.size());
+    const std::string_view name = strip_ws(call.substr(0, call.find('\n')));
+    call = skip_ws(call.substr(std::min(call.size(), call.find('\n'))));
+    if (call.starts_with("```")) call = call.substr(call.starts_with("```json") ? 7 : 3);
+    call = strip_ws(call);
+    if (call.ends_with("```")) call.remove_suffix(3);
+    const nlohmann::ordered_json args = nlohmann::ordered_json::parse(call, nullptr, false);
+    if (name.empty() || !args.is_object()) return {};
+    calls.push_back({.id = fmt::format("call_{}", next_id_++),
+                     .name = std::string(name),
+                     .arguments = args.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)});
+    rest = skip_ws(rest.substr(end + kEnd.size()));
+  }
+  return calls;
+}
+
 std::vector<ToolCall> ToolCallParser::parse_block(std::string_view body) {
   std::vector<ToolCall> calls;
   auto add = [&](const TextCall& call) {
@@ -316,6 +348,8 @@ std::vector<ToolCall> ToolCallParser::parse_block(std::string_view body) {
       return calls;
     case ToolCallFormat::kKimi:
       return parse_kimi(body);
+    case ToolCallFormat::kDeepseekR1:
+      return parse_deepseek_r1(body);
     default:
       break;
   }

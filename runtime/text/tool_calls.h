@@ -40,6 +40,7 @@ class ToolCallParser {
   // The calls of one block between the format's markers (MiniMax-M2 writes several in one); empty when the block is
   // not well formed.
   std::vector<ToolCall> parse_block(std::string_view body);
+  std::vector<ToolCall> parse_deepseek_r1(std::string_view body);
 
   ToolCallFormat format_;
   std::map<std::string, std::map<std::string, std::string>> param_types_;  // function -> parameter -> schema type

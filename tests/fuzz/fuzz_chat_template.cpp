@@ -189,7 +189,7 @@ bool tool_refusal(const std::vector<ChatMessage>& messages, const hetmoe::text::
     late_system = late_system || (m.role == "system" && i > 0);
   }
   if (f == ToolCallFormat::kNone) return tools;
-  if (f == ToolCallFormat::kHermes || f == ToolCallFormat::kKimi) return false;
+  if (f == ToolCallFormat::kHermes || f == ToolCallFormat::kKimi || f == ToolCallFormat::kDeepseekR1) return false;
   return bad_args || ((f == ToolCallFormat::kMinimax || f == ToolCallFormat::kHarmony) && orphan) ||
          (f == ToolCallFormat::kDsmlFunctionCalls && uncalled) || (f == ToolCallFormat::kXml && tools && late_system);
 }
@@ -285,7 +285,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string out;
   try {
     out = chat->render(messages, options);
-  } catch (const hetmoe::Error&) {
+  } catch (const hetmoe::Error& e) {
+    if (std::getenv("HETMOE_FUZZ_VERBOSE")) {
+      std::fprintf(stderr, "%s: %s\n", chat->name().c_str(), e.what());
+      for (const ChatMessage& m : messages)
+        std::fprintf(stderr, "  %s calls=%zu\n", m.role.c_str(), m.tool_calls.size());
+    }
     const bool documented = !roles_known || (chat->kind() == TemplateKind::kMistral && !mistral_accepts(messages)) ||
                             tool_refusal(messages, options, *chat);
     require(documented, "render() failed on a conversation the format takes");

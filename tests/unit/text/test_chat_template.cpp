@@ -721,6 +721,28 @@ ToolCallParser::Parts parse_in_pieces(ToolCallParser& p, std::string_view reply,
   return all;
 }
 
+// The reply parsed in pieces of 1, 5 and 1000 bytes gives `content` and two calls, get_weather with {"city": "Paris"}
+// and now; the calls of the whole reply are returned.
+std::vector<ToolCall> expect_weather_and_now(ToolCallFormat format, const std::string& reply,
+                                             const std::string& content) {
+  std::vector<ToolCall> calls;
+  for (size_t piece : {1, 5, 1000}) {
+    ToolCallParser p(format);
+    const ToolCallParser::Parts parts = parse_in_pieces(p, reply, piece);
+    EXPECT_EQ(parts.content, content) << piece;
+    calls = parts.calls;
+    if (calls.size() != 2) {
+      ADD_FAILURE() << calls.size() << " calls in pieces of " << piece;
+      continue;
+    }
+    EXPECT_EQ(calls[0].name, "get_weather");
+    EXPECT_EQ(calls[0].arguments, R"({"city":"Paris"})");
+    EXPECT_EQ(calls[1].name, "now");
+    EXPECT_EQ(calls[1].arguments, "{}");
+  }
+  return calls;
+}
+
 // Qwen3's template with tools, as its Jinja writes it: the tool list in the system turn (json.dumps spacing, keys in
 // the client's order, non-ASCII as is), a reply's reasoning and calls, two tool results in one user turn, and the
 // conversation going on after them (the last query is the user message, so the reply after it keeps its reasoning).
@@ -1049,21 +1071,15 @@ TEST(ChatTemplateTools, KimiK2RendersToolsCallsAndResultsAsItsTemplate) {
 }
 
 TEST(ToolCalls, KimiCallsKeepTheModelsIds) {
-  const std::string reply =
+  const std::vector<ToolCall> calls = expect_weather_and_now(
+      ToolCallFormat::kKimi,
       "Sure.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
       "{\"city\": \"Paris\"}<|tool_call_end|> <|tool_call_begin|>functions.now:1<|tool_call_argument_begin|>{}"
-      "<|tool_call_end|><|tool_calls_section_end|>";
-  for (size_t piece : {1, 6, 1000}) {
-    ToolCallParser p(ToolCallFormat::kKimi);
-    const auto [content, calls] = parse_in_pieces(p, reply, piece);
-    ASSERT_EQ(calls.size(), 2u) << piece;
-    EXPECT_EQ(calls[0].id, "functions.get_weather:0");
-    EXPECT_EQ(calls[0].name, "get_weather");
-    EXPECT_EQ(calls[0].arguments, R"({"city":"Paris"})");
-    EXPECT_EQ(calls[1].id, "functions.now:1");
-    EXPECT_EQ(calls[1].name, "now");
-    EXPECT_EQ(content, "Sure.");
-  }
+      "<|tool_call_end|><|tool_calls_section_end|>",
+      "Sure.");
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0].id, "functions.get_weather:0");
+  EXPECT_EQ(calls[1].id, "functions.now:1");
   // Arguments that are not a JSON object leave the block as text.
   ToolCallParser p(ToolCallFormat::kKimi);
   const std::string bad =
@@ -1091,7 +1107,8 @@ TEST(ToolCalls, AForcedCallsOpeningParsesOnceCompleted) {
                         Case{ToolCallFormat::kDsmlToolCalls,
                              "<｜DSML｜parameter name=\"x\" string=\"false\">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
                              "</｜DSML｜tool_calls>"},
-                        Case{ToolCallFormat::kKimi, "{\"x\": 1}<|tool_call_end|><|tool_calls_section_end|>"}}) {
+                        Case{ToolCallFormat::kKimi, "{\"x\": 1}<|tool_call_end|><|tool_calls_section_end|>"},
+                        Case{ToolCallFormat::kDeepseekR1, "{\"x\": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"}}) {
     ToolCallParser p(c.format);
     const auto [content, calls] = parse_in_pieces(p, call_opening(c.format, "f") + c.rest, 3);
     ASSERT_EQ(calls.size(), 1u) << static_cast<int>(c.format);
@@ -1193,6 +1210,45 @@ TEST(ToolCalls, HarmonyChannelsComeApartInAnySplit) {
   HarmonyReply plain;
   const std::string text(300, 'x');
   EXPECT_EQ(plain.push(text).content + plain.flush().content, text);
+}
+
+// DeepSeek-R1's template with calls and results (its text in llama.cpp's models/templates, as the R1 distills carry
+// it; rendered by Jinja): the first call of the conversation opens the block after <｜Assistant｜>, the next one a
+// newline; results in one outputs block; the reply after them follows its end; no tool list (the template has none).
+TEST(ChatTemplateTools, DeepseekR1RendersCallsAndResultsAsItsTemplate) {
+  const ChatTemplate t = *ChatTemplate::by_name("deepseek-r1", deepseek_vocab());
+  EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kDeepseekR1);
+  std::vector<ChatMessage> chat = {
+      {.role = "system", .content = "S"},
+      {.role = "user", .content = "Weather?"},
+      {.role = "assistant",
+       .content = "",
+       .tool_calls = {{.id = "a", .name = "get_weather", .arguments = R"({"city": "Paris"})"},
+                      {.id = "b", .name = "now", .arguments = "{}"}}},
+      {.role = "tool", .content = "18C", .tool_call_id = "a"},
+      {.role = "tool", .content = "noon", .tool_call_id = "b"}};
+  const std::string called =
+      "<｜begin▁of▁sentence｜>S<｜User｜>Weather?<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function"
+      "<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function"
+      "<｜tool▁sep｜>now\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜><"
+      "｜tool▁outputs▁begin｜>"
+      "<｜tool▁output▁begin｜>18C<｜tool▁output▁end｜>\n<｜tool▁output▁begin｜>noon<｜tool▁output▁end｜><"
+      "｜tool▁outputs▁end｜>";
+  EXPECT_EQ(t.render(chat, weather_tool()), called);
+  chat.push_back({.role = "assistant", .content = "It is 18C."});
+  chat.push_back({.role = "user", .content = "Thanks"});
+  EXPECT_EQ(t.render(chat, weather_tool()),
+            called + "It is 18C.<｜end▁of▁sentence｜><｜User｜>Thanks<｜Assistant｜><think>\n");
+}
+
+TEST(ToolCalls, DeepseekR1CallsComeOutOfTheirFences) {
+  expect_weather_and_now(
+      ToolCallFormat::kDeepseekR1,
+      "Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": "
+      "\"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>now\n```\n{}\n```<"
+      "｜tool▁call▁end｜>"
+      "<｜tool▁calls▁end｜>",
+      "Sure.");
 }
 
 TEST(ChatTemplateTools, FormatsWithoutToolCallsRefuseThem) {
