@@ -198,6 +198,13 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
     if (msg.role == "tool") {
       if (const json* id = get(m, "tool_call_id"); id && id->is_string()) msg.tool_call_id = id->get<std::string>();
     }
+    // A reply's reasoning, as this server answers it, back where the template reads it.
+    if (const json* rc = get(m, "reasoning_content");
+        rc && msg.role == "assistant" && chat_template.reads_think_blocks()) {
+      if (!rc->is_string()) throw ApiError(400, "'reasoning_content' must be a string", "messages");
+      if (!rc->get_ref<const std::string&>().empty())
+        msg.content = "<think>" + valid_text(*rc, "messages") + "</think>" + msg.content;
+    }
     msgs.push_back(std::move(msg));
   }
   text::RenderOptions options;
@@ -265,7 +272,9 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
     r.tools = options.tools;
     // A call the reply must make is opened by the prompt (the template's own syntax), the model goes on from there;
     // a think block the prompt opened is closed first.
-    if (required) r.reply_prefix = text::call_opening(r.tool_format, forced);
+    int calls_before = 0;
+    for (const text::ChatMessage& m : msgs) calls_before += static_cast<int>(m.tool_calls.size());
+    if (required) r.reply_prefix = text::call_opening(r.tool_format, forced, calls_before);
     if (!r.reply_prefix.empty() && r.starts_in_reasoning) {
       rendered += "\n" + r.think_close + "\n\n";
       r.starts_in_reasoning = false;

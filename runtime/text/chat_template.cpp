@@ -298,6 +298,19 @@ std::string ChatTemplate::name() const {
   return "generic";
 }
 
+bool ChatTemplate::reads_think_blocks() const {
+  switch (kind_) {
+    case TemplateKind::kChatml:
+    case TemplateKind::kGlm4:
+    case TemplateKind::kMinimax:
+      return true;
+    case TemplateKind::kDeepseek3:
+      return dialect_.strips_think || dialect_.v32_turns || dialect_.v4_turns;
+    default:
+      return false;
+  }
+}
+
 ToolCallFormat ChatTemplate::tool_call_format() const {
   if (kind_ == TemplateKind::kChatml) return dialect_.trims ? ToolCallFormat::kXml : ToolCallFormat::kHermes;
   if (kind_ == TemplateKind::kGlm4) return ToolCallFormat::kGlm;
@@ -464,8 +477,12 @@ constexpr std::string_view kV4ToolsFooter =
 std::string ChatTemplate::render_dsml(std::span<const ChatMessage> messages, const RenderOptions& options) const {
   const bool v4 = dialect_.v4_turns, thinking = options.enable_thinking;
   std::string system;
-  for (const ChatMessage& m : messages)
-    if (m.role == "system") system += (system.empty() ? "" : "\n\n") + m.content;
+  bool first_system = true;
+  for (const ChatMessage& m : messages) {
+    if (m.role != "system") continue;
+    system += (first_system ? "" : "\n\n") + m.content;
+    first_system = false;
+  }
   if (!options.tools.empty()) {
     std::string tools(v4 ? kV4ToolsHeader : kV32ToolsHeader);
     for (const nlohmann::ordered_json& tool : options.tools) {

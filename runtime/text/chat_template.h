@@ -89,6 +89,9 @@ class ChatTemplate {
   // The syntax of the function calls the model writes; kNone where the template takes no tools (render() then
   // refuses tools, tool messages and replies with calls).
   ToolCallFormat tool_call_format() const;
+  // Whether a stored reply's "<think>...</think>" is read as its reasoning (the reasoning templates that render past
+  // reasoning or drop it); a request's reasoning_content goes there.
+  bool reads_think_blocks() const;
   std::string name() const;
 
   // The conversation as the model expects it, special tokens as text (tokenize with parse_special = true).

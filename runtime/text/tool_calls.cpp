@@ -148,7 +148,7 @@ static std::optional<TextCall> parse_glm(std::string_view body) {
   return call;
 }
 
-std::string call_opening(ToolCallFormat format, const std::string& function) {
+std::string call_opening(ToolCallFormat format, const std::string& function, int call_index) {
   if (format == ToolCallFormat::kNone) return {};
   // gpt-oss: the reply's first message addressed to the function (the prompt ends "<|start|>assistant").
   if (format == ToolCallFormat::kHarmony)
@@ -169,7 +169,7 @@ std::string call_opening(ToolCallFormat format, const std::string& function) {
     case ToolCallFormat::kMinimax:
       return out + "<invoke name=\"" + function + "\">\n";
     case ToolCallFormat::kKimi:
-      return out + "<|tool_call_begin|>functions." + function + ":0<|tool_call_argument_begin|>";
+      return out + fmt::format("<|tool_call_begin|>functions.{}:{}<|tool_call_argument_begin|>", function, call_index);
     case ToolCallFormat::kDeepseekR1:
       return out + "<｜tool▁call▁begin｜>function<｜tool▁sep｜>" + function + "\n```json\n";
     default:  // DSML
@@ -463,13 +463,12 @@ HarmonyReply::Parts HarmonyReply::push(std::string_view text) {
       const std::string_view channel = header_value(header, "<|channel|>");
       const std::string_view recipient = header_value(header, "to=");
       function_.clear();
-      if (channel == "analysis") {
-        kind_ = Kind::kReasoning;
-      } else if (recipient.starts_with("functions.")) {
+      // A message to a function is a call whatever its channel (gpt-oss often calls from the analysis channel).
+      if (recipient.starts_with("functions.")) {
         kind_ = Kind::kCall;
         function_ = recipient.substr(10);
       } else {
-        kind_ = Kind::kContent;
+        kind_ = channel == "analysis" ? Kind::kReasoning : Kind::kContent;
       }
       pending_.erase(0, at + kHarmonyMessage.size());
       state_ = State::kBody;

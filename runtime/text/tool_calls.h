@@ -16,8 +16,9 @@ namespace hetmoe::text {
 std::string python_json(const nlohmann::ordered_json& value);
 
 // What opens a reply that must call a function, in the format's syntax: a call block, and when `function` is not
-// empty, the call of that function up to its arguments. Empty for kNone.
-std::string call_opening(ToolCallFormat format, const std::string& function);
+// empty, the call of that function up to its arguments. Empty for kNone. `call_index`: the calls the conversation made
+// before (Kimi-K2 numbers its call ids across the conversation).
+std::string call_opening(ToolCallFormat format, const std::string& function, int call_index = 0);
 
 // Takes a reply's function calls out of its text as it streams in: text before and between calls goes on as content;
 // a call is held back from its opening marker until it is complete, then given as a ToolCall (its arguments as

@@ -371,6 +371,10 @@ TEST(Server, ToolsReachThePromptAndBadToolsAre400) {
   const int64_t with_tools = prompt_tokens({{"messages", history}, {"tools", tools}});
   EXPECT_GT(with_tools, plain + 50);  // the tool list and its instructions
   EXPECT_EQ(prompt_tokens({{"messages", history}, {"tools", tools}, {"tool_choice", "none"}}), plain);
+  // A reply's reasoning_content goes back where the template keeps it (Qwen3: the reply after the last query).
+  json reasoned = history;
+  reasoned[1]["reasoning_content"] = "The user wants the weather, so I call the tool for Paris.";
+  EXPECT_GT(prompt_tokens({{"messages", reasoned}}), plain + 5);
   // A forced call: the prompt ends with the call's opening, which the reply then continues.
   const int64_t forced =
       prompt_tokens({{"messages", history},
@@ -385,7 +389,8 @@ TEST(Server, ToolsReachThePromptAndBadToolsAre400) {
                           json{{"messages", history},
                                {"tools", tools},
                                {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}},
-                          json{{"messages", json::array({{{"role", "assistant"}, {"tool_calls", "x"}}})}}}) {
+                          json{{"messages", json::array({{{"role", "assistant"}, {"tool_calls", "x"}}})}},
+                          json{{"messages", json::array({{{"role", "assistant"}, {"reasoning_content", 1}}})}}}) {
     auto r = s.post("/v1/chat/completions", bad);
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 400) << bad.dump();

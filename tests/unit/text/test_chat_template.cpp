@@ -529,6 +529,10 @@ TEST(ChatTemplateDeepseek3, V32FromItsFileClosesTheThinkBlockUnlessThinking) {
             "<｜begin▁of▁sentence｜>S1\n\nS2<｜User｜>Hi<｜User｜>More<｜Assistant｜><think>r</think>Hello"
             "<｜end▁of▁sentence｜>");
   EXPECT_EQ(ChatTemplate::by_name("deepseek-v3.2", deepseek_vocab())->render(chat, {}), t.render(chat, {}));
+  // Systems joined as the template joins them: "\n\n" before every one after the first, empty or not.
+  EXPECT_EQ(
+      t.render(std::vector<ChatMessage>{{"system", ""}, {"system", "B"}, {"user", "q"}}, {.enable_thinking = false}),
+      "<｜begin▁of▁sentence｜>\n\nB<｜User｜>q<｜Assistant｜><think></think>");
 }
 
 TEST(ChatTemplateDetect, TheNewReferenceModelsTemplatesMapToTheirFormats) {
@@ -1117,6 +1121,9 @@ TEST(ToolCalls, AForcedCallsOpeningParsesOnceCompleted) {
     EXPECT_EQ(content, "");
   }
   EXPECT_EQ(call_opening(ToolCallFormat::kNone, "f"), "");
+  // Kimi-K2 numbers its call ids across the conversation.
+  EXPECT_EQ(call_opening(ToolCallFormat::kKimi, "f", 3),
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:3<|tool_call_argument_begin|>");
 }
 
 // gpt-oss's template with tools (the tiny model's copy, rendered by its Jinja with trim_blocks and lstrip_blocks):
@@ -1207,6 +1214,13 @@ TEST(ToolCalls, HarmonyChannelsComeApartInAnySplit) {
       answer.push("<|channel|>analysis<|message|>r<|end|><|start|>assistant<|channel|>final<|message|>Hi");
   EXPECT_EQ(a.reasoning, "r");
   EXPECT_EQ(a.content + answer.flush().content, "Hi");
+  // A call sent from the analysis channel is a call too.
+  HarmonyReply analysis;
+  (void)analysis.push("<|channel|>analysis to=functions.get_weather code<|message|>{\"city\":\"Berlin\"}");
+  const HarmonyReply::Parts analysed = analysis.flush();
+  ASSERT_EQ(analysed.calls.size(), 1u);
+  EXPECT_EQ(analysed.calls[0].name, "get_weather");
+  EXPECT_EQ(analysed.reasoning, "");
   HarmonyReply plain;
   const std::string text(300, 'x');
   EXPECT_EQ(plain.push(text).content + plain.flush().content, text);
