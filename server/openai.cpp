@@ -347,8 +347,7 @@ ReplyParser::ReplyParser(const ParsedRequest& r)
 ReplyParser::Parts ReplyParser::take(std::string_view text, bool flushing) {
   Parts out;
   if (harmony_) {
-    text::HarmonyReply::Parts p = flushing ? channels_.flush() : channels_.push(text);
-    out = {.reasoning = std::move(p.reasoning), .content = std::move(p.content), .calls = std::move(p.calls)};
+    out = flushing ? channels_.flush() : channels_.push(text);
   } else {
     const ReasoningSplitter::Parts parts = flushing ? split_.flush() : split_.push(text);
     out.reasoning = parts.reasoning;

@@ -96,10 +96,7 @@ class ReasoningSplitter {
 class ReplyParser {
  public:
   explicit ReplyParser(const ParsedRequest& r);
-  struct Parts {
-    std::string reasoning, content;
-    std::vector<text::ToolCall> calls;
-  };
+  using Parts = text::ReplyParts;
   Parts push(std::string_view text);
   Parts flush();
 

@@ -69,6 +69,19 @@ size_t last_query_index(std::span<const ChatMessage> messages, Text text) {
   return messages.empty() ? 0 : messages.size() - 1;
 }
 
+// The DeepSeek templates' system prompt: the system messages, wherever they stand, joined by "\n\n" (every one after
+// the first, empty or not), or only the last one (R1).
+std::string ds_system(std::span<const ChatMessage> messages, bool joins) {
+  std::string system;
+  bool first = true;
+  for (const ChatMessage& m : messages) {
+    if (m.role != "system") continue;
+    system = joins && !first ? system + "\n\n" + m.content : m.content;
+    first = false;
+  }
+  return system;
+}
+
 // A call's arguments as the templates that read them as a mapping take them; fails (one line, naming the format)
 // when they are not a JSON object.
 nlohmann::ordered_json call_arguments(const ToolCall& call, std::string_view format) {
@@ -369,16 +382,7 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Re
 // DeepSeek-V3.2 and V4: render_dsml.
 std::string ChatTemplate::render_deepseek3(std::span<const ChatMessage> messages, const RenderOptions& options) const {
   if (dialect_.v4_turns || dialect_.v32_turns) return render_dsml(messages, options);
-  std::string system;
-  bool first_system = true;
-  for (const ChatMessage& m : messages) {
-    if (m.role != "system") continue;
-    if (dialect_.joins_systems && !first_system)
-      system += "\n\n" + m.content;
-    else
-      system = m.content;
-    first_system = false;
-  }
+  std::string system = ds_system(messages, dialect_.joins_systems);
   std::string out = bos_ + system;
   bool last_is_user = false;
   // R1's calls and results: the first call of the conversation opens the calls block with <｜Assistant｜>, later ones
@@ -476,13 +480,7 @@ constexpr std::string_view kV4ToolsFooter =
 // follows its last "</think>". Its calls follow its content after "\n\n" as one DSML block.
 std::string ChatTemplate::render_dsml(std::span<const ChatMessage> messages, const RenderOptions& options) const {
   const bool v4 = dialect_.v4_turns, thinking = options.enable_thinking;
-  std::string system;
-  bool first_system = true;
-  for (const ChatMessage& m : messages) {
-    if (m.role != "system") continue;
-    system += (first_system ? "" : "\n\n") + m.content;
-    first_system = false;
-  }
+  std::string system = ds_system(messages, true);
   if (!options.tools.empty()) {
     std::string tools(v4 ? kV4ToolsHeader : kV32ToolsHeader);
     for (const nlohmann::ordered_json& tool : options.tools) {

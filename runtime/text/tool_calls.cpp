@@ -83,6 +83,18 @@ std::string_view strip_ws(std::string_view s) {
   return s.substr(0, s.find_last_not_of(kWs) + 1);
 }
 
+// Arguments as a call carries them: compact JSON, invalid UTF-8 replaced.
+std::string compact(const nlohmann::ordered_json& args) {
+  return args.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+// A call whose arguments the model wrote as JSON text: nullopt unless they are a JSON object and the name is given.
+std::optional<ToolCall> json_call(std::string id, std::string_view name, std::string_view arguments) {
+  const nlohmann::ordered_json args = nlohmann::ordered_json::parse(arguments, nullptr, /*allow_exceptions=*/false);
+  if (name.empty() || !args.is_object()) return std::nullopt;
+  return ToolCall{.id = std::move(id), .name = std::string(name), .arguments = compact(args)};
+}
+
 // The markers around a format's block of calls.
 struct Markers {
   std::string_view open, close;
@@ -282,12 +294,10 @@ static std::vector<ToolCall> parse_kimi(std::string_view body) {
     std::string_view id = strip_ws(rest.substr(kBegin.size(), arguments - kBegin.size()));
     std::string_view name = id.substr(0, id.rfind(':'));
     if (name.starts_with("functions.")) name.remove_prefix(10);
-    const nlohmann::ordered_json args = nlohmann::ordered_json::parse(
-        rest.substr(arguments + kArguments.size(), end - arguments - kArguments.size()), nullptr, false);
-    if (name.empty() || !args.is_object()) return {};
-    calls.push_back({.id = std::string(id),
-                     .name = std::string(name),
-                     .arguments = args.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)});
+    std::optional<ToolCall> call = json_call(
+        std::string(id), name, rest.substr(arguments + kArguments.size(), end - arguments - kArguments.size()));
+    if (!call) return {};
+    calls.push_back(std::move(*call));
     rest = skip_ws(rest.substr(end + kEnd.size()));
   }
   return calls;
@@ -295,8 +305,8 @@ static std::vector<ToolCall> parse_kimi(std::string_view body) {
 
 // DeepSeek-R1: one or more "<｜tool▁call▁begin｜>TYPE<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>",
 // whitespace between them ignored (the fence's "json" optional); the arguments a JSON object. Empty when the block
-// is not that.
-std::vector<ToolCall> ToolCallParser::parse_deepseek_r1(std::string_view body) {
+// is not that. The calls have no ids yet.
+static std::vector<ToolCall> parse_deepseek_r1(std::string_view body) {
   constexpr std::string_view kBegin = "<｜tool▁call▁begin｜>", kSep = "<｜tool▁sep｜>", kEnd = "<｜tool▁call▁end｜>";
   std::vector<ToolCall> calls;
   std::string_view rest = skip_ws(body);
@@ -310,11 +320,9 @@ std::vector<ToolCall> ToolCallParser::parse_deepseek_r1(std::string_view body) {
     if (call.starts_with("```")) call = call.substr(call.starts_with("```json") ? 7 : 3);
     call = strip_ws(call);
     if (call.ends_with("```")) call.remove_suffix(3);
-    const nlohmann::ordered_json args = nlohmann::ordered_json::parse(call, nullptr, false);
-    if (name.empty() || !args.is_object()) return {};
-    calls.push_back({.id = fmt::format("call_{}", next_id_++),
-                     .name = std::string(name),
-                     .arguments = args.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)});
+    std::optional<ToolCall> parsed = json_call({}, name, call);
+    if (!parsed) return {};
+    calls.push_back(std::move(*parsed));
     rest = skip_ws(rest.substr(end + kEnd.size()));
   }
   return calls;
@@ -329,9 +337,7 @@ std::vector<ToolCall> ToolCallParser::parse_block(std::string_view body) {
       args[key] = typed_value(param_types_, call.name, key, text,
                               i < call.marked_string.size() ? call.marked_string[i] : std::nullopt);
     }
-    calls.push_back({.id = fmt::format("call_{}", next_id_++),
-                     .name = call.name,
-                     .arguments = args.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)});
+    calls.push_back({.id = fmt::format("call_{}", next_id_++), .name = call.name, .arguments = compact(args)});
   };
   switch (format_) {
     case ToolCallFormat::kMinimax:
@@ -349,7 +355,9 @@ std::vector<ToolCall> ToolCallParser::parse_block(std::string_view body) {
     case ToolCallFormat::kKimi:
       return parse_kimi(body);
     case ToolCallFormat::kDeepseekR1:
-      return parse_deepseek_r1(body);
+      calls = parse_deepseek_r1(body);
+      for (ToolCall& call : calls) call.id = fmt::format("call_{}", next_id_++);
+      return calls;
     default:
       break;
   }
@@ -428,13 +436,12 @@ void HarmonyReply::body(std::string_view text, Parts& out) {
 }
 
 void HarmonyReply::end_call(Parts& out) {
-  const nlohmann::ordered_json args = nlohmann::ordered_json::parse(pending_, nullptr, /*allow_exceptions=*/false);
-  if (args.is_object() && !function_.empty())
-    out.calls.push_back({.id = fmt::format("call_{}", next_id_++),
-                         .name = function_,
-                         .arguments = args.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)});
-  else
+  if (std::optional<ToolCall> call = json_call(fmt::format("call_{}", next_id_), function_, pending_)) {
+    out.calls.push_back(std::move(*call));
+    ++next_id_;
+  } else {
     out.content += pending_;  // not a call after all: its text
+  }
   pending_.clear();
 }
 

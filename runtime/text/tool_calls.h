@@ -41,7 +41,6 @@ class ToolCallParser {
   // The calls of one block between the format's markers (MiniMax-M2 writes several in one); empty when the block is
   // not well formed.
   std::vector<ToolCall> parse_block(std::string_view body);
-  std::vector<ToolCall> parse_deepseek_r1(std::string_view body);
 
   ToolCallFormat format_;
   std::map<std::string, std::map<std::string, std::string>> param_types_;  // function -> parameter -> schema type
@@ -50,18 +49,21 @@ class ToolCallParser {
   int next_id_ = 0;
 };
 
+// A reply taken apart: its reasoning, its content and the calls it made.
+struct ReplyParts {
+  std::string reasoning, content;
+  std::vector<ToolCall> calls;
+};
+
 // A gpt-oss reply as it streams in after the generation prompt "<|start|>assistant": messages, each a header (its
 // channel, a recipient "to=...", a content type, in any order) then "<|message|>" and a body, the next one after
 // "<|end|><|start|>assistant"; the last ends the reply (<|return|>, <|call|>: end-of-generation tokens, not in the
-// text). An analysis body is reasoning, a final or plain commentary body content, a commentary body to functions.NAME a
-// call (its arguments the body, a JSON object). Text with no header within 256 bytes (a model that ignores the format)
-// is content as it is.
+// text). A body to functions.NAME is a call on any channel (its arguments the body, a JSON object); another analysis
+// body is reasoning, a final or commentary body content. Text with no header within 256 bytes (a model that ignores
+// the format) is content as it is.
 class HarmonyReply {
  public:
-  struct Parts {
-    std::string reasoning, content;
-    std::vector<ToolCall> calls;
-  };
+  using Parts = ReplyParts;
   Parts push(std::string_view text);
   Parts flush();
 
