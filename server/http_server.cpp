@@ -390,7 +390,7 @@ void HttpServer::Impl::answer_streamed(ParsedRequest r, std::shared_ptr<Stream> 
     std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
   };
   auto st = std::make_shared<State>(
-      State{.r = std::move(r), .stream = std::move(stream), .id = {}, .created = std::time(nullptr)});
+      State{.r = std::move(r), .stream = std::move(stream), .id = {}, .created = std::time(nullptr), .reply = {}});
   st->id = random_id(st->r.chat ? "chatcmpl" : "cmpl");
   if (st->r.chat) st->reply.emplace(st->r);
   ++streams_open;
@@ -452,7 +452,9 @@ void HttpServer::Impl::answer_streamed(ParsedRequest r, std::shared_ptr<Stream> 
           s.text_offset += found.content.size();
           return send(chunk({{"index", 0}, {"text", found.content}, {"logprobs", lp}, {"finish_reason", nullptr}}));
         };
-        bool ok = text_chunk(s.r.chat ? s.reply->push(u.text) : ReplyParser::Parts{.content = u.text}, u.logprobs);
+        bool ok = text_chunk(
+            s.r.chat ? s.reply->push(u.text) : ReplyParser::Parts{.reasoning = {}, .content = u.text, .calls = {}},
+            u.logprobs);
         if (ok && u.finished) {
           if (s.r.chat) ok = text_chunk(s.reply->flush(), {});
           if (ok && u.finish == Finish::kError) {

@@ -5,14 +5,36 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <utility>
 
 #include "runtime/error.h"
 #include "runtime/io/input_file.h"
 
 namespace hetmoe::gguf {
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+// Transparent huge pages for mappings that ask for them: "always" or "madvise" selected, not "never".
+bool huge_pages_enabled() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  return std::getline(in, line) && line.find("[never]") == std::string::npos;
+}
+
+// One read of the first byte of each of up to 16 whole 2 MB chunks spread over the mapping (faults them in).
+size_t touch_sample(const uint8_t* data, size_t size) {
+  const size_t chunks = size / kHugePage, n = std::min<size_t>(16, chunks);
+  for (size_t i = 0; i < n; ++i) (void)*static_cast<const volatile uint8_t*>(data + i * chunks / n * kHugePage);
+  return n * kHugePage;
+}
+
+}  // namespace
 
 MappedFile MappedFile::open(const std::string& path) {
   uint64_t size = 0;
@@ -21,7 +43,25 @@ MappedFile MappedFile::open(const std::string& path) {
   file.path_ = path;
   file.size_ = static_cast<size_t>(size);
   if (file.size_ > 0) {
-    void* p = ::mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    // Reserve 2 MB more address space than the file, map the file at the first 2 MB boundary in it, give back the
+    // rest.
+    void* reserved =
+        ::mmap(nullptr, file.size_ + kHugePage, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* p = MAP_FAILED;
+    if (reserved != MAP_FAILED) {
+      const uintptr_t begin = reinterpret_cast<uintptr_t>(reserved), end = begin + file.size_ + kHugePage;
+      const uintptr_t at = (begin + kHugePage - 1) & ~(kHugePage - 1);
+      p = ::mmap(reinterpret_cast<void*>(at), file.size_, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
+      if (p == MAP_FAILED) {
+        const int err = errno;
+        ::munmap(reserved, file.size_ + kHugePage);
+        errno = err;
+      } else {
+        const uintptr_t mapped_end = (at + file.size_ + 4095) & ~uintptr_t{4095};
+        if (at > begin) ::munmap(reserved, at - begin);
+        if (end > mapped_end) ::munmap(reinterpret_cast<void*>(mapped_end), end - mapped_end);
+      }
+    }
     if (p == MAP_FAILED) {
       int err = errno;
       ::close(fd);
@@ -31,6 +71,48 @@ MappedFile MappedFile::open(const std::string& path) {
   }
   ::close(fd);
   return file;
+}
+
+size_t MappedFile::huge_mapped_bytes() const {
+  if (!data_) return 0;
+  std::ifstream in("/proc/self/smaps");
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data_), end = begin + size_;
+  std::string line;
+  bool ours = false;
+  size_t kb_total = 0;
+  while (std::getline(in, line)) {
+    unsigned long lo = 0, hi = 0;
+    size_t kb = 0;
+    // A mapping's first line: "lo-hi perms offset dev inode path"; its fields: "Name:   value kB".
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {
+      ours = lo >= begin && hi <= ((end + 4095) & ~uintptr_t{4095});
+    } else if (ours && std::sscanf(line.c_str(), "FilePmdMapped: %zu kB", &kb) == 1) {
+      kb_total += kb;
+    }
+  }
+  return kb_total * 1024;
+}
+
+HugePages MappedFile::settle_huge_pages(size_t min_bytes) {
+  HugePages h;
+  if (!data_ || size_ < std::max(min_bytes, 2 * kHugePage) || !huge_pages_enabled()) return h;
+  if (::madvise(const_cast<uint8_t*>(data_), size_, MADV_HUGEPAGE) != 0) return h;
+  h.available = true;
+  h.sampled_bytes = touch_sample(data_, size_);
+  h.huge_before = h.huge_after = huge_mapped_bytes();
+  if (h.huge_before * 2 >= h.sampled_bytes) return h;
+  // Most chunks map as 4 kB pages: the cache holds the file in small folios. Unmap this mapping's pages (read-only
+  // and never written: nothing is lost), drop the file's clean cached pages, and fault the sample in again.
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return h;
+  const bool ok = ::madvise(const_cast<uint8_t*>(data_), size_, MADV_DONTNEED) == 0 &&
+                  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0;
+  ::close(fd);
+  if (!ok) return h;
+  h.dropped = true;
+  touch_sample(data_, size_);
+  h.huge_after = huge_mapped_bytes();
+  return h;
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept

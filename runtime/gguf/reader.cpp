@@ -254,6 +254,19 @@ size_t GgufFile::file_size() const {
   return total;
 }
 
+HugePages GgufFile::settle_huge_pages(size_t min_bytes) {
+  HugePages total = mapping_.settle_huge_pages(min_bytes);
+  for (GgufFile& s : shards_) {
+    const HugePages h = s.settle_huge_pages(min_bytes);
+    total.available = total.available || h.available;
+    total.sampled_bytes += h.sampled_bytes;
+    total.huge_before += h.huge_before;
+    total.huge_after += h.huge_after;
+    total.dropped = total.dropped || h.dropped;
+  }
+  return total;
+}
+
 std::vector<std::string> GgufFile::shard_paths() const {
   std::vector<std::string> paths{name_};
   for (const GgufFile& s : shards_) paths.push_back(s.name_);

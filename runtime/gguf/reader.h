@@ -70,6 +70,9 @@ class GgufFile {
   // The files the model was read from: its own path, or every shard's in order.
   std::vector<std::string> shard_paths() const;
 
+  // MappedFile::settle_huge_pages for the file, or for every shard (the sums).
+  HugePages settle_huge_pages(size_t min_bytes);
+
   // Metadata in file order.
   const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }
   const Value* find(std::string_view key) const;

@@ -49,19 +49,37 @@ std::unique_ptr<Model> Model::load(const std::string& path, int n_threads) {
   ModelConfig config = read_config(*file);
   const ArchSpec* arch = find_arch(config.arch_name);  // read_config failed for an unknown one
   std::unique_ptr<Model> model = arch->make(std::move(file), std::move(config), n_threads);
+  if (!model->binds_to_nodes()) model->map_huge_pages();
   model->place_on_nodes();
   // The pass on the host device: the weights where they lie, nothing copied.
   model->host_pass_ = std::make_unique<Pass>(*model->host_, model->host_->create_stream(), model->weights_);
   return model;
 }
 
-void Model::place_on_nodes() {
+bool Model::binds_to_nodes() const {
   const cpu::ThreadPlacement* p = pool_->placement();
   const char* env = std::getenv("HETMOE_NUMA");
-  if (!p || (env && std::string(env) == "0")) return;
+  if (!p || (env && std::string(env) == "0")) return false;
   int nodes_with_threads = 0;
   for (const std::vector<int>& threads : p->threads_of_node) nodes_with_threads += threads.empty() ? 0 : 1;
-  if (nodes_with_threads < 2) return;
+  return nodes_with_threads >= 2;
+}
+
+void Model::map_huge_pages() {
+  const char* env = std::getenv("HETMOE_HUGE_PAGES");
+  if (env && std::string(env) == "0") return;
+  // Files below 64 MB gain little and are left as they are.
+  const gguf::HugePages h = file_->settle_huge_pages(size_t{64} << 20);
+  if (h.dropped)
+    fmt::print(stderr,
+               "hetmoe: {} was cached in 4 kB pages; dropped it from the page cache so that it maps in 2 MB pages "
+               "(read again from disk, this once; HETMOE_HUGE_PAGES=0 keeps the cache as it is)\n",
+               file_->path());
+}
+
+void Model::place_on_nodes() {
+  if (!binds_to_nodes()) return;
+  const cpu::ThreadPlacement* p = pool_->placement();
   // The os index of each placement node, in placement order.
   std::vector<int> node_os(p->threads_of_node.size(), -1);
   for (size_t k = 0; k < node_os.size(); ++k)

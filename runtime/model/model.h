@@ -157,6 +157,12 @@ class Model {
   // On a machine with threads on two or more NUMA nodes, binds each weight matrix's pages to the nodes whose
   // threads compute its rows (never a copy per node). HETMOE_NUMA=0 leaves pages where the kernel puts them.
   void place_on_nodes();
+  // Whether place_on_nodes binds pages: threads on two or more nodes and HETMOE_NUMA not 0.
+  bool binds_to_nodes() const;
+  // Without node binding: the mapped file's pages as 2 MB pages where the kernel can
+  // (gguf::MappedFile::settle_huge_pages; a node binding splits pages in 4 kB units instead). HETMOE_HUGE_PAGES=0
+  // leaves the page cache as it is.
+  void map_huge_pages();
 
   static std::string blk(int64_t layer, std::string_view name, std::string_view kind = "weight") {
     return "blk." + std::to_string(layer) + "." + std::string(name) + "." + std::string(kind);

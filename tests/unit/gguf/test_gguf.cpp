@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -1042,6 +1043,32 @@ TEST(GgufShards, BadSetsAreOneLineErrorsNamingTheShard) {
             std::string::npos);
   // Every message is one line.
   EXPECT_EQ(error_of(dir.file("c-00002-of-00002.gguf")).find('\n'), std::string::npos);
+}
+
+// The mapping starts on a 2 MB boundary (so 2 MB folios of the page cache can map whole), and settling it into huge
+// pages (where the kernel has them: the advice, a look, maybe the cache dropped and read again) leaves every byte as
+// the file has it.
+TEST(MappedFile, AlignedAndUnchangedBySettlingIntoHugePages) {
+  TempDir dir;
+  const std::string path = dir.file("big.bin");
+  const std::vector<uint8_t> bytes = pattern(size_t{9} << 20, 7);  // 4.5 chunks of 2 MB
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  MappedFile file = MappedFile::open(path);
+  ASSERT_EQ(file.bytes().size(), bytes.size());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(file.bytes().data()) % (size_t{2} << 20), 0u);
+  // Below its size limit nothing is done.
+  EXPECT_FALSE(file.settle_huge_pages(size_t{16} << 20).available);
+  const HugePages h = file.settle_huge_pages(0);
+  if (h.available) {
+    EXPECT_EQ(h.sampled_bytes, size_t{8} << 20);  // the 4 whole chunks
+    EXPECT_LE(h.huge_after, bytes.size());
+    if (!h.dropped) {
+      EXPECT_EQ(h.huge_after, h.huge_before);
+    }
+  }
+  EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), file.bytes().begin()));
+  EXPECT_LE(file.huge_mapped_bytes(), bytes.size());
 }
 
 }  // namespace
