@@ -27,9 +27,9 @@ bool huge_pages_enabled() {
   return std::getline(in, line) && line.find("[never]") == std::string::npos;
 }
 
-// One read of the first byte of each of up to 16 whole 2 MB chunks spread over the mapping (faults them in).
+// One read of the first byte of each of up to 32 whole 2 MB chunks spread over the mapping (faults them in).
 size_t touch_sample(const uint8_t* data, size_t size) {
-  const size_t chunks = size / kHugePage, n = std::min<size_t>(16, chunks);
+  const size_t chunks = size / kHugePage, n = std::min<size_t>(32, chunks);
   for (size_t i = 0; i < n; ++i) (void)*static_cast<const volatile uint8_t*>(data + i * chunks / n * kHugePage);
   return n * kHugePage;
 }
@@ -100,9 +100,9 @@ HugePages MappedFile::settle_huge_pages(size_t min_bytes) {
   h.available = true;
   h.sampled_bytes = touch_sample(data_, size_);
   h.huge_before = h.huge_after = huge_mapped_bytes();
-  if (h.huge_before * 2 >= h.sampled_bytes) return h;
-  // Most chunks map as 4 kB pages: the cache holds the file in small folios. Unmap this mapping's pages (read-only
-  // and never written: nothing is lost), drop the file's clean cached pages, and fault the sample in again.
+  if (h.huge_before * 16 >= h.sampled_bytes * 15) return h;
+  // Chunks map as smaller pages: the cache holds (part of) the file in small folios. Unmap this mapping's pages
+  // (read-only and never written: nothing is lost), drop the file's clean cached pages, and fault the sample in again.
   const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return h;
   const bool ok = ::madvise(const_cast<uint8_t*>(data_), size_, MADV_DONTNEED) == 0 &&

@@ -37,11 +37,11 @@ class MappedFile {
   // Bytes of this mapping mapped with 2 MB pages now (the kernel's FilePmdMapped; 0 where it does not say).
   size_t huge_mapped_bytes() const;
   // Makes the file's pages map as 2 MB pages where the kernel can, for files of at least `min_bytes`: advises
-  // MADV_HUGEPAGE (faults then read the file in 2 MB folios), touches a sample of 2 MB chunks and, when most of them
-  // still map as 4 kB pages because the page cache already holds the file in small pages (it was written, copied or
-  // read without the advice), unmaps them and drops the file's clean pages from the cache, so that the next faults
-  // read it again from disk, once, in 2 MB pages. A weight streamed through 2 MB pages costs one TLB miss per 2 MB
-  // instead of one per 4 kB (docs/measurements.md: the bench model's decode 1.3-1.6x faster in this VM).
+  // MADV_HUGEPAGE (faults then read the file in 2 MB folios), touches a sample of 2 MB chunks and, when more than one
+  // in 16 of them still maps in smaller pages because the page cache already holds the file so (it was written,
+  // copied or read without the advice), unmaps them and drops the file's clean pages from the cache, so that the next
+  // faults read it again from disk, once, in 2 MB pages. A weight streamed through 2 MB pages costs one TLB miss per 2
+  // MB instead of one per 4 kB (docs/measurements.md: the bench model's decode 1.3-1.6x faster in this VM).
   HugePages settle_huge_pages(size_t min_bytes);
 
  private:

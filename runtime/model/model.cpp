@@ -72,7 +72,8 @@ void Model::map_huge_pages() {
   const gguf::HugePages h = file_->settle_huge_pages(size_t{64} << 20);
   if (h.dropped)
     fmt::print(stderr,
-               "hetmoe: {} was cached in 4 kB pages; dropped it from the page cache so that it maps in 2 MB pages "
+               "hetmoe: {} was cached in pages smaller than 2 MB; dropped it from the page cache so that it maps in 2 "
+               "MB pages "
                "(read again from disk, this once; HETMOE_HUGE_PAGES=0 keeps the cache as it is)\n",
                file_->path());
 }
