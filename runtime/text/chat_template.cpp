@@ -208,6 +208,11 @@ std::optional<ChatTemplate> ChatTemplate::from_text(std::string_view tmpl, const
     d.v32_turns = true;
     return make(TemplateKind::kDeepseek3, std::move(d), tokenizer);
   }
+  // DeepSeek-V3.1's opens a reply after a user message with "</think>" (unless it continues a thinking prefix).
+  if (contains(tmpl, kDsAssistant) && contains(tmpl, kDsUser) && contains(tmpl, "<｜Assistant｜></think>")) {
+    d.v31_turns = true;
+    return make(TemplateKind::kDeepseek3, std::move(d), tokenizer);
+  }
   if (contains(tmpl, kDsAssistant) && contains(tmpl, kDsUser)) {
     d.joins_systems = contains(tmpl, "is_first_sp");
     d.assistant_after_user = contains(tmpl, "is_last_user");
@@ -251,6 +256,10 @@ std::optional<ChatTemplate> ChatTemplate::by_name(std::string_view name, const T
     d.prefills_think = true;
     return make(TemplateKind::kDeepseek3, std::move(d), tokenizer);
   }
+  if (name == "deepseek-v3.1") {
+    d.v31_turns = true;
+    return make(TemplateKind::kDeepseek3, std::move(d), tokenizer);
+  }
   if (name == "deepseek-v3.2") {
     d.v32_turns = true;
     return make(TemplateKind::kDeepseek3, std::move(d), tokenizer);
@@ -280,14 +289,15 @@ std::optional<ChatTemplate> ChatTemplate::by_name(std::string_view name, const T
 }
 
 std::vector<std::string> ChatTemplate::names() {
-  return {"deepseek3", "deepseek-r1", "deepseek-v3.2", "deepseek-v4", "deepseek2",  "chatml",  "qwen3.5",
-          "mistral",   "llama3",      "kimi-k2",       "glm4",        "minimax-m2", "gpt-oss", "generic"};
+  return {"deepseek3", "deepseek-r1", "deepseek-v3.1", "deepseek-v3.2", "deepseek-v4", "deepseek2", "chatml", "qwen3.5",
+          "mistral",   "llama3",      "kimi-k2",       "glm4",          "minimax-m2",  "gpt-oss",   "generic"};
 }
 
 std::string ChatTemplate::name() const {
   switch (kind_) {
     case TemplateKind::kDeepseek3:
       if (dialect_.v32_turns) return "deepseek-v3.2";
+      if (dialect_.v31_turns) return "deepseek-v3.1";
       return dialect_.v4_turns ? "deepseek-v4" : dialect_.strips_think ? "deepseek-r1" : "deepseek3";
     case TemplateKind::kDeepseek2:
       return "deepseek2";
@@ -318,7 +328,7 @@ bool ChatTemplate::reads_think_blocks() const {
     case TemplateKind::kMinimax:
       return true;
     case TemplateKind::kDeepseek3:
-      return dialect_.strips_think || dialect_.v32_turns || dialect_.v4_turns;
+      return dialect_.strips_think || dialect_.v31_turns || dialect_.v32_turns || dialect_.v4_turns;
     default:
       return false;
   }
@@ -332,6 +342,8 @@ ToolCallFormat ChatTemplate::tool_call_format() const {
   if (kind_ == TemplateKind::kHarmony) return ToolCallFormat::kHarmony;
   if (kind_ == TemplateKind::kDeepseek3 && dialect_.v32_turns) return ToolCallFormat::kDsmlFunctionCalls;
   if (kind_ == TemplateKind::kDeepseek3 && dialect_.v4_turns) return ToolCallFormat::kDsmlToolCalls;
+  // V3.1's, like R1's, writes calls and results but no tool list.
+  if (kind_ == TemplateKind::kDeepseek3 && dialect_.v31_turns) return ToolCallFormat::kDeepseekV31;
   // R1's template writes calls and results (not the tools: they reach the model through the client's system prompt).
   if (kind_ == TemplateKind::kDeepseek3 && dialect_.strips_think && !dialect_.assistant_after_user)
     return ToolCallFormat::kDeepseekR1;
@@ -382,6 +394,7 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Re
 // DeepSeek-V3.2 and V4: render_dsml.
 std::string ChatTemplate::render_deepseek3(std::span<const ChatMessage> messages, const RenderOptions& options) const {
   if (dialect_.v4_turns || dialect_.v32_turns) return render_dsml(messages, options);
+  if (dialect_.v31_turns) return render_deepseek_v31(messages, options);
   std::string system = ds_system(messages, dialect_.joins_systems);
   std::string out = bos_ + system;
   bool last_is_user = false;
@@ -434,6 +447,56 @@ std::string ChatTemplate::render_deepseek3(std::span<const ChatMessage> messages
     } else if (!last_is_user) {
       out += kDsAssistant;
     }
+  }
+  return out;
+}
+
+// deepseek-ai/DeepSeek-V3.1 (its template as llama.cpp's models/templates keeps it): bos + the system messages joined
+// by "\n\n", "<｜User｜>u"; a reply after a user message opens "<｜Assistant｜></think>" and keeps what follows its
+// first "</think>"; a reply's calls follow its content as "<｜tool▁calls▁begin｜>" and per call
+// "<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>", then "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>";
+// each result "<｜tool▁output▁begin｜>r<｜tool▁output▁end｜>", the reply after results written whole, straight after
+// them. The generation prompt only after a user message: "<｜Assistant｜>" then "<think>" thinking, else "</think>".
+std::string ChatTemplate::render_deepseek_v31(std::span<const ChatMessage> messages,
+                                              const RenderOptions& options) const {
+  std::string out = bos_ + ds_system(messages, /*joins=*/true);
+  bool last_is_user = false, after_results = false;
+  for (const ChatMessage& m : messages) {
+    if (m.role == "user") {
+      out += kDsUser;
+      out += m.content;
+      last_is_user = true;
+      after_results = false;
+    } else if (m.role == "assistant" && !m.tool_calls.empty()) {
+      if (last_is_user) out += "<｜Assistant｜></think>";
+      last_is_user = after_results = false;
+      out += m.content + "<｜tool▁calls▁begin｜>";
+      for (const ToolCall& call : m.tool_calls)
+        out += "<｜tool▁call▁begin｜>" + call.name + "<｜tool▁sep｜>" + call.arguments + "<｜tool▁call▁end｜>";
+      out += "<｜tool▁calls▁end｜>";
+      out += kDsEndOfSentence;
+    } else if (m.role == "assistant") {
+      if (last_is_user) out += "<｜Assistant｜></think>";
+      last_is_user = false;
+      if (after_results) {
+        out += m.content;
+      } else {
+        const size_t close = m.content.find("</think>");
+        out += close == std::string::npos
+                   ? std::string_view(m.content)
+                   : std::string_view(m.content).substr(close + std::string_view("</think>").size());
+      }
+      after_results = false;
+      out += kDsEndOfSentence;
+    } else if (m.role == "tool") {
+      last_is_user = false;
+      after_results = true;
+      out += "<｜tool▁output▁begin｜>" + m.content + "<｜tool▁output▁end｜>";
+    }
+  }
+  if (options.add_generation_prompt && last_is_user) {
+    out += kDsAssistant;
+    out += options.enable_thinking ? "<think>" : "</think>";
   }
   return out;
 }

@@ -57,6 +57,9 @@ enum class ToolCallFormat {
   // DeepSeek-R1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```
   // <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
   kDeepseekR1,
+  // DeepSeek-V3.1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>...
+  // <｜tool▁calls▁end｜>
+  kDeepseekV31,
 };
 
 // The chat formats hetmoe knows, rendered in C++ (no Jinja): each produces exactly the string the model's own
@@ -126,6 +129,11 @@ class ChatTemplate {
     // their reasoning) or, thinking, after the last user message with its think block; tool results follow the call
     // in one <function_results> block; the generation prompt opens "<think>" thinking, else writes "<think></think>".
     bool v32_turns = false;
+    // deepseek3 (V3.1): a reply opens "<｜Assistant｜></think>" after a user message (past ones lose their reasoning),
+    // calls as <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS, each result in its own output markers and the reply
+    // straight after them; the generation prompt, after a user message only, opens "<think>" thinking, else
+    // "</think>".
+    bool v31_turns = false;
     bool spaced_inst = true;     // mistral: " [INST] u [/INST] a</s>" (v1) or "[INST] u [/INST]a</s>"
     std::string default_system;  // chatml (Qwen2), kimi-k2: written when the first message is no system
   };
@@ -136,6 +144,7 @@ class ChatTemplate {
   static std::optional<ChatTemplate> from_text(std::string_view tmpl, const Tokenizer& tokenizer);
 
   std::string render_deepseek3(std::span<const ChatMessage> messages, const RenderOptions& options) const;
+  std::string render_deepseek_v31(std::span<const ChatMessage> messages, const RenderOptions& options) const;
   // DeepSeek-V3.2 and V4: the tool list after the system prompt, calls as DSML blocks, results in
   // <function_results> (V3.2) or in user turns as <tool_result> (V4).
   std::string render_dsml(std::span<const ChatMessage> messages, const RenderOptions& options) const;

@@ -110,6 +110,7 @@ Markers block_markers(ToolCallFormat format) {
     case ToolCallFormat::kKimi:
       return {"<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"};
     case ToolCallFormat::kDeepseekR1:
+    case ToolCallFormat::kDeepseekV31:
       return {"<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"};
     default:
       return {"<tool_call>", "</tool_call>"};
@@ -168,7 +169,8 @@ std::string call_opening(ToolCallFormat format, const std::string& function, int
                             : " to=functions." + function + "<|channel|>commentary json<|message|>";
   // The block's opening, on its own line where the format writes one, then the named call's opening.
   std::string out(block_markers(format).open);
-  if (format != ToolCallFormat::kGlm && format != ToolCallFormat::kKimi && format != ToolCallFormat::kDeepseekR1)
+  if (format != ToolCallFormat::kGlm && format != ToolCallFormat::kKimi && format != ToolCallFormat::kDeepseekR1 &&
+      format != ToolCallFormat::kDeepseekV31)
     out += '\n';
   if (function.empty()) return out;
   switch (format) {
@@ -184,6 +186,8 @@ std::string call_opening(ToolCallFormat format, const std::string& function, int
       return out + fmt::format("<|tool_call_begin|>functions.{}:{}<|tool_call_argument_begin|>", function, call_index);
     case ToolCallFormat::kDeepseekR1:
       return out + "<｜tool▁call▁begin｜>function<｜tool▁sep｜>" + function + "\n```json\n";
+    case ToolCallFormat::kDeepseekV31:
+      return out + "<｜tool▁call▁begin｜>" + function + "<｜tool▁sep｜>";
     default:  // DSML
       return out + "<｜DSML｜invoke name=\"" + function + "\">\n";
   }
@@ -306,7 +310,9 @@ static std::vector<ToolCall> parse_kimi(std::string_view body) {
 // DeepSeek-R1: one or more "<｜tool▁call▁begin｜>TYPE<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>",
 // whitespace between them ignored (the fence's "json" optional); the arguments a JSON object. Empty when the block
 // is not that. The calls have no ids yet.
-static std::vector<ToolCall> parse_deepseek_r1(std::string_view body) {
+// R1: "TYPE<｜tool▁sep｜>NAME\n```json\nARGS\n```" per call; V3.1 (name_first): "NAME<｜tool▁sep｜>ARGS". Fences
+// around the arguments are taken off in both.
+static std::vector<ToolCall> parse_deepseek_calls(std::string_view body, bool name_first) {
   constexpr std::string_view kBegin = "<｜tool▁call▁begin｜>", kSep = "<｜tool▁sep｜>", kEnd = "<｜tool▁call▁end｜>";
   std::vector<ToolCall> calls;
   std::string_view rest = skip_ws(body);
@@ -315,8 +321,14 @@ static std::vector<ToolCall> parse_deepseek_r1(std::string_view body) {
     const size_t sep = rest.find(kSep), end = rest.find(kEnd);
     if (sep == std::string_view::npos || end == std::string_view::npos || end < sep) return {};
     std::string_view call = rest.substr(sep + kSep.size(), end - sep - kSep.size());
-    const std::string_view name = strip_ws(call.substr(0, call.find('\n')));
-    call = skip_ws(call.substr(std::min(call.size(), call.find('\n'))));
+    std::string_view name;
+    if (name_first) {
+      name = strip_ws(rest.substr(kBegin.size(), sep - kBegin.size()));
+    } else {
+      name = strip_ws(call.substr(0, call.find('\n')));
+      call = call.substr(std::min(call.size(), call.find('\n')));
+    }
+    call = skip_ws(call);
     if (call.starts_with("```")) call = call.substr(call.starts_with("```json") ? 7 : 3);
     call = strip_ws(call);
     if (call.ends_with("```")) call.remove_suffix(3);
@@ -355,7 +367,8 @@ std::vector<ToolCall> ToolCallParser::parse_block(std::string_view body) {
     case ToolCallFormat::kKimi:
       return parse_kimi(body);
     case ToolCallFormat::kDeepseekR1:
-      calls = parse_deepseek_r1(body);
+    case ToolCallFormat::kDeepseekV31:
+      calls = parse_deepseek_calls(body, format_ == ToolCallFormat::kDeepseekV31);
       for (ToolCall& call : calls) call.id = fmt::format("call_{}", next_id_++);
       return calls;
     default:

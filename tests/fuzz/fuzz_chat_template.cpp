@@ -189,7 +189,9 @@ bool tool_refusal(const std::vector<ChatMessage>& messages, const hetmoe::text::
     late_system = late_system || (m.role == "system" && i > 0);
   }
   if (f == ToolCallFormat::kNone) return tools;
-  if (f == ToolCallFormat::kHermes || f == ToolCallFormat::kKimi || f == ToolCallFormat::kDeepseekR1) return false;
+  if (f == ToolCallFormat::kHermes || f == ToolCallFormat::kKimi || f == ToolCallFormat::kDeepseekR1 ||
+      f == ToolCallFormat::kDeepseekV31)
+    return false;
   return bad_args || ((f == ToolCallFormat::kMinimax || f == ToolCallFormat::kHarmony) && orphan) ||
          (f == ToolCallFormat::kDsmlFunctionCalls && uncalled) || (f == ToolCallFormat::kXml && tools && late_system);
 }

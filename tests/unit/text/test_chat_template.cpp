@@ -116,6 +116,79 @@ ChatTemplate detected(std::string_view chat_template, const Tokenizer& vocab, st
   return ChatTemplate::detect(*f.file, vocab, warning);
 }
 
+// deepseek-ai/DeepSeek-V3.1 (as llama.cpp's models/templates keeps it).
+constexpr std::string_view kDeepseekV31Template = R"TPL({% if not add_generation_prompt is defined -%}
+  {%- set add_generation_prompt = false -%}
+{%- endif -%}
+{%- if not thinking is defined -%}
+  {%- if enable_thinking is defined -%}
+    {%- set thinking = enable_thinking -%}
+    {%- else -%}
+    {%- set thinking = false -%}
+  {%- endif -%}
+{%- endif -%}
+{%- set ns = namespace(is_first=false, is_tool=false, system_prompt='', is_first_sp=true, is_last_user=false) -%}
+{%- for message in messages -%}
+  {%- if message['role'] == 'system' -%}
+    {%- if ns.is_first_sp -%}
+      {%- set ns.system_prompt = ns.system_prompt + message['content'] -%}
+      {%- set ns.is_first_sp = false -%}
+      {%- else -%}
+      {%- set ns.system_prompt = ns.system_prompt + '
+
+' + message['content'] -%}
+    {%- endif -%}
+  {%- endif -%}
+{%- endfor -%}{{ bos_token }}{{ ns.system_prompt }}
+{%- for message in messages -%}
+  {%- if message['role'] == 'user' -%}
+    {%- set ns.is_tool = false -%}
+    {%- set ns.is_first = false -%}
+    {%- set ns.is_last_user = true -%}{{'<｜User｜>' + message['content']}}
+  {%- endif -%}
+  {%- if message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] is not none -%}
+    {%- if ns.is_last_user -%}{{'<｜Assistant｜></think>'}}
+    {%- endif -%}
+    {%- set ns.is_last_user = false -%}
+    {%- set ns.is_first = false -%}
+    {%- set ns.is_tool = false -%}
+    {%- for tool in message['tool_calls'] -%}
+      {%- if not ns.is_first -%}
+        {%- if message['content'] is none -%}{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'+ tool['function']['name'] + '<｜tool▁sep｜>' + tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}
+          {%- else -%}{{message['content'] + '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['function']['name'] + '<｜tool▁sep｜>' + tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}
+        {%- endif -%}
+        {%- set ns.is_first = true -%}
+        {%- else -%}{{'<｜tool▁call▁begin｜>'+ tool['function']['name'] + '<｜tool▁sep｜>' + tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}
+      {%- endif -%}
+    {%- endfor -%}{{'<｜tool▁calls▁end｜><｜end▁of▁sentence｜>'}}
+  {%- endif -%}
+  {%- if message['role'] == 'assistant' and (message['tool_calls'] is not defined or message['tool_calls'] is none) -%}
+    {%- if ns.is_last_user -%}{{'<｜Assistant｜>'}}
+      {%- if message['prefix'] is defined and message['prefix'] and thinking -%}{{'<think>'}}
+        {%- else -%}{{'</think>'}}
+      {%- endif -%}
+    {%- endif -%}
+    {%- set ns.is_last_user = false -%}
+    {%- if ns.is_tool -%}{{message['content'] + '<｜end▁of▁sentence｜>'}}
+      {%- set ns.is_tool = false -%}
+      {%- else -%}
+      {%- set content = message['content'] -%}
+      {%- if '</think>' in content -%}
+        {%- set content = content.split('</think>', 1)[1] -%}
+      {%- endif -%}{{content + '<｜end▁of▁sentence｜>'}}
+    {%- endif -%}
+  {%- endif -%}
+  {%- if message['role'] == 'tool' -%}
+    {%- set ns.is_last_user = false -%}
+    {%- set ns.is_tool = true -%}{{'<｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>'}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt and ns.is_last_user and not ns.is_tool -%}{{'<｜Assistant｜>'}}
+  {%- if not thinking -%}{{'</think>'}}
+    {%- else -%}{{'<think>'}}
+  {%- endif -%}
+{%- endif %})TPL";
+
 // Condensed official templates: the parts that hold the markers detection reads, written as the originals
 // write them.
 constexpr std::string_view kDeepseekV3Template =
@@ -594,9 +667,9 @@ TEST(ChatTemplate, UnknownRolesFailInEveryFormat) {
 
 TEST(ChatTemplate, NamesRoundTripThroughByName) {
   const std::vector<std::string> names = ChatTemplate::names();
-  EXPECT_EQ(names, (std::vector<std::string>{"deepseek3", "deepseek-r1", "deepseek-v3.2", "deepseek-v4", "deepseek2",
-                                             "chatml", "qwen3.5", "mistral", "llama3", "kimi-k2", "glm4", "minimax-m2",
-                                             "gpt-oss", "generic"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"deepseek3", "deepseek-r1", "deepseek-v3.1", "deepseek-v3.2",
+                                             "deepseek-v4", "deepseek2", "chatml", "qwen3.5", "mistral", "llama3",
+                                             "kimi-k2", "glm4", "minimax-m2", "gpt-oss", "generic"}));
   for (const std::string& name : names) EXPECT_EQ(named(name, deepseek_vocab()).name(), name);
   EXPECT_EQ(named("deepseek-r1", deepseek_vocab()).kind(), TemplateKind::kDeepseek3);
   EXPECT_EQ(named("qwen3", qwen_vocab()).name(), "chatml");
@@ -624,6 +697,7 @@ TEST(ChatTemplateDetect, OfficialTemplatesMapToTheirFormats) {
   const Case cases[] = {
       {kDeepseekV3Template, TemplateKind::kDeepseek3, "deepseek3"},
       {kDeepseekR1Template, TemplateKind::kDeepseek3, "deepseek-r1"},
+      {kDeepseekV31Template, TemplateKind::kDeepseek3, "deepseek-v3.1"},
       {kDeepseekV3_0324Template, TemplateKind::kDeepseek3, "deepseek3"},
       {kDeepseekV2Template, TemplateKind::kDeepseek2, "deepseek2"},
       {kQwen3Template, TemplateKind::kChatml, "chatml"},
@@ -1112,7 +1186,8 @@ TEST(ToolCalls, AForcedCallsOpeningParsesOnceCompleted) {
                              "<｜DSML｜parameter name=\"x\" string=\"false\">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
                              "</｜DSML｜tool_calls>"},
                         Case{ToolCallFormat::kKimi, "{\"x\": 1}<|tool_call_end|><|tool_calls_section_end|>"},
-                        Case{ToolCallFormat::kDeepseekR1, "{\"x\": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"}}) {
+                        Case{ToolCallFormat::kDeepseekR1, "{\"x\": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+                        Case{ToolCallFormat::kDeepseekV31, "{\"x\": 1}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"}}) {
     ToolCallParser p(c.format);
     const auto [content, calls] = parse_in_pieces(p, call_opening(c.format, "f") + c.rest, 3);
     ASSERT_EQ(calls.size(), 1u) << static_cast<int>(c.format);
@@ -1263,6 +1338,52 @@ TEST(ToolCalls, DeepseekR1CallsComeOutOfTheirFences) {
       "｜tool▁call▁end｜>"
       "<｜tool▁calls▁end｜>",
       "Sure.");
+}
+
+// DeepSeek-V3.1's template (rendered by Jinja, thinking on and off): a reply after a user message opens
+// "<｜Assistant｜></think>" and loses what precedes its first </think>; calls follow as NAME<｜tool▁sep｜>ARGS; each
+// result in its own output markers, the reply after them written whole; the generation prompt after user messages
+// only. No tool list (the template has none).
+TEST(ChatTemplateTools, DeepseekV31RendersCallsAndResultsAsItsTemplate) {
+  const ChatTemplate t = detected(kDeepseekV31Template, deepseek_vocab());
+  EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kDeepseekV31);
+  EXPECT_TRUE(t.reads_think_blocks());
+  std::vector<ChatMessage> chat = {{.role = "system", .content = "S1"},
+                                   {.role = "system", .content = "S2"},
+                                   {.role = "user", .content = "Hi"},
+                                   {.role = "assistant", .content = "<think>hm</think>Hello"},
+                                   {.role = "user", .content = "Weather?"}};
+  const std::string plain =
+      "<｜begin▁of▁sentence｜>S1\n\nS2<｜User｜>Hi<｜Assistant｜></think>Hello<｜end▁of▁sentence｜><｜User｜>Weather?";
+  EXPECT_EQ(t.render(chat, {}), plain + "<｜Assistant｜><think>");
+  EXPECT_EQ(t.render(chat, {.enable_thinking = false}), plain + "<｜Assistant｜></think>");
+  chat.push_back({.role = "assistant",
+                  .content = "",
+                  .tool_calls = {{.id = "a", .name = "get_weather", .arguments = R"({"city": "Paris"})"},
+                                 {.id = "b", .name = "now", .arguments = "{}"}}});
+  chat.push_back({.role = "tool", .content = "18C", .tool_call_id = "a"});
+  chat.push_back({.role = "tool", .content = "noon", .tool_call_id = "b"});
+  const std::string called =
+      plain +
+      "<｜Assistant｜></think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}"
+      "<｜tool▁call▁end｜><｜tool▁call▁begin｜>now<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜><"
+      "｜end▁of▁sentence｜>"
+      "<｜tool▁output▁begin｜>18C<｜tool▁output▁end｜><｜tool▁output▁begin｜>noon<｜tool▁output▁end｜>";
+  EXPECT_EQ(t.render(chat, weather_tool()), called);
+  chat.push_back({.role = "assistant", .content = "It is 18C.</think>x"});
+  chat.push_back({.role = "user", .content = "Thanks"});
+  RenderOptions no_think = weather_tool();
+  no_think.enable_thinking = false;
+  EXPECT_EQ(t.render(chat, no_think),
+            called + "It is 18C.</think>x<｜end▁of▁sentence｜><｜User｜>Thanks<｜Assistant｜></think>");
+}
+
+TEST(ToolCalls, DeepseekV31CallsNameThenArguments) {
+  expect_weather_and_now(ToolCallFormat::kDeepseekV31,
+                         "Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": "
+                         "\"Paris\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>now<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
+                         "<｜tool▁calls▁end｜>",
+                         "Sure.");
 }
 
 TEST(ChatTemplateTools, FormatsWithoutToolCallsRefuseThem) {
