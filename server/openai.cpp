@@ -162,8 +162,9 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
       throw ApiError(400, "each message must be an object with a 'role'", "messages");
     std::string role = m["role"].get<std::string>();
-    if (role == "developer") role = "system";
-    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+    // A developer message is a system message, but for the templates that have a place of their own for it.
+    if (role == "developer" && !chat_template.takes_developer()) role = "system";
+    if (role != "system" && role != "developer" && role != "user" && role != "assistant" && role != "tool")
       throw ApiError(400, fmt::format("message role '{}' is not one of system, developer, user, assistant, tool", role),
                      "messages");
     std::string content;
@@ -204,6 +205,21 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
       if (!rc->is_string()) throw ApiError(400, "'reasoning_content' must be a string", "messages");
       if (!rc->get_ref<const std::string&>().empty())
         msg.content = "<think>" + valid_text(*rc, "messages") + "</think>" + msg.content;
+    }
+    // gpt-oss: the analysis before a call (`reasoning_content` as this server answers it, or the template's own
+    // `thinking`) is what its template writes from a calling message's content (the two cannot both be given).
+    if (chat_template.kind() == text::TemplateKind::kHarmony && msg.role == "assistant" && !msg.tool_calls.empty()) {
+      for (const char* key : {"reasoning_content", "thinking"}) {
+        const json* rc = get(m, key);
+        if (!rc || rc->is_null()) continue;
+        if (!rc->is_string()) throw ApiError(400, fmt::format("'{}' must be a string", key), "messages");
+        if (rc->get_ref<const std::string&>().empty()) continue;
+        if (!msg.content.empty())
+          throw ApiError(400,
+                         "a gpt-oss call message takes its analysis in 'content' or in 'reasoning_content', not both",
+                         "messages");
+        msg.content = valid_text(*rc, "messages");
+      }
     }
     msgs.push_back(std::move(msg));
   }

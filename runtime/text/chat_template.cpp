@@ -28,9 +28,9 @@ bool is_known_role(const std::string& role) { return role == "system" || role ==
 
 // Roles the format can express; tools, tool messages and calls only where it has tool calls.
 void check_roles(std::span<const ChatMessage> messages, const RenderOptions& options, std::string_view format,
-                 bool tools) {
+                 bool tools, bool developer) {
   for (const ChatMessage& m : messages) {
-    if (tools && m.role == "tool") continue;
+    if ((tools && m.role == "tool") || (developer && m.role == "developer")) continue;
     if (!is_known_role(m.role))
       fail("chat template {}: role '{}' is not supported (system, user or assistant{})", format, m.role,
            tools ? ", tool" : "");
@@ -334,6 +334,10 @@ bool ChatTemplate::reads_think_blocks() const {
   }
 }
 
+bool ChatTemplate::takes_developer() const {
+  return kind_ == TemplateKind::kDeepseek3 && (dialect_.v32_turns || dialect_.v4_turns);
+}
+
 ToolCallFormat ChatTemplate::tool_call_format() const {
   if (kind_ == TemplateKind::kChatml) return dialect_.trims ? ToolCallFormat::kXml : ToolCallFormat::kHermes;
   if (kind_ == TemplateKind::kGlm4) return ToolCallFormat::kGlm;
@@ -351,7 +355,7 @@ ToolCallFormat ChatTemplate::tool_call_format() const {
 }
 
 std::string ChatTemplate::render(std::span<const ChatMessage> messages, const RenderOptions& options) const {
-  check_roles(messages, options, name(), tool_call_format() != ToolCallFormat::kNone);
+  check_roles(messages, options, name(), tool_call_format() != ToolCallFormat::kNone, takes_developer());
   if (tool_call_format() == ToolCallFormat::kHermes && uses_tools(messages, options))
     return render_chatml_tools(messages, options);
   if (tool_call_format() == ToolCallFormat::kXml && uses_tools(messages, options))
@@ -553,11 +557,12 @@ std::string ChatTemplate::render_dsml(std::span<const ChatMessage> messages, con
     tools += v4 ? kV4ToolsFooter : kV32ToolsFooter;
     system = system.empty() ? tools : system + "\n\n" + tools;
   }
-  // V3.2 counts user messages, V4 tool results too, for "after the last user message".
+  // V3.2 counts user and developer messages, V4 tool results too, for "after the last user message".
   std::ptrdiff_t last_user = -1;
   bool has_results = false;
   for (size_t i = 0; i < messages.size(); ++i) {
-    if (messages[i].role == "user" || (v4 && messages[i].role == "tool")) last_user = static_cast<std::ptrdiff_t>(i);
+    const std::string& role = messages[i].role;
+    if (role == "user" || role == "developer" || (v4 && role == "tool")) last_user = static_cast<std::ptrdiff_t>(i);
     has_results = has_results || messages[i].role == "tool";
   }
   std::string out = bos_ + system;
@@ -602,10 +607,10 @@ std::string ChatTemplate::render_dsml(std::span<const ChatMessage> messages, con
     bool in_user = false;
     for (size_t i = 0; i < messages.size(); ++i) {
       const ChatMessage& m = messages[i];
-      if (m.role == "user" || m.role == "tool") {
+      if (m.role == "user" || m.role == "developer" || m.role == "tool") {
         out += in_user ? std::string_view("\n\n") : kDsUser;
         in_user = true;
-        out += m.role == "user" ? m.content : "<tool_result>" + m.content + "</tool_result>";
+        out += m.role == "tool" ? "<tool_result>" + m.content + "</tool_result>" : m.content;
       } else if (m.role == "assistant") {
         in_user = false;
         out += kDsAssistant;

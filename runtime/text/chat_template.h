@@ -95,6 +95,9 @@ class ChatTemplate {
   // Whether a stored reply's "<think>...</think>" is read as its reasoning (the reasoning templates that render past
   // reasoning or drop it); a request's reasoning_content goes there.
   bool reads_think_blocks() const;
+  // Whether the template has its own place for a "developer" message: DeepSeek-V4's writes it as a user turn,
+  // V3.2's counts it as the last user message without writing it. Elsewhere a developer message is a system one.
+  bool takes_developer() const;
   std::string name() const;
 
   // The conversation as the model expects it, special tokens as text (tokenize with parse_special = true).

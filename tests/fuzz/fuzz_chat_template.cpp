@@ -105,7 +105,7 @@ constexpr std::string_view kMarkers[] = {"<think>",
                                          "\"",
                                          "+",
                                          "{%"};
-constexpr std::string_view kRoles[] = {"system", "user", "assistant", "tool"};
+constexpr std::string_view kRoles[] = {"system", "user", "assistant", "tool", "developer"};
 constexpr int kMaxMessages = 8;
 
 std::vector<std::unique_ptr<Tokenizer>>& vocabs() {
@@ -159,10 +159,11 @@ struct TemplateFile {
   }
 };
 
-// A role the format takes: system, user, assistant, and tool where it has tool calls.
+// A role the format takes: system, user, assistant, tool where it has tool calls, developer where it has a place.
 bool known_role(const std::string& role, const ChatTemplate& t) {
   return role == "system" || role == "user" || role == "assistant" ||
-         (role == "tool" && t.tool_call_format() != ToolCallFormat::kNone);
+         (role == "tool" && t.tool_call_format() != ToolCallFormat::kNone) ||
+         (role == "developer" && t.takes_developer());
 }
 
 // The refusals the tool formats document: tools, calls or tool messages where the format has no tool calls (a

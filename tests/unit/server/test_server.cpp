@@ -18,6 +18,7 @@
 #include "runtime/text/tokenizer.h"
 #include "server/batcher.h"
 #include "server/http_server.h"
+#include "server/openai.h"
 
 namespace hetmoe::server {
 namespace {
@@ -395,6 +396,39 @@ TEST(Server, ToolsReachThePromptAndBadToolsAre400) {
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 400) << bad.dump();
   }
+}
+
+// gpt-oss: a calling message's reasoning (reasoning_content as this server answers it, or gpt-oss's own `thinking`)
+// goes back as the analysis message its template writes before the call; with content too it is a 400. DeepSeek-V4:
+// a developer message stays a developer message (its template writes it as a user turn); elsewhere it is a system one.
+TEST(Server, CallReasoningAndDeveloperMessagesGoWhereTheTemplatesPutThem) {
+  const std::unique_ptr<model::Model> model = model::Model::load(model_path("tiny-qwen3moe-Q4_K_M.gguf"), 1);
+  const std::unique_ptr<text::Tokenizer> tokenizer = text::Tokenizer::from_gguf(model->file());
+  const text::ChatTemplate oss = *text::ChatTemplate::by_name("gpt-oss", *tokenizer);
+  auto prompt = [&](const text::ChatTemplate& t, const json& messages) {
+    const ParsedRequest r = parse_chat(json{{"messages", messages}}, *tokenizer, t, {});
+    return tokenizer->decode(r.job.prompt, /*render_special=*/true);
+  };
+  json call = json::parse(R"([{"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+          "function": {"name": "get_weather", "arguments": "{}"}}]},
+      {"role": "tool", "tool_call_id": "c", "content": "18C"}])");
+  const std::string analysis = "<|start|>assistant<|channel|>analysis<|message|>I need the tool.<|end|>";
+  EXPECT_EQ(prompt(oss, call).find(analysis), std::string::npos);
+  for (const char* key : {"reasoning_content", "thinking"}) {
+    json with = call;
+    with[1][key] = "I need the tool.";
+    EXPECT_NE(prompt(oss, with).find(analysis + "<|start|>assistant to=functions.get_weather"), std::string::npos)
+        << key;
+    with[1]["content"] = "Checking.";
+    EXPECT_THROW(parse_chat(json{{"messages", with}}, *tokenizer, oss, {}), ApiError) << key;
+  }
+  const json developer = json::parse(R"([{"role": "developer", "content": "Be brief."},
+      {"role": "user", "content": "Hi"}])");
+  const text::ChatTemplate v4 = *text::ChatTemplate::by_name("deepseek-v4", *tokenizer);
+  EXPECT_NE(prompt(v4, developer).find("<｜User｜>Be brief.\n\nHi<｜Assistant｜>"), std::string::npos);
+  const text::ChatTemplate chatml = *text::ChatTemplate::by_name("chatml", *tokenizer);
+  EXPECT_NE(prompt(chatml, developer).find("<|im_start|>system\nBe brief.<|im_end|>"), std::string::npos);
 }
 
 TEST(Server, TokenizeDetokenizeModelsAndMetrics) {

@@ -577,6 +577,13 @@ TEST(ChatTemplateDeepseek3, V4FromItsFileOpensOrClosesTheThinkBlock) {
                      {.add_generation_prompt = false}),
             "<｜begin▁of▁sentence｜><｜User｜>q<｜Assistant｜><think>unfinished</think><｜end▁of▁sentence｜>");
   EXPECT_EQ(ChatTemplate::by_name("deepseek-v4", deepseek_vocab())->render(chat, {}), t.render(chat, {}));
+  // A developer message is a user turn here (and counts as one for the reasoning kept).
+  EXPECT_TRUE(t.takes_developer());
+  const std::vector<ChatMessage> developer = {
+      {"system", "S"}, {"user", "Hi"}, {"developer", "D"}, {"assistant", "<think>r</think>Hello"}, {"developer", "D2"}};
+  EXPECT_EQ(t.render(developer, {}),
+            "<｜begin▁of▁sentence｜>S<｜User｜>Hi\n\nD<｜Assistant｜></think>Hello<｜end▁of▁sentence｜><｜User｜>D2"
+            "<｜Assistant｜><think>");
 }
 
 // DeepSeek-V3.2's own template (the tiny model's copy), as its Jinja renders with llama.cpp's enable_thinking: every
@@ -606,6 +613,17 @@ TEST(ChatTemplateDeepseek3, V32FromItsFileClosesTheThinkBlockUnlessThinking) {
   EXPECT_EQ(
       t.render(std::vector<ChatMessage>{{"system", ""}, {"system", "B"}, {"user", "q"}}, {.enable_thinking = false}),
       "<｜begin▁of▁sentence｜>\n\nB<｜User｜>q<｜Assistant｜><think></think>");
+  // A developer message is not written, but counts as the last user message: the reply before it loses its
+  // reasoning, and no generation prompt follows it.
+  EXPECT_TRUE(t.takes_developer());
+  const std::vector<ChatMessage> developer = {
+      {"system", "S"}, {"user", "Hi"}, {"developer", "D"}, {"assistant", "<think>r</think>Hello"}, {"developer", "D2"}};
+  EXPECT_EQ(t.render(developer, {}),
+            "<｜begin▁of▁sentence｜>S<｜User｜>Hi<｜Assistant｜></think>Hello<｜end▁of▁sentence｜>");
+  // Elsewhere a developer message is the server's to turn into a system message; the templates refuse it.
+  const ChatTemplate chatml = *ChatTemplate::by_name("chatml", deepseek_vocab());
+  EXPECT_FALSE(chatml.takes_developer());
+  EXPECT_THROW(chatml.render(developer, {}), Error);
 }
 
 TEST(ChatTemplateDetect, TheNewReferenceModelsTemplatesMapToTheirFormats) {
