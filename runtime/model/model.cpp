@@ -70,11 +70,11 @@ void Model::map_huge_pages() {
   if (env && std::string(env) == "0") return;
   // Files below 64 MB gain little and are left as they are.
   const gguf::HugePages h = file_->settle_huge_pages(size_t{64} << 20);
-  if (h.dropped)
+  // Said when it took: pages still being written back (a file just written) stay cached, and the next load tries again.
+  if (h.dropped && h.huge_after > h.huge_before)
     fmt::print(stderr,
-               "hetmoe: {} was cached in pages smaller than 2 MB; dropped it from the page cache so that it maps in 2 "
-               "MB pages "
-               "(read again from disk, this once; HETMOE_HUGE_PAGES=0 keeps the cache as it is)\n",
+               "hetmoe: {} was cached in pages smaller than 2 MB; dropped it from the page cache so that it maps in "
+               "2 MB pages (read again from disk, this once; HETMOE_HUGE_PAGES=0 keeps the cache as it is)\n",
                file_->path());
 }
 
