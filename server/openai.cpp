@@ -206,20 +206,21 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
       if (!rc->get_ref<const std::string&>().empty())
         msg.content = "<think>" + valid_text(*rc, "messages") + "</think>" + msg.content;
     }
-    // gpt-oss: the analysis before a call (`reasoning_content` as this server answers it, or the template's own
-    // `thinking`) is what its template writes from a calling message's content (the two cannot both be given).
+    // gpt-oss: the analysis before a call is what its template writes from a calling message's content, or from its
+    // own `thinking` field (both given: the template refuses, so does this server); `reasoning_content`, as this server
+    // answers it, stands in for `thinking` where neither is given.
     if (chat_template.kind() == text::TemplateKind::kHarmony && msg.role == "assistant" && !msg.tool_calls.empty()) {
-      for (const char* key : {"reasoning_content", "thinking"}) {
-        const json* rc = get(m, key);
-        if (!rc || rc->is_null()) continue;
-        if (!rc->is_string()) throw ApiError(400, fmt::format("'{}' must be a string", key), "messages");
-        if (rc->get_ref<const std::string&>().empty()) continue;
-        if (!msg.content.empty())
-          throw ApiError(400,
-                         "a gpt-oss call message takes its analysis in 'content' or in 'reasoning_content', not both",
-                         "messages");
-        msg.content = valid_text(*rc, "messages");
-      }
+      auto text_field = [&](const char* key) -> std::string {
+        const json* v = get(m, key);
+        if (!v || v->is_null()) return {};
+        if (!v->is_string()) throw ApiError(400, fmt::format("'{}' must be a string", key), "messages");
+        return valid_text(*v, "messages");
+      };
+      const std::string thinking = text_field("thinking"), reasoning = text_field("reasoning_content");
+      if (!thinking.empty() && !msg.content.empty())
+        throw ApiError(400, "a gpt-oss call message takes its analysis in 'content' or in 'thinking', not both",
+                       "messages");
+      if (msg.content.empty()) msg.content = thinking.empty() ? reasoning : thinking;
     }
     msgs.push_back(std::move(msg));
   }
@@ -263,6 +264,7 @@ ParsedRequest parse_chat(const json& body, const text::Tokenizer& tokenizer, con
   if (const json* kw = get(body, "chat_template_kwargs")) {
     if (!kw->is_object()) throw ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
     if (auto v = boolean(*kw, "enable_thinking")) options.enable_thinking = *v;
+    if (auto v = boolean(*kw, "thinking")) options.enable_thinking = *v;  // DeepSeek-V3.1's own name for it
   }
   std::string rendered;
   try {

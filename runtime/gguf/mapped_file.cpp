@@ -1,8 +1,10 @@
 #include "runtime/gguf/mapped_file.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +29,11 @@ bool huge_pages_enabled() {
   return std::getline(in, line) && line.find("[never]") == std::string::npos;
 }
 
+uintptr_t page_size() {
+  static const uintptr_t size = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  return size;
+}
+
 // One read of the first byte of each of up to 32 whole 2 MB chunks spread over the mapping (faults them in).
 size_t touch_sample(const uint8_t* data, size_t size) {
   const size_t chunks = size / kHugePage, n = std::min<size_t>(32, chunks);
@@ -42,7 +49,18 @@ MappedFile MappedFile::open(const std::string& path) {
   MappedFile file;
   file.path_ = path;
   file.size_ = static_cast<size_t>(size);
-  if (file.size_ > 0) {
+  struct statfs fs {};
+  // hugetlbfs rounds a mapping up to its own page size (up to 1 GB): such a file is mapped where the kernel likes.
+  const bool hugetlbfs = ::fstatfs(fd, &fs) == 0 && fs.f_type == static_cast<decltype(fs.f_type)>(HUGETLBFS_MAGIC);
+  if (file.size_ > 0 && hugetlbfs) {
+    void* p = ::mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int err = errno;
+      ::close(fd);
+      fail("cannot map {}: {}", path, std::strerror(err));
+    }
+    file.data_ = static_cast<const uint8_t*>(p);
+  } else if (file.size_ > 0) {
     // Reserve 2 MB more address space than the file, map the file at the first 2 MB boundary in it, give back the
     // rest.
     void* reserved =
@@ -57,7 +75,7 @@ MappedFile MappedFile::open(const std::string& path) {
         ::munmap(reserved, file.size_ + kHugePage);
         errno = err;
       } else {
-        const uintptr_t mapped_end = (at + file.size_ + 4095) & ~uintptr_t{4095};
+        const uintptr_t mapped_end = (at + file.size_ + page_size() - 1) & ~(page_size() - 1);
         if (at > begin) ::munmap(reserved, at - begin);
         if (end > mapped_end) ::munmap(reinterpret_cast<void*>(mapped_end), end - mapped_end);
       }
@@ -85,7 +103,7 @@ size_t MappedFile::huge_mapped_bytes() const {
     size_t kb = 0;
     // A mapping's first line: "lo-hi perms offset dev inode path"; its fields: "Name:   value kB".
     if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {
-      ours = lo >= begin && hi <= ((end + 4095) & ~uintptr_t{4095});
+      ours = lo >= begin && hi <= ((end + page_size() - 1) & ~(page_size() - 1));
     } else if (ours && std::sscanf(line.c_str(), "FilePmdMapped: %zu kB", &kb) == 1) {
       kb_total += kb;
     }
@@ -101,14 +119,30 @@ HugePages MappedFile::settle_huge_pages(size_t min_bytes) {
   h.sampled_bytes = touch_sample(data_, size_);
   h.huge_before = h.huge_after = huge_mapped_bytes();
   if (h.huge_before * 16 >= h.sampled_bytes * 15) return h;
-  // Chunks map as smaller pages: the cache holds (part of) the file in small folios. Unmap this mapping's pages
-  // (read-only and never written: nothing is lost), drop the file's clean cached pages, and fault the sample in again.
+  // Chunks map as smaller pages: the cache holds (part of) the file in small folios, or the file system cannot hold
+  // it in 2 MB ones. Unmapping pages loses nothing (the mapping is read-only, never written) and dropping clean
+  // cached pages only costs reading them again. First one chunk: dropped and read again, does it come back as one
+  // 2 MB page? Only then the whole file, so that a file system without 2 MB folios is not read again at every load.
+  // A regular file only: a block device's cache may hold far more than the model.
   const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return h;
-  const bool ok = ::madvise(const_cast<uint8_t*>(data_), size_, MADV_DONTNEED) == 0 &&
-                  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0;
+  struct stat st {};
+  auto drop = [&](size_t offset, size_t bytes) {
+    return ::madvise(const_cast<uint8_t*>(data_) + offset, bytes, MADV_DONTNEED) == 0 &&
+           ::posix_fadvise(fd, static_cast<off_t>(offset), static_cast<off_t>(bytes), POSIX_FADV_DONTNEED) == 0;
+  };
+  const size_t probe = size_ / kHugePage / 2 * kHugePage;
+  bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && drop(probe, kHugePage);
+  if (ok) {
+    const size_t unmapped = huge_mapped_bytes();
+    (void)*static_cast<const volatile uint8_t*>(data_ + probe);
+    ok = huge_mapped_bytes() >= unmapped + kHugePage && drop(0, size_);
+  }
   ::close(fd);
-  if (!ok) return h;
+  if (!ok) {
+    h.huge_after = huge_mapped_bytes();
+    return h;
+  }
   h.dropped = true;
   touch_sample(data_, size_);
   h.huge_after = huge_mapped_bytes();

@@ -328,7 +328,8 @@ bool ChatTemplate::reads_think_blocks() const {
     case TemplateKind::kMinimax:
       return true;
     case TemplateKind::kDeepseek3:
-      return dialect_.strips_think || dialect_.v31_turns || dialect_.v32_turns || dialect_.v4_turns;
+      // V3.1's writes a reply's content as given (after results) or after its first </think>: no reasoning read.
+      return dialect_.strips_think || dialect_.v32_turns || dialect_.v4_turns;
     default:
       return false;
   }

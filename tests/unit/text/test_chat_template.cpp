@@ -1365,7 +1365,7 @@ TEST(ToolCalls, DeepseekR1CallsComeOutOfTheirFences) {
 TEST(ChatTemplateTools, DeepseekV31RendersCallsAndResultsAsItsTemplate) {
   const ChatTemplate t = detected(kDeepseekV31Template, deepseek_vocab());
   EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kDeepseekV31);
-  EXPECT_TRUE(t.reads_think_blocks());
+  EXPECT_FALSE(t.reads_think_blocks());  // a reply's reasoning is not written back
   std::vector<ChatMessage> chat = {{.role = "system", .content = "S1"},
                                    {.role = "system", .content = "S2"},
                                    {.role = "user", .content = "Hi"},
