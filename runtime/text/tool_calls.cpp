@@ -283,61 +283,57 @@ static std::optional<std::vector<TextCall>> parse_invokes(std::string_view body,
   return calls;
 }
 
-// Kimi-K2: one or more "<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>{...}<|tool_call_end|>",
-// whitespace between them ignored; the id as the model wrote it (the template writes it back), the arguments a JSON
-// object. Empty when the block is not that.
-static std::vector<ToolCall> parse_kimi(std::string_view body) {
-  constexpr std::string_view kBegin = "<|tool_call_begin|>", kArguments = "<|tool_call_argument_begin|>",
-                             kEnd = "<|tool_call_end|>";
+// Calls written one after another as BEGIN head MID tail END, whitespace between them: make(head, tail) makes
+// each (nullopt: not a call). Empty when the block is not that.
+template <typename Make>
+static std::vector<ToolCall> marked_calls(std::string_view body, std::string_view begin, std::string_view mid,
+                                          std::string_view end, Make&& make) {
   std::vector<ToolCall> calls;
   std::string_view rest = skip_ws(body);
   while (!rest.empty()) {
-    if (!rest.starts_with(kBegin)) return {};
-    const size_t arguments = rest.find(kArguments), end = rest.find(kEnd);
-    if (arguments == std::string_view::npos || end == std::string_view::npos || end < arguments) return {};
-    std::string_view id = strip_ws(rest.substr(kBegin.size(), arguments - kBegin.size()));
-    std::string_view name = id.substr(0, id.rfind(':'));
-    if (name.starts_with("functions.")) name.remove_prefix(10);
-    std::optional<ToolCall> call = json_call(
-        std::string(id), name, rest.substr(arguments + kArguments.size(), end - arguments - kArguments.size()));
+    if (!rest.starts_with(begin)) return {};
+    const size_t at_mid = rest.find(mid), at_end = rest.find(end);
+    if (at_mid == std::string_view::npos || at_end == std::string_view::npos || at_end < at_mid) return {};
+    std::optional<ToolCall> call = make(rest.substr(begin.size(), at_mid - begin.size()),
+                                        rest.substr(at_mid + mid.size(), at_end - at_mid - mid.size()));
     if (!call) return {};
     calls.push_back(std::move(*call));
-    rest = skip_ws(rest.substr(end + kEnd.size()));
+    rest = skip_ws(rest.substr(at_end + end.size()));
   }
   return calls;
 }
 
-// DeepSeek-R1: one or more "<｜tool▁call▁begin｜>TYPE<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>",
-// whitespace between them ignored (the fence's "json" optional); the arguments a JSON object. Empty when the block
-// is not that. The calls have no ids yet.
-// R1: "TYPE<｜tool▁sep｜>NAME\n```json\nARGS\n```" per call; V3.1 (name_first): "NAME<｜tool▁sep｜>ARGS". Fences
-// around the arguments are taken off in both.
+// Kimi-K2: one or more "<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>{...}<|tool_call_end|>";
+// the id as the model wrote it (the template writes it back), the arguments a JSON object.
+static std::vector<ToolCall> parse_kimi(std::string_view body) {
+  return marked_calls(body, "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+                      [](std::string_view head, std::string_view arguments) {
+                        const std::string_view id = strip_ws(head);
+                        std::string_view name = id.substr(0, id.rfind(':'));
+                        if (name.starts_with("functions.")) name.remove_prefix(10);
+                        return json_call(std::string(id), name, arguments);
+                      });
+}
+
+// DeepSeek: one or more "<｜tool▁call▁begin｜>HEAD<｜tool▁sep｜>TAIL<｜tool▁call▁end｜>"; R1 writes TYPE as the head
+// and "NAME\n```json\nARGS\n```" as the tail (the fence's "json" optional), V3.1 (name_first) NAME and ARGS. Fences
+// around the arguments are taken off in both; the arguments a JSON object. The calls have no ids yet.
 static std::vector<ToolCall> parse_deepseek_calls(std::string_view body, bool name_first) {
-  constexpr std::string_view kBegin = "<｜tool▁call▁begin｜>", kSep = "<｜tool▁sep｜>", kEnd = "<｜tool▁call▁end｜>";
-  std::vector<ToolCall> calls;
-  std::string_view rest = skip_ws(body);
-  while (!rest.empty()) {
-    if (!rest.starts_with(kBegin)) return {};
-    const size_t sep = rest.find(kSep), end = rest.find(kEnd);
-    if (sep == std::string_view::npos || end == std::string_view::npos || end < sep) return {};
-    std::string_view call = rest.substr(sep + kSep.size(), end - sep - kSep.size());
-    std::string_view name;
-    if (name_first) {
-      name = strip_ws(rest.substr(kBegin.size(), sep - kBegin.size()));
-    } else {
-      name = strip_ws(call.substr(0, call.find('\n')));
-      call = call.substr(std::min(call.size(), call.find('\n')));
-    }
-    call = skip_ws(call);
-    if (call.starts_with("```")) call = call.substr(call.starts_with("```json") ? 7 : 3);
-    call = strip_ws(call);
-    if (call.ends_with("```")) call.remove_suffix(3);
-    std::optional<ToolCall> parsed = json_call({}, name, call);
-    if (!parsed) return {};
-    calls.push_back(std::move(*parsed));
-    rest = skip_ws(rest.substr(end + kEnd.size()));
-  }
-  return calls;
+  return marked_calls(body, "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
+                      [&](std::string_view head, std::string_view call) {
+                        std::string_view name;
+                        if (name_first) {
+                          name = strip_ws(head);
+                        } else {
+                          name = strip_ws(call.substr(0, call.find('\n')));
+                          call = call.substr(std::min(call.size(), call.find('\n')));
+                        }
+                        call = skip_ws(call);
+                        if (call.starts_with("```")) call = call.substr(call.starts_with("```json") ? 7 : 3);
+                        call = strip_ws(call);
+                        if (call.ends_with("```")) call.remove_suffix(3);
+                        return json_call({}, name, call);
+                      });
 }
 
 std::vector<ToolCall> ToolCallParser::parse_block(std::string_view body) {
