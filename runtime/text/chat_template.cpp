@@ -349,9 +349,9 @@ ToolCallFormat ChatTemplate::tool_call_format() const {
   if (kind_ == TemplateKind::kDeepseek3 && dialect_.v4_turns) return ToolCallFormat::kDsmlToolCalls;
   // V3.1's, like R1's, writes calls and results but no tool list.
   if (kind_ == TemplateKind::kDeepseek3 && dialect_.v31_turns) return ToolCallFormat::kDeepseekV31;
-  // R1's template writes calls and results (not the tools: they reach the model through the client's system prompt).
-  if (kind_ == TemplateKind::kDeepseek3 && dialect_.strips_think && !dialect_.assistant_after_user)
-    return ToolCallFormat::kDeepseekR1;
+  // V3's, V3-0324's and R1's templates write calls and results (not the tools: they reach the model through the
+  // client's system prompt).
+  if (kind_ == TemplateKind::kDeepseek3) return ToolCallFormat::kDeepseekR1;
   return ToolCallFormat::kNone;
 }
 
@@ -392,10 +392,14 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Re
 // "</think>", and the generation prompt is "<｜Assistant｜><think>\n".
 // DeepSeek-V3-0324: "<｜Assistant｜>" follows every user turn instead of opening the reply, and the generation
 // prompt is written only when the conversation does not end with a user turn.
-// DeepSeek-R1 with tools (its template, as llama.cpp's models/templates keeps it for the R1 distills): a reply's calls
-// "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>...
-// <｜tool▁calls▁end｜>", results "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>r<｜tool▁output▁end｜>...
-// <｜tool▁outputs▁end｜>"; no tool list.
+// DeepSeek-R1 and V3 with tools (R1's template as llama.cpp's models/templates keeps it for the R1 distills; V3's
+// writes them alike): a reply's calls
+// "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```
+// <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>", results "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>r
+// <｜tool▁output▁end｜>...<｜tool▁outputs▁end｜>"; no tool list. V3's own template closes a calls block only after its
+// second call (a one-call reply stays open); hetmoe closes every block, as llama.cpp repairs it and V3-0324 writes it.
+// DeepSeek-V3-0324 with tools: each calling reply opens its own block after its content (the "<｜Assistant｜>" is the
+// user turn's), closes the results before it, and numbers its results afresh.
 // DeepSeek-V3.2 and V4: render_dsml.
 std::string ChatTemplate::render_deepseek3(std::span<const ChatMessage> messages, const RenderOptions& options) const {
   if (dialect_.v4_turns || dialect_.v32_turns) return render_dsml(messages, options);
@@ -416,6 +420,19 @@ std::string ChatTemplate::render_deepseek3(std::span<const ChatMessage> messages
       in_results = false;
     } else if (m.role == "assistant") {
       last_is_user = false;
+      if (!m.tool_calls.empty() && dialect_.assistant_after_user) {
+        if (in_results) out += "<｜tool▁outputs▁end｜>";
+        out += m.content + "<｜tool▁calls▁begin｜>";
+        for (size_t i = 0; i < m.tool_calls.size(); ++i) {
+          const ToolCall& call = m.tool_calls[i];
+          out += i ? "\n<｜tool▁call▁begin｜>" : "<｜tool▁call▁begin｜>";
+          out += "function<｜tool▁sep｜>" + call.name + "\n```json\n" + call.arguments + "\n```<｜tool▁call▁end｜>";
+        }
+        out += "<｜tool▁calls▁end｜>";
+        out += kDsEndOfSentence;
+        in_results = answered = false;
+        continue;
+      }
       if (!m.tool_calls.empty()) {
         in_results = false;
         for (const ToolCall& call : m.tool_calls) {

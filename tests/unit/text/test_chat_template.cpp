@@ -1320,32 +1320,64 @@ TEST(ToolCalls, HarmonyChannelsComeApartInAnySplit) {
 }
 
 // DeepSeek-R1's template with calls and results (its text in llama.cpp's models/templates, as the R1 distills carry
-// it; rendered by Jinja): the first call of the conversation opens the block after <｜Assistant｜>, the next one a
-// newline; results in one outputs block; the reply after them follows its end; no tool list (the template has none).
-TEST(ChatTemplateTools, DeepseekR1RendersCallsAndResultsAsItsTemplate) {
-  const ChatTemplate t = *ChatTemplate::by_name("deepseek-r1", deepseek_vocab());
-  EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kDeepseekR1);
-  std::vector<ChatMessage> chat = {
-      {.role = "system", .content = "S"},
+// it), DeepSeek-V3's and V3-0324's (their text from the files' tokenizer_config), rendered by Jinja: the first call of
+// the conversation opens the block after <｜Assistant｜>, the next one a newline; results in one outputs block; the
+// reply after them follows its end; no tool list (the templates have none).
+TEST(ChatTemplateTools, DeepseekR1AndV3RenderCallsAndResultsAsTheirTemplates) {
+  struct Case {
+    ChatTemplate t;
+    std::string_view generation_prompt;
+  };
+  const Case cases[] = {{*ChatTemplate::by_name("deepseek-r1", deepseek_vocab()), "<｜Assistant｜><think>\n"},
+                        {detected(kDeepseekV3Template, deepseek_vocab()), "<｜Assistant｜>"},
+                        {detected(kDeepseekV3_0324Template, deepseek_vocab()), "<｜Assistant｜>"}};
+  for (const Case& c : cases) {
+    EXPECT_EQ(c.t.tool_call_format(), ToolCallFormat::kDeepseekR1);
+    std::vector<ChatMessage> chat = {
+        {.role = "system", .content = "S"},
+        {.role = "user", .content = "Weather?"},
+        {.role = "assistant",
+         .content = "",
+         .tool_calls = {{.id = "a", .name = "get_weather", .arguments = R"({"city": "Paris"})"},
+                        {.id = "b", .name = "now", .arguments = "{}"}}},
+        {.role = "tool", .content = "18C", .tool_call_id = "a"},
+        {.role = "tool", .content = "noon", .tool_call_id = "b"}};
+    const std::string called =
+        "<｜begin▁of▁sentence｜>S<｜User｜>Weather?<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function"
+        "<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>"
+        "function<｜tool▁sep｜>now\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
+        "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>18C<｜tool▁output▁end｜>\n<｜tool▁output▁begin｜>noon"
+        "<｜tool▁output▁end｜><｜tool▁outputs▁end｜>";
+    EXPECT_EQ(c.t.render(chat, weather_tool()), called) << c.t.name();
+    chat.push_back({.role = "assistant", .content = "It is 18C."});
+    chat.push_back({.role = "user", .content = "Thanks"});
+    EXPECT_EQ(c.t.render(chat, weather_tool()),
+              called + "It is 18C.<｜end▁of▁sentence｜><｜User｜>Thanks" + std::string(c.generation_prompt))
+        << c.t.name();
+  }
+}
+
+// DeepSeek-V3-0324's template (rendered by Jinja) opens each calling reply's own block after its content, closes the
+// results before the next call and opens no reply after the user turn's "<｜Assistant｜>".
+TEST(ChatTemplateTools, DeepseekV3_0324OpensABlockPerCallingReply) {
+  const ChatTemplate v3_0324 = detected(kDeepseekV3_0324Template, deepseek_vocab());
+  const std::vector<ChatMessage> twice = {
       {.role = "user", .content = "Weather?"},
       {.role = "assistant",
-       .content = "",
-       .tool_calls = {{.id = "a", .name = "get_weather", .arguments = R"({"city": "Paris"})"},
-                      {.id = "b", .name = "now", .arguments = "{}"}}},
+       .content = "Checking.",
+       .tool_calls = {{.id = "a", .name = "get_weather", .arguments = R"({"city": "Paris"})"}}},
       {.role = "tool", .content = "18C", .tool_call_id = "a"},
-      {.role = "tool", .content = "noon", .tool_call_id = "b"}};
-  const std::string called =
-      "<｜begin▁of▁sentence｜>S<｜User｜>Weather?<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function"
-      "<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function"
-      "<｜tool▁sep｜>now\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜><"
-      "｜tool▁outputs▁begin｜>"
-      "<｜tool▁output▁begin｜>18C<｜tool▁output▁end｜>\n<｜tool▁output▁begin｜>noon<｜tool▁output▁end｜><"
-      "｜tool▁outputs▁end｜>";
-  EXPECT_EQ(t.render(chat, weather_tool()), called);
-  chat.push_back({.role = "assistant", .content = "It is 18C."});
-  chat.push_back({.role = "user", .content = "Thanks"});
-  EXPECT_EQ(t.render(chat, weather_tool()),
-            called + "It is 18C.<｜end▁of▁sentence｜><｜User｜>Thanks<｜Assistant｜><think>\n");
+      {.role = "assistant", .content = "", .tool_calls = {{.id = "c", .name = "now", .arguments = "{}"}}},
+      {.role = "tool", .content = "noon", .tool_call_id = "c"}};
+  EXPECT_EQ(
+      v3_0324.render(twice, weather_tool()),
+      "<｜begin▁of▁sentence｜><｜User｜>Weather?<｜Assistant｜>Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"
+      "function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+      "<｜end▁of▁sentence｜><｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>18C<｜tool▁output▁end｜><"
+      "｜tool▁outputs▁end｜>"
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>now\n```json\n{}\n```<｜tool▁call▁end｜>"
+      "<｜tool▁calls▁end｜><｜end▁of▁sentence｜><｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>noon"
+      "<｜tool▁output▁end｜><｜tool▁outputs▁end｜>");
 }
 
 TEST(ToolCalls, DeepseekR1CallsComeOutOfTheirFences) {
@@ -1405,8 +1437,8 @@ TEST(ToolCalls, DeepseekV31CallsNameThenArguments) {
 }
 
 TEST(ChatTemplateTools, FormatsWithoutToolCallsRefuseThem) {
-  const ChatTemplate t = *ChatTemplate::by_name("deepseek3", deepseek_vocab());
-  EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kNone);  // not yet
+  const ChatTemplate t = *ChatTemplate::by_name("deepseek2", deepseek_vocab());
+  EXPECT_EQ(t.tool_call_format(), ToolCallFormat::kNone);  // DeepSeek-V2's template has no calls
   RenderOptions options;
   options.tools.push_back(nlohmann::ordered_json::parse(R"({"type":"function","function":{"name":"f"}})"));
   const std::vector<ChatMessage> chat = {{.role = "user", .content = "hi"}};
