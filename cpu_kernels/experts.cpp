@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
@@ -30,10 +31,11 @@ struct Unit {
   double cost = 0;
 };
 
-// Work units grouped by NUMA node: node k's threads run node k's units, each thread one contiguous range of about
-// equal cost. Contiguous ranges keep each thread's reads long sequential streams that the hardware prefetchers
-// follow (units taken one at a time from a shared counter break them up); the cost weighting balances experts
-// with many tokens against experts with one in prefill. Without a placement, all threads form one node.
+// Work units grouped by NUMA node: node k's threads run node k's units, each thread starting on one contiguous range
+// of about equal cost. Contiguous ranges keep each thread's reads long sequential streams that the hardware
+// prefetchers follow (units taken one at a time from a shared counter break them up); the cost weighting balances
+// experts with many tokens against experts with one in prefill, and what it gets wrong threads even out by taking
+// the ends of each other's ranges (run_ranges). Without a placement, all threads form one node.
 class NodeUnits {
  public:
   NodeUnits(const ThreadPool& pool, std::span<Unit> storage) : pool_(pool), storage_(storage) {
@@ -71,12 +73,18 @@ class NodeUnits {
     });
   }
 
-  // fn(begin, end) once per thread with the thread's whole contiguous range of units.
+  // fn(begin, end) for runs of consecutive units until all are done. Each thread starts on its own contiguous range
+  // and takes it from the front a piece at a time (a quarter of what is left, at least kOwnPiece units); a thread
+  // whose range is done takes half of what is left of another range of its node from the back. The costs only
+  // estimate the work (8 rows through a tile kernel cost about 4 rows' time, not 8; a VM's vCPUs run at different
+  // speeds), and a range's end moving to the thread that is free makes up for it; the pieces stay long runs.
   template <typename Fn>
   void run_ranges(ThreadPool& pool, Fn&& fn) const {
     const ThreadPlacement* p = pool.placement();
-    pool.parallel_for(pool.size(), 1, [&](int64_t thread, int64_t) {
-      int64_t node = 0, rank = thread, n_threads = pool.size();
+    const int64_t n_pool = pool.size();
+    std::span<Claim> claims = scratch<Claim, struct UnitClaimSite>(static_cast<size_t>(n_pool));
+    for (int64_t thread = 0; thread < n_pool; ++thread) {
+      int64_t node = 0, rank = thread, n_threads = n_pool;
       if (p) {
         for (node = 0; node < n_nodes_; ++node) {
           const std::vector<int>& ts = p->threads_of_node[node];
@@ -86,10 +94,13 @@ class NodeUnits {
           n_threads = static_cast<int64_t>(ts.size());
           break;
         }
-        if (node == n_nodes_) return;
       }
+      Claim& c = claims[thread];
+      c.node = node;
+      c.range = 0;  // empty (a thread on no node of the placement takes nothing)
+      if (node == n_nodes_) continue;
       const int64_t first = node_first_[node], last = node_first_[node + 1];
-      if (first == last) return;
+      if (first == last) continue;
       const double base = first > 0 ? storage_[first - 1].cost : 0.0, total = storage_[last - 1].cost - base;
       auto boundary = [&](int64_t j) -> int64_t {
         if (j == n_threads) return last;
@@ -98,12 +109,48 @@ class NodeUnits {
                                 [](double v, const Unit& u) { return v < u.cost; }) -
                storage_.begin();
       };
-      const int64_t begin = boundary(rank), end = boundary(rank + 1);
-      if (begin < end) fn(storage_.data() + begin, storage_.data() + end);
+      c.range = pack(boundary(rank), boundary(rank + 1));
+    }
+    pool.parallel_for(n_pool, 1, [&](int64_t thread, int64_t) {
+      int64_t begin = 0, end = 0;
+      while (take(claims[thread], /*from_back=*/false, begin, end)) fn(storage_.data() + begin, storage_.data() + end);
+      for (int64_t i = 1; i < n_pool; ++i) {
+        Claim& other = claims[(thread + i) % n_pool];
+        if (other.node != claims[thread].node) continue;
+        while (take(other, /*from_back=*/true, begin, end)) fn(storage_.data() + begin, storage_.data() + end);
+      }
     });
   }
 
  private:
+  static constexpr int64_t kOwnPiece = 2;
+  // A thread's range of units still to take, [front, end) packed as front << 32 | end, changed by compare-exchange
+  // only; on a cache line of its own.
+  struct alignas(64) Claim {
+    uint64_t range = 0;
+    int64_t node = 0;
+  };
+  static uint64_t pack(int64_t front, int64_t end) {
+    return static_cast<uint64_t>(front) << 32 | static_cast<uint64_t>(end);
+  }
+  // A piece of c's range into [begin, end): from the front (its owner) or from the back; false once it is empty.
+  static bool take(Claim& c, bool from_back, int64_t& begin, int64_t& end) {
+    std::atomic_ref<uint64_t> range(c.range);
+    uint64_t seen = range.load(std::memory_order_relaxed);
+    for (;;) {
+      const auto front = static_cast<int64_t>(seen >> 32), last = static_cast<int64_t>(seen & 0xffffffffu);
+      if (front >= last) return false;
+      const int64_t left = last - front;
+      const int64_t n = std::min(left, from_back ? std::max<int64_t>(1, left / 2) : std::max(kOwnPiece, left / 4));
+      const uint64_t next = from_back ? pack(front, last - n) : pack(front + n, last);
+      if (range.compare_exchange_weak(seen, next, std::memory_order_relaxed)) {
+        begin = from_back ? last - n : front;
+        end = from_back ? last : front + n;
+        return true;
+      }
+    }
+  }
+
   const ThreadPool& pool_;
   std::span<Unit> storage_;
   int64_t n_nodes_ = 1;

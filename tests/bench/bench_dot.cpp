@@ -2,7 +2,10 @@
 // the DRAM one; "dot/..."), and matrix-vector products over 512 MB of weights streamed from DRAM through the
 // pool at 1 and 2 threads ("stream/..."). Prints GB/s of weight bytes consumed. Run: build/tests/bench/bench_dot
 #include <benchmark/benchmark.h>
+#include <sys/mman.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -87,10 +90,11 @@ void bm_stream(benchmark::State& state, Isa isa, GgmlType type, int threads) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(rb * rows));
 }
 
-// One MoE layer's experts for one token (decode) through run_experts: V2-Lite shapes (gate/up Q4_K [1408, 2048],
-// down Q5_0 [2048, 1408]), 6 of 64 experts per call, a different 6 each time so the weights come from DRAM (64
-// experts, 333 MB). GB/s of expert weights read; compare with stream/... for the same formats.
-void bm_experts(benchmark::State& state, int threads) {
+// One MoE layer's experts for a decode step of n_tokens sequences through run_experts: V2-Lite shapes (gate/up Q4_K
+// [1408, 2048], down Q5_0 [2048, 1408]), each token routed to 6 of 64 experts (333 MB, far beyond the caches), drawn
+// afresh every call, the weights in 2 MB pages as a model file's are. GB/s of the distinct experts' weights read:
+// the byte roofline is the stream/... rate of the same formats; at 8 tokens an expert sees 1-3 of them.
+void bm_experts(benchmark::State& state, int threads, int64_t n_tokens, bool shared) {
   const hetmoe::cpu::KernelTable& table = hetmoe::cpu::kernels();
   constexpr int64_t kEmbd = 2048, kFf = 1408, kExperts = 64, kUsed = 6;
   const size_t gate_rb = hetmoe::quant::row_bytes(GgmlType::Q4_K, kEmbd);
@@ -105,36 +109,83 @@ void bm_experts(benchmark::State& state, int threads) {
     hetmoe::quant::quantize_row(GgmlType::Q4_K, &w[r * kEmbd], gate1.data() + r * gate_rb, kEmbd);
   for (int64_t r = 0; r < kEmbd; ++r)
     hetmoe::quant::quantize_row(GgmlType::Q5_0, &w[r * kFf], down1.data() + r * down_rb, kFf);
-  std::vector<uint8_t> gate(gate1.size() * kExperts), up(gate.size()), down(down1.size() * kExperts);
+  const size_t expert_bytes = 2 * gate1.size() + down1.size();
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t total = (expert_bytes * kExperts + kHuge - 1) / kHuge * kHuge;
+  uint8_t* base = static_cast<uint8_t*>(std::aligned_alloc(kHuge, total));
+  madvise(base, total, MADV_HUGEPAGE);
   for (int64_t e = 0; e < kExperts; ++e) {
-    std::copy(gate1.begin(), gate1.end(), gate.begin() + e * gate1.size());
-    std::copy(gate1.begin(), gate1.end(), up.begin() + e * gate1.size());
-    std::copy(down1.begin(), down1.end(), down.begin() + e * down1.size());
+    uint8_t* p = base + e * expert_bytes;
+    std::copy(gate1.begin(), gate1.end(), p);
+    std::copy(gate1.begin(), gate1.end(), p + gate1.size());
+    std::copy(down1.begin(), down1.end(), p + 2 * gate1.size());
   }
-  std::vector<float> x(kEmbd), y(kEmbd);
+  // The shared expert (V2-Lite: two experts' width, Q4_K down), every token's last item.
+  constexpr int64_t kSharedFf = 2 * kFf;
+  const size_t shared_down_rb = hetmoe::quant::row_bytes(GgmlType::Q4_K, kSharedFf);
+  std::vector<float> ws(kSharedFf * kEmbd);
+  for (float& v : ws) v = dist(rng);
+  std::vector<uint8_t> shared_gate(gate_rb * kSharedFf), shared_up(shared_gate.size()),
+      shared_down(shared_down_rb * kEmbd);
+  for (int64_t r = 0; r < kSharedFf; ++r) {
+    hetmoe::quant::quantize_row(GgmlType::Q4_K, &ws[r * kEmbd], shared_gate.data() + r * gate_rb, kEmbd);
+    hetmoe::quant::quantize_row(GgmlType::Q4_K, &ws[r * kEmbd], shared_up.data() + r * gate_rb, kEmbd);
+  }
+  for (int64_t r = 0; r < kEmbd; ++r)
+    hetmoe::quant::quantize_row(GgmlType::Q4_K, &ws[r * kSharedFf], shared_down.data() + r * shared_down_rb, kSharedFf);
+  std::vector<float> x(kEmbd * n_tokens), y(kEmbd * n_tokens);
   for (float& v : x) v = dist(rng) * 20;
   hetmoe::cpu::ThreadPool pool(threads);
   hetmoe::cpu::ExpertBatch batch;
-  int64_t next = 0;
+  std::vector<std::vector<std::pair<int32_t, int32_t>>> items(kExperts);  // (token, rank) per expert
+  int64_t distinct = 0;
   for (auto _ : state) {
-    batch.clear(1, kUsed);
-    for (int64_t k = 0; k < kUsed; ++k, next = (next + 7) % kExperts) {
-      batch.add_expert({.gate = {GgmlType::Q4_K, kEmbd, kFf, gate_rb, gate.data() + next * gate1.size()},
-                        .up = {GgmlType::Q4_K, kEmbd, kFf, gate_rb, up.data() + next * gate1.size()},
-                        .down = {GgmlType::Q5_0, kFf, kEmbd, down_rb, down.data() + next * down1.size()}});
-      batch.add_item(0, static_cast<int32_t>(k), 0.1f);
+    for (auto& v : items) v.clear();
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      std::vector<int> chosen;
+      while (static_cast<int64_t>(chosen.size()) < kUsed) {
+        const int e = static_cast<int>(rng() % kExperts);
+        if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
+      }
+      for (int k = 0; k < kUsed; ++k) items[chosen[k]].emplace_back(static_cast<int32_t>(t), k);
+    }
+    batch.clear(n_tokens, kUsed + (shared ? 1 : 0));
+    for (int64_t e = 0; e < kExperts; ++e) {
+      if (items[e].empty()) continue;
+      const uint8_t* p = base + e * expert_bytes;
+      batch.add_expert({.gate = {GgmlType::Q4_K, kEmbd, kFf, gate_rb, p},
+                        .up = {GgmlType::Q4_K, kEmbd, kFf, gate_rb, p + gate1.size()},
+                        .down = {GgmlType::Q5_0, kFf, kEmbd, down_rb, p + 2 * gate1.size()}});
+      for (const auto& [t, k] : items[e]) batch.add_item(t, k, 0.1f);
+      ++distinct;
+    }
+    if (shared) {
+      batch.add_expert({.gate = {GgmlType::Q4_K, kEmbd, kSharedFf, gate_rb, shared_gate.data()},
+                        .up = {GgmlType::Q4_K, kEmbd, kSharedFf, gate_rb, shared_up.data()},
+                        .down = {GgmlType::Q4_K, kSharedFf, kEmbd, shared_down_rb, shared_down.data()}});
+      for (int64_t t = 0; t < n_tokens; ++t) batch.add_item(static_cast<int32_t>(t), kUsed, 1.0f);
     }
     hetmoe::cpu::run_experts(table, pool, batch, x.data(), kEmbd, y.data());
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetBytesProcessed(state.iterations() * kUsed * static_cast<int64_t>(2 * gate1.size() + down1.size()));
+  const int64_t shared_bytes =
+      shared ? static_cast<int64_t>(shared_gate.size() + shared_up.size() + shared_down.size()) * state.iterations()
+             : 0;
+  state.SetBytesProcessed(distinct * static_cast<int64_t>(expert_bytes) + shared_bytes);
+  state.counters["experts"] =
+      benchmark::Counter(static_cast<double>(distinct) / static_cast<double>(state.iterations()));
+  std::free(base);
 }
 
 void register_all() {
   for (int threads : {1, 2})
-    benchmark::RegisterBenchmark(("experts/t" + std::to_string(threads)).c_str(), [threads](benchmark::State& s) {
-      bm_experts(s, threads);
-    })->UseRealTime();
+    for (int64_t tokens : {1, 8})
+      for (bool shared : {false, true})
+        benchmark::RegisterBenchmark(
+            ("experts/t" + std::to_string(threads) + "/tokens" + std::to_string(tokens) + (shared ? "/shared" : ""))
+                .c_str(),
+            [threads, tokens, shared](benchmark::State& s) { bm_experts(s, threads, tokens, shared); })
+            ->UseRealTime();
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
     for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::IQ2_XXS})
       for (int threads : {1, 2})
