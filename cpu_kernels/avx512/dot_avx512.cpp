@@ -66,9 +66,7 @@ struct Q4KRows16 {
     // Two super-blocks ahead for the 16 rows (three cache lines each): 16 interleaved streams advancing 144 bytes a
     // step are more than the hardware prefetchers follow (bench_dot tile16/avx512/Q4_K on 75 MB of rows, one
     // thread: 63 against 46 GB/s).
-    for (int r = 0; r < 16; ++r)
-      for (int line = 0; line < 3; ++line)
-        _mm_prefetch(reinterpret_cast<const char*>(&block(r) + 2) + 64 * line, _MM_HINT_T0);
+    for (int r = 0; r < 16; ++r) prefetch_lines(&block(r) + 2, 3);
     for (int r = 0; r < 16; ++r) q4k_tile_row<16, false>(block(r), r, d, dmin, scales, mins);
     // Chunk c of 32 packed bytes holds groups 2c (low nibbles) and 2c+1 (high nibbles): transpose the packed bytes
     // of rows 0-7 and 8-15 in 4-byte steps, join the halves, then split the nibbles.
@@ -180,8 +178,7 @@ struct Q4KTile {
 template <typename Block, typename Values>
 inline void unpack_blocks32_16(const uint8_t* w, size_t row_bytes, int64_t b, __m512i (&wv)[8], float* d) {
   // Four blocks ahead for the 16 rows, as Q4KRows16::unpack does.
-  for (int r = 0; r < 16; ++r)
-    _mm_prefetch(reinterpret_cast<const char*>(w + r * row_bytes) + (b + 4) * sizeof(Block), _MM_HINT_T0);
+  for (int r = 0; r < 16; ++r) prefetch_lines(reinterpret_cast<const Block*>(w + r * row_bytes) + b + 4, 1);
   __m256i t0[8], t1[8];
   for (int r = 0; r < 8; ++r) {
     const Block& lo = reinterpret_cast<const Block*>(w + r * row_bytes)[b];

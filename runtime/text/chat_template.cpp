@@ -420,29 +420,25 @@ std::string ChatTemplate::render_deepseek3(std::span<const ChatMessage> messages
       in_results = false;
     } else if (m.role == "assistant") {
       last_is_user = false;
-      if (!m.tool_calls.empty() && dialect_.assistant_after_user) {
-        if (in_results) out += "<｜tool▁outputs▁end｜>";
-        out += m.content + "<｜tool▁calls▁begin｜>";
-        for (size_t i = 0; i < m.tool_calls.size(); ++i) {
-          const ToolCall& call = m.tool_calls[i];
-          out += i ? "\n<｜tool▁call▁begin｜>" : "<｜tool▁call▁begin｜>";
-          out += "function<｜tool▁sep｜>" + call.name + "\n```json\n" + call.arguments + "\n```<｜tool▁call▁end｜>";
-        }
-        out += "<｜tool▁calls▁end｜>";
-        out += kDsEndOfSentence;
-        in_results = answered = false;
-        continue;
-      }
       if (!m.tool_calls.empty()) {
+        // V3-0324: each calling reply opens its own block after its content, the results before it closed, its own
+        // results numbered afresh; R1 and V3 keep one block open for the conversation.
+        if (dialect_.assistant_after_user) {
+          if (in_results) out += "<｜tool▁outputs▁end｜>";
+          out += m.content;
+          called = answered = false;
+        }
         in_results = false;
         for (const ToolCall& call : m.tool_calls) {
-          out += called ? "\n<｜tool▁call▁begin｜>" : "<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>";
+          if (!called && !dialect_.assistant_after_user) out += kDsAssistant;
+          out += called ? "\n<｜tool▁call▁begin｜>" : "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>";
           called = true;
           out += "function<｜tool▁sep｜>" + call.name + "\n```json\n" + call.arguments + "\n```<｜tool▁call▁end｜>";
         }
         out += "<｜tool▁calls▁end｜>";
         out += kDsEndOfSentence;
-        if (m.content.empty()) continue;  // a call's content is null in the API
+        // A call's content is null in the API (V3-0324 wrote it before the calls).
+        if (m.content.empty() || dialect_.assistant_after_user) continue;
       }
       if (in_results) {
         out += "<｜tool▁outputs▁end｜>" + m.content;
