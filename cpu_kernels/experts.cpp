@@ -24,6 +24,13 @@ constexpr int64_t kPartialFloats = 16384;
 // Activation rows per dot_rows call (the weight row is unpacked once for them).
 constexpr int64_t kItemChunk = 16;
 
+// Per-thread scratch that the passes' prepare steps size before any unit runs: each site is one type for the whole
+// function (a site named first inside a lambda would be a type, and so a buffer, of that lambda's own).
+struct ExpertTileGateSite;
+struct ExpertTileUpSite;
+struct ExpertTileDownSite;
+struct ExpertPartialSite;
+
 // A block of rows of one expert's matrix (pass 1) or of the output (pass 2), with its cost (rows x tokens).
 struct Unit {
   int64_t expert = 0;
@@ -65,10 +72,10 @@ class NodeUnits {
     for (int64_t i = 0; i < size_; ++i) storage_[i].cost = c += storage_[i].cost;  // running totals
   }
 
-  // fn(unit) for each unit, in order, on the thread that owns it.
-  template <typename Fn>
-  void run(ThreadPool& pool, Fn&& fn) const {
-    run_ranges(pool, [&](const Unit* begin, const Unit* end) {
+  // fn(unit) for each unit, in order, on the thread that takes it; prepare() first on every thread of the pool.
+  template <typename Prepare, typename Fn>
+  void run(ThreadPool& pool, Prepare&& prepare, Fn&& fn) const {
+    run_ranges(pool, prepare, [&](const Unit* begin, const Unit* end) {
       for (const Unit* u = begin; u < end; ++u) fn(*u);
     });
   }
@@ -78,8 +85,11 @@ class NodeUnits {
   // whose range is done takes half of what is left of another range of its node from the back. The costs only
   // estimate the work (8 rows through a tile kernel cost about 4 rows' time, not 8; a VM's vCPUs run at different
   // speeds), and a range's end moving to the thread that is free makes up for it; the pieces stay long runs.
-  template <typename Fn>
-  void run_ranges(ThreadPool& pool, Fn&& fn) const {
+  // Which thread runs a unit, and how long its runs are, thus change from call to call: every thread calls
+  // prepare() before it takes any, to size its per-thread scratch for the largest piece it could get, so that a
+  // warm decode loop allocates nothing whoever takes what.
+  template <typename Prepare, typename Fn>
+  void run_ranges(ThreadPool& pool, Prepare&& prepare, Fn&& fn) const {
     const ThreadPlacement* p = pool.placement();
     const int64_t n_pool = pool.size();
     std::span<Claim> claims = scratch<Claim, struct UnitClaimSite>(static_cast<size_t>(n_pool));
@@ -112,6 +122,7 @@ class NodeUnits {
       c.range = pack(boundary(rank), boundary(rank + 1));
     }
     pool.parallel_for(n_pool, 1, [&](int64_t thread, int64_t) {
+      prepare();
       int64_t begin = 0, end = 0;
       while (take(claims[thread], /*from_back=*/false, begin, end)) fn(storage_.data() + begin, storage_.data() + end);
       for (int64_t i = 1; i < n_pool; ++i) {
@@ -207,10 +218,11 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
   };
   std::span<Plan> plan = scratch<Plan, struct ExpertPlanSite>(n_experts);
   size_t act_bytes = 0, down_bytes = 0, hidden_floats = 0;
-  int64_t max_units = 0;
+  int64_t max_units = 0, max_m = 0;
   for (int64_t e = 0; e < n_experts; ++e) {
     const ExpertFfn& f = batch.experts[e];
     const int64_t m = batch.first[e + 1] - batch.first[e];
+    max_m = std::max(max_m, m);
     Plan& p = plan[e];
     p.gate = {quant::activation_row_bytes(f.gate.type, f.gate.n_cols), act_bytes};
     act_bytes += p.gate.row_bytes * m;
@@ -299,8 +311,14 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
     }
   });
 
-  // Pass 1: hidden = silu(gate x) * up x, by units of kGateRows rows of one expert.
-  gate_units.run(pool, [&](const Unit& unit) {
+  // Pass 1: hidden = silu(gate x) * up x, by units of kGateRows rows of one expert. The tile path's per-thread
+  // blocks hold [token][kTileRows] of the expert with the most tokens.
+  const auto tile_block = [](int64_t m) { return m >= kTileMinActs ? m * kTileRows : 0; };
+  auto size_gate_tiles = [&] {
+    scratch<float, ExpertTileGateSite>(tile_block(max_m));
+    scratch<float, ExpertTileUpSite>(tile_block(max_m));
+  };
+  gate_units.run(pool, size_gate_tiles, [&](const Unit& unit) {
     const int64_t e = unit.expert;
     const ExpertFfn& f = batch.experts[e];
     const Plan& p = plan[e];
@@ -314,8 +332,8 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
     if (gate_tile || up_tile) {
       // Full blocks of kTileRows rows for all the expert's tokens at once (prefill), [token][kTileRows] per thread;
       // a matrix without a tile kernel fills its block row by row (as swiglu_matmul does).
-      std::span<float> g = scratch<float, struct ExpertTileGateSite>(m * kTileRows);
-      std::span<float> u = scratch<float, struct ExpertTileUpSite>(m * kTileRows);
+      std::span<float> g = scratch<float, ExpertTileGateSite>(tile_block(m));
+      std::span<float> u = scratch<float, ExpertTileUpSite>(tile_block(m));
       float* h = hidden.data() + p.hidden;
       for (; first_rest + kTileRows <= r1; first_rest += kTileRows) {
         const int64_t r = first_rest;
@@ -381,7 +399,7 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
   auto down_span = [&](int64_t r0, int64_t r1) {
     const int64_t span_rows = r1 - r0;
     // partial[(t * per_token + k) * span_rows + r - r0]: item (t, k)'s weighted output rows of this block.
-    std::span<float> partial = scratch<float, struct ExpertPartialSite>(n_slots_all * span_rows);
+    std::span<float> partial = scratch<float, ExpertPartialSite>(n_slots_all * span_rows);
     if (sparse) std::fill(partial.begin(), partial.begin() + n_slots_all * span_rows, 0.0f);
     float y[kItemChunk];
     for (int64_t e = 0; e < n_experts; ++e) {
@@ -391,7 +409,7 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
       int64_t first_rest = r0;
       const GemmTileFn down_tile = m >= kTileMinActs && !f.has_residual() ? k.tile_for(f.down.type) : nullptr;
       if (down_tile) {
-        std::span<float> y8 = scratch<float, struct ExpertTileDownSite>(m * kTileRows);
+        std::span<float> y8 = scratch<float, ExpertTileDownSite>(tile_block(m));
         const uint8_t* a = down_act.data() + p.down.offset;
         for (; first_rest + kTileRows <= r1; first_rest += kTileRows) {
           down_tile(f.down.n_cols, f.down.row(first_rest), f.down.row_bytes, a, p.down.row_bytes, m, y8.data(),
@@ -441,7 +459,11 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
   // other), down to one unit when they are many (prefill: the span's partial sums stay in cache).
   const int64_t span =
       std::max<int64_t>(kDownRows, (kPartialFloats / std::max<int64_t>(1, n_slots_all)) / kDownRows * kDownRows);
-  down_units.run_ranges(pool, [&](const Unit* first_unit, const Unit* end_unit) {
+  auto size_down_blocks = [&] {
+    scratch<float, ExpertPartialSite>(n_slots_all * std::min(span, n_embd));
+    scratch<float, ExpertTileDownSite>(tile_block(max_m));
+  };
+  down_units.run_ranges(pool, size_down_blocks, [&](const Unit* first_unit, const Unit* end_unit) {
     const int64_t range_end = (end_unit - 1)->r1;
     for (int64_t r0 = first_unit->r0; r0 < range_end; r0 += span) down_span(r0, std::min(range_end, r0 + span));
   });
