@@ -156,6 +156,7 @@ class Chat {
         session_(*model_, opt.ctx_size > 0 ? opt.ctx_size : std::min<int64_t>(4096, model_->config().n_ctx_train)),
         conversation_(session_, *tokenizer_, template_, text::RenderOptions{.enable_thinking = opt.enable_thinking}),
         sampler_(opt.sampling),
+        drafter_(engine::make_drafter(engine::parse_draft_source(opt.draft.source))),
         reader_(tty_) {
     if (!opt.system.empty()) conversation_.set_system(opt.system);
     conversation_.set_cancel(&g_interrupt);
@@ -274,12 +275,11 @@ class Chat {
         load(arg);
       } else if (name == "/stats") {
         const engine::Session::Counters& c = total_;
-        note(
-            fmt::format("context {} of {} tokens, {} turns; prefill {} tokens ({:.1f} tok/s), decode {} tokens "
-                        "({:.1f} tok/s)",
-                        session_.n_past(), session_.n_ctx(), conversation_.n_turns(), c.prefill_tokens,
-                        c.prefill_tokens / std::max(c.prefill_seconds, 1e-9), c.decode_tokens,
-                        c.decode_tokens / std::max(c.decode_seconds, 1e-9)));
+        note(fmt::format(
+            "context {} of {} tokens, {} turns; prefill {} tokens ({:.1f} tok/s), decode {} tokens ({:.1f} tok/s){}",
+            session_.n_past(), session_.n_ctx(), conversation_.n_turns(), c.prefill_tokens,
+            c.prefill_tokens / std::max(c.prefill_seconds, 1e-9), c.decode_tokens + c.verify_steps + drafts_.accepted,
+            engine::decode_rate(c, drafts_), drafter_ ? engine::draft_summary(drafts_) : ""));
       } else {
         note(fmt::format("unknown command {}; /help lists them", name));
       }
@@ -423,7 +423,10 @@ class Chat {
     const std::string& rendered = conversation_.rendered();
     std::string reply = think_open ? rendered.substr(rendered.rfind(template_.think_open())) : "";
     const int64_t before = session_.n_past();
-    engine::GenerateOptions gen{.max_tokens = opt_.max_tokens, .interrupt = &g_interrupt};
+    engine::GenerateOptions gen{.max_tokens = opt_.max_tokens,
+                                .interrupt = &g_interrupt,
+                                .drafter = drafter_.get(),
+                                .draft_max = opt_.draft.max};
     engine::GenerateResult result;
     std::vector<int32_t> generated;  // what the callback saw: the result is lost when generation throws
     try {
@@ -457,9 +460,16 @@ class Chat {
     total_.prefill_seconds += c.prefill_seconds;
     total_.decode_tokens += c.decode_tokens;
     total_.decode_seconds += c.decode_seconds;
-    note(fmt::format("[prompt {} tokens, {:.1f} tok/s | reply {} tokens, {:.1f} tok/s | context {}/{}]",
+    total_.verify_steps += c.verify_steps;
+    total_.verify_tokens += c.verify_tokens;
+    total_.verify_seconds += c.verify_seconds;
+    drafts_.steps += result.steps;
+    drafts_.drafted += result.drafted;
+    drafts_.accepted += result.accepted;
+    note(fmt::format("[prompt {} tokens, {:.1f} tok/s | reply {} tokens, {:.1f} tok/s{} | context {}/{}]",
                      c.prefill_tokens, c.prefill_tokens / std::max(c.prefill_seconds, 1e-9), generated.size(),
-                     c.decode_tokens / std::max(c.decode_seconds, 1e-9), session_.n_past(), session_.n_ctx()));
+                     engine::decode_rate(c, result), drafter_ ? engine::draft_summary(result) : "", session_.n_past(),
+                     session_.n_ctx()));
   }
 
   // The logits after the last prefill: re-evaluating is avoided by keeping them in the session's model call.
@@ -482,8 +492,10 @@ class Chat {
   engine::Session session_;
   engine::Conversation conversation_;
   engine::Sampler sampler_;
+  std::unique_ptr<engine::Drafter> drafter_;  // null without --draft
   LineReader reader_;
   engine::Session::Counters total_;
+  engine::GenerateResult drafts_;       // the replies' steps and drafts, added up (its tokens unused)
   int64_t messages_ = 0, refused_ = 0;  // messages read (commands are not), and those not sent or not answered
   int64_t failed_commands_ = 0;
 };

@@ -143,7 +143,11 @@ int run(const RunOptions& opt) {
   std::optional<text::StreamDecoder> decoder;
   if (text_out) decoder.emplace(*tokenizer);
   int count = 0;
-  engine::GenerateOptions gen{.max_tokens = opt.n_predict, .stop_at_end_of_generation = tokenizer && !opt.ignore_eos};
+  const std::unique_ptr<engine::Drafter> drafter = engine::make_drafter(engine::parse_draft_source(opt.draft.source));
+  engine::GenerateOptions gen{.max_tokens = opt.n_predict,
+                              .stop_at_end_of_generation = tokenizer && !opt.ignore_eos,
+                              .drafter = drafter.get(),
+                              .draft_max = opt.draft.max};
   const engine::GenerateResult result =
       engine::generate(session, logits, sampler, tokenizer.get(), gen, [&](int32_t token) {
         if (text_out) {
@@ -166,9 +170,9 @@ int run(const RunOptions& opt) {
   }
   if (!opt.print_ids) {
     const engine::Session::Counters& k = session.counters();
-    fmt::print(stderr, "prompt {} tokens, {:.1f} tok/s; generated {} tokens, {:.1f} tok/s\n", k.prefill_tokens,
+    fmt::print(stderr, "prompt {} tokens, {:.1f} tok/s; generated {} tokens, {:.1f} tok/s{}\n", k.prefill_tokens,
                k.prefill_tokens / std::max(k.prefill_seconds, 1e-9), result.tokens.size(),
-               k.decode_tokens / std::max(k.decode_seconds, 1e-9));
+               engine::decode_rate(k, result), drafter ? engine::draft_summary(result) : "");
   }
   return 0;
 }

@@ -30,6 +30,12 @@ struct LogitsOptions {
   int threads = 0;
 };
 
+// Speculative decoding (--draft, --draft-max).
+struct DraftOptions {
+  std::string source = "none";  // none, ngram
+  int max = 4;                  // drafts per step at most
+};
+
 struct RunOptions {
   std::string model;
   std::vector<int32_t> tokens;  // either these ids...
@@ -43,6 +49,7 @@ struct RunOptions {
   std::string critical;  // split models: --critical R|all (empty: the default)
   int threads = 0;
   std::string trace_routing;  // write every MoE layer's routing here (hetmoe-routing/1)
+  DraftOptions draft;
 };
 
 struct ChatOptions {
@@ -54,6 +61,7 @@ struct ChatOptions {
   int64_t ctx_size = 0;     // 0: min(4096, training context)
   bool hide_think = false;  // R1/Qwen3 reasoning: hidden instead of dimmed
   bool enable_thinking = true;
+  DraftOptions draft;
   DeviceOptions device;
   std::string critical;  // split models: --critical R|all (empty: the default)
   int threads = 0;

@@ -107,6 +107,16 @@ void add_sampling(CLI::App* cmd, engine::SamplingParams* p) {
   cmd->add_option("--seed", p->seed, "sampling seed");
 }
 
+void add_draft(CLI::App* cmd, cli::DraftOptions* d) {
+  cmd->add_option("--draft", d->source,
+                  "speculative decoding: where drafts come from (none; ngram: the context's own n-grams)")
+      ->check(CLI::IsMember({"none", "ngram"}))
+      ->capture_default_str();
+  cmd->add_option("--draft-max", d->max, "tokens drafted per step at most")
+      ->check(cli::in_range(1, 64, "tokens"))
+      ->capture_default_str();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -227,6 +237,7 @@ int main(int argc, char** argv) {
   c_run->add_flag("--print-ids", run.print_ids, "print only the generated ids on stdout");
   c_run->add_option("--trace-routing", run.trace_routing,
                     "write the experts every MoE layer chose for every token to this file (JSON lines)");
+  add_draft(c_run, &run.draft);
   add_threads(c_run, &run.threads);
   add_critical(c_run, &run.critical);
   add_device(c_run, &run.device);
@@ -243,6 +254,7 @@ int main(int argc, char** argv) {
       ->check(cli::in_range(0, 1e9, "tokens"));
   c_chat->add_flag("--hide-think", chat.hide_think, "hide a reasoning model's <think> block instead of dimming it");
   c_chat->add_flag("!--no-think", chat.enable_thinking, "ask Qwen3 or GLM-4.5 not to think (enable_thinking = false)");
+  add_draft(c_chat, &chat.draft);
   add_threads(c_chat, &chat.threads);
   add_critical(c_chat, &chat.critical);
   add_device(c_chat, &chat.device);

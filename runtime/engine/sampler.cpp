@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "runtime/error.h"
 
@@ -94,7 +95,7 @@ void Sampler::reseed(uint64_t seed) {
   rng_.seed(seed);
 }
 
-int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+std::optional<int32_t> Sampler::prepare(std::span<const float> logits, std::span<const int32_t> history) {
   if (logits.empty()) fail("sampler: empty logits");
   candidates_.resize(logits.size());
   for (size_t i = 0; i < logits.size(); ++i)
@@ -130,25 +131,51 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     std::erase_if(candidates_, [threshold](const Candidate& c) { return c.first < threshold; });
   }
 
-  // Temperature and the draw in one pass: exp((logit - max) / temperature), in double so that a tiny
-  // temperature cannot overflow.
+  // Temperature: exp((logit - max) / temperature), in double so that a tiny temperature cannot overflow.
   const double max_logit = std::max_element(candidates_.begin(), candidates_.end(), [](auto& a, auto& b) {
                              return a.first < b.first;
                            })->first;
   const double temperature = params_.temperature;
+  weights_.resize(candidates_.size());
+  for (size_t i = 0; i < candidates_.size(); ++i)
+    weights_[i] = std::exp((candidates_[i].first - max_logit) / temperature);
+  return std::nullopt;
+}
+
+int32_t Sampler::draw(int32_t skip) {
   double total = 0.0;
-  for (const Candidate& c : candidates_) total += std::exp((c.first - max_logit) / temperature);
+  for (size_t i = 0; i < candidates_.size(); ++i)
+    if (candidates_[i].second != skip) total += weights_[i];
   const double target = uniform01(rng_) * total;
   double cumulative = 0.0;
-  for (const Candidate& c : candidates_) {
-    const double weight = std::exp((c.first - max_logit) / temperature);
-    cumulative += weight;
-    if (weight > 0.0 && target < cumulative) return c.second;
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    if (candidates_[i].second == skip) continue;
+    cumulative += weights_[i];
+    if (weights_[i] > 0.0 && target < cumulative) return candidates_[i].second;
   }
   // Rounding left the target at the very end of the mass: the last token with any mass.
-  for (auto it = candidates_.rbegin(); it != candidates_.rend(); ++it)
-    if (std::exp((it->first - max_logit) / temperature) > 0.0) return it->second;
+  for (size_t i = candidates_.size(); i-- > 0;)
+    if (weights_[i] > 0.0 && candidates_[i].second != skip) return candidates_[i].second;
   return candidates_.front().second;
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  if (const std::optional<int32_t> forced = prepare(logits, history)) return *forced;
+  return draw(-1);
+}
+
+int32_t Sampler::verify(std::span<const float> logits, std::span<const int32_t> history, int32_t draft) {
+  if (const std::optional<int32_t> forced = prepare(logits, history)) return *forced;
+  double total = 0.0, mass = 0.0;
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    total += weights_[i];
+    if (candidates_[i].second == draft) mass = weights_[i];
+  }
+  // Accepted with probability p(draft); else a draw from p without the draft, renormalised (max(p - q, 0) for a
+  // draft distribution q that is all on the draft).
+  if (mass > 0.0 && uniform01(rng_) * total < mass) return draft;
+  if (mass >= total) return draft;  // the draft is the only token with mass: p(draft) = 1
+  return draw(draft);
 }
 
 }  // namespace hetmoe::engine

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <vector>
@@ -27,14 +28,27 @@ class Sampler {
   explicit Sampler(const SamplingParams& params);
   // `logits` are not modified. `history` is the sequence so far (prompt and generated), for the penalties.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  // Speculative decoding's rule for a token a drafter proposed (a draft that is one token, not a distribution):
+  // returns `draft` with the probability the chain gives it at these logits, else a token drawn from the chain's
+  // distribution with the draft left out. The tokens that come out are distributed as sample()'s (the standard
+  // rejection rule); greedy (temperature <= 0) returns the argmax, which accepts the draft exactly when it is the
+  // greedy token.
+  int32_t verify(std::span<const float> logits, std::span<const int32_t> history, int32_t draft);
   void reseed(uint64_t seed);
   const SamplingParams& params() const { return params_; }
 
  private:
+  // Runs the chain up to the draw: returns the token when the chain leaves no choice (greedy, one candidate, no
+  // finite logit), else leaves the candidates in candidates_ and their unnormalised probabilities in weights_.
+  std::optional<int32_t> prepare(std::span<const float> logits, std::span<const int32_t> history);
+  // One draw from the prepared candidates, `skip` left out (-1: none).
+  int32_t draw(int32_t skip);
+
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;  // scratch, reused: (logit, id)
   std::vector<int32_t> window_;                        // scratch, reused: the penalised tokens, sorted
+  std::vector<double> weights_;                        // scratch, reused: the candidates' unnormalised probabilities
 };
 
 }  // namespace hetmoe::engine

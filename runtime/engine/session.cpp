@@ -23,8 +23,12 @@ void Session::prepare(size_t n, const std::atomic<bool>* cancel) {
   }
 }
 
-void Session::account(std::span<const int32_t> tokens, double seconds) {
-  if (tokens.size() > 1) {
+void Session::account(std::span<const int32_t> tokens, double seconds, bool verify) {
+  if (verify) {
+    counters_.verify_steps += 1;
+    counters_.verify_tokens += static_cast<int64_t>(tokens.size());
+    counters_.verify_seconds += seconds;
+  } else if (tokens.size() > 1) {
     counters_.prefill_tokens += static_cast<int64_t>(tokens.size());
     counters_.prefill_seconds += seconds;
   } else {
@@ -40,6 +44,16 @@ std::span<const float> Session::eval(std::span<const int32_t> tokens, const std:
   model_.forward(tokens, n_past(), cache_, /*all_logits=*/false, logits_, nullptr, cancel);
   account(tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return logits_;
+}
+
+std::span<const float> Session::eval_all(std::span<const int32_t> tokens, const std::atomic<bool>* cancel) {
+  prepare(tokens.size(), cancel);
+  const auto start = std::chrono::steady_clock::now();
+  model_.forward(tokens, n_past(), cache_, /*all_logits=*/true, all_logits_, nullptr, cancel);
+  account(tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), /*verify=*/true);
+  const size_t n_vocab = static_cast<size_t>(model_.config().n_vocab);
+  logits_.assign(all_logits_.end() - static_cast<std::ptrdiff_t>(n_vocab), all_logits_.end());
+  return all_logits_;
 }
 
 void Session::eval_batch(std::span<const BatchPart> parts, const std::atomic<bool>* cancel) {

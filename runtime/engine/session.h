@@ -33,6 +33,9 @@ class Session {
   std::span<const float> eval(std::span<const int32_t> tokens, const std::atomic<bool>* cancel = nullptr);
   // The logits eval() returned last.
   std::span<const float> last_logits() const { return logits_; }
+  // As eval(), returning every token's logits, [n][n_vocab] (valid until the next call): speculative decoding's
+  // verification of a token and its drafts. last_logits() is then the last row.
+  std::span<const float> eval_all(std::span<const int32_t> tokens, const std::atomic<bool>* cancel = nullptr);
 
   // Several sessions of one model advance in one forward pass (continuous batching): each part's tokens after what
   // its session holds, as eval() would take them, with its logits (of the last token, when asked) then in its
@@ -52,12 +55,16 @@ class Session {
   int64_t replay_pending() const;
   void clear() { truncate(0); }
 
-  // What the last eval calls cost: a batch of more than one token counts as prefill, a single token as decode.
+  // What the last eval calls cost: a batch of more than one token counts as prefill, a single token as decode, an
+  // eval_all as a verification step.
   struct Counters {
     int64_t prefill_tokens = 0;
     double prefill_seconds = 0;
     int64_t decode_tokens = 0;
     double decode_seconds = 0;
+    int64_t verify_steps = 0;
+    int64_t verify_tokens = 0;
+    double verify_seconds = 0;
   };
   const Counters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
@@ -70,12 +77,13 @@ class Session {
   // Before evaluating `n` tokens: fails when they do not fit, syncs, takes the checkpoint the batch needs.
   void prepare(size_t n, const std::atomic<bool>* cancel);
   // After: the tokens are the session's, their cost counted.
-  void account(std::span<const int32_t> tokens, double seconds);
+  void account(std::span<const int32_t> tokens, double seconds, bool verify = false);
 
   model::Model& model_;
   model::KvCache cache_;
   std::vector<int32_t> tokens_;
   std::vector<float> logits_;
+  std::vector<float> all_logits_;  // eval_all's
   Counters counters_;
 };
 

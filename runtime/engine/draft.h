@@ -1,0 +1,46 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace hetmoe::engine {
+
+// Where speculative decoding's drafts come from.
+enum class DraftSource { kNone, kNgram };
+
+// "none" or "ngram"; a clear error for anything else.
+DraftSource parse_draft_source(std::string_view name);
+std::string_view draft_source_name(DraftSource source);
+
+// Proposes the tokens likely to follow a sequence. The target model then evaluates the sequence's next token and
+// the drafts in one batch (speculative decoding): decode reads every active weight once per step, so a step of
+// k + 1 positions costs far less than k + 1 steps, and every draft the target agrees with is a token for free.
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  // Up to `max` tokens that may follow `history` and then `next` (the token about to be evaluated), into `out`
+  // (cleared first; empty when there is no guess).
+  virtual void propose(std::span<const int32_t> history, int32_t next, int max, std::vector<int32_t>& out) = 0;
+};
+
+// Prompt lookup: the longest n-gram (max_n down to min_n tokens) that ends the sequence and also occurs earlier in
+// it; the drafts are the tokens that followed its latest earlier occurrence (the latest with max of them). Costs
+// nothing to run and needs no model: it predicts text that repeats what the context holds (code edits, quoting,
+// summaries, extraction).
+class NgramDrafter final : public Drafter {
+ public:
+  explicit NgramDrafter(int min_n = 2, int max_n = 4);
+  void propose(std::span<const int32_t> history, int32_t next, int max, std::vector<int32_t>& out) override;
+
+ private:
+  int min_n_, max_n_;
+  std::vector<int32_t> seq_;  // scratch: history then next
+};
+
+// The drafter for `source` (null for kNone).
+std::unique_ptr<Drafter> make_drafter(DraftSource source);
+
+}  // namespace hetmoe::engine

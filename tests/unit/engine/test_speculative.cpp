@@ -1,0 +1,292 @@
+// Speculative decoding: the rejection rule of Sampler::verify, the n-gram drafter, and generate() with drafts
+// against generate() without them (the same tokens, the session left as plain decoding leaves it).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/engine/draft.h"
+#include "runtime/engine/generate.h"
+#include "runtime/engine/sampler.h"
+#include "runtime/engine/session.h"
+#include "runtime/error.h"
+#include "runtime/model/make_model.h"
+#include "runtime/model/model.h"
+#include "tests/support/compare.h"
+
+namespace hetmoe::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string model_path(const std::string& name) { return (fs::path(HETMOE_TEST_DATA_DIR) / "models" / name).string(); }
+
+// ---- the rejection rule ----
+
+// How often each token comes out of verify() with `draft` proposed, over `draws` calls.
+std::vector<double> verify_frequencies(const SamplingParams& params, const std::vector<float>& logits, int32_t draft,
+                                       int draws) {
+  Sampler s(params);
+  std::vector<double> f(logits.size(), 0.0);
+  for (int i = 0; i < draws; ++i) f[static_cast<size_t>(s.verify(logits, {}, draft))] += 1.0 / draws;
+  return f;
+}
+
+std::vector<double> sample_frequencies(const SamplingParams& params, const std::vector<float>& logits, int draws) {
+  Sampler s(params);
+  std::vector<double> f(logits.size(), 0.0);
+  for (int i = 0; i < draws; ++i) f[static_cast<size_t>(s.sample(logits, {}))] += 1.0 / draws;
+  return f;
+}
+
+TEST(Verify, GreedyAcceptsExactlyTheArgmax) {
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f, 1.9f};
+  Sampler s({.temperature = 0.0f});
+  EXPECT_EQ(s.verify(logits, {}, 1), 1);  // the argmax (ties to the lower id): accepted
+  EXPECT_EQ(s.verify(logits, {}, 3), 1);  // its tie with a higher id: replaced by the argmax
+  EXPECT_EQ(s.verify(logits, {}, 4), 1);
+  // The penalties apply as in sample(): token 1 seen before loses its lead.
+  Sampler p({.temperature = 0.0f, .repeat_penalty = 2.0f});
+  const std::vector<int32_t> history = {1};
+  EXPECT_EQ(p.verify(logits, history, 3), 3);
+  EXPECT_EQ(p.verify(logits, history, 1), 3);
+}
+
+// Whatever the draft, verify()'s tokens are distributed as sample()'s: drafts the chain likes, dislikes, or cut
+// (outside top-k, below min-p), with and without truncation. 200k draws each: a frequency's standard error is at
+// most 0.0011, the bound 0.006.
+TEST(Verify, TokensAreDistributedAsTheChainsWhateverTheDraft) {
+  const std::vector<float> logits = {1.0f, 2.5f, 0.2f, -0.5f, 1.7f, 0.9f, -2.0f, 1.2f};
+  const SamplingParams configs[] = {
+      {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 3},
+      {.temperature = 0.7f, .top_k = 4, .top_p = 1.0f, .min_p = 0.0f, .seed = 4},
+      {.temperature = 1.3f, .top_k = 0, .top_p = 0.9f, .min_p = 0.1f, .seed = 5},
+  };
+  const int draws = 200000;
+  for (const SamplingParams& params : configs) {
+    const std::vector<double> want = sample_frequencies(params, logits, draws);
+    for (int32_t draft : {1, 4, 3, 6}) {
+      SCOPED_TRACE(testing::Message() << "temperature " << params.temperature << " top-k " << params.top_k << " draft "
+                                      << draft);
+      const std::vector<double> got = verify_frequencies(params, logits, draft, draws);
+      for (size_t t = 0; t < logits.size(); ++t) EXPECT_NEAR(got[t], want[t], 0.006) << "token " << t;
+    }
+  }
+}
+
+TEST(Verify, AcceptsADraftAsOftenAsTheChainWouldDrawIt) {
+  // p = (0.6, 0.3, 0.1): a draft of token 1 is accepted 30 % of the time, and when it is not, the token is 0 or 2
+  // in proportion 6:1.
+  const std::vector<float> logits = {std::log(0.6f), std::log(0.3f), std::log(0.1f)};
+  const std::vector<double> f =
+      verify_frequencies({.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 9}, logits, 1, 200000);
+  EXPECT_NEAR(f[1], 0.3, 0.006);
+  EXPECT_NEAR(f[0], 0.6, 0.006);
+  EXPECT_NEAR(f[2], 0.1, 0.006);
+}
+
+// ---- the n-gram drafter ----
+
+TEST(NgramDrafter, ProposesWhatFollowedTheLongestRepeatedSuffix) {
+  NgramDrafter d(2, 4);
+  std::vector<int32_t> out;
+  // ... 5 6 7 8 9 ... then 5 6 + next 7: the 3-gram 5 6 7 was followed by 8 9 10.
+  const std::vector<int32_t> h = {1, 5, 6, 7, 8, 9, 10, 2, 3, 5, 6};
+  d.propose(h, 7, 3, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{8, 9, 10}));
+  d.propose(h, 7, 2, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{8, 9}));
+  // The longer match wins over a later shorter one: 6 7 also follows 4 later, but 5 6 7 was followed by 8.
+  const std::vector<int32_t> h2 = {5, 6, 7, 8, 1, 6, 7, 4, 5, 6};
+  d.propose(h2, 7, 1, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{8}));
+  // Of equal matches the latest: 3 4 was followed by 9, later by 5.
+  d.propose(std::vector<int32_t>{3, 4, 9, 0, 3, 4, 5, 0, 3}, 4, 1, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{5}));
+}
+
+TEST(NgramDrafter, NothingWithoutARepeatAndAFullRunOfOneToken) {
+  NgramDrafter d(2, 4);
+  std::vector<int32_t> out = {1};
+  d.propose(std::vector<int32_t>{1, 2, 3, 4}, 5, 4, out);
+  EXPECT_TRUE(out.empty());
+  d.propose(std::vector<int32_t>{1, 2, 3, 4}, 5, 0, out);
+  EXPECT_TRUE(out.empty());
+  d.propose({}, 5, 4, out);
+  EXPECT_TRUE(out.empty());
+  // A run of one token: the occurrence that overlaps the suffix has one token after it; an earlier one has four.
+  d.propose(std::vector<int32_t>{9, 9, 9, 9, 9, 9, 9}, 9, 4, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{9, 9, 9, 9}));
+}
+
+TEST(Draft, SourcesByName) {
+  EXPECT_EQ(parse_draft_source("none"), DraftSource::kNone);
+  EXPECT_EQ(parse_draft_source("ngram"), DraftSource::kNgram);
+  EXPECT_THROW(parse_draft_source("4"), Error);
+  EXPECT_EQ(make_drafter(DraftSource::kNone), nullptr);
+  EXPECT_NE(make_drafter(DraftSource::kNgram), nullptr);
+}
+
+// ---- generation with drafts ----
+
+// Drafts the continuation plain greedy decoding produced (`ref`, after a prompt of n_prompt tokens), with every
+// third draft wrong: the steps accept some drafts and reject others at every depth.
+class OracleDrafter final : public Drafter {
+ public:
+  OracleDrafter(std::vector<int32_t> ref, size_t n_prompt, int32_t n_vocab)
+      : ref_(std::move(ref)), n_prompt_(n_prompt), n_vocab_(n_vocab) {}
+  void propose(std::span<const int32_t> history, int32_t, int max, std::vector<int32_t>& out) override {
+    out.clear();
+    for (size_t i = history.size() + 1 - n_prompt_; i < ref_.size() && static_cast<int>(out.size()) < max; ++i)
+      out.push_back(++calls_ % 3 == 0 ? (ref_[i] + 1) % n_vocab_ : ref_[i]);
+  }
+
+ private:
+  std::vector<int32_t> ref_;
+  size_t n_prompt_;
+  int32_t n_vocab_;
+  int64_t calls_ = 0;
+};
+
+struct Outcome {
+  GenerateResult result;
+  std::vector<int32_t> session_tokens;
+  std::vector<float> next_logits;  // after the generation: the logits of one more token, evaluated
+};
+
+Outcome generate_on(model::Model& m, const std::vector<int32_t>& prompt, int64_t n, Drafter* drafter, int draft_max,
+                    const std::function<bool(int32_t)>& on_token = {}) {
+  Session s(m, 96);
+  const std::span<const float> logits = s.eval(prompt);
+  Sampler sampler({.temperature = 0.0f});
+  Outcome r;
+  r.result =
+      generate(s, logits, sampler, nullptr, {.max_tokens = n, .drafter = drafter, .draft_max = draft_max}, on_token);
+  r.session_tokens = s.tokens();
+  const int32_t more[1] = {r.result.tokens.back()};
+  const std::span<const float> next = s.eval(more);
+  r.next_logits.assign(next.begin(), next.end());
+  return r;
+}
+
+// The greedy token of `logits` and its margin over the runner-up.
+float top_margin(std::span<const float> logits) {
+  std::vector<float> v(logits.begin(), logits.end());
+  std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<>());
+  return v[0] - v[1];
+}
+
+// F32 files (make-model's tiny presets, with the architectures that keep recurrent state): a batch differs from one
+// row at a time only in summation order, so drafts change nothing: the same tokens, the session holding the same
+// ones, the logits after it the same to 1e-4. Drafts of every depth are accepted and rejected (the rejected ones'
+// cache rows are forgotten, the recurrent state replayed).
+TEST(Speculative, F32ModelsGiveThePlainGreedyTokensAndSession) {
+  for (const std::string preset : {"tiny-deepseek-v3", "tiny-qwen3.5-moe", "tiny-deepseek-v4"}) {
+    SCOPED_TRACE(preset);
+    const fs::path path = fs::temp_directory_path() / ("hetmoe-speculative-" + preset + ".gguf");
+    make_model({.preset = preset, .out_path = path.string(), .type = "F32", .threads = 2});
+    auto m = model::Model::load(path.string(), 2);
+    fs::remove(path);
+    const std::vector<int32_t> prompt = {3, 17, 42, 100, 7, 255, 256, 300};
+    const int64_t n = 40;
+    const Outcome plain = generate_on(*m, prompt, n, nullptr, 0);
+    for (int k : {1, 3, 6}) {
+      SCOPED_TRACE(k);
+      OracleDrafter oracle(plain.result.tokens, prompt.size(), static_cast<int32_t>(m->config().n_vocab));
+      const Outcome spec = generate_on(*m, prompt, n, &oracle, k);
+      EXPECT_EQ(spec.result.tokens, plain.result.tokens);
+      EXPECT_EQ(spec.session_tokens, plain.session_tokens);
+      EXPECT_LT(test_support::relative_rms(spec.next_logits, plain.next_logits), 1e-4);
+      EXPECT_GT(spec.result.accepted, 0);
+      EXPECT_LT(spec.result.accepted, spec.result.drafted);
+      EXPECT_LT(spec.result.steps, n - 1);
+    }
+  }
+}
+
+// The reference files in their quantized types: the verification batch takes other kernels than one row (tiles
+// from 4 rows of an expert), equal to rounding, so the batching rules hold: the tokens are the plain ones up to
+// where they part, and they part only where plain decoding's margin is below 0.1.
+TEST(Speculative, QuantizedModelsFollowPlainGreedyDecoding) {
+  for (const std::string name : {"tiny-deepseek3-Q4_K_M.gguf", "tiny-qwen3moe-Q4_K_M.gguf", "tiny-mixtral-Q4_K_M.gguf",
+                                 "tiny-qwen35moe-Q4_K_M.gguf", "tiny-gptoss-MXFP4_MOE.gguf"}) {
+    SCOPED_TRACE(name);
+    auto m = model::Model::load(model_path(name), 2);
+    const std::vector<int32_t> prompt = {11, 64, 128, 5, 11, 64};
+    const int64_t n = 32;
+    // Plain greedy decoding with each step's margin.
+    std::vector<float> margins;
+    Session s(*m, 96);
+    std::vector<float> logits;
+    {
+      const std::span<const float> l = s.eval(prompt);
+      logits.assign(l.begin(), l.end());
+    }
+    Sampler greedy({.temperature = 0.0f});
+    std::vector<int32_t> plain;
+    for (int64_t i = 0; i < n; ++i) {
+      margins.push_back(top_margin(logits));
+      plain.push_back(greedy.sample(logits, s.tokens()));
+      const int32_t one[1] = {plain.back()};
+      const std::span<const float> l = s.eval(one);
+      logits.assign(l.begin(), l.end());
+    }
+    OracleDrafter oracle(plain, prompt.size(), static_cast<int32_t>(m->config().n_vocab));
+    const Outcome spec = generate_on(*m, prompt, n, &oracle, 4);
+    ASSERT_EQ(spec.result.tokens.size(), static_cast<size_t>(n));
+    EXPECT_GT(spec.result.accepted, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      if (spec.result.tokens[i] == plain[i]) continue;
+      EXPECT_LT(margins[i], 0.1f) << "parted at step " << i << " at a clear margin";
+      break;
+    }
+  }
+}
+
+// The session ends as plain decoding leaves it whatever stops the generation inside a step's accepted drafts: the
+// limit (its last token is not evaluated) or the callback (the token it refused is not evaluated).
+TEST(Speculative, StopsInsideAStepLeaveTheSessionAsPlainDecodingDoes) {
+  auto m = model::Model::load(model_path("tiny-deepseek3-Q4_K_M.gguf"), 2);
+  const std::vector<int32_t> prompt = {3, 17, 42, 100, 7};
+  const Outcome plain = generate_on(*m, prompt, 24, nullptr, 0);
+  for (int64_t n : {1, 2, 5, 9}) {
+    SCOPED_TRACE(n);
+    OracleDrafter oracle(plain.result.tokens, prompt.size(), static_cast<int32_t>(m->config().n_vocab));
+    const Outcome spec = generate_on(*m, prompt, n, &oracle, 8);
+    ASSERT_EQ(spec.result.tokens.size(), static_cast<size_t>(n));
+    EXPECT_EQ(spec.result.stop, StopReason::kMaxTokens);
+    EXPECT_EQ(spec.session_tokens.size(), prompt.size() + static_cast<size_t>(n) - 1);
+  }
+  for (size_t stop_at : {size_t{1}, size_t{3}, size_t{6}}) {
+    SCOPED_TRACE(stop_at);
+    OracleDrafter oracle(plain.result.tokens, prompt.size(), static_cast<int32_t>(m->config().n_vocab));
+    size_t seen = 0;
+    const Outcome spec = generate_on(*m, prompt, 24, &oracle, 8, [&](int32_t) { return ++seen <= stop_at; });
+    EXPECT_EQ(spec.result.stop, StopReason::kCallback);
+    ASSERT_EQ(spec.result.tokens.size(), stop_at + 1);
+    // Everything before the refused token, and not it.
+    EXPECT_EQ(spec.session_tokens.size(), prompt.size() + stop_at);
+  }
+}
+
+// A draft batch that fits the context only in part is cut to fit; a full context still ends the generation.
+TEST(Speculative, DraftsNeverOverrunTheContext) {
+  auto m = model::Model::load(model_path("tiny-qwen3moe-Q4_K_M.gguf"), 2);
+  Session s(*m, 12);
+  const std::vector<int32_t> prompt = {5, 6, 7, 5, 6, 7, 5, 6};
+  const std::span<const float> logits = s.eval(prompt);
+  Sampler sampler({.temperature = 0.0f});
+  NgramDrafter ngram;
+  const GenerateResult r =
+      generate(s, logits, sampler, nullptr, {.max_tokens = 50, .drafter = &ngram, .draft_max = 8}, {});
+  EXPECT_EQ(r.stop, StopReason::kContextFull);
+  EXPECT_EQ(s.n_past(), 12);
+  EXPECT_EQ(r.tokens.size(), 5u);  // four evaluated, the fifth sampled when the context was full
+}
+
+}  // namespace
+}  // namespace hetmoe::engine
