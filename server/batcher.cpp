@@ -61,13 +61,14 @@ struct Batcher::Sequence {
   int64_t prompt_done = 0;       // prompt tokens the session holds
   int64_t cached = 0;            // of them, found in the slot's cache
   int64_t generated = 0;
-  int32_t next = -1;  // the sampled token the next step evaluates; -1 while the prompt is pending
+  int32_t next = -1;            // the sampled token the next step evaluates; -1 while the prompt is pending
+  std::vector<int32_t> drafts;  // the drafts the step evaluates after `next`
   std::optional<text::StreamDecoder> decoder;
   std::string text;  // generated text not sent yet (held back: a possible start of a stop string)
 };
 
 Batcher::Batcher(model::Model& model, const text::Tokenizer* tokenizer, BatcherOptions options)
-    : model_(model), tokenizer_(tokenizer), options_(options) {
+    : model_(model), tokenizer_(tokenizer), options_(options), drafter_(engine::make_drafter(options.draft)) {
   if (options_.parallel < 1) fail("--parallel must be at least 1");
   if (options_.slot_ctx < 2) fail("the context per slot must be at least 2 positions");
   if (options_.max_batch_tokens < options_.parallel)
@@ -206,15 +207,30 @@ bool Batcher::step() {
   // Every decoding sequence's token first, then the pending prompts' chunks in the budget that is left.
   std::vector<engine::Session::BatchPart> parts;
   std::vector<Slot*> owners;
-  std::vector<int32_t> next_tokens(slots_.size());
-  int64_t budget = options_.max_batch_tokens, prompt_rows = 0;
+  std::vector<std::vector<int32_t>> next_tokens(slots_.size());
+  int64_t budget = options_.max_batch_tokens, prompt_rows = 0, drafted = 0;
+  int64_t decoding = 0;
+  for (const Slot& s : slots_) decoding += s.seq && s.seq->next >= 0 ? 1 : 0;
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     if (!s.seq || s.seq->next < 0) continue;
-    next_tokens[i] = s.seq->next;
-    parts.push_back({s.session.get(), std::span<const int32_t>(&next_tokens[i], 1), true});
+    Sequence& q = *s.seq;
+    // Drafts that fit the context, the batch (a token for every decoding sequence first) and the token limit (whose
+    // last token is sampled on its own).
+    int64_t room = std::min<int64_t>(options_.draft_max, s.session->n_free() - 1);
+    room = std::min(room, budget - decoding);
+    if (q.job.max_tokens >= 0) room = std::min(room, q.job.max_tokens - q.generated - 1);
+    q.drafts.clear();
+    if (drafter_ && room > 0)
+      drafter_->propose(std::span<const int32_t>(q.history).first(q.history.size() - 1), q.next, static_cast<int>(room),
+                        q.drafts);
+    next_tokens[i].assign(1, q.next);
+    next_tokens[i].insert(next_tokens[i].end(), q.drafts.begin(), q.drafts.end());
+    parts.push_back({.session = s.session.get(), .tokens = next_tokens[i], .all_logits = !q.drafts.empty()});
     owners.push_back(&s);
-    --budget;
+    budget -= static_cast<int64_t>(next_tokens[i].size());
+    --decoding;
+    drafted += static_cast<int64_t>(q.drafts.size());
   }
   for (Slot& s : slots_) {
     if (!s.seq || s.seq->next >= 0 || budget <= 0) continue;
@@ -241,6 +257,7 @@ bool Batcher::step() {
     // The step's counts first: whoever sees a token of this step sees them too.
     std::lock_guard lock(mutex_);
     ++stats_.steps;
+    stats_.drafted_tokens += drafted;
     int64_t rows = 0;
     for (const auto& p : parts) rows += static_cast<int64_t>(p.tokens.size());
     stats_.step_rows += rows;
@@ -309,11 +326,46 @@ std::pair<size_t, size_t> find_stop(const std::string& text, const std::vector<s
 void Batcher::advance(Slot& slot) {
   Sequence& q = *slot.seq;
   engine::Session& session = *slot.session;
-  const std::span<const float> logits = session.last_logits();
-  const int32_t token = q.sampler.sample(logits, q.history);
+  if (q.next < 0 || q.drafts.empty()) {
+    const std::span<const float> logits = session.last_logits();
+    const int32_t token = q.sampler.sample(logits, q.history);
+    if (take(slot, token, logits, session.n_past())) q.next = token;
+    return;
+  }
+  // The step evaluated q.next and its drafts: row j's logits follow q.next and drafts 0..j-1.
+  const std::span<const float> rows = session.all_logits();
+  const auto n_vocab = static_cast<size_t>(model_.config().n_vocab);
+  const std::vector<int32_t> drafts = std::move(q.drafts);
+  q.drafts.clear();
+  const int64_t base = session.n_past() - static_cast<int64_t>(drafts.size());  // tokens held through q.next
+  int64_t accepted = 0;
+  for (size_t j = 0; j <= drafts.size(); ++j) {
+    const std::span<const float> logits = rows.subspan(j * n_vocab, n_vocab);
+    const int32_t token =
+        j < drafts.size() ? q.sampler.verify(logits, q.history, drafts[j]) : q.sampler.sample(logits, q.history);
+    const bool agreed = j < drafts.size() && token == drafts[j];
+    // In the session before the token: q.next and the drafts before it (an agreed draft is evaluated already).
+    if (!take(slot, token, logits, base + static_cast<int64_t>(j)) || !agreed) {
+      // The session keeps what the reply holds evaluated: q.next and the accepted drafts.
+      session.truncate(base + static_cast<int64_t>(j));
+      if (slot.seq) q.next = token;
+      break;
+    }
+    ++accepted;
+  }
+  std::lock_guard lock(mutex_);
+  stats_.accepted_tokens += accepted;
+}
+
+bool Batcher::take(Slot& slot, int32_t token, std::span<const float> logits, int64_t in_session) {
+  Sequence& q = *slot.seq;
   std::optional<TokenLogprob> lp;
   if (q.job.top_logprobs >= 0) lp = logprob_of(logits, token, q.job.top_logprobs);
-  if (tokenizer_ && !q.job.ignore_eos && tokenizer_->is_end_of_generation(token)) return end(slot, Finish::kStop);
+  const auto ended = [&](Finish reason) {
+    end(slot, reason);
+    return false;
+  };
+  if (tokenizer_ && !q.job.ignore_eos && tokenizer_->is_end_of_generation(token)) return ended(Finish::kStop);
   ++q.generated;
   q.history.push_back(token);
   if (q.decoder) q.text += q.decoder->push(token);
@@ -322,13 +374,13 @@ void Batcher::advance(Slot& slot) {
     q.text.resize(stop_at);
     q.stream->append(q.text, lp ? &*lp : nullptr, 1);
     q.text.clear();
-    return end(slot, Finish::kStop);
+    return ended(Finish::kStop);
   }
   q.stream->append(std::string_view(q.text).substr(0, q.text.size() - held), lp ? &*lp : nullptr, 1);
   q.text.erase(0, q.text.size() - held);
-  if (q.job.max_tokens >= 0 && q.generated >= q.job.max_tokens) return end(slot, Finish::kLength);
-  if (session.n_free() < 1) return end(slot, Finish::kLength);  // the slot's context is full
-  q.next = token;
+  if (q.job.max_tokens >= 0 && q.generated >= q.job.max_tokens) return ended(Finish::kLength);
+  if (in_session >= slot.session->n_ctx()) return ended(Finish::kLength);  // the slot's context is full
+  return true;
 }
 
 void Batcher::end(Slot& slot, Finish reason, std::string error) {

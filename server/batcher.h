@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/engine/draft.h"
 #include "runtime/engine/sampler.h"
 #include "runtime/engine/session.h"
 #include "runtime/model/model.h"
@@ -82,6 +83,9 @@ struct BatcherOptions {
   int64_t slot_ctx = 4096;         // positions per slot
   int64_t max_batch_tokens = 512;  // rows per forward pass: every decoding sequence's token, then prompt chunks
   size_t max_queue = 64;           // requests waiting for a slot
+  // Speculative decoding: each decoding sequence's token goes into the step with up to draft_max drafts after it.
+  engine::DraftSource draft = engine::DraftSource::kNone;
+  int draft_max = 4;
 };
 
 // What the batcher has done since it started, for /metrics.
@@ -90,6 +94,7 @@ struct BatcherStats {
   int64_t prompt_tokens = 0, cached_tokens = 0, prefill_tokens = 0, generated_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;  // steps with prompt rows / decode-only steps
   int64_t steps = 0, step_rows = 0;
+  int64_t drafted_tokens = 0, accepted_tokens = 0;  // speculative decoding's drafts, and those the model agreed with
   int64_t queued = 0, busy_slots = 0, slots = 0;
   int64_t kv_used = 0, kv_total = 0;  // positions
   // The model's counters after the last step (read on the worker, between passes).
@@ -132,14 +137,19 @@ class Batcher {
   void admit_locked();
   // One forward pass over every active sequence; false when there was nothing to do.
   bool step();
-  // After a step: samples the sequence's next token from its logits and decides whether it is done.
+  // After a step: samples the sequence's next token from its logits (first checking the drafts it evaluated, in
+  // order) and decides whether it is done.
   void advance(Slot& slot);
+  // A token of the sequence's reply, from `logits`, with `in_session` tokens in the session before it: sent, or the
+  // end of the reply (false: the slot has ended).
+  bool take(Slot& slot, int32_t token, std::span<const float> logits, int64_t in_session);
   void end(Slot& slot, Finish reason, std::string error = {});
 
   model::Model& model_;
   const text::Tokenizer* tokenizer_;
   BatcherOptions options_;
   std::vector<Slot> slots_;
+  std::unique_ptr<engine::Drafter> drafter_;  // null without drafts
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

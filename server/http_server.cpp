@@ -140,6 +140,10 @@ std::string HttpServer::Impl::metrics_text() const {
   metric("prefill_steps_seconds_total", "counter", "Time in steps with prompt rows.", b.prefill_seconds);
   metric("steps_total", "counter", "Forward passes.", static_cast<double>(b.steps));
   metric("step_rows_total", "counter", "Rows (tokens) of all forward passes.", static_cast<double>(b.step_rows));
+  metric("draft_tokens_total", "counter", "Drafted tokens evaluated (speculative decoding).",
+         static_cast<double>(b.drafted_tokens));
+  metric("draft_accepted_tokens_total", "counter", "Drafted tokens the model agreed with.",
+         static_cast<double>(b.accepted_tokens));
   metric("queue_depth", "gauge", "Requests waiting for a slot.", static_cast<double>(b.queued));
   metric("slots_busy", "gauge", "Slots running a request.", static_cast<double>(b.busy_slots));
   metric("slots_total", "gauge", "Slots (--parallel).", static_cast<double>(b.slots));

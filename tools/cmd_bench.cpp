@@ -18,6 +18,9 @@
 #include "cpu_kernels/kernel_table.h"
 #include "runtime/device/device.h"
 #include "runtime/device/energy.h"
+#include "runtime/engine/draft.h"
+#include "runtime/engine/generate.h"
+#include "runtime/engine/sampler.h"
 #include "runtime/engine/session.h"
 #include "runtime/error.h"
 #include "runtime/gguf/reader.h"
@@ -57,6 +60,8 @@ struct Run {
   // residuals) it ran.
   double dram_bytes_per_token = 0;
   double joules_per_token = 0;  // decode: measured (RAPL, NVML) or modelled (see PolicyResult)
+  // With --draft: the decode's drafts and steps.
+  double acceptance = 0, tokens_per_step = 0;
 };
 
 struct PolicyResult {
@@ -96,11 +101,23 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token, En
   const device::TransferStats before = device ? device->device().transfers() : device::TransferStats{};
   const uint64_t cpu_bytes_before = device ? device->cpu_expert_bytes() : 0;
   const double joules_before = energy.joules();
-  for (int i = 0; i < opt.gen; ++i) {
-    if (i % 8 == 0) fmt::print(stderr, "\r  {}: decode {}/{}               ", label, i, opt.gen);
-    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    const int32_t one[1] = {next};
-    logits = session.eval(one);
+  const std::unique_ptr<engine::Drafter> drafter = engine::make_drafter(engine::parse_draft_source(opt.draft.source));
+  if (drafter) {
+    // Greedy decoding with drafts: gen tokens evaluated (one more than plain decoding's loop samples).
+    fmt::print(stderr, "\r  {}: decode with drafts          ", label);
+    engine::Sampler greedy({.temperature = 0.0f});
+    const engine::GenerateResult g =
+        engine::generate(session, logits, greedy, nullptr,
+                         {.max_tokens = opt.gen + 1, .drafter = drafter.get(), .draft_max = opt.draft.max}, {});
+    r.acceptance = static_cast<double>(g.accepted) / static_cast<double>(std::max<int64_t>(1, g.drafted));
+    r.tokens_per_step = static_cast<double>(g.steps + g.accepted) / static_cast<double>(std::max<int64_t>(1, g.steps));
+  } else {
+    for (int i = 0; i < opt.gen; ++i) {
+      if (i % 8 == 0) fmt::print(stderr, "\r  {}: decode {}/{}               ", label, i, opt.gen);
+      const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      const int32_t one[1] = {next};
+      logits = session.eval(one);
+    }
   }
   const auto t2 = std::chrono::steady_clock::now();
   const double joules = energy.joules() - joules_before;
@@ -154,8 +171,72 @@ PolicyResult bench_policy(model::Model& m, const BenchOptions& opt, int threads,
               field(&Run::ttft_s),
               field(&Run::cpu_expert_bytes_per_token),
               field(&Run::dram_bytes_per_token),
-              field(&Run::joules_per_token)};
+              field(&Run::joules_per_token),
+              field(&Run::acceptance),
+              field(&Run::tokens_per_step)};
   return r;
+}
+
+// What a verification step of k + 1 tokens costs against one token's step, k = 0..max_k: after a prompt of
+// opt.prompt random ids, each batch is evaluated and forgotten (its rows truncated) `repeat` times, the median
+// kept. Random ids route like text of random content: each token to its own experts, as drafted text does.
+std::vector<double> verification_costs(model::Model& m, const BenchOptions& opt, int max_k, int repeat) {
+  const model::ModelConfig& c = m.config();
+  std::mt19937 rng(4321);
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(c.n_vocab - 1));
+  std::vector<int32_t> prompt(static_cast<size_t>(opt.prompt));
+  for (int32_t& t : prompt) t = id(rng);
+  engine::Session session(m, opt.prompt + max_k + 1);
+  session.eval(prompt);
+  std::vector<double> seconds;
+  for (int k = 0; k <= max_k; ++k) {
+    fmt::print(stderr, "\r  verification of {} tokens        ", k + 1);
+    std::vector<int32_t> batch(static_cast<size_t>(k + 1));
+    std::vector<double> times;
+    for (int i = 0; i < repeat + 1; ++i) {
+      for (int32_t& t : batch) t = id(rng);
+      const auto t0 = std::chrono::steady_clock::now();
+      if (k == 0)
+        session.eval(batch);
+      else
+        session.eval_all(batch);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      session.truncate(opt.prompt);
+      if (i > 0) times.push_back(s);  // the first sizes the scratch buffers
+    }
+    seconds.push_back(median_of(times));
+  }
+  fmt::print(stderr, "\r{:50}\r", "");
+  return seconds;
+}
+
+// Expected tokens per verification step of k drafts when each is accepted with probability a (independently):
+// 1 + a + a^2 + ... + a^k.
+double expected_tokens_per_step(double a, int k) {
+  double total = 0, p = 1;
+  for (int i = 0; i <= k; ++i, p *= a) total += p;
+  return total;
+}
+
+// The verification cost curve and the speedups it implies: at the acceptance measured here (with its draft
+// source) and at the rates DeepSeek published for V3's MTP module (85-90 % for the second token, in the
+// DeepSeek-V3 technical report), which say what MTP drafts would give on this machine.
+void report_verification(const std::vector<double>& seconds, double measured_acceptance, const std::string& source) {
+  fmt::print("\nverification step of k drafts (k + 1 tokens in one batch) against one token's step:\n");
+  fmt::print("{:>3} {:>10} {:>10}   {:>22}   {:>20} {:>20}\n", "k", "ms", "cost", "speedup at measured", "at 85 %",
+             "at 90 %");
+  for (size_t k = 0; k < seconds.size(); ++k) {
+    const double cost = seconds[k] / seconds[0];
+    const int kk = static_cast<int>(k);
+    fmt::print("{:>3} {:>10.2f} {:>9.2f}x   {:>21.2f}x   {:>19.2f}x {:>19.2f}x\n", k, seconds[k] * 1e3, cost,
+               expected_tokens_per_step(measured_acceptance, kk) / cost, expected_tokens_per_step(0.85, kk) / cost,
+               expected_tokens_per_step(0.90, kk) / cost);
+  }
+  fmt::print(
+      "speedup = expected tokens per step / cost, each draft accepted independently; measured: {} drafts' "
+      "acceptance {:.0f} % in this run; 85 % and 90 %: DeepSeek-V3's published MTP acceptance (technical report), "
+      "not measured here\n",
+      source, 100 * measured_acceptance);
 }
 
 // One level of --concurrency: `level` streams submitted together to the server's batcher (random prompts of
@@ -166,6 +247,7 @@ struct LevelRun {
   double ttft_s = 0;            // the median stream's time from submission to its first token
   double cpu_expert_bytes_per_token = 0, moves_per_token = 0, admissions_per_token = 0;
   double rows_per_step = 0;  // decode steps: rows per forward pass
+  double acceptance = 0;     // with --draft: drafts accepted
 };
 
 LevelRun run_level(model::Model& m, const BenchOptions& opt, int level, uint32_t seed) {
@@ -174,7 +256,9 @@ LevelRun run_level(model::Model& m, const BenchOptions& opt, int level, uint32_t
                           {.parallel = level,
                            .slot_ctx = opt.prompt + opt.gen + 1,
                            .max_batch_tokens = std::max<int64_t>(512, level),
-                           .max_queue = static_cast<size_t>(level)});
+                           .max_queue = static_cast<size_t>(level),
+                           .draft = engine::parse_draft_source(opt.draft.source),
+                           .draft_max = opt.draft.max});
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(c.n_vocab - 1));
   using Clock = std::chrono::steady_clock;
@@ -241,6 +325,8 @@ LevelRun run_level(model::Model& m, const BenchOptions& opt, int level, uint32_t
   r.moves_per_token = static_cast<double>(end.expert_moves - at_decode.expert_moves) / rows;
   r.admissions_per_token = static_cast<double>(end.expert_admissions - at_decode.expert_admissions) / rows;
   r.rows_per_step = rows / static_cast<double>(std::max<int64_t>(1, end.steps - at_decode.steps));
+  r.acceptance =
+      static_cast<double>(end.accepted_tokens) / static_cast<double>(std::max<int64_t>(1, end.drafted_tokens));
   return r;
 }
 
@@ -261,6 +347,9 @@ int report_concurrency(const BenchOptions& opt, engine::Engine& e, const std::ve
       "device: {}\n",
       opt.model, static_cast<double>(e.model().file().file_size()) / 1e9, e.model().pool().size(), opt.prompt, opt.gen,
       opt.repeat, device);
+  if (opt.draft.source != "none")
+    fmt::print("streams decode with --draft {} --draft-max {} (rows/step counts drafts)\n", opt.draft.source,
+               opt.draft.max);
   nlohmann::json out = nlohmann::json::array();
   for (const ConcurrencyResult& r : results) {
     fmt::print("{:<9} {:>7}  {:<24} {:<20} {:<8} {:<9} {:<14} {:<11} {}\n", "policy", "streams",
@@ -291,6 +380,8 @@ int report_concurrency(const BenchOptions& opt, engine::Engine& e, const std::ve
                  fmt::format("{:.1f} [{:.1f}-{:.1f}] {:.2f}x", agg, agg_lo, agg_hi, agg / base),
                  fmt::format("{:.1f} [{:.1f}-{:.1f}]", per, per_lo, per_hi), ttft, rows, cpu_bytes / 1e6, moves,
                  admitted);
+      const double acceptance = std::get<0>(field(&LevelRun::acceptance));
+      if (opt.draft.source != "none") fmt::print("{:<9} {:>7}  drafts accepted {:.0f} %\n", "", "", 100 * acceptance);
       nlohmann::json rs = nlohmann::json::array();
       for (const LevelRun& run : runs)
         rs.push_back({{"aggregate_decode_tok_s", run.aggregate_tok_s},
@@ -299,7 +390,8 @@ int report_concurrency(const BenchOptions& opt, engine::Engine& e, const std::ve
                       {"rows_per_step", run.rows_per_step},
                       {"cpu_expert_bytes_per_token", run.cpu_expert_bytes_per_token},
                       {"moves_per_token", run.moves_per_token},
-                      {"admissions_per_token", run.admissions_per_token}});
+                      {"admissions_per_token", run.admissions_per_token},
+                      {"draft_acceptance", run.acceptance}});
       levels.push_back({{"streams", level},
                         {"aggregate_decode_tok_s", agg},
                         {"per_stream_decode_tok_s", per},
@@ -309,6 +401,7 @@ int report_concurrency(const BenchOptions& opt, engine::Engine& e, const std::ve
                         {"moves_per_token", moves},
                         {"admissions_per_token", admitted},
                         {"speedup", agg / base},
+                        {"draft_acceptance", acceptance},
                         {"runs", rs}});
     }
     out.push_back({{"policy", r.policy}, {"levels", levels}});
@@ -430,6 +523,7 @@ int bench(const BenchOptions& opt) {
   // with the device of --device, placed and run by their plans.
   std::vector<PolicyResult> results;
   std::vector<ConcurrencyResult> concurrency;
+  std::vector<double> verification;  // with --draft: seconds of a verification step of k + 1 tokens, k = 0..
   std::unique_ptr<engine::Engine> e;
   EnergyMeter energy;
   for (const std::string& policy : opt.policies) {
@@ -467,6 +561,8 @@ int bench(const BenchOptions& opt) {
       continue;
     }
     PolicyResult r = bench_policy(*m, opt, threads, policy, energy);
+    if (opt.draft.source != "none" && verification.empty())
+      verification = verification_costs(*m, opt, opt.draft.max, std::max(5, opt.repeat));
     m->set_routing_override(nullptr);
     if (const model::DeviceExperts* dev = m->device_experts())
       r.device_bytes = static_cast<double>(dev->device().used());
@@ -480,6 +576,10 @@ int bench(const BenchOptions& opt) {
   fmt::print("model {}  ({:.2f} GB file, {:.3f} GB read per decoded token), median [min-max] of {} runs\n", opt.model,
              static_cast<double>(e->model().file().file_size()) / 1e9, results.front().bytes_per_token / 1e9,
              opt.repeat);
+  const bool drafts = opt.draft.source != "none";
+  if (drafts)
+    fmt::print("decode with --draft {} --draft-max {} (greedy); roofline % counts one weight read per token\n",
+               opt.draft.source, opt.draft.max);
   fmt::print("{:<9} {:>7}  {:<26} {:<24} {:<10} {:<18} {:<12}  {}\n", "policy", "threads", "prefill tok/s",
              "decode tok/s", "TTFT s", "DRAM GB/s", "roofline %", "device");
   for (const PolicyResult& r : results) {
@@ -488,6 +588,9 @@ int bench(const BenchOptions& opt) {
                spread(r, &Run::bandwidth, 1e-9, 1), spread(r, &Run::roofline_fraction, 100, 0), r.device);
     fmt::print("{:<9} energy per decoded token: {} J ({})\n", "", spread(r, &Run::joules_per_token, 1, 2),
                energy.source());
+    if (drafts)
+      fmt::print("{:<9} drafts accepted {} %, tokens per step {}\n", "", spread(r, &Run::acceptance, 100, 0),
+                 spread(r, &Run::tokens_per_step, 1, 2));
     if (r.device_bytes > 0)
       fmt::print(
           "{:<9} per decoded token: host to device {} KB, device to host {} KB, CPU expert weights {} MB; "
@@ -499,6 +602,8 @@ int bench(const BenchOptions& opt) {
       fmt::print("{:<9} scheduler over {} runs: {} experts moved, {} admitted, {} evicted, {} prefetched ({} used)\n",
                  "", opt.repeat + 1, t.moves, t.admissions, t.evictions, t.prefetches, t.prefetch_hits);
   }
+
+  if (!verification.empty()) report_verification(verification, results.front().median.acceptance, opt.draft.source);
 
   if (!opt.svg.empty()) {
     std::vector<PolicyBar> bars;
@@ -541,7 +646,9 @@ int bench(const BenchOptions& opt) {
                         {"cpu_expert_bytes_per_token", run.cpu_expert_bytes_per_token},
                         {"dram_read_bytes_per_token", run.dram_bytes_per_token},
                         {"energy_j_per_token", run.joules_per_token},
-                        {"energy_source", energy.source()}});
+                        {"energy_source", energy.source()},
+                        {"draft_acceptance", run.acceptance},
+                        {"tokens_per_step", run.tokens_per_step}});
       // The agreed fields hold the medians; "runs" keeps every measurement.
       j["results"].push_back(
           {{"policy", r.policy},
@@ -567,7 +674,15 @@ int bench(const BenchOptions& opt) {
              {"evictions", r.traffic.evictions},
              {"prefetches", r.traffic.prefetches},
              {"prefetch_hits", r.traffic.prefetch_hits}}},
+           {"draft_acceptance", r.median.acceptance},
+           {"tokens_per_step", r.median.tokens_per_step},
            {"runs", runs}});
+    }
+    if (!verification.empty()) {
+      j["draft"] = {{"source", opt.draft.source}, {"max", opt.draft.max}};
+      for (size_t k = 0; k < verification.size(); ++k)
+        j["verification"].push_back(
+            {{"drafts", k}, {"seconds", verification[k]}, {"cost", verification[k] / verification[0]}});
     }
     io::write_file(opt.json, j.dump(2) + "\n");
   }

@@ -56,7 +56,9 @@ int serve(const ServeOptions& opt) {
                           {.parallel = opt.parallel,
                            .slot_ctx = slot_ctx,
                            .max_batch_tokens = std::max<int64_t>(opt.batch_size, opt.parallel),
-                           .max_queue = static_cast<size_t>(opt.max_queue)});
+                           .max_queue = static_cast<size_t>(opt.max_queue),
+                           .draft = engine::parse_draft_source(opt.draft.source),
+                           .draft_max = opt.draft.max});
   std::string name = opt.alias;
   if (name.empty()) {
     name = opt.model.substr(opt.model.find_last_of('/') + 1);

@@ -82,6 +82,7 @@ struct ServeOptions {
   double max_body_mb = 8;      // larger request bodies get 413
   double shutdown_grace = 30;  // seconds the requests in flight get after SIGTERM
   engine::SamplingParams sampling;
+  DraftOptions draft;
   DeviceOptions device;
   std::string critical;
   int threads = 0;
@@ -107,6 +108,7 @@ struct BenchOptions {
   std::string synthetic;         // "zipf:S": replace the model's routing by Zipf-skewed routing of exponent S
   std::string trace;             // or replay this routing trace (hetmoe run --trace-routing), cycled
   std::vector<int> concurrency;  // streams decoded together per level (the server's batcher); empty: one stream
+  DraftOptions draft;            // decode with drafts, and measure the verification cost curve
 };
 
 struct SimulateOptions {

@@ -287,6 +287,7 @@ int main(int argc, char** argv) {
                    "seconds requests in flight get to finish after SIGTERM (default 30)")
       ->check(cli::in_range(0, 86400, "seconds"));
   add_sampling(c_serve, &serve.sampling);
+  add_draft(c_serve, &serve.draft);
   add_threads(c_serve, &serve.threads);
   add_critical(c_serve, &serve.critical);
   add_device(c_serve, &serve.device);
@@ -321,6 +322,7 @@ int main(int argc, char** argv) {
       ->check(cli::in_range(1, 256, "streams"));
   c_bench->add_option("--repeat", bench.repeat, "measured runs per policy after a warm-up (median and spread)")
       ->check(cli::in_range(1, 1000, "runs"));
+  add_draft(c_bench, &bench.draft);
   add_threads(c_bench, &bench.threads);
   add_critical(c_bench, &bench.critical);
   add_device(c_bench, &bench.device, /*llama_flags=*/false);

@@ -70,11 +70,12 @@ void Session::eval_batch(std::span<const BatchPart> parts, const std::atomic<boo
   batch.clear();
   for (const BatchPart& part : parts) {
     part.session->prepare(part.tokens.size(), cancel);
-    batch.push_back(
-        {.tokens = part.tokens,
-         .pos0 = part.session->n_past(),
-         .cache = &part.session->cache_,
-         .logits = part.logits ? model::SequenceBatch::Logits::kLast : model::SequenceBatch::Logits::kNone});
+    batch.push_back({.tokens = part.tokens,
+                     .pos0 = part.session->n_past(),
+                     .cache = &part.session->cache_,
+                     .logits = part.all_logits ? model::SequenceBatch::Logits::kAll
+                               : part.logits   ? model::SequenceBatch::Logits::kLast
+                                               : model::SequenceBatch::Logits::kNone});
   }
   thread_local std::vector<float> logits;
   const auto start = std::chrono::steady_clock::now();
@@ -84,7 +85,13 @@ void Session::eval_batch(std::span<const BatchPart> parts, const std::atomic<boo
   size_t row = 0;
   for (const BatchPart& part : parts) {
     Session& session = *part.session;
-    if (part.logits) {
+    if (part.all_logits) {
+      const auto first = logits.begin() + static_cast<std::ptrdiff_t>(row * n_vocab);
+      row += part.tokens.size();
+      session.all_logits_.assign(first, logits.begin() + static_cast<std::ptrdiff_t>(row * n_vocab));
+      session.logits_.assign(session.all_logits_.end() - static_cast<std::ptrdiff_t>(n_vocab),
+                             session.all_logits_.end());
+    } else if (part.logits) {
       session.logits_.assign(logits.begin() + static_cast<std::ptrdiff_t>(row * n_vocab),
                              logits.begin() + static_cast<std::ptrdiff_t>((row + 1) * n_vocab));
       ++row;

@@ -33,6 +33,8 @@ class Session {
   std::span<const float> eval(std::span<const int32_t> tokens, const std::atomic<bool>* cancel = nullptr);
   // The logits eval() returned last.
   std::span<const float> last_logits() const { return logits_; }
+  // Every token's logits of the last eval_all, or of the last eval_batch part that asked for them.
+  std::span<const float> all_logits() const { return all_logits_; }
   // As eval(), returning every token's logits, [n][n_vocab] (valid until the next call): speculative decoding's
   // verification of a token and its drafts. last_logits() is then the last row.
   std::span<const float> eval_all(std::span<const int32_t> tokens, const std::atomic<bool>* cancel = nullptr);
@@ -44,7 +46,8 @@ class Session {
   struct BatchPart {
     Session* session = nullptr;
     std::span<const int32_t> tokens;
-    bool logits = true;  // false: a prompt's chunk before its last (its last_logits() are then empty)
+    bool logits = true;       // false: a prompt's chunk before its last (its last_logits() are then empty)
+    bool all_logits = false;  // every token's logits, then in all_logits() (a token and its drafts)
   };
   static void eval_batch(std::span<const BatchPart> parts, const std::atomic<bool>* cancel = nullptr);
   // Forgets everything after the first n tokens; their cache rows are overwritten by later evals.

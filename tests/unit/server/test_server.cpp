@@ -126,6 +126,31 @@ TEST(Server, CompletionsEqualTheGreedyRunStreamedOrNot) {
   EXPECT_GT(s.batcher.stats().cached_tokens, 0);
 }
 
+// With n-gram drafts the server's replies are the plain greedy runs' (their verification batches equal to rounding;
+// these prompts part nowhere near a tie), drafts are evaluated and accepted, and a slot's cache holds only what the
+// reply kept: a second request continuing the first's prompt and reply finds it cached and gets the plain run's text.
+TEST(Server, DraftedRepliesEqualThePlainGreedyRuns) {
+  Served s("tiny-qwen3moe-Q4_K_M.gguf",
+           {.parallel = 2, .slot_ctx = 256, .draft = engine::DraftSource::kNgram, .draft_max = 4});
+  for (const std::string prompt : {"one two three four one two three four one two", "The quick brown fox"}) {
+    SCOPED_TRACE(prompt);
+    const std::vector<int32_t> ids = s.tokenizer->encode(prompt, true, true);
+    const std::string expected = as_json_text(greedy_text(*s.model, *s.tokenizer, ids, 40));
+    for (int again = 0; again < 2; ++again) {
+      auto r = s.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 40}, {"temperature", 0}});
+      ASSERT_TRUE(r);
+      ASSERT_EQ(r->status, 200) << r->body;
+      const json j = body_of(r);
+      EXPECT_EQ(j["choices"][0]["text"], expected) << again;
+      EXPECT_EQ(j["usage"]["completion_tokens"], 40);
+    }
+  }
+  const BatcherStats st = s.batcher.stats();
+  EXPECT_GT(st.drafted_tokens, 0);
+  EXPECT_GT(st.accepted_tokens, 0);
+  EXPECT_GT(st.cached_tokens, 0);
+}
+
 // The tokens a chat reply chose (each token's bytes) and the alone run's margins (top-1 minus top-2 log probability).
 struct Reply {
   std::vector<json> tokens;
