@@ -24,6 +24,7 @@
 #include "runtime/engine/session.h"
 #include "runtime/error.h"
 #include "runtime/gguf/reader.h"
+#include "runtime/io/input_file.h"
 #include "runtime/io/output_file.h"
 #include "runtime/model/config.h"
 #include "runtime/model/model.h"
@@ -208,6 +209,43 @@ std::vector<double> verification_costs(model::Model& m, const BenchOptions& opt,
   }
   fmt::print(stderr, "\r{:50}\r", "");
   return seconds;
+}
+
+// The drafts' acceptance on a known reply: the reply is replayed as greedy decoding with drafts would produce it,
+// each step proposing drafts after the reply's next token and accepting those that are the reply's following tokens
+// (a model that writes this reply accepts exactly these). The cost of the steps in one-token steps comes from the
+// measured verification curve.
+struct Replay {
+  int64_t tokens = 0, steps = 0, drafted = 0, accepted = 0;
+  double cost = 0;  // the steps' time in one-token steps
+};
+
+Replay replay_drafts(const text::Tokenizer& tokenizer, const std::string& path, const BenchOptions& opt,
+                     const std::vector<double>& seconds) {
+  const std::string text = io::read_file(path, uint64_t{64} << 20, "--draft-text");
+  const size_t split = text.find("\n===\n");
+  if (split == std::string::npos) fail("--draft-text {}: no line '===' between the prompt and the reply", path);
+  std::vector<int32_t> history = tokenizer.encode(text.substr(0, split + 1), /*add_special=*/true, false);
+  const std::vector<int32_t> reply = tokenizer.encode(text.substr(split + 5), /*add_special=*/false, false);
+  if (reply.size() < 2) fail("--draft-text {}: the reply after '===' is empty", path);
+  const std::unique_ptr<engine::Drafter> drafter = engine::make_drafter(engine::parse_draft_source(opt.draft.source));
+  Replay r;
+  std::vector<int32_t> drafts;
+  for (size_t pos = 0; pos < reply.size();) {
+    const int room = static_cast<int>(std::min<size_t>(static_cast<size_t>(opt.draft.max), reply.size() - pos - 1));
+    drafter->propose(history, reply[pos], room, drafts);
+    size_t agreed = 0;
+    while (agreed < drafts.size() && drafts[agreed] == reply[pos + 1 + agreed]) ++agreed;
+    ++r.steps;
+    r.drafted += static_cast<int64_t>(drafts.size());
+    r.accepted += static_cast<int64_t>(agreed);
+    r.cost += seconds[drafts.size()] / seconds[0];
+    history.insert(history.end(), reply.begin() + static_cast<std::ptrdiff_t>(pos),
+                   reply.begin() + static_cast<std::ptrdiff_t>(pos + 1 + agreed));
+    pos += 1 + agreed;
+  }
+  r.tokens = static_cast<int64_t>(reply.size());
+  return r;
 }
 
 // Expected tokens per verification step of k drafts when each is accepted with probability a (independently):
@@ -463,6 +501,16 @@ std::string spread(const PolicyResult& r, double Run::*f, double scale, int deci
 int bench(const BenchOptions& opt) {
   if (opt.prompt < 1 || opt.gen < 1) fail("--prompt and --gen must be at least 1");
   if (opt.repeat < 1) fail("--repeat must be at least 1");
+  if (!opt.draft_text.empty()) {
+    if (opt.draft.source == "none") fail("--draft-text measures drafts: give --draft ngram");
+    // Readable and in shape before the model loads.
+    const std::string text = io::read_file(opt.draft_text, uint64_t{64} << 20, "--draft-text");
+    const size_t split = text.find("\n===\n");
+    if (split == std::string::npos)
+      fail("--draft-text {}: no line '===' between the prompt and the reply", opt.draft_text);
+    if (text.find_first_not_of(" \n\t", split + 5) == std::string::npos)
+      fail("--draft-text {}: the reply after '===' is empty", opt.draft_text);
+  }
   // What the policies need, checked before anything is loaded.
   std::vector<const sched::PolicyInfo*> infos;
   for (const std::string& p : opt.policies) {
@@ -603,7 +651,20 @@ int bench(const BenchOptions& opt) {
                  "", opt.repeat + 1, t.moves, t.admissions, t.evictions, t.prefetches, t.prefetch_hits);
   }
 
-  if (!verification.empty()) report_verification(verification, results.front().median.acceptance, opt.draft.source);
+  std::optional<Replay> replay;
+  if (!verification.empty()) {
+    report_verification(verification, results.front().median.acceptance, opt.draft.source);
+    if (!opt.draft_text.empty()) {
+      replay = replay_drafts(*open_tokenizer(e->model().file()), opt.draft_text, opt, verification);
+      fmt::print(
+          "{} drafts on the reply of {} ({} tokens, replayed: what a model writing that reply accepts): {} of {} "
+          "accepted ({:.0f} %), {:.2f} tokens per step; with the costs above {:.2f}x plain decoding's speed\n",
+          opt.draft.source, opt.draft_text, replay->tokens, replay->accepted, replay->drafted,
+          100.0 * static_cast<double>(replay->accepted) / static_cast<double>(std::max<int64_t>(1, replay->drafted)),
+          static_cast<double>(replay->tokens) / static_cast<double>(replay->steps),
+          static_cast<double>(replay->tokens) / replay->cost);
+    }
+  }
 
   if (!opt.svg.empty()) {
     std::vector<PolicyBar> bars;
@@ -683,6 +744,11 @@ int bench(const BenchOptions& opt) {
       for (size_t k = 0; k < verification.size(); ++k)
         j["verification"].push_back(
             {{"drafts", k}, {"seconds", verification[k]}, {"cost", verification[k] / verification[0]}});
+      if (replay)
+        j["draft_text"] = {
+            {"file", opt.draft_text},       {"reply_tokens", replay->tokens},
+            {"steps", replay->steps},       {"drafted", replay->drafted},
+            {"accepted", replay->accepted}, {"speedup", static_cast<double>(replay->tokens) / replay->cost}};
     }
     io::write_file(opt.json, j.dump(2) + "\n");
   }

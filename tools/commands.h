@@ -109,6 +109,7 @@ struct BenchOptions {
   std::string trace;             // or replay this routing trace (hetmoe run --trace-routing), cycled
   std::vector<int> concurrency;  // streams decoded together per level (the server's batcher); empty: one stream
   DraftOptions draft;            // decode with drafts, and measure the verification cost curve
+  std::string draft_text;        // a prompt and a reply (split at a line "==="): the drafts' acceptance on the reply
 };
 
 struct SimulateOptions {

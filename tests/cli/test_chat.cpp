@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -76,6 +77,28 @@ TEST(ChatPiped, RepliesOnlyOnStdoutAndReusesTheCache) {
   ASSERT_EQ(prompts.size(), 2u) << r.err;
   // The second turn evaluates only its own text (and the end of the first reply), not the first turn again.
   EXPECT_LT(prompts[1], prompts[0] / 2) << r.err;
+}
+
+// Greedy replies with n-gram drafts are the plain replies, turn after turn (the cache keeps what each reply kept).
+// On an F32 file (make-model's tiny DeepSeek-V3): its verification batches differ from one row only in summation
+// order, so no rounding event parts the replies (the quantized files' tile kernels can flip a near-tie; the engine's
+// tests hold those to the batching rules).
+TEST(ChatPiped, DraftsLeaveTheRepliesAsTheyAre) {
+  const fs::path model = fs::temp_directory_path() / ("hetmoe_chat_f32_" + std::to_string(::getpid()) + ".gguf");
+  ASSERT_EQ(std::system((std::string(HETMOE_BIN) + " make-model --preset tiny-deepseek-v3 --type F32 -o " +
+                         model.string() + " >/dev/null 2>&1")
+                            .c_str()),
+            0);
+  const std::string input = "say it again and again and again\nand once more, again and again\n";
+  const Piped plain = chat_piped("--chat-template deepseek3 --temp 0 -n 60", input, model.string());
+  const Piped drafted =
+      chat_piped("--chat-template deepseek3 --temp 0 -n 60 --draft ngram --draft-max 6", input, model.string());
+  fs::remove(model);
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  ASSERT_EQ(drafted.status, 0) << drafted.err;
+  EXPECT_EQ(drafted.out, plain.out);
+  EXPECT_NE(drafted.err.find("accepted"), std::string::npos) << drafted.err;
+  EXPECT_EQ(prompt_counts(drafted.err), prompt_counts(plain.err)) << drafted.err;
 }
 
 TEST(ChatPiped, ClearStartsOverAndCommandsWork) {

@@ -322,6 +322,46 @@ TEST_F(Cli, BenchWritesTheAgreedJsonFields) {
   EXPECT_EQ(hetmoe("bench -m " + kModel.string() + " --repeat 0").status, 2);  // a usage error (test_flags.cpp)
 }
 
+// Drafts change how many tokens a step evaluates, not which: run prints the plain greedy ids with them, and says
+// how the drafts fared.
+TEST_F(Cli, RunWithDraftsGivesThePlainGreedyTokens) {
+  const std::string run = "run -m " + kModel.string() + " --tokens 3,17,42,3,17,42,3,17 -n 48 --temp 0 -t 1";
+  const Result plain = hetmoe(run + " --print-ids");
+  const Result drafted = hetmoe(run + " --print-ids --draft ngram --draft-max 4");
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  ASSERT_EQ(drafted.status, 0) << drafted.err;
+  EXPECT_EQ(drafted.out, plain.out);
+  const Result said = hetmoe(run + " --draft ngram");
+  ASSERT_EQ(said.status, 0) << said.err;
+  EXPECT_NE(said.err.find("accepted"), std::string::npos) << said.err;
+  EXPECT_EQ(hetmoe(run + " --draft mtp").status, 2);  // not a source (a usage error)
+  EXPECT_EQ(hetmoe(run + " --draft ngram --draft-max 0").status, 2);
+}
+
+// bench --draft: the verification cost curve from one token (cost 1) to --draft-max drafts, and --draft-text's
+// replay of a reply that repeats its prompt: drafts accepted, never more than were drafted.
+TEST_F(Cli, BenchMeasuresVerificationCostsAndReplaysADraftText) {
+  const fs::path json = dir_ / "bench.json", text = dir_ / "repeat.txt";
+  const std::string passage = "the cat sat on the mat and the dog lay by the door of the old house\n";
+  std::ofstream(text) << "Repeat: " << passage << "\n===\n" << passage;
+  const Result r = hetmoe("bench -m " + kModel.string() + " --prompt 8 --gen 8 -t 1 --repeat 1 --draft ngram " +
+                          "--draft-max 3 --draft-text " + text.string() + " --json " + json.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(read_all(json));
+  ASSERT_EQ(j["verification"].size(), 4u) << j.dump();
+  EXPECT_EQ(j["verification"][0]["cost"], 1.0);
+  for (const auto& v : j["verification"]) EXPECT_GT(v["seconds"].get<double>(), 0.0);
+  const nlohmann::json& replay = j["draft_text"];
+  EXPECT_GT(replay["reply_tokens"].get<int>(), 10);
+  EXPECT_GT(replay["accepted"].get<int>(), replay["drafted"].get<int>() / 2) << replay.dump();
+  EXPECT_LE(replay["accepted"].get<int>(), replay["drafted"].get<int>());
+  EXPECT_LT(replay["steps"].get<int>(), replay["reply_tokens"].get<int>());
+  EXPECT_NE(r.out.find("verification step"), std::string::npos) << r.out;
+  expect_error(hetmoe("bench -m " + kModel.string() + " --draft-text " + text.string()), "--draft ngram");
+  std::ofstream(text) << "no separator";
+  expect_error(hetmoe("bench -m " + kModel.string() + " --draft ngram --draft-text " + text.string()), "'==='");
+}
+
 TEST_F(Cli, BenchComparesPoliciesOnTheEmulatedDevice) {
   const fs::path json = dir_ / "bench.json";
   const fs::path svg = dir_ / "bench.svg";
