@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -498,9 +499,92 @@ std::string spread(const PolicyResult& r, double Run::*f, double scale, int deci
 
 }  // namespace
 
+// Quotes a word for /bin/sh.
+std::string shell_quoted(const std::string& s) {
+  std::string q = "'";
+  for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return q + "'";
+}
+
+// One llama-bench run of the same prompt and generation lengths (one repetition): its prefill and decode tok/s.
+std::pair<double, double> llama_bench_run(const BenchOptions& opt, int threads) {
+  const std::string cmd = fmt::format("{} -m {} -t {} -p {} -n {} -r 1 -o json 2>&1", shell_quoted(opt.vs_llama_bench),
+                                      shell_quoted(opt.model), threads, opt.prompt, opt.gen);
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (!pipe) fail("--vs-llama-bench: cannot run {}", opt.vs_llama_bench);
+  std::string out;
+  char buf[4096];
+  for (size_t got; (got = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, got);
+  const int status = ::pclose(pipe);
+  // Its JSON is the array in what it printed (logs may come first).
+  const size_t open = out.find("[\n"), close = out.rfind(']');
+  if (status != 0 || open == std::string::npos || close == std::string::npos || close < open) {
+    // Its last line says why.
+    const size_t end = out.find_last_not_of('\n');
+    const size_t from = end == std::string::npos ? 0 : out.rfind('\n', end);
+    const size_t begin = from == std::string::npos || end == std::string::npos ? 0 : from + 1;
+    const std::string last = end == std::string::npos ? "no output" : out.substr(begin, end + 1 - begin);
+    fail("--vs-llama-bench: {} failed (exit status {}): {}", opt.vs_llama_bench, status, last);
+  }
+  const nlohmann::json j = nlohmann::json::parse(out.substr(open, close - open + 1), nullptr, false);
+  double prefill = 0, decode = 0;
+  if (j.is_array())
+    for (const nlohmann::json& t : j) {
+      if (!t.contains("avg_ts") || !t.contains("n_prompt") || !t.contains("n_gen")) continue;
+      if (t["n_prompt"].get<int64_t>() > 0 && t["n_gen"].get<int64_t>() == 0) prefill = t["avg_ts"].get<double>();
+      if (t["n_gen"].get<int64_t>() > 0 && t["n_prompt"].get<int64_t>() == 0) decode = t["avg_ts"].get<double>();
+    }
+  if (prefill <= 0 || decode <= 0)
+    fail("--vs-llama-bench: {} printed no prefill and decode results", opt.vs_llama_bench);
+  return {prefill, decode};
+}
+
+// hetmoe's CPU runs and llama-bench's, alternating (a shared machine's speed drifts within minutes), side by side.
+int vs_llama_bench(const BenchOptions& opt, int threads) {
+  if (opt.policies != std::vector<std::string>{"cpu"} || !opt.concurrency.empty() || opt.draft.source != "none" ||
+      !opt.synthetic.empty() || !opt.trace.empty())
+    fail("--vs-llama-bench compares the CPU runs of both: no other policy, --concurrency, --draft or routing");
+  const std::unique_ptr<engine::Engine> e = open_engine({opt.model, threads, opt.critical, {.kind = "cpu"}});
+  model::Model& m = e->model();
+  EnergyMeter energy;
+  const double bytes = model::active_bytes_per_token(m.file(), m.config());
+  llama_bench_run(opt, threads);                          // both warm up: the file faults in, caches settle
+  run_cpu(m, opt, bytes, energy, "hetmoe: warm-up run");  // (not counted)
+  std::vector<double> hp, hd, lp, ld;
+  for (int i = 0; i < opt.repeat; ++i) {
+    const Run r = run_cpu(m, opt, bytes, energy, fmt::format("hetmoe: run {}/{}", i + 1, opt.repeat));
+    hp.push_back(r.prefill_tok_s);
+    hd.push_back(r.decode_tok_s);
+    fmt::print(stderr, "\r  llama-bench: run {}/{}{:30}", i + 1, opt.repeat, "");
+    const auto [p, d] = llama_bench_run(opt, threads);
+    lp.push_back(p);
+    ld.push_back(d);
+  }
+  fmt::print(stderr, "\r{:60}\r", "");
+  auto cell = [](const std::vector<double>& v) {
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    return fmt::format("{:.1f} [{:.1f}-{:.1f}]", median_of(v), *lo, *hi);
+  };
+  fmt::print("model {}, {} threads, CPU only, median [min-max] of {} alternating runs each\n", opt.model, threads,
+             opt.repeat);
+  fmt::print("{:<12} {:<26} {:<26} {}\n", "", "hetmoe", "llama.cpp (llama-bench)", "hetmoe / llama.cpp");
+  fmt::print("{:<12} {:<26} {:<26} {:.2f}x\n", fmt::format("pp{} tok/s", opt.prompt), cell(hp), cell(lp),
+             median_of(hp) / median_of(lp));
+  fmt::print("{:<12} {:<26} {:<26} {:.2f}x\n", fmt::format("tg{} tok/s", opt.gen), cell(hd), cell(ld),
+             median_of(hd) / median_of(ld));
+  if (!opt.json.empty()) {
+    const nlohmann::json j = {{"model", opt.model},        {"threads", threads},         {"prompt_tokens", opt.prompt},
+                              {"gen_tokens", opt.gen},     {"hetmoe_prefill_tok_s", hp}, {"hetmoe_decode_tok_s", hd},
+                              {"llama_prefill_tok_s", lp}, {"llama_decode_tok_s", ld}};
+    io::write_file(opt.json, j.dump(2) + "\n");
+  }
+  return 0;
+}
+
 int bench(const BenchOptions& opt) {
   if (opt.prompt < 1 || opt.gen < 1) fail("--prompt and --gen must be at least 1");
   if (opt.repeat < 1) fail("--repeat must be at least 1");
+  if (!opt.vs_llama_bench.empty()) return vs_llama_bench(opt, resolve_threads(opt.threads));
   if (!opt.draft_text.empty()) {
     if (opt.draft.source == "none") fail("--draft-text measures drafts: give --draft ngram");
     // Readable and in shape before the model loads.

@@ -110,6 +110,7 @@ struct BenchOptions {
   std::vector<int> concurrency;  // streams decoded together per level (the server's batcher); empty: one stream
   DraftOptions draft;            // decode with drafts, and measure the verification cost curve
   std::string draft_text;        // a prompt and a reply (split at a line "==="): the drafts' acceptance on the reply
+  std::string vs_llama_bench;    // llama.cpp's llama-bench: run it on the same file, alternating, side by side
 };
 
 struct SimulateOptions {

@@ -323,6 +323,9 @@ int main(int argc, char** argv) {
   c_bench->add_option("--repeat", bench.repeat, "measured runs per policy after a warm-up (median and spread)")
       ->check(cli::in_range(1, 1000, "runs"));
   add_draft(c_bench, &bench.draft);
+  c_bench->add_option("--vs-llama-bench", bench.vs_llama_bench,
+                      "llama.cpp's llama-bench binary: run it on the same file and threads, alternating with hetmoe's "
+                      "runs, and print both side by side (CPU)");
   c_bench->add_option("--draft-text", bench.draft_text,
                       "with --draft: a text file, a prompt and its reply split at a line '===': the drafts' acceptance "
                       "on the reply (replayed) and the speedup it implies");

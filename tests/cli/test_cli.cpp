@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -360,6 +361,36 @@ TEST_F(Cli, BenchMeasuresVerificationCostsAndReplaysADraftText) {
   expect_error(hetmoe("bench -m " + kModel.string() + " --draft-text " + text.string()), "--draft ngram");
   std::ofstream(text) << "no separator";
   expect_error(hetmoe("bench -m " + kModel.string() + " --draft ngram --draft-text " + text.string()), "'==='");
+}
+
+// --vs-llama-bench runs the given llama-bench (here a script printing llama-bench's JSON: 100 tok/s prefill, 25 tok/s
+// decode) with the same file, threads and lengths, alternating with hetmoe's runs, and prints both with ratios; a
+// llama-bench that fails is reported with its last line.
+TEST_F(Cli, BenchSideBySideWithLlamaBench) {
+  const fs::path fake = dir_ / "llama-bench", args = dir_ / "args.txt", json = dir_ / "vs.json";
+  std::ofstream(fake) << "#!/bin/sh\necho \"$@\" >> " << args.string() << "\n"
+                      << "echo 'main: loading model'\n"
+                      << "echo '[\n  {\"n_prompt\": 8, \"n_gen\": 0, \"avg_ts\": 100.0},\n"
+                      << "  {\"n_prompt\": 0, \"n_gen\": 4, \"avg_ts\": 25.0}\n]'\n";
+  fs::permissions(fake, fs::perms::owner_all);
+  const Result r = hetmoe("bench -m " + kModel.string() + " --prompt 8 --gen 4 -t 1 --repeat 2 --vs-llama-bench " +
+                          fake.string() + " --json " + json.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("llama.cpp"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("100.0 [100.0-100.0]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("25.0 [25.0-25.0]"), std::string::npos) << r.out;
+  // A warm-up and two measured runs, each with the model, threads and lengths of hetmoe's.
+  const std::string called = read_all(args);
+  EXPECT_EQ(std::count(called.begin(), called.end(), '\n'), 3) << called;
+  EXPECT_NE(called.find("-m " + kModel.string() + " -t 1 -p 8 -n 4 -r 1 -o json"), std::string::npos) << called;
+  const nlohmann::json j = nlohmann::json::parse(read_all(json));
+  EXPECT_EQ(j["llama_decode_tok_s"], nlohmann::json::array({25.0, 25.0}));
+  EXPECT_EQ(j["hetmoe_decode_tok_s"].size(), 2u);
+  std::ofstream(fake) << "#!/bin/sh\necho 'error: failed to load model'\nexit 1\n";
+  expect_error(hetmoe("bench -m " + kModel.string() + " --vs-llama-bench " + fake.string()), "failed to load model");
+  expect_error(hetmoe("bench -m " + kModel.string() + " --vs-llama-bench " + (dir_ / "none").string()), "exit status");
+  expect_error(hetmoe("bench -m " + kModel.string() + " --concurrency 2 --vs-llama-bench " + fake.string()),
+               "--vs-llama-bench");
 }
 
 TEST_F(Cli, BenchComparesPoliciesOnTheEmulatedDevice) {
