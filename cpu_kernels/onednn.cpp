@@ -15,14 +15,15 @@ namespace hetmoe::cpu {
 namespace {
 
 struct Shape {
-  int64_t m, k, n, w_stride, ldy;
+  int64_t m, k, n, w_stride, ldy, ldx = 0;
+  bool k_major = false;  // the weights as [k][n] rows (onednn_matmul_f32_kn), else [n][k]
   bool operator==(const Shape&) const = default;
 };
 
 struct ShapeHash {
   size_t operator()(const Shape& s) const {
-    size_t h = 0;
-    for (int64_t v : {s.m, s.k, s.n, s.w_stride, s.ldy}) h = h * 1000003u ^ static_cast<size_t>(v);
+    size_t h = s.k_major ? 1 : 0;
+    for (int64_t v : {s.m, s.k, s.n, s.w_stride, s.ldy, s.ldx}) h = h * 1000003u ^ static_cast<size_t>(v);
     return h;
   }
 };
@@ -41,20 +42,17 @@ PerThread& per_thread() {
   return state;
 }
 
-}  // namespace
-
-bool onednn_available() { return true; }
-
-void onednn_matmul_f32(const float* w, int64_t n_rows, int64_t n_cols, int64_t w_row_stride, const float* x,
-                       int64_t n_tokens, float* y, int64_t ldy) {
+// y [m, n] (rows ldy apart) = x [m, k] (rows ldx apart) times the weights [k, n]: element (k, n) at n * w_stride + k
+// (k_major false: the GGUF rows as they lie) or at k * w_stride + n.
+void run_matmul(const float* w, int64_t n, int64_t k, int64_t w_stride, bool k_major, const float* x, int64_t ldx,
+                int64_t m, float* y, int64_t ldy) {
   using dt = dnnl::memory::data_type;
   PerThread& s = per_thread();
-  // src [m, k] row-major; weights [k, n] with element (k, n) at n * w_row_stride + k (the GGUF rows as they lie);
-  // dst [m, n] with rows ldy apart.
-  const dnnl::memory::desc src_md({n_tokens, n_cols}, dt::f32, dnnl::memory::dims{n_cols, 1});
-  const dnnl::memory::desc wei_md({n_cols, n_rows}, dt::f32, dnnl::memory::dims{1, w_row_stride});
-  const dnnl::memory::desc dst_md({n_tokens, n_rows}, dt::f32, dnnl::memory::dims{ldy, 1});
-  const Shape key{n_tokens, n_cols, n_rows, w_row_stride, ldy};
+  const dnnl::memory::desc src_md({m, k}, dt::f32, dnnl::memory::dims{ldx, 1});
+  const dnnl::memory::desc wei_md({k, n}, dt::f32,
+                                  k_major ? dnnl::memory::dims{w_stride, 1} : dnnl::memory::dims{1, w_stride});
+  const dnnl::memory::desc dst_md({m, n}, dt::f32, dnnl::memory::dims{ldy, 1});
+  const Shape key{m, k, n, w_stride, ldy, ldx, k_major};
   auto it = s.primitives.find(key);
   if (it == s.primitives.end()) {
     if (s.primitives.size() >= 256) s.primitives.clear();  // many prompt lengths: start over rather than grow
@@ -68,12 +66,30 @@ void onednn_matmul_f32(const float* w, int64_t n_rows, int64_t n_cols, int64_t w
   s.stream.wait();
 }
 
+}  // namespace
+
+bool onednn_available() { return true; }
+
+void onednn_matmul_f32(const float* w, int64_t n_rows, int64_t n_cols, int64_t w_row_stride, const float* x,
+                       int64_t n_tokens, float* y, int64_t ldy) {
+  run_matmul(w, n_rows, n_cols, w_row_stride, false, x, n_cols, n_tokens, y, ldy);
+}
+
+void onednn_matmul_f32_kn(const float* w, int64_t n_rows, int64_t n_cols, int64_t w_col_stride, const float* x,
+                          int64_t ldx, int64_t n_tokens, float* y, int64_t ldy) {
+  run_matmul(w, n_rows, n_cols, w_col_stride, true, x, ldx, n_tokens, y, ldy);
+}
+
 #else
 
 bool onednn_available() { return false; }
 
 void onednn_matmul_f32(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*, int64_t) {
   throw std::logic_error("onednn_matmul_f32: this build has no oneDNN");
+}
+
+void onednn_matmul_f32_kn(const float*, int64_t, int64_t, int64_t, const float*, int64_t, int64_t, float*, int64_t) {
+  throw std::logic_error("onednn_matmul_f32_kn: this build has no oneDNN");
 }
 
 #endif

@@ -14,5 +14,10 @@ bool onednn_available();
 // slice). A primitive per shape is created once per thread and kept.
 void onednn_matmul_f32(const float* w, int64_t n_rows, int64_t n_cols, int64_t w_row_stride, const float* x,
                        int64_t n_tokens, float* y, int64_t ldy);
+// The same with the weights the other way round: element (c, r) of the n_cols x n_rows matrix at
+// w + c * w_col_stride + r, so y[t][r] = sum_c x[t][c] * w[c][r] (attention's probabilities times the value rows).
+// x has rows ldx apart.
+void onednn_matmul_f32_kn(const float* w, int64_t n_rows, int64_t n_cols, int64_t w_col_stride, const float* x,
+                          int64_t ldx, int64_t n_tokens, float* y, int64_t ldy);
 
 }  // namespace hetmoe::cpu

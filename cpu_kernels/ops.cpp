@@ -1,13 +1,16 @@
 #include "cpu_kernels/ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numbers>
 #include <numeric>
 #include <vector>
 
 #include "cpu_kernels/kernel_table.h"
+#include "cpu_kernels/onednn.h"
 #include "cpu_kernels/scratch.h"
 
 namespace hetmoe::cpu {
@@ -94,8 +97,70 @@ void rope_apply(const RopeParams& p, const float* cache, float* x) {
   }
 }
 
+namespace {
+
+// Query rows (tokens times the heads of a group) per block of the blocked path, and the batches that take it. A
+// block's probabilities take rows x keys floats: 256 x 32k positions = 32 MB per thread.
+constexpr int64_t kBlockRows = 256;
+constexpr int64_t kBlockedMinTokens = 16;
+
+struct BlockedQueriesSite;
+struct BlockedScoresSite;
+struct BlockedOutputSite;
+
+// A prompt's attention as matrix products: per key head and block of query tokens, the scores of all the block's
+// queries (its tokens times the heads of the group) against every key its last token sees in one oneDNN matmul,
+// the causal mask and the softmax per row, then the probabilities times the value rows in a second one; the cache's
+// rows are read in place. Per query it is the same arithmetic as the row path below, summed in another order. The
+// blocks of the latest tokens (the most keys) go first, taken from a shared counter, so the threads finish together.
+void blocked_causal_attention(const AttentionShape& shape, const AttentionInput& in, int64_t n_tokens, int64_t pos0,
+                              float* out, ThreadPool& pool) {
+  const int64_t group = shape.n_head / shape.n_head_kv, dk = shape.head_dim_k, dv = shape.head_dim_v;
+  const int64_t block = std::max<int64_t>(4, kBlockRows / group);  // query tokens per block
+  const int64_t n_blocks = (n_tokens + block - 1) / block, units = n_blocks * shape.n_head_kv;
+  const int64_t out_stride = static_cast<int64_t>(shape.n_head) * dv;
+  std::atomic<int64_t> next{0};
+  pool.parallel_for(pool.size(), 1, [&](int64_t, int64_t) {
+    const int64_t max_rows = block * group, max_keys = pos0 + n_tokens;
+    std::span<float> q = scratch<float, BlockedQueriesSite>(static_cast<size_t>(max_rows * dk));
+    std::span<float> p = scratch<float, BlockedScoresSite>(static_cast<size_t>(max_rows * max_keys));
+    std::span<float> o = scratch<float, BlockedOutputSite>(static_cast<size_t>(max_rows * dv));
+    for (int64_t u; (u = next.fetch_add(1, std::memory_order_relaxed)) < units;) {
+      const int64_t b = n_blocks - 1 - u / shape.n_head_kv, g = u % shape.n_head_kv;
+      const int64_t t0 = b * block, t1 = std::min(n_tokens, t0 + block);
+      const int64_t n_keys = pos0 + t1, rows = (t1 - t0) * group;
+      // Row (t - t0) * group + h: token t's query of head g * group + h.
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t h = 0; h < group; ++h)
+          std::memcpy(q.data() + ((t - t0) * group + h) * dk,
+                      in.q + t * in.q_token_stride + (g * group + h) * in.q_head_stride,
+                      static_cast<size_t>(dk) * sizeof(float));
+      onednn_matmul_f32(in.k + g * dk, n_keys, dk, in.k_stride, q.data(), rows, p.data(), n_keys);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = p.data() + r * n_keys;
+        const int64_t t = t0 + r / group, seen = pos0 + t + 1;
+        for (int64_t j = 0; j < seen; ++j) row[j] *= shape.scale;
+        if (shape.sinks)
+          softmax_with_sink(row, seen, shape.sinks[g * group + r % group]);
+        else
+          softmax(row, seen);
+        std::fill(row + seen, row + n_keys, 0.0f);
+      }
+      onednn_matmul_f32_kn(in.v + g * dv, dv, n_keys, in.v_stride, p.data(), n_keys, rows, o.data(), dv);
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(out + (t0 + r / group) * out_stride + (g * group + r % group) * dv, o.data() + r * dv,
+                    static_cast<size_t>(dv) * sizeof(float));
+    }
+  });
+}
+
+}  // namespace
+
 void causal_attention(const AttentionShape& shape, const AttentionInput& in, int64_t n_tokens, int64_t pos0, float* out,
                       ThreadPool& pool) {
+  if (n_tokens >= kBlockedMinTokens && onednn_available() && !shape.keys && shape.window == 0 && in.ring == 0 &&
+      !in.compressed)
+    return blocked_causal_attention(shape, in, n_tokens, pos0, out, pool);
   const int group = shape.n_head / shape.n_head_kv;
   // q.k is an F32 dot of the cache's row and the value sum an axpy, both from the kernel table (SIMD where the CPU
   // has it). The heads that share a key/value head run together, key by key, so each cached row is read once per

@@ -61,6 +61,55 @@ TEST(Ops, AttentionWithSinksAndSlidingWindowMatchesTheFormula) {
     }
 }
 
+// A prompt's attention (16 tokens or more) runs as matrix products over blocks of queries: it must give what the
+// formula gives, for GQA groups, sinks, a batch after cached positions (blocks of every key count, a last block cut
+// short), and MLA's layout (one key head whose values are the first floats of the key rows, longer keys than values).
+TEST(Ops, PromptAttentionAsMatrixProductsMatchesTheFormula) {
+  struct Case {
+    int H, KV, dk, dv;
+    int64_t pos0, n;
+    bool sinks, values_in_keys;
+  };
+  ThreadPool pool(2);
+  for (const Case& c : {Case{8, 2, 16, 16, 0, 70, false, false}, Case{4, 4, 24, 8, 9, 40, true, false},
+                        Case{16, 1, 40, 32, 5, 33, false, true}}) {
+    SCOPED_TRACE(testing::Message() << "heads " << c.H << "/" << c.KV << " pos0 " << c.pos0 << " n " << c.n);
+    const int64_t n_pos = c.pos0 + c.n;
+    const std::vector<float> q = normal(c.n * c.H * c.dk, 11), k = normal(n_pos * c.KV * c.dk, 12),
+                             v0 = normal(n_pos * c.KV * c.dv, 13), sinks = normal(c.H, 14);
+    // MLA: the values are the first dv floats of each (single-head) key row.
+    const float* v = c.values_in_keys ? k.data() : v0.data();
+    const int64_t v_stride = c.values_in_keys ? c.dk : c.KV * c.dv;
+    AttentionShape shape{c.H, c.KV, c.dk, c.dv, 0.2f};
+    shape.sinks = c.sinks ? sinks.data() : nullptr;
+    std::vector<float> out(c.n * c.H * c.dv);
+    causal_attention(shape, {q.data(), c.H * c.dk, c.dk, k.data(), c.KV * c.dk, v, v_stride}, c.n, c.pos0, out.data(),
+                     pool);
+    for (int64_t t = 0; t < c.n; ++t)
+      for (int h = 0; h < c.H; ++h) {
+        const int g = h / (c.H / c.KV);
+        const int64_t p = c.pos0 + t;
+        std::vector<double> s;
+        double top = c.sinks ? sinks[h] : -INFINITY;
+        for (int64_t j = 0; j <= p; ++j) {
+          double dot = 0;
+          for (int i = 0; i < c.dk; ++i)
+            dot += static_cast<double>(q[(t * c.H + h) * c.dk + i]) * k[(j * c.KV + g) * c.dk + i];
+          s.push_back(dot * 0.2);
+          top = std::max(top, s.back());
+        }
+        double sum = c.sinks ? std::exp(sinks[h] - top) : 0.0;
+        for (double& x : s) sum += (x = std::exp(x - top));
+        for (int i = 0; i < c.dv; ++i) {
+          double want = 0;
+          for (size_t j = 0; j < s.size(); ++j)
+            want += s[j] / sum * v[static_cast<int64_t>(j) * v_stride + g * c.dv + i];
+          ASSERT_NEAR(out[(t * c.H + h) * c.dv + i], want, 2e-5) << "token " << t << " head " << h << " value " << i;
+        }
+      }
+  }
+}
+
 TEST(Ops, LayerNormMatchesTheFormula) {
   const std::vector<float> x = normal(37, 5), w = normal(37, 6), b = normal(37, 7);
   std::vector<float> y(37);
