@@ -43,6 +43,37 @@ void NgramDrafter::propose(std::span<const int32_t> history, int32_t next, int m
   }
 }
 
+int DraftBudget::choose() const {
+  if (t0_ <= 0 || since_plain_ >= kMeasureEvery) return 0;
+  const double a = acceptance();
+  int best = 0;
+  double best_rate = 1.0, tokens = 1.0, p = 1.0;
+  for (int k = 1; k <= max_; ++k) {
+    tokens += p *= a;
+    const double rate = tokens / (1.0 + beta_ * k);
+    if (rate > best_rate) best = k, best_rate = rate;
+  }
+  return best;
+}
+
+void DraftBudget::plain_step(double seconds) {
+  t0_ = t0_ > 0 ? kDecay * t0_ + (1 - kDecay) * seconds : seconds;
+  since_plain_ = 0;
+}
+
+void DraftBudget::verify_step(int drafted, int accepted, double seconds) {
+  ++since_plain_;
+  if (drafted <= 0) return;
+  accepted_ = kDecay * accepted_ + accepted;
+  rejected_ = kDecay * rejected_ + (accepted < drafted ? 1 : 0);
+  if (t0_ > 0) beta_ = kDecay * beta_ + (1 - kDecay) * std::max(0.0, (seconds / t0_ - 1.0) / drafted);
+}
+
+void DraftBudget::shadow(bool agreed) {
+  accepted_ = kDecay * accepted_ + (agreed ? 1 : 0);
+  rejected_ = kDecay * rejected_ + (agreed ? 0 : 1);
+}
+
 std::unique_ptr<Drafter> make_drafter(DraftSource source) {
   if (source == DraftSource::kNgram) return std::make_unique<NgramDrafter>();
   return nullptr;

@@ -40,6 +40,33 @@ class NgramDrafter final : public Drafter {
   std::vector<int32_t> seq_;  // scratch: history then next
 };
 
+// How many drafts the next step should take, from what the run measured so far. The drafts' acceptance: each draft
+// is taken to be accepted with probability a, a step's run ending at its first rejection, so a = accepted /
+// (accepted + rejections), both sums decaying (by 0.95 a step) so that a = 0.8 before anything is seen soon gives
+// way to the text's own. A step's cost: t0 for one token, t0 (1 + beta k) for a token and k drafts, running averages
+// (beta 0.5 until measured). The next step takes the k in 0..max with the most tokens per unit of time,
+// (1 + a + ... + a^k) / (1 + beta k): none when the drafts are rarely right or cost nearly a step each (a MoE's
+// drafts read experts of their own). A step without drafts still checks the drafter's first guess against the token
+// that follows (shadow), so the acceptance keeps being measured; every 32nd step goes without drafts to measure t0.
+class DraftBudget {
+ public:
+  explicit DraftBudget(int max) : max_(max) {}
+  int choose() const;
+  void plain_step(double seconds);
+  void verify_step(int drafted, int accepted, double seconds);
+  void shadow(bool agreed);
+  double acceptance() const { return accepted_ / (accepted_ + rejected_); }
+  double cost_per_draft() const { return beta_; }
+
+ private:
+  static constexpr double kDecay = 0.95;
+  static constexpr int kMeasureEvery = 32;
+  int max_;
+  double accepted_ = 4, rejected_ = 1;
+  double t0_ = 0, beta_ = 0.5;
+  int since_plain_ = 0;
+};
+
 // The drafter for `source` (null for kNone).
 std::unique_ptr<Drafter> make_drafter(DraftSource source);
 

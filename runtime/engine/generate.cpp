@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 
 namespace hetmoe::engine {
@@ -14,6 +15,9 @@ GenerateResult generate(Session& session, std::span<const float> logits, Sampler
   std::vector<float> current(logits.begin(), logits.end());
   std::optional<int32_t> chosen;  // the current position's token when a verification already chose it
   std::vector<int32_t> drafts, batch;
+  DraftBudget budget(options.draft_max);
+  std::optional<int32_t> guess;  // the drafter's first guess at the token being sampled, when no step evaluated it
+  using Clock = std::chrono::steady_clock;
   // A token is the generation's: returns why it stops there, if it does.
   auto take = [&](int32_t token) -> std::optional<StopReason> {
     result.tokens.push_back(token);
@@ -30,6 +34,8 @@ GenerateResult generate(Session& session, std::span<const float> logits, Sampler
     }
     const int32_t token = chosen ? *chosen : sampler.sample(current, session.tokens());
     chosen.reset();
+    if (guess) budget.shadow(*guess == token);
+    guess.reset();
     if (const std::optional<StopReason> stop = take(token)) {
       result.stop = *stop;
       return result;
@@ -43,18 +49,27 @@ GenerateResult generate(Session& session, std::span<const float> logits, Sampler
     // Drafts that fit the context and leave the last token of the limit to a sample of its own.
     int64_t room = std::min<int64_t>(options.draft_max, session.n_free() - 1);
     if (n_max >= 0) room = std::min(room, n_max - n_taken - 1);
+    const int64_t wanted = options.adaptive ? std::min<int64_t>(room, budget.choose()) : room;
     drafts.clear();
-    if (options.drafter && room > 0) options.drafter->propose(session.tokens(), token, static_cast<int>(room), drafts);
+    if (options.drafter && room > 0)
+      options.drafter->propose(session.tokens(), token, static_cast<int>(std::max<int64_t>(wanted, 1)), drafts);
+    if (wanted == 0 && !drafts.empty()) {
+      guess = drafts.front();  // not evaluated: checked against the next token instead
+      drafts.clear();
+    }
     ++result.steps;
+    const auto start = Clock::now();
     if (drafts.empty()) {
       const int32_t one[1] = {token};
       const std::span<const float> next = session.eval(one);
       current.assign(next.begin(), next.end());
+      budget.plain_step(std::chrono::duration<double>(Clock::now() - start).count());
       continue;
     }
     batch.assign(1, token);
     batch.insert(batch.end(), drafts.begin(), drafts.end());
     const std::span<const float> rows = session.eval_all(batch);
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     const auto n_vocab = static_cast<int64_t>(current.size());
     const int64_t base = session.n_past() - static_cast<int64_t>(batch.size());  // the token's position
     result.drafted += static_cast<int64_t>(drafts.size());
@@ -75,6 +90,7 @@ GenerateResult generate(Session& session, std::span<const float> logits, Sampler
       }
     }
     session.truncate(base + 1 + static_cast<int64_t>(kept));
+    budget.verify_step(static_cast<int>(drafts.size()), static_cast<int>(kept), seconds);
     if (!chosen) {
       const std::span<const float> last = rows.subspan(drafts.size() * n_vocab, n_vocab);
       current.assign(last.begin(), last.end());

@@ -24,6 +24,9 @@ struct GenerateOptions {
   // batch (null or 0: one token per step).
   Drafter* drafter = nullptr;
   int draft_max = 0;
+  // With a drafter: each step's draft count chosen by a DraftBudget from the acceptance and step times measured as
+  // the generation goes (at most draft_max); false: draft_max drafts whenever the drafter has them.
+  bool adaptive = true;
 };
 
 struct GenerateResult {

@@ -131,6 +131,39 @@ TEST(Draft, SourcesByName) {
   EXPECT_NE(make_drafter(DraftSource::kNgram), nullptr);
 }
 
+// ---- the draft budget ----
+
+// Step times are given here, not measured: 10 ms for one token, a draft costing beta of that.
+TEST(DraftBudget, FirstMeasuresAStepThenDraftsByTheMeasuredRates) {
+  DraftBudget b(8);
+  EXPECT_EQ(b.choose(), 0);  // nothing measured yet: one plain step first
+  b.plain_step(0.010);
+  // The prior (a = 0.8, beta = 0.5): (1 + .8 + .64) / 2 beats one and three drafts.
+  EXPECT_EQ(b.choose(), 2);
+  // Drafts that cost 0.65 of a step each and are right half the time: none pays.
+  for (int i = 0; i < 200; ++i) b.verify_step(3, 1, 0.010 * (1 + 0.65 * 3));
+  EXPECT_NEAR(b.acceptance(), 0.5, 0.01);
+  EXPECT_NEAR(b.cost_per_draft(), 0.65, 0.01);
+  b.plain_step(0.010);
+  EXPECT_EQ(b.choose(), 0);
+  // The drafts then get cheap and always right: all eight.
+  for (int i = 0; i < 31; ++i) b.verify_step(8, 8, 0.010 * (1 + 0.05 * 8));
+  b.plain_step(0.010);
+  for (int i = 0; i < 200; ++i) b.shadow(true);
+  for (int i = 0; i < 31; ++i) b.verify_step(8, 8, 0.010 * (1 + 0.05 * 8));
+  EXPECT_GT(b.acceptance(), 0.95);
+  EXPECT_EQ(b.choose(), 8);
+  // Every 32nd step measures one token's time again.
+  b.verify_step(8, 8, 0.010 * (1 + 0.05 * 8));
+  EXPECT_EQ(b.choose(), 0);
+  b.plain_step(0.010);
+  EXPECT_EQ(b.choose(), 8);
+  // Guesses checked afterwards (steps without drafts) move the acceptance too.
+  for (int i = 0; i < 200; ++i) b.shadow(false);
+  EXPECT_LT(b.acceptance(), 0.01);
+  EXPECT_EQ(b.choose(), 0);
+}
+
 // ---- generation with drafts ----
 
 // Drafts the continuation plain greedy decoding produced (`ref`, after a prompt of n_prompt tokens), with every
@@ -158,14 +191,16 @@ struct Outcome {
   std::vector<float> next_logits;  // after the generation: the logits of one more token, evaluated
 };
 
+// Drafts as the drafter has them (adaptive: as a DraftBudget chooses from the measured step times, which these
+// tests must not depend on, except where they only check the tokens).
 Outcome generate_on(model::Model& m, const std::vector<int32_t>& prompt, int64_t n, Drafter* drafter, int draft_max,
-                    const std::function<bool(int32_t)>& on_token = {}) {
+                    const std::function<bool(int32_t)>& on_token = {}, bool adaptive = false) {
   Session s(m, 96);
   const std::span<const float> logits = s.eval(prompt);
   Sampler sampler({.temperature = 0.0f});
   Outcome r;
-  r.result =
-      generate(s, logits, sampler, nullptr, {.max_tokens = n, .drafter = drafter, .draft_max = draft_max}, on_token);
+  r.result = generate(s, logits, sampler, nullptr,
+                      {.max_tokens = n, .drafter = drafter, .draft_max = draft_max, .adaptive = adaptive}, on_token);
   r.session_tokens = s.tokens();
   const int32_t more[1] = {r.result.tokens.back()};
   const std::span<const float> next = s.eval(more);
@@ -205,6 +240,11 @@ TEST(Speculative, F32ModelsGiveThePlainGreedyTokensAndSession) {
       EXPECT_LT(spec.result.accepted, spec.result.drafted);
       EXPECT_LT(spec.result.steps, n - 1);
     }
+    // With the draft count chosen as the run goes (by step times): whatever it chooses, the same tokens.
+    OracleDrafter oracle(plain.result.tokens, prompt.size(), static_cast<int32_t>(m->config().n_vocab));
+    const Outcome adaptive = generate_on(*m, prompt, n, &oracle, 6, {}, /*adaptive=*/true);
+    EXPECT_EQ(adaptive.result.tokens, plain.result.tokens);
+    EXPECT_EQ(adaptive.session_tokens, plain.session_tokens);
   }
 }
 
@@ -281,8 +321,8 @@ TEST(Speculative, DraftsNeverOverrunTheContext) {
   const std::span<const float> logits = s.eval(prompt);
   Sampler sampler({.temperature = 0.0f});
   NgramDrafter ngram;
-  const GenerateResult r =
-      generate(s, logits, sampler, nullptr, {.max_tokens = 50, .drafter = &ngram, .draft_max = 8}, {});
+  const GenerateResult r = generate(s, logits, sampler, nullptr,
+                                    {.max_tokens = 50, .drafter = &ngram, .draft_max = 8, .adaptive = false}, {});
   EXPECT_EQ(r.stop, StopReason::kContextFull);
   EXPECT_EQ(s.n_past(), 12);
   EXPECT_EQ(r.tokens.size(), 5u);  // four evaluated, the fifth sampled when the context was full
