@@ -68,14 +68,17 @@ struct Batcher::Sequence {
 };
 
 Batcher::Batcher(model::Model& model, const text::Tokenizer* tokenizer, BatcherOptions options)
-    : model_(model), tokenizer_(tokenizer), options_(options), drafter_(engine::make_drafter(options.draft)) {
+    : model_(model), tokenizer_(tokenizer), options_(options) {
   if (options_.parallel < 1) fail("--parallel must be at least 1");
   if (options_.slot_ctx < 2) fail("the context per slot must be at least 2 positions");
   if (options_.max_batch_tokens < options_.parallel)
     fail("the batch of {} tokens cannot hold a token of each of {} slots", options_.max_batch_tokens,
          options_.parallel);
-  for (int i = 0; i < options_.parallel; ++i)
-    slots_.push_back({std::make_unique<engine::Session>(model_, options_.slot_ctx), nullptr, 0});
+  for (int i = 0; i < options_.parallel; ++i) {
+    Slot& s = slots_.emplace_back(Slot{std::make_unique<engine::Session>(model_, options_.slot_ctx), nullptr, 0,
+                                       engine::make_drafter(options_.draft, model_, options_.slot_ctx)});
+    if (s.drafter) s.session->observe(s.drafter->hidden_observer());
+  }
   stats_.slots = options_.parallel;
   stats_.kv_total = options_.parallel * options_.slot_ctx;
   worker_ = std::thread([this] { run(); });
@@ -221,9 +224,9 @@ bool Batcher::step() {
     room = std::min(room, budget - decoding);
     if (q.job.max_tokens >= 0) room = std::min(room, q.job.max_tokens - q.generated - 1);
     q.drafts.clear();
-    if (drafter_ && room > 0)
-      drafter_->propose(std::span<const int32_t>(q.history).first(q.history.size() - 1), q.next, static_cast<int>(room),
-                        q.drafts);
+    if (s.drafter && room > 0)
+      s.drafter->propose(std::span<const int32_t>(q.history).first(q.history.size() - 1), q.next,
+                         static_cast<int>(room), q.drafts);
     next_tokens[i].assign(1, q.next);
     next_tokens[i].insert(next_tokens[i].end(), q.drafts.begin(), q.drafts.end());
     parts.push_back({.session = s.session.get(), .tokens = next_tokens[i], .all_logits = !q.drafts.empty()});

@@ -131,6 +131,7 @@ class Batcher {
     std::unique_ptr<engine::Session> session;
     std::unique_ptr<Sequence> seq;  // the job it runs; null when free
     uint64_t last_used = 0;
+    std::unique_ptr<engine::Drafter> drafter;  // its session's (an MTP drafter holds the block's cache); null without
   };
   void run();
   // Takes queued jobs into free slots (under the lock).
@@ -149,7 +150,6 @@ class Batcher {
   const text::Tokenizer* tokenizer_;
   BatcherOptions options_;
   std::vector<Slot> slots_;
-  std::unique_ptr<engine::Drafter> drafter_;  // null without drafts
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

@@ -95,6 +95,9 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token, En
   for (int32_t& t : prompt) t = id(rng);
 
   engine::Session session(m, opt.prompt + opt.gen + 1);
+  const std::unique_ptr<engine::Drafter> drafter =
+      engine::make_drafter(engine::parse_draft_source(opt.draft.source), m, session.n_ctx());
+  if (drafter) session.observe(drafter->hidden_observer());
   fmt::print(stderr, "\r  {}: prefill of {} tokens        ", label, opt.prompt);
   const auto t0 = std::chrono::steady_clock::now();
   std::span<const float> logits = session.eval(prompt);
@@ -103,7 +106,6 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token, En
   const device::TransferStats before = device ? device->device().transfers() : device::TransferStats{};
   const uint64_t cpu_bytes_before = device ? device->cpu_expert_bytes() : 0;
   const double joules_before = energy.joules();
-  const std::unique_ptr<engine::Drafter> drafter = engine::make_drafter(engine::parse_draft_source(opt.draft.source));
   if (drafter) {
     // Greedy decoding with drafts: gen tokens evaluated (one more than plain decoding's loop samples).
     fmt::print(stderr, "\r  {}: decode with drafts          ", label);
@@ -179,25 +181,45 @@ PolicyResult bench_policy(model::Model& m, const BenchOptions& opt, int threads,
   return r;
 }
 
-// What a verification step of k + 1 tokens costs against one token's step, k = 0..max_k: after a prompt of
-// opt.prompt random ids, each batch is evaluated and forgotten (its rows truncated) `repeat` times, the median
-// kept. Random ids route like text of random content: each token to its own experts, as drafted text does.
-std::vector<double> verification_costs(model::Model& m, const BenchOptions& opt, int max_k, int repeat) {
+// What a step of k drafts costs: seconds[k] for the verification of k + 1 tokens in one batch (k = 0: one token's
+// step), draft[k] for the drafter's proposal of k (empty for a source that costs nothing to ask, n-gram lookup).
+struct StepCosts {
+  std::vector<double> seconds, draft;
+  // A step of k drafts in one-token steps.
+  double step(size_t k) const { return (seconds[k] + (draft.empty() ? 0.0 : draft[k])) / seconds[0]; }
+};
+
+// The step costs for k = 0..max_k: after a prompt of opt.prompt random ids, each batch is evaluated and forgotten
+// (its rows truncated) `repeat` times, the median kept; with an MTP drafter each proposal of k drafts likewise (its
+// block writes the last position's row again and chains k - 1 more, as in a step of steady decoding). Random ids
+// route like text of random content: each token to its own experts, as drafted text does.
+StepCosts step_costs(model::Model& m, const BenchOptions& opt, int max_k, int repeat) {
   const model::ModelConfig& c = m.config();
   std::mt19937 rng(4321);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(c.n_vocab - 1));
   std::vector<int32_t> prompt(static_cast<size_t>(opt.prompt));
   for (int32_t& t : prompt) t = id(rng);
   engine::Session session(m, opt.prompt + max_k + 1);
+  const std::unique_ptr<engine::Drafter> drafter =
+      engine::make_drafter(engine::parse_draft_source(opt.draft.source), m, session.n_ctx());
+  const bool timed_drafts = drafter && drafter->hidden_observer();
+  if (timed_drafts) session.observe(drafter->hidden_observer());
   session.eval(prompt);
-  std::vector<double> seconds;
+  StepCosts costs;
+  std::vector<int32_t> drafts;
   for (int k = 0; k <= max_k; ++k) {
     fmt::print(stderr, "\r  verification of {} tokens        ", k + 1);
     std::vector<int32_t> batch(static_cast<size_t>(k + 1));
-    std::vector<double> times;
+    std::vector<double> times, draft_times;
     for (int i = 0; i < repeat + 1; ++i) {
       for (int32_t& t : batch) t = id(rng);
-      const auto t0 = std::chrono::steady_clock::now();
+      auto t0 = std::chrono::steady_clock::now();
+      if (timed_drafts && k > 0) {
+        drafter->propose(session.tokens(), batch.front(), k, drafts);
+        const auto t1 = std::chrono::steady_clock::now();
+        if (i > 0) draft_times.push_back(std::chrono::duration<double>(t1 - t0).count());
+        t0 = t1;
+      }
       if (k == 0)
         session.eval(batch);
       else
@@ -206,33 +228,45 @@ std::vector<double> verification_costs(model::Model& m, const BenchOptions& opt,
       session.truncate(opt.prompt);
       if (i > 0) times.push_back(s);  // the first sizes the scratch buffers
     }
-    seconds.push_back(median_of(times));
+    costs.seconds.push_back(median_of(times));
+    if (timed_drafts) costs.draft.push_back(k == 0 ? 0.0 : median_of(draft_times));
   }
   fmt::print(stderr, "\r{:50}\r", "");
-  return seconds;
+  return costs;
 }
 
 // The drafts' acceptance on a known reply: the reply is replayed as greedy decoding with drafts would produce it,
 // each step proposing drafts after the reply's next token and accepting those that are the reply's following tokens
-// (a model that writes this reply accepts exactly these). The cost of the steps in one-token steps comes from the
-// measured verification curve.
+// (what a model that writes this reply would accept), each step costed by the measured curve. A drafter that reads
+// the model's hidden states (MTP) has the model evaluate the prompt and each step's accepted tokens.
 struct Replay {
   int64_t tokens = 0, steps = 0, drafted = 0, accepted = 0;
   double cost = 0;  // the steps' time in one-token steps
 };
 
-Replay replay_drafts(const text::Tokenizer& tokenizer, const std::string& path, const BenchOptions& opt,
-                     const std::vector<double>& seconds) {
+Replay replay_drafts(model::Model& m, const text::Tokenizer& tokenizer, const std::string& path,
+                     const BenchOptions& opt, const StepCosts& costs) {
   const std::string text = io::read_file(path, uint64_t{64} << 20, "--draft-text");
   const size_t split = text.find("\n===\n");
   if (split == std::string::npos) fail("--draft-text {}: no line '===' between the prompt and the reply", path);
   std::vector<int32_t> history = tokenizer.encode(text.substr(0, split + 1), /*add_special=*/true, false);
   const std::vector<int32_t> reply = tokenizer.encode(text.substr(split + 5), /*add_special=*/false, false);
   if (reply.size() < 2) fail("--draft-text {}: the reply after '===' is empty", path);
-  const std::unique_ptr<engine::Drafter> drafter = engine::make_drafter(engine::parse_draft_source(opt.draft.source));
+  const int64_t n_ctx = static_cast<int64_t>(history.size() + reply.size());
+  const std::unique_ptr<engine::Drafter> drafter =
+      engine::make_drafter(engine::parse_draft_source(opt.draft.source), m, n_ctx);
+  std::optional<engine::Session> session;
+  if (drafter->hidden_observer()) {
+    if (n_ctx > m.config().n_ctx_train)
+      fail("--draft-text {}: {} tokens do not fit the model's context of {}", path, n_ctx, m.config().n_ctx_train);
+    session.emplace(m, n_ctx);
+    session->observe(drafter->hidden_observer());
+    session->eval(history);
+  }
   Replay r;
   std::vector<int32_t> drafts;
   for (size_t pos = 0; pos < reply.size();) {
+    fmt::print(stderr, "\r  replay: {}/{} tokens        ", pos, reply.size());
     const int room = static_cast<int>(std::min<size_t>(static_cast<size_t>(opt.draft.max), reply.size() - pos - 1));
     drafter->propose(history, reply[pos], room, drafts);
     size_t agreed = 0;
@@ -240,11 +274,14 @@ Replay replay_drafts(const text::Tokenizer& tokenizer, const std::string& path, 
     ++r.steps;
     r.drafted += static_cast<int64_t>(drafts.size());
     r.accepted += static_cast<int64_t>(agreed);
-    r.cost += seconds[drafts.size()] / seconds[0];
-    history.insert(history.end(), reply.begin() + static_cast<std::ptrdiff_t>(pos),
-                   reply.begin() + static_cast<std::ptrdiff_t>(pos + 1 + agreed));
+    r.cost += costs.step(drafts.size());
+    const auto first = reply.begin() + static_cast<std::ptrdiff_t>(pos);
+    const auto last = reply.begin() + static_cast<std::ptrdiff_t>(pos + 1 + agreed);
+    history.insert(history.end(), first, last);
+    if (session && last != reply.end()) session->eval(std::vector<int32_t>(first, last));
     pos += 1 + agreed;
   }
+  fmt::print(stderr, "\r{:50}\r", "");
   r.tokens = static_cast<int64_t>(reply.size());
   return r;
 }
@@ -260,14 +297,17 @@ double expected_tokens_per_step(double a, int k) {
 // The verification cost curve and the speedups it implies: at the acceptance measured here (with its draft
 // source) and at the rates DeepSeek published for V3's MTP module (85-90 % for the second token, in the
 // DeepSeek-V3 technical report), which say what MTP drafts would give on this machine.
-void report_verification(const std::vector<double>& seconds, double measured_acceptance, const std::string& source) {
-  fmt::print("\nverification step of k drafts (k + 1 tokens in one batch) against one token's step:\n");
-  fmt::print("{:>3} {:>10} {:>10}   {:>22}   {:>20} {:>20}\n", "k", "ms", "cost", "speedup at measured", "at 85 %",
-             "at 90 %");
-  for (size_t k = 0; k < seconds.size(); ++k) {
-    const double cost = seconds[k] / seconds[0];
+void report_verification(const StepCosts& costs, double measured_acceptance, const std::string& source) {
+  const bool drafting = !costs.draft.empty();
+  fmt::print("\nverification step of k drafts (k + 1 tokens in one batch) against one token's step{}:\n",
+             drafting ? fmt::format(", with the {} drafter's proposal of k", source) : "");
+  fmt::print("{:>3} {:>10} {:>10} {:>10}   {:>22}   {:>20} {:>20}\n", "k", "verify ms", "draft ms", "cost",
+             "speedup at measured", "at 85 %", "at 90 %");
+  for (size_t k = 0; k < costs.seconds.size(); ++k) {
+    const double cost = costs.step(k);
     const int kk = static_cast<int>(k);
-    fmt::print("{:>3} {:>10.2f} {:>9.2f}x   {:>21.2f}x   {:>19.2f}x {:>19.2f}x\n", k, seconds[k] * 1e3, cost,
+    fmt::print("{:>3} {:>10.2f} {:>10} {:>9.2f}x   {:>21.2f}x   {:>19.2f}x {:>19.2f}x\n", k, costs.seconds[k] * 1e3,
+               drafting ? fmt::format("{:.2f}", costs.draft[k] * 1e3) : "-", cost,
                expected_tokens_per_step(measured_acceptance, kk) / cost, expected_tokens_per_step(0.85, kk) / cost,
                expected_tokens_per_step(0.90, kk) / cost);
   }
@@ -586,7 +626,7 @@ int bench(const BenchOptions& opt) {
   if (opt.repeat < 1) fail("--repeat must be at least 1");
   if (!opt.vs_llama_bench.empty()) return vs_llama_bench(opt, resolve_threads(opt.threads));
   if (!opt.draft_text.empty()) {
-    if (opt.draft.source == "none") fail("--draft-text measures drafts: give --draft ngram");
+    if (opt.draft.source == "none") fail("--draft-text measures drafts: give --draft ngram or --draft mtp");
     // Readable and in shape before the model loads.
     const std::string text = io::read_file(opt.draft_text, uint64_t{64} << 20, "--draft-text");
     const size_t split = text.find("\n===\n");
@@ -655,7 +695,7 @@ int bench(const BenchOptions& opt) {
   // with the device of --device, placed and run by their plans.
   std::vector<PolicyResult> results;
   std::vector<ConcurrencyResult> concurrency;
-  std::vector<double> verification;  // with --draft: seconds of a verification step of k + 1 tokens, k = 0..
+  std::optional<StepCosts> verification;  // with --draft: what a step of k drafts costs, k = 0..
   std::unique_ptr<engine::Engine> e;
   EnergyMeter energy;
   for (const std::string& policy : opt.policies) {
@@ -693,8 +733,8 @@ int bench(const BenchOptions& opt) {
       continue;
     }
     PolicyResult r = bench_policy(*m, opt, threads, policy, energy);
-    if (opt.draft.source != "none" && verification.empty())
-      verification = verification_costs(*m, opt, opt.draft.max, std::max(5, opt.repeat));
+    if (opt.draft.source != "none" && !verification)
+      verification = step_costs(*m, opt, opt.draft.max, std::max(5, opt.repeat));
     m->set_routing_override(nullptr);
     if (const model::DeviceExperts* dev = m->device_experts())
       r.device_bytes = static_cast<double>(dev->device().used());
@@ -736,10 +776,10 @@ int bench(const BenchOptions& opt) {
   }
 
   std::optional<Replay> replay;
-  if (!verification.empty()) {
-    report_verification(verification, results.front().median.acceptance, opt.draft.source);
+  if (verification) {
+    report_verification(*verification, results.front().median.acceptance, opt.draft.source);
     if (!opt.draft_text.empty()) {
-      replay = replay_drafts(*open_tokenizer(e->model().file()), opt.draft_text, opt, verification);
+      replay = replay_drafts(e->model(), *open_tokenizer(e->model().file()), opt.draft_text, opt, *verification);
       fmt::print(
           "{} drafts on the reply of {} ({} tokens, replayed: what a model writing that reply accepts): {} of {} "
           "accepted ({:.0f} %), {:.2f} tokens per step; with the costs above {:.2f}x plain decoding's speed\n",
@@ -823,11 +863,13 @@ int bench(const BenchOptions& opt) {
            {"tokens_per_step", r.median.tokens_per_step},
            {"runs", runs}});
     }
-    if (!verification.empty()) {
+    if (verification) {
       j["draft"] = {{"source", opt.draft.source}, {"max", opt.draft.max}};
-      for (size_t k = 0; k < verification.size(); ++k)
-        j["verification"].push_back(
-            {{"drafts", k}, {"seconds", verification[k]}, {"cost", verification[k] / verification[0]}});
+      for (size_t k = 0; k < verification->seconds.size(); ++k)
+        j["verification"].push_back({{"drafts", k},
+                                     {"seconds", verification->seconds[k]},
+                                     {"draft_seconds", verification->draft.empty() ? 0.0 : verification->draft[k]},
+                                     {"cost", verification->step(k)}});
       if (replay)
         j["draft_text"] = {
             {"file", opt.draft_text},       {"reply_tokens", replay->tokens},

@@ -156,8 +156,9 @@ class Chat {
         session_(*model_, opt.ctx_size > 0 ? opt.ctx_size : std::min<int64_t>(4096, model_->config().n_ctx_train)),
         conversation_(session_, *tokenizer_, template_, text::RenderOptions{.enable_thinking = opt.enable_thinking}),
         sampler_(opt.sampling),
-        drafter_(engine::make_drafter(engine::parse_draft_source(opt.draft.source))),
+        drafter_(engine::make_drafter(engine::parse_draft_source(opt.draft.source), *model_, session_.n_ctx())),
         reader_(tty_) {
+    if (drafter_) session_.observe(drafter_->hidden_observer());
     if (!opt.system.empty()) conversation_.set_system(opt.system);
     conversation_.set_cancel(&g_interrupt);
   }
@@ -466,6 +467,7 @@ class Chat {
     drafts_.steps += result.steps;
     drafts_.drafted += result.drafted;
     drafts_.accepted += result.accepted;
+    drafts_.draft_seconds += result.draft_seconds;
     note(fmt::format("[prompt {} tokens, {:.1f} tok/s | reply {} tokens, {:.1f} tok/s{} | context {}/{}]",
                      c.prefill_tokens, c.prefill_tokens / std::max(c.prefill_seconds, 1e-9), generated.size(),
                      engine::decode_rate(c, result), drafter_ ? engine::draft_summary(result) : "", session_.n_past(),

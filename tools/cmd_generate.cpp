@@ -138,12 +138,14 @@ int run(const RunOptions& opt) {
   engine::Session session(*model, ctx);
   engine::Sampler sampler(opt.sampling);
 
+  const std::unique_ptr<engine::Drafter> drafter =
+      engine::make_drafter(engine::parse_draft_source(opt.draft.source), *model, session.n_ctx());
+  if (drafter) session.observe(drafter->hidden_observer());
   const std::span<const float> logits = session.eval(prompt);
   const bool text_out = tokenizer && !opt.print_ids;
   std::optional<text::StreamDecoder> decoder;
   if (text_out) decoder.emplace(*tokenizer);
   int count = 0;
-  const std::unique_ptr<engine::Drafter> drafter = engine::make_drafter(engine::parse_draft_source(opt.draft.source));
   engine::GenerateOptions gen{.max_tokens = opt.n_predict,
                               .stop_at_end_of_generation = tokenizer && !opt.ignore_eos,
                               .drafter = drafter.get(),

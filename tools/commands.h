@@ -32,7 +32,7 @@ struct LogitsOptions {
 
 // Speculative decoding (--draft, --draft-max).
 struct DraftOptions {
-  std::string source = "none";  // none, ngram
+  std::string source = "none";  // none, ngram, mtp
   int max = 4;                  // drafts per step at most
 };
 

@@ -109,8 +109,9 @@ void add_sampling(CLI::App* cmd, engine::SamplingParams* p) {
 
 void add_draft(CLI::App* cmd, cli::DraftOptions* d) {
   cmd->add_option("--draft", d->source,
-                  "speculative decoding: where drafts come from (none; ngram: the context's own n-grams)")
-      ->check(CLI::IsMember({"none", "ngram"}))
+                  "speculative decoding: where drafts come from (none; ngram: the context's own n-grams; mtp: the "
+                  "model's multi-token-prediction block, in DeepSeek-V3/V3.2 and GLM-4.5 files)")
+      ->check(CLI::IsMember({"none", "ngram", "mtp"}))
       ->capture_default_str();
   cmd->add_option("--draft-max", d->max, "tokens drafted per step at most")
       ->check(cli::in_range(1, 64, "tokens"))
@@ -359,6 +360,8 @@ int main(int argc, char** argv) {
   c_make->add_option("--layers", make.layers, "number of blocks (default: the preset's)")
       ->check(cli::in_range(1, 1e5, "blocks"));
   c_make->add_option("--seed", make.seed, "weight seed");
+  c_make->add_flag("--mtp", make.mtp,
+                   "add an MTP block after the trunk (deepseek2, deepseek32, glm4moe presets), for --draft mtp");
   add_max_shard_size(c_make, &make.max_shard_bytes);
   int make_threads = 0;
   add_threads(c_make, &make_threads);

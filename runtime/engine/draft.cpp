@@ -9,10 +9,13 @@ namespace hetmoe::engine {
 DraftSource parse_draft_source(std::string_view name) {
   if (name == "none") return DraftSource::kNone;
   if (name == "ngram") return DraftSource::kNgram;
-  fail("--draft: '{}' is not a draft source (none, ngram)", name);
+  if (name == "mtp") return DraftSource::kMtp;
+  fail("--draft: '{}' is not a draft source (none, ngram, mtp)", name);
 }
 
-std::string_view draft_source_name(DraftSource source) { return source == DraftSource::kNgram ? "ngram" : "none"; }
+std::string_view draft_source_name(DraftSource source) {
+  return source == DraftSource::kNgram ? "ngram" : source == DraftSource::kMtp ? "mtp" : "none";
+}
 
 NgramDrafter::NgramDrafter(int min_n, int max_n) : min_n_(std::max(1, min_n)), max_n_(std::max(min_n_, max_n)) {}
 
@@ -74,8 +77,87 @@ void DraftBudget::shadow(bool agreed) {
   rejected_ = kDecay * rejected_ + (agreed ? 0 : 1);
 }
 
-std::unique_ptr<Drafter> make_drafter(DraftSource source) {
+namespace {
+
+model::KvCache mtp_cache(const model::Model& model, int64_t n_ctx) {
+  if (model.n_mtp() == 0)
+    fail(
+        "{}: the model carries no MTP block (nextn_predict_layers); --draft mtp needs a DeepSeek-V3/V3.2 or GLM-4.5 "
+        "file that keeps it (or use --draft ngram)",
+        model.file().path());
+  return model.make_mtp_cache(n_ctx);
+}
+
+}  // namespace
+
+MtpDrafter::MtpDrafter(model::Model& model, int64_t n_ctx)
+    : model_(model), cache_(mtp_cache(model, n_ctx)), last_state_(static_cast<size_t>(model.config().n_embd)) {}
+
+void MtpDrafter::rewind(int64_t pos) {
+  done_ = std::max<int64_t>(pos, 0);
+  if (done_ < base_) {  // its hidden state is gone: the row runs with zeros
+    states_.clear();
+    base_ = done_;
+  }
+}
+
+void MtpDrafter::evaluated(int64_t pos0, std::span<const int32_t> tokens, std::span<const float> hidden) {
+  const auto E = static_cast<size_t>(model_.config().n_embd);
+  const auto n = tokens.size();
+  if (n == 0) return;
+  // The session replaced tokens from pos0 on: the rows from pos0 - 1 on assumed the old ones.
+  if (pos0 < done_ || (pos0 == done_ && done_ > 0 && tokens.front() != tail_token_)) rewind(pos0 - 1);
+  // The states from pos0 on are these; positions between the ones held and pos0 were never seen (zeros).
+  states_.resize(static_cast<size_t>(pos0 - base_) * E, 0.0f);
+  if (hidden.size() == n * E) {
+    states_.insert(states_.end(), hidden.begin(), hidden.end());
+  } else {
+    states_.resize(states_.size() + n * E, 0.0f);
+  }
+}
+
+void MtpDrafter::propose(std::span<const int32_t> history, int32_t next, int max, std::vector<int32_t>& out) {
+  out.clear();
+  const auto P = static_cast<int64_t>(history.size());
+  const auto E = static_cast<size_t>(model_.config().n_embd);
+  if (P == 0 || max <= 0 || P >= cache_.n_ctx()) return;
+  if (done_ > P) rewind(P - 1);  // the session dropped positions this drafter wrote
+  // The states of positions base_ .. P - 1: what the session evaluated (it may have dropped some of them since),
+  // zeros for positions never seen.
+  states_.resize(static_cast<size_t>(P - base_) * E, 0.0f);
+  if (done_ < P || tail_token_ != next) {
+    if (done_ == P) done_ = P - 1;  // the last row assumed another token after it: written again
+    next_.clear();
+    for (int64_t i = done_; i < P; ++i) next_.push_back(i + 1 < P ? history[i + 1] : next);
+    model_.forward_mtp(next_, states_.data() + static_cast<size_t>(done_ - base_) * E, done_, cache_,
+                       last_state_.data(), last_logits_);
+    tail_token_ = next;
+    done_ = P;
+    // Only the last kKeep positions' states stay, for the rows a rollback writes again.
+    if (done_ - base_ > kKeep) {
+      states_.erase(states_.begin(), states_.begin() + static_cast<std::ptrdiff_t>((done_ - kKeep - base_) * E));
+      base_ = done_ - kKeep;
+    }
+  }
+  // Drafts: the block's argmax at P - 1, then the block again at the next position on its own output (rows past P
+  // that the session's positions later write again).
+  const std::vector<float>* logits = &last_logits_;
+  state_ = last_state_;
+  const auto n_vocab = static_cast<int64_t>(last_logits_.size());
+  for (int64_t pos = P;; ++pos) {
+    const auto best = std::max_element(logits->begin(), logits->end()) - logits->begin();
+    out.push_back(static_cast<int32_t>(std::clamp<int64_t>(best, 0, n_vocab - 1)));
+    if (static_cast<int>(out.size()) == max || pos >= cache_.n_ctx()) break;
+    next_.assign(1, out.back());
+    chained_.assign(state_.begin(), state_.end());
+    model_.forward_mtp(next_, chained_.data(), pos, cache_, state_.data(), logits_);
+    logits = &logits_;
+  }
+}
+
+std::unique_ptr<Drafter> make_drafter(DraftSource source, model::Model& model, int64_t n_ctx) {
   if (source == DraftSource::kNgram) return std::make_unique<NgramDrafter>();
+  if (source == DraftSource::kMtp) return std::make_unique<MtpDrafter>(model, n_ctx);
   return nullptr;
 }
 

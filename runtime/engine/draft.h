@@ -6,12 +6,15 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/engine/session.h"
+#include "runtime/model/model.h"
+
 namespace hetmoe::engine {
 
 // Where speculative decoding's drafts come from.
-enum class DraftSource { kNone, kNgram };
+enum class DraftSource { kNone, kNgram, kMtp };
 
-// "none" or "ngram"; a clear error for anything else.
+// "none", "ngram" or "mtp"; a clear error for anything else.
 DraftSource parse_draft_source(std::string_view name);
 std::string_view draft_source_name(DraftSource source);
 
@@ -24,6 +27,8 @@ class Drafter {
   // Up to `max` tokens that may follow `history` and then `next` (the token about to be evaluated), into `out`
   // (cleared first; empty when there is no guess).
   virtual void propose(std::span<const int32_t> history, int32_t next, int max, std::vector<int32_t>& out) = 0;
+  // What must see the final hidden states of the session it drafts for (Session::observe), if anything.
+  virtual HiddenObserver* hidden_observer() { return nullptr; }
 };
 
 // Prompt lookup: the longest n-gram (max_n down to min_n tokens) that ends the sequence and also occurs earlier in
@@ -38,6 +43,38 @@ class NgramDrafter final : public Drafter {
  private:
   int min_n_, max_n_;
   std::vector<int32_t> seq_;  // scratch: history then next
+};
+
+// Drafts from the model's own MTP block (DeepSeek-V3/V3.2, GLM-4.5; Model::forward_mtp): the first from the trunk's
+// last hidden state and the token about to be evaluated, each further one chained from the block's own output at
+// the next position (one MTP block drafting several tokens, as vLLM runs it); each the argmax of the block's logits.
+// The block attends over a cache of its own, one row per position of the session, and a position's row needs the
+// hidden state there and the token after it: the drafter sees every hidden state the session computes, keeps those
+// whose rows it has not written (and the last kKeep it wrote, for a rollback), and writes them as one batch at the
+// next proposal. A row whose hidden state is gone (the drafter attached late, the session replaced tokens further
+// back than kKeep) runs with zeros: its drafts are weaker, the output is the same.
+class MtpDrafter final : public Drafter, public HiddenObserver {
+ public:
+  // Fails with a clear error when the model has no MTP block.
+  MtpDrafter(model::Model& model, int64_t n_ctx);
+  void propose(std::span<const int32_t> history, int32_t next, int max, std::vector<int32_t>& out) override;
+  HiddenObserver* hidden_observer() override { return this; }
+  void evaluated(int64_t pos0, std::span<const int32_t> tokens, std::span<const float> hidden) override;
+  static constexpr int64_t kKeep = 64;
+
+ private:
+  // The block's rows from `pos` on are to be written again.
+  void rewind(int64_t pos);
+
+  model::Model& model_;
+  model::KvCache cache_;
+  int64_t done_ = 0;           // the block's rows stand for the session's positions below this one
+  int64_t base_ = 0;           // states_ holds the hidden states of positions base_, base_ + 1, ...
+  std::vector<float> states_;  // [positions][n_embd]: up to kKeep before done_, then the ones not yet written
+  int32_t tail_token_ = -1;    // the token after position done_ - 1 that its row assumed
+  std::vector<int32_t> next_;  // scratch: the token after each position written
+  std::vector<float> last_state_, last_logits_;  // the block's output at position done_ - 1: the first draft's
+  std::vector<float> state_, chained_, logits_;  // the chain's
 };
 
 // How many drafts the next step should take, from what the run measured so far. The drafts' acceptance: each draft
@@ -67,7 +104,8 @@ class DraftBudget {
   int since_plain_ = 0;
 };
 
-// The drafter for `source` (null for kNone).
-std::unique_ptr<Drafter> make_drafter(DraftSource source);
+// The drafter for `source` (null for kNone); an MTP drafter for sessions of `model` of up to n_ctx positions (its
+// hidden_observer() goes to the session it drafts for). Fails when the model has no MTP block.
+std::unique_ptr<Drafter> make_drafter(DraftSource source, model::Model& model, int64_t n_ctx);
 
 }  // namespace hetmoe::engine

@@ -50,15 +50,18 @@ GenerateResult generate(Session& session, std::span<const float> logits, Sampler
     int64_t room = std::min<int64_t>(options.draft_max, session.n_free() - 1);
     if (n_max >= 0) room = std::min(room, n_max - n_taken - 1);
     const int64_t wanted = options.adaptive ? std::min<int64_t>(room, budget.choose()) : room;
+    // A step's time counts its proposal: the budget weighs what drafts cost to make as well as to verify.
+    const auto start = Clock::now();
     drafts.clear();
-    if (options.drafter && room > 0)
+    if (options.drafter && room > 0) {
       options.drafter->propose(session.tokens(), token, static_cast<int>(std::max<int64_t>(wanted, 1)), drafts);
+      result.draft_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    }
     if (wanted == 0 && !drafts.empty()) {
       guess = drafts.front();  // not evaluated: checked against the next token instead
       drafts.clear();
     }
     ++result.steps;
-    const auto start = Clock::now();
     if (drafts.empty()) {
       const int32_t one[1] = {token};
       const std::span<const float> next = session.eval(one);
@@ -101,7 +104,7 @@ GenerateResult generate(Session& session, std::span<const float> logits, Sampler
 }
 
 double decode_rate(const Session::Counters& c, const GenerateResult& r) {
-  const double seconds = c.decode_seconds + c.verify_seconds;
+  const double seconds = c.decode_seconds + c.verify_seconds + r.draft_seconds;
   return static_cast<double>(c.decode_tokens + c.verify_steps + r.accepted) / std::max(seconds, 1e-9);
 }
 

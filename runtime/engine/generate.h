@@ -32,9 +32,10 @@ struct GenerateOptions {
 struct GenerateResult {
   std::vector<int32_t> tokens;  // sampled tokens, the end token included when it stopped the generation
   StopReason stop = StopReason::kMaxTokens;
-  int64_t steps = 0;     // forward passes of the generation (one token, or a token and its drafts)
-  int64_t drafted = 0;   // drafts evaluated
-  int64_t accepted = 0;  // drafts accepted
+  int64_t steps = 0;         // forward passes of the generation (one token, or a token and its drafts)
+  int64_t drafted = 0;       // drafts evaluated
+  int64_t accepted = 0;      // drafts accepted
+  double draft_seconds = 0;  // in the drafter's proposals (an MTP drafter runs its block; a lookup costs nothing)
 };
 
 // Samples from `logits` (the session's current position), then evaluates each accepted token and samples again.
@@ -49,7 +50,7 @@ GenerateResult generate(Session& session, std::span<const float> logits, Sampler
                         const std::function<bool(int32_t)>& on_token);
 
 // Tokens per second of a generation's steps: the tokens they evaluated and kept (one per step, and the accepted
-// drafts) over the time of those steps.
+// drafts) over the time of those steps and their proposals.
 double decode_rate(const Session::Counters& c, const GenerateResult& r);
 // "; drafts: A of D accepted (P %), T tokens per step" for a generation with a drafter.
 std::string draft_summary(const GenerateResult& r);

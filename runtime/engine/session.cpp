@@ -38,10 +38,24 @@ void Session::account(std::span<const int32_t> tokens, double seconds, bool veri
   tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
 }
 
+void Session::observe(HiddenObserver* observer) {
+  if (observer && model_.config().hc_streams > 0)
+    fail("{}: a hyper-connected model's final hidden states are not kept (no MTP drafts)", model_.file().path());
+  observer_ = observer;
+}
+
+void Session::run(std::span<const int32_t> tokens, int64_t pos0, model::SequenceBatch::Logits logits,
+                  std::vector<float>& out, const std::atomic<bool>* cancel) {
+  const model::SequenceBatch one{
+      .tokens = tokens, .pos0 = pos0, .cache = &cache_, .logits = logits, .hidden = observer_ != nullptr};
+  model_.forward(std::span<const model::SequenceBatch>(&one, 1), out, nullptr, cancel);
+  if (observer_) observer_->evaluated(pos0, tokens, model_.hidden());
+}
+
 std::span<const float> Session::eval(std::span<const int32_t> tokens, const std::atomic<bool>* cancel) {
   prepare(tokens.size(), cancel);
   const auto start = std::chrono::steady_clock::now();
-  model_.forward(tokens, n_past(), cache_, /*all_logits=*/false, logits_, nullptr, cancel);
+  run(tokens, n_past(), model::SequenceBatch::Logits::kLast, logits_, cancel);
   account(tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return logits_;
 }
@@ -49,7 +63,7 @@ std::span<const float> Session::eval(std::span<const int32_t> tokens, const std:
 std::span<const float> Session::eval_all(std::span<const int32_t> tokens, const std::atomic<bool>* cancel) {
   prepare(tokens.size(), cancel);
   const auto start = std::chrono::steady_clock::now();
-  model_.forward(tokens, n_past(), cache_, /*all_logits=*/true, all_logits_, nullptr, cancel);
+  run(tokens, n_past(), model::SequenceBatch::Logits::kAll, all_logits_, cancel);
   account(tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), /*verify=*/true);
   const size_t n_vocab = static_cast<size_t>(model_.config().n_vocab);
   logits_.assign(all_logits_.end() - static_cast<std::ptrdiff_t>(n_vocab), all_logits_.end());
@@ -75,16 +89,23 @@ void Session::eval_batch(std::span<const BatchPart> parts, const std::atomic<boo
                      .cache = &part.session->cache_,
                      .logits = part.all_logits ? model::SequenceBatch::Logits::kAll
                                : part.logits   ? model::SequenceBatch::Logits::kLast
-                                               : model::SequenceBatch::Logits::kNone});
+                                               : model::SequenceBatch::Logits::kNone,
+                     .hidden = part.session->observer_ != nullptr});
   }
   thread_local std::vector<float> logits;
   const auto start = std::chrono::steady_clock::now();
   model.forward(batch, logits, nullptr, cancel);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const size_t n_vocab = static_cast<size_t>(model.config().n_vocab);
-  size_t row = 0;
+  const size_t E = static_cast<size_t>(model.config().n_embd);
+  const std::span<const float> hidden = model.hidden();
+  size_t row = 0, first_row = 0;
   for (const BatchPart& part : parts) {
     Session& session = *part.session;
+    if (session.observer_)
+      session.observer_->evaluated(session.n_past(), part.tokens,
+                                   hidden.subspan(first_row * E, part.tokens.size() * E));
+    first_row += part.tokens.size();
     if (part.all_logits) {
       const auto first = logits.begin() + static_cast<std::ptrdiff_t>(row * n_vocab);
       row += part.tokens.size();
@@ -117,7 +138,7 @@ void Session::sync(const std::atomic<bool>* cancel) {
   const int64_t from = cache_.rollback(n_past());
   if (from < n_past()) {
     const std::span<const int32_t> again(tokens_.data() + from, tokens_.data() + n_past());
-    model_.forward(again, from, cache_, /*all_logits=*/false, logits_, nullptr, cancel);
+    run(again, from, model::SequenceBatch::Logits::kLast, logits_, cancel);
   }
 }
 

@@ -11,6 +11,15 @@
 
 namespace hetmoe::engine {
 
+// What sees the final hidden state of every position a session evaluates (an MTP drafter's input).
+class HiddenObserver {
+ public:
+  virtual ~HiddenObserver() = default;
+  // The session evaluated `tokens` at positions pos0, pos0 + 1, ...; hidden: their final hidden states,
+  // [n][n_embd].
+  virtual void evaluated(int64_t pos0, std::span<const int32_t> tokens, std::span<const float> hidden) = 0;
+};
+
 // One conversation's state on a model: the tokens its cache holds and the cache itself. Tokens are appended by
 // eval() and evaluated once: a chat turn evaluates just its new tokens (KV reuse). A model with recurrent layers
 // (Qwen3.5's Gated DeltaNet) cannot drop tokens from its state: the session checkpoints it before each batch of
@@ -57,6 +66,9 @@ class Session {
   // layers or when nothing was dropped).
   int64_t replay_pending() const;
   void clear() { truncate(0); }
+  // Every evaluation from now on also computes its rows' final hidden states and hands them to `observer` (null:
+  // nobody). It must outlive its use. Fails on a model whose final hidden states are not kept (hyper-connections).
+  void observe(HiddenObserver* observer);
 
   // What the last eval calls cost: a batch of more than one token counts as prefill, a single token as decode, an
   // eval_all as a verification step.
@@ -79,6 +91,9 @@ class Session {
   void check_fits(size_t n) const;
   // Before evaluating `n` tokens: fails when they do not fit, syncs, takes the checkpoint the batch needs.
   void prepare(size_t n, const std::atomic<bool>* cancel);
+  // Runs `tokens` after n_past() (or at pos0 for a replay), logits as asked, the hidden states to the observer.
+  void run(std::span<const int32_t> tokens, int64_t pos0, model::SequenceBatch::Logits logits, std::vector<float>& out,
+           const std::atomic<bool>* cancel);
   // After: the tokens are the session's, their cost counted.
   void account(std::span<const int32_t> tokens, double seconds, bool verify = false);
 
@@ -88,6 +103,7 @@ class Session {
   std::vector<float> logits_;
   std::vector<float> all_logits_;  // eval_all's
   Counters counters_;
+  HiddenObserver* observer_ = nullptr;
 };
 
 }  // namespace hetmoe::engine

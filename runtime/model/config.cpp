@@ -91,11 +91,13 @@ ModelConfig read_config(const gguf::GgufFile& f) {
   return c;
 }
 
-void drop_mtp_blocks(const ConfigKeys& k, ModelConfig& c) {
+void drop_mtp_blocks(const ConfigKeys& k, ModelConfig& c, bool drafts) {
   const int64_t nextn = k.opt_int("nextn_predict_layers", 0);
   if (nextn < 0 || nextn >= c.n_layer)
     k.bad("nextn_predict_layers", nextn, fmt::format("leaves no trunk of the {} blocks", c.n_layer));
   c.n_layer -= nextn;
+  if (drafts && nextn > 0 && k.file().find_tensor("blk." + std::to_string(c.n_layer) + ".nextn.eh_proj.weight"))
+    c.n_mtp = nextn;
 }
 
 void read_expert_routing(const ConfigKeys& k, ModelConfig& c, Gating default_gating) {

@@ -25,7 +25,9 @@ struct ModelConfig {
 
   int64_t n_vocab = 0;
   int64_t n_embd = 0;
-  int64_t n_layer = 0;
+  int64_t n_layer = 0;  // the trunk's blocks
+  // Multi-token-prediction blocks after the trunk (blk.n_layer on): bound for drafting, never run by forward().
+  int64_t n_mtp = 0;
   int64_t n_ctx_train = 0;
   int64_t n_head = 0;
   int64_t n_head_kv = 0;
@@ -119,9 +121,10 @@ class ConfigKeys {
   std::string arch_;
 };
 
-// The file's last nextn_predict_layers blocks are a multi-token-prediction head (DeepSeek-V3.2, GLM-4.5, Qwen3.5):
-// read past and never run, as llama.cpp does without a draft context. Takes them off n_layer.
-void drop_mtp_blocks(const ConfigKeys& k, ModelConfig& c);
+// The file's last nextn_predict_layers blocks are a multi-token-prediction head (DeepSeek-V3/V3.2, GLM-4.5, Qwen3.5):
+// taken off n_layer, so the trunk's forward pass reads past them as llama.cpp does. With `drafts` (an architecture
+// whose MTP block Model::forward_mtp runs) and the block's nextn.eh_proj in the file, they become n_mtp blocks.
+void drop_mtp_blocks(const ConfigKeys& k, ModelConfig& c, bool drafts);
 
 // The routing keys of the DeepSeek-V3 family (expert_gating_func, expert_weights_norm / _scale, expert groups), with
 // the gating llama.cpp assumes for the architecture when the key is absent.

@@ -183,6 +183,7 @@ bool Model::forward_once(std::span<const SequenceBatch> batch, std::vector<float
       fail("the recurrent state holds {} positions; a batch at position {} needs a rollback first (KvCache::rollback)",
            b.cache->recurrent_pos(), b.pos0);
     if (b.cache->device() != cache_device) fail("the sequences of a batch need their KV caches on one device");
+    if (b.hidden && c.hc_streams > 0) fail("a hyper-connected model's final hidden states are not kept");
     for (size_t j = 0; j < i; ++j)
       if (batch[j].cache == b.cache) fail("a KV cache appears twice in one batch");
     n += m;
@@ -289,6 +290,13 @@ bool Model::forward_once(std::span<const SequenceBatch> batch, std::vector<float
     if (trace) trace->values(l, "l_out", p.to_host(x, n * S * E), n, S * E);
   }
   for (const SequenceBatch& b : batch) b.cache->set_recurrent_pos(b.pos0 + static_cast<int64_t>(b.tokens.size()));
+  // Every row's final hidden state when a sequence asked for them (an MTP drafter's input).
+  hidden_.clear();
+  if (std::any_of(batch.begin(), batch.end(), [](const SequenceBatch& b) { return b.hidden; })) {
+    d.rms_norm(s, x, E, p.vector(output_norm_), n, E, c.rms_eps, xn, E);
+    const float* rows = p.to_host(xn, n * E);
+    hidden_.assign(rows, rows + n * E);
+  }
 
   // The rows whose logits are asked for: the last ones of a single sequence, else gathered to the front row by row
   // (a row only moves down, past rows already read).
@@ -341,6 +349,84 @@ bool Model::forward_once(std::span<const SequenceBatch> batch, std::vector<float
   return finite;
 }
 
+void Model::forward_mtp(std::span<const int32_t> next, const float* hidden, int64_t pos0, KvCache& cache,
+                        float* out_hidden, std::vector<float>& logits) {
+  const ModelConfig& c = config_;
+  const int64_t E = c.n_embd, nd = c.rope.n_dims, n = static_cast<int64_t>(next.size());
+  if (c.n_mtp == 0) fail("{}: the model has no MTP block to draft with", file_->path());
+  if (n == 0) fail("nothing to evaluate: the token list is empty");
+  for (int32_t t : next)
+    if (t < 0 || t >= c.n_vocab) fail("token id {} is out of range (the vocabulary has {} tokens)", t, c.n_vocab);
+  if (cache.device() || cache.n_layer() != c.n_layer + c.n_mtp)
+    fail("the MTP block runs on a cache from make_mtp_cache");
+  if (pos0 < 0 || pos0 + n > cache.n_ctx())
+    fail("context full: {} more tokens do not fit after {} of {} positions", n, pos0, cache.n_ctx());
+  const int64_t layer = c.n_layer;
+  const MtpHandles& m = mtp_.front();
+  const LayerHandles& h = handles_[layer];
+  Pass& p = *host_pass_;
+  device::Device& d = p.device;
+  const int s = p.stream;
+  // The trunk's observers and overrides number the trunk's layers: the block runs without them.
+  struct Hooks {
+    Model& model;
+    RoutingObserver* observer;
+    RoutingOverride* routing;
+    SelectionOverride* selection;
+    ~Hooks() {
+      model.routing_observer_ = observer;
+      model.routing_override_ = routing;
+      model.selection_override_ = selection;
+      model.tokens_ = {};
+    }
+  } hooks{*this, routing_observer_, routing_override_, selection_override_};
+  routing_observer_ = nullptr;
+  routing_override_ = nullptr;
+  selection_override_ = nullptr;
+  tokens_ = next;
+  batch_sequences_.assign(1, PassSequence{.row0 = 0, .n = n, .pos0 = pos0, .cache = &cache});
+  p.sequences = batch_sequences_;
+
+  // The concatenation's halves, [n][2E]: the embedding of the next token (zero at position 0), the hidden state.
+  float* up = p.staging_up(n * (2 * E + nd));
+  for (int64_t t = 0; t < n; ++t) {
+    float* row = up + t * 2 * E;
+    if (pos0 + t == 0) {
+      std::fill_n(row, E, 0.0f);
+    } else {
+      quant::dequantize_row(m.embed->type, m.embed->row(next[t]), row, E);
+    }
+    std::copy_n(hidden + t * E, E, row + E);
+    cpu::rope_cache(c.rope, pos0 + t, up + n * 2 * E + t * nd);
+  }
+  float* x = p.scratch(kX, n * E);
+  float* xn = p.scratch(kNormed, n * E);
+  float* branch = p.scratch(kBranch, n * E);
+  float* table = p.scratch(kTable, std::max<int64_t>(n * nd, 1));
+  float* joined = p.scratch(kSpare, n * 2 * E);
+  d.copy_to_device(s, joined, up, n * 2 * E * sizeof(float));
+  d.copy_to_device(s, table, up + n * 2 * E, n * nd * sizeof(float));
+  p.rope_table = table;
+  d.rms_norm(s, joined, 2 * E, p.vector(m.enorm), n, E, c.rms_eps, joined, 2 * E);
+  d.rms_norm(s, joined + E, 2 * E, p.vector(m.hnorm), n, E, c.rms_eps, joined + E, 2 * E);
+  d.matmul(s, p.matrix(m.eh_proj), joined, n, x);
+  begin_batch(p);
+  d.rms_norm(s, x, E, p.vector(h.attn_norm), n, E, c.rms_eps, xn, E);
+  attention(p, layer, xn, n, branch);
+  d.add(s, branch, n * E, x);
+  d.rms_norm(s, x, E, p.vector(h.ffn_norm), n, E, c.rms_eps, xn, E);
+  ffn(p, layer, xn, n, branch);
+  d.add(s, branch, n * E, x);
+  // The last row: its state for a chained draft, its logits through the block's head.
+  const float* last = x + (n - 1) * E;
+  std::copy_n(p.to_host(last, E), E, out_hidden);
+  d.rms_norm(s, last, E, p.vector(m.head_norm), 1, E, c.rms_eps, xn, E);
+  logits.resize(c.n_vocab);
+  cpu::matmul(kernels_, *pool_, m.head, p.to_host(xn, E), 1, logits.data(), c.n_vocab);
+  d.synchronize(d.record(s));
+  p.sequences = {};
+}
+
 void Model::ffn(Pass& p, int64_t layer, const float* x, int64_t n, float* out) {
   const ModelConfig& c = config_;
   device::Device& d = p.device;
@@ -353,8 +439,9 @@ void Model::ffn(Pass& p, int64_t layer, const float* x, int64_t n, float* out) {
   const StepOnDevice on_device = on_host ? StepOnDevice{} : StepOnDevice{x, out};
   float* host_out = on_host ? out : cpu::scratch<float, struct FfnHostOutSite>(n * E).data();
   if (!c.is_moe_layer(layer)) {
-    if (device_experts_ && device_experts_->run_dense(kernels_, *pool_, layer, w.gate.n_rows,
-                                                      {on_host ? x : nullptr, host_out, n, E, on_device}))
+    if (device_experts_ && layer < c.n_layer &&
+        device_experts_->run_dense(kernels_, *pool_, layer, w.gate.n_rows,
+                                   {on_host ? x : nullptr, host_out, n, E, on_device}))
       return;
     swiglu_ffn(kernels_, *pool_, w.gate, w.up, w.down, p.to_host(x, n * E), n, host_out);
     p.from_host(host_out, n * E, out);
@@ -411,7 +498,8 @@ void Model::ffn(Pass& p, int64_t layer, const float* x, int64_t n, float* out) {
   const MoeStep step{
       .layer = layer, .w = w.moe, .r = r, .items = items, .shared_weights = gated ? shared_weights.data() : nullptr};
   const FfnRows rows{.x = host_x, .out = host_out, .n = n, .n_embd = E, .device = on_device};
-  if (device_experts_) return device_experts_->run(kernels_, *pool_, step, rows);
+  // An MTP block's experts run on the CPU (the executor places the trunk's).
+  if (device_experts_ && layer < c.n_layer) return device_experts_->run(kernels_, *pool_, step, rows);
   for (int64_t e = 0; e < w.moe.n_expert; ++e)
     if (items.end[e] > items.begin(e)) cpu_expert_bytes_ += routed_bytes(w.moe, items, e, E, true);
   run_experts_on_cpu(kernels_, *pool_, step, rows);

@@ -149,7 +149,7 @@ void arch_metadata(const ModelPreset& p, const FileType& ft, int n_layer,
 }
 
 std::vector<std::pair<std::string, Value>> build_metadata(const ModelPreset& p, const FileType& ft, int n_layer,
-                                                          int n_leading_dense) {
+                                                          int n_leading_dense, int n_mtp) {
   const std::string a = std::string(p.arch) + ".";
   auto u32 = [](int64_t v) { return Value::u32(static_cast<uint32_t>(v)); };
   std::vector<std::pair<std::string, Value>> kv;
@@ -161,7 +161,8 @@ std::vector<std::pair<std::string, Value>> build_metadata(const ModelPreset& p, 
   if (p.arch == "qwen35moe" || p.arch == "deepseek4") {
     arch_metadata(p, ft, n_layer, add);
   } else {
-    add(a + "block_count", u32(n_layer));
+    add(a + "block_count", u32(n_layer + n_mtp));  // the converter counts the MTP blocks
+    if (n_mtp > 0) add(a + "nextn_predict_layers", u32(n_mtp));
     add(a + "context_length", u32(p.context_length));
     add(a + "embedding_length", u32(p.n_embd));
     add(a + "feed_forward_length", u32(p.n_ff));
@@ -331,7 +332,7 @@ void arch_tensors(const ModelPreset& p, int n_layer,
 
 // Tensor names, shapes and order of llama.cpp's converters: DeepSeek's split MLA layout (README section 2.4, plus
 // DeepSeek-V3.2's indexer), and the GQA families' (section 9).
-std::vector<PlannedTensor> build_tensors(const ModelPreset& p, int n_layer, int n_leading_dense) {
+std::vector<PlannedTensor> build_tensors(const ModelPreset& p, int n_layer, int n_leading_dense, int n_mtp) {
   const int64_t e = p.n_embd;
   const int64_t h = p.n_head;
   const int64_t n_exp = p.n_expert;
@@ -340,7 +341,8 @@ std::vector<PlannedTensor> build_tensors(const ModelPreset& p, int n_layer, int 
   std::vector<PlannedTensor> out;
   auto add = [&](std::string name, std::vector<int64_t> ne) {
     PlannedTensor t{.name = std::move(name), .type = GgmlType::F32, .ne = std::move(ne)};
-    if (t.name.ends_with("_norm.weight") || t.name.ends_with("_scale.weight")) {
+    if (t.name.ends_with("_norm.weight") || t.name.ends_with("_scale.weight") ||
+        t.name.ends_with("nextn.enorm.weight") || t.name.ends_with("nextn.hnorm.weight")) {
       t.init = WeightInit::kNorm;
     } else if (t.name.ends_with("ssm_dt.bias") || t.name.ends_with("_base.weight") || t.name.ends_with("_ape.weight")) {
       t.init = WeightInit::kSpread;
@@ -366,7 +368,7 @@ std::vector<PlannedTensor> build_tensors(const ModelPreset& p, int n_layer, int 
     arch_tensors(p, n_layer, add);
     return out;
   }
-  for (int il = 0; il < n_layer; ++il) {
+  for (int il = 0; il < n_layer + n_mtp; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     add(b + "attn_norm.weight", {e});
     if (is_mla(p)) {
@@ -430,6 +432,12 @@ std::vector<PlannedTensor> build_tensors(const ModelPreset& p, int n_layer, int 
         add(b + "ffn_up_shexp.weight", {e, f_shared});
         add(b + "ffn_down_shexp.weight", {f_shared, e});
       }
+    }
+    if (il >= n_layer) {  // an MTP block: a trunk block after its input projection, with the head's norm
+      add(b + "nextn.eh_proj.weight", {2 * e, e});
+      add(b + "nextn.enorm.weight", {e});
+      add(b + "nextn.hnorm.weight", {e});
+      add(b + "nextn.shared_head_norm.weight", {e});
     }
   }
   add("output_norm.weight", {e});
@@ -603,9 +611,15 @@ ModelPlan plan_model(const MakeModelOptions& opt) {
   // Keep at least one MoE block: a truncated model still exercises the routing.
   plan.n_leading_dense = std::min(preset->n_leading_dense, n_layer - 1);
   plan.seed = opt.seed;
-  plan.metadata = build_metadata(*preset, *ft, plan.n_layer, plan.n_leading_dense);
-  plan.tensors = build_tensors(*preset, plan.n_layer, plan.n_leading_dense);
-  TensorTypeWalk types(*ft, plan.n_layer, preset->n_expert,
+  if (opt.mtp) {
+    if (preset->arch != "deepseek2" && preset->arch != "deepseek32" && preset->arch != "glm4moe")
+      fail("--mtp: preset {} ({}) has no MTP block here (deepseek2, deepseek32 and glm4moe presets do)", preset->name,
+           preset->arch);
+    plan.n_mtp = 1;
+  }
+  plan.metadata = build_metadata(*preset, *ft, plan.n_layer, plan.n_leading_dense, plan.n_mtp);
+  plan.tensors = build_tensors(*preset, plan.n_layer, plan.n_leading_dense, plan.n_mtp);
+  TensorTypeWalk types(*ft, plan.n_layer + plan.n_mtp, preset->n_expert,
                        preset->n_head_kv > 0 ? preset->n_head / preset->n_head_kv : 1);
   for (PlannedTensor& t : plan.tensors)
     if (t.type != GgmlType::I32) t.type = types.next(t.name, t.ne);  // an id table stays I32
@@ -618,8 +632,9 @@ void make_model(const MakeModelOptions& opt, const std::function<void(const std:
   ModelPlan plan = plan_model(opt);
   const int threads = cpu::resolve_threads(opt.threads);
   if (log)
-    log(fmt::format("{} {}: {} blocks ({} dense), {:.3f} B parameters, {:.1f} MB of tensor data, seed {}",
-                    plan.preset->name, plan.file_type->name, plan.n_layer, plan.n_leading_dense, plan.n_params() * 1e-9,
+    log(fmt::format("{} {}: {} blocks ({} dense){}, {:.3f} B parameters, {:.1f} MB of tensor data, seed {}",
+                    plan.preset->name, plan.file_type->name, plan.n_layer, plan.n_leading_dense,
+                    plan.n_mtp > 0 ? fmt::format(" and {} MTP block", plan.n_mtp) : "", plan.n_params() * 1e-9,
                     plan.data_bytes() / 1e6, plan.seed));
 
   gguf::GgufWriter writer;

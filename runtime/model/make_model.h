@@ -23,6 +23,9 @@ struct MakeModelOptions {
   uint64_t seed = 1;
   int threads = 1;               // threads generating and quantizing rows; < 1: all cores
   uint64_t max_shard_bytes = 0;  // > 0: shards of at most this much data (<out>-NNNNN-of-MMMMM.gguf)
+  // An MTP block after the trunk (DeepSeek-V3's multi-token prediction, GLM-4.5's NextN): the presets of deepseek2,
+  // deepseek32 and glm4moe; the block uses the trunk's embedding and output head.
+  bool mtp = false;
 };
 
 // How a tensor's values are drawn (README section 2.1 of the reference data).
@@ -55,6 +58,7 @@ struct ModelPlan {
   const FileType* file_type = nullptr;
   int n_layer = 0;
   int n_leading_dense = 0;
+  int n_mtp = 0;  // MTP blocks after the trunk's n_layer
   uint64_t seed = 0;
   std::vector<std::pair<std::string, gguf::Value>> metadata;
   std::vector<PlannedTensor> tensors;

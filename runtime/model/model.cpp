@@ -183,14 +183,16 @@ void Model::bind_common() {
   const gguf::TensorInfo* out = optional_tensor("output.weight", {E, c.n_vocab});
   output_ = as_matrix(out ? *out : *token_embd_);  // tied embeddings when the file has no output matrix
 
-  handles_.resize(c.n_layer);
-  ffn_.resize(c.n_layer);
+  // The MTP blocks' attention and FFN are bound as the layers after the trunk's.
+  const int64_t n_bound = c.n_layer + c.n_mtp;
+  handles_.resize(n_bound);
+  ffn_.resize(n_bound);
   // A split file (hetmoe split): the routed experts come as W^Q and W^R, in a layout this build must know.
   const bool split = file_->find(kSplitVersionKey) != nullptr;
   if (split && file_->require_int(kSplitVersionKey) != quant::kLowBitLayoutVersion)
     fail("{}: split layout version {}, this hetmoe reads version {}", file_->path(),
          file_->require_int(kSplitVersionKey), quant::kLowBitLayoutVersion);
-  for (int64_t l = 0; l < c.n_layer; ++l) {
+  for (int64_t l = 0; l < n_bound; ++l) {
     LayerHandles& h = handles_[l];
     h.attn_norm = weights_.add(vector(blk(l, "attn_norm"), E), E);
     h.ffn_norm = weights_.add(vector(blk(l, c.ffn_norm), E), E);
@@ -244,6 +246,17 @@ void Model::bind_common() {
       m.down_shexp = matrix(blk(l, "ffn_down_shexp"), fs, E);
     }
   }
+  for (int64_t l = c.n_layer; l < n_bound; ++l) {
+    MtpHandles& m = mtp_.emplace_back();
+    m.eh_proj = weights_.add(matrix(blk(l, "nextn.eh_proj"), 2 * E, E));
+    m.enorm = weights_.add(vector(blk(l, "nextn.enorm"), E), E);
+    m.hnorm = weights_.add(vector(blk(l, "nextn.hnorm"), E), E);
+    m.head_norm = weights_.add(vector(blk(l, "nextn.shared_head_norm"), E), E);
+    m.embed = optional_tensor(blk(l, "nextn.embed_tokens"), {E, c.n_vocab});
+    if (!m.embed) m.embed = token_embd_;
+    const gguf::TensorInfo* head = optional_tensor(blk(l, "nextn.shared_head_head"), {E, c.n_vocab});
+    m.head = head ? as_matrix(*head) : output_;
+  }
 }
 
 void Model::bind_hyper_connections() {
@@ -268,6 +281,15 @@ bool Model::split() const { return file_->find(kSplitVersionKey) != nullptr; }
 
 void Model::set_critical(int64_t n_critical) {
   for (FfnWeights& f : ffn_) f.moe.n_critical = n_critical;
+}
+
+KvCache Model::make_mtp_cache(int64_t n_ctx) const {
+  if (config_.n_mtp == 0) fail("{}: the model has no MTP block to draft with", file_->path());
+  if (n_ctx <= 0 || n_ctx > config_.n_ctx_train)
+    fail("context size {} is outside 1..{} (the model's training context)", n_ctx, config_.n_ctx_train);
+  std::vector<LayerCache> layers(static_cast<size_t>(config_.n_layer));
+  for (int64_t l = config_.n_layer; l < config_.n_layer + config_.n_mtp; ++l) layers.push_back(cache_layer(l));
+  return KvCache(std::move(layers), n_ctx);
 }
 
 KvCache Model::make_cache(int64_t n_ctx) const {

@@ -37,6 +37,7 @@ struct SequenceBatch {
   int64_t pos0 = 0;
   KvCache* cache = nullptr;
   Logits logits = Logits::kLast;
+  bool hidden = false;  // its rows' final hidden states come back in Model::hidden() (an MTP drafter's input)
 };
 
 // A loaded model: the file stays mapped and the weights are used where they lie. Architecture files
@@ -116,6 +117,26 @@ class Model {
   // pos0 for the search).
   void forward(std::span<const SequenceBatch> batch, std::vector<float>& logits, Trace* trace = nullptr,
                const std::atomic<bool>* cancel = nullptr);
+  // The last forward call's final hidden states (the output norm's rows, what the head reads), [n][n_embd] for every
+  // row of the batch in row order, when a sequence of it asked (SequenceBatch::hidden); else empty.
+  std::span<const float> hidden() const { return hidden_; }
+
+  // The multi-token-prediction blocks the file carries after the trunk (DeepSeek-V3/V3.2, GLM-4.5): config().n_mtp
+  // of them, 0 when it has none.
+  int64_t n_mtp() const { return config_.n_mtp; }
+  // A cache for forward_mtp in host memory: the MTP blocks' rows for n_ctx positions (the trunk's layers hold none).
+  KvCache make_mtp_cache(int64_t n_ctx) const;
+  // The first MTP block (DeepSeek-V3's multi-token prediction, as vLLM and SGLang run it) at positions pos0 + i,
+  // i < n: row i reads the trunk's final hidden state at that position, hidden [n][n_embd] (as hidden() gives it, or
+  // a chained draft's out_hidden), and the token that follows the position, next[i]. Its input is eh_proj .
+  // [enorm(embed(next[i])); hnorm(hidden[i])] (the embedding zeroed at position 0; embed: the block's own
+  // nextn.embed_tokens or token_embd), then the block runs as a trunk block does, its attention over `cache` (from
+  // make_mtp_cache, holding the rows of the positions before pos0 it wrote earlier). The last row's output comes back
+  // in out_hidden [n_embd] (a chained draft's hidden state at the next position) and its logits,
+  // head(shared_head_norm(out)) with the block's nextn.shared_head_head or the output head, in logits [n_vocab]: the
+  // distribution of the token two positions after pos0 + n - 1. Runs on the host, the CPU taking every expert.
+  void forward_mtp(std::span<const int32_t> next, const float* hidden, int64_t pos0, KvCache& cache, float* out_hidden,
+                   std::vector<float>& logits);
 
  protected:
   Model(std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads);
@@ -185,6 +206,14 @@ class Model {
   };
   std::vector<LayerHandles> handles_;
   PassWeights::Handle output_norm_ = 0;
+  // An MTP block's own weights (its attention and FFN are bound as layer n_layer + b's).
+  struct MtpHandles {
+    PassWeights::Handle eh_proj = 0;  // [E, 2E]
+    PassWeights::Handle enorm = 0, hnorm = 0, head_norm = 0;
+    const gguf::TensorInfo* embed = nullptr;  // nextn.embed_tokens, else token_embd
+    cpu::WeightMatrix head;                   // nextn.shared_head_head, else the output head
+  };
+  std::vector<MtpHandles> mtp_;
   // A hyper-connection's weights: fn [n_mix, hc_streams * n_embd], scale [3] (the head: [1]), base [n_mix].
   struct HyperHandles {
     PassWeights::Handle fn = 0, scale = 0, base = 0;
@@ -213,6 +242,7 @@ class Model {
   // The current call's tokens and sequences (kept between calls so a warm decode allocates nothing).
   std::vector<int32_t> batch_tokens_;
   std::vector<PassSequence> batch_sequences_;
+  std::vector<float> hidden_;      // hidden()
   uint64_t cpu_expert_bytes_ = 0;  // without a device (DeviceExperts counts its own)
   // The host device and its pass (always there); the device pass when attach_device put the pass on a device.
   std::unique_ptr<device::Device> host_;

@@ -324,19 +324,27 @@ TEST_F(Cli, BenchWritesTheAgreedJsonFields) {
 }
 
 // Drafts change how many tokens a step evaluates, not which: run prints the plain greedy ids with them, and says
-// how the drafts fared.
+// how the drafts fared. N-gram drafts on any file; MTP drafts on a file with the block (GLM-4.5's NextN).
 TEST_F(Cli, RunWithDraftsGivesThePlainGreedyTokens) {
-  const std::string run = "run -m " + kModel.string() + " --tokens 3,17,42,3,17,42,3,17 -n 48 --temp 0 -t 1";
-  const Result plain = hetmoe(run + " --print-ids");
-  const Result drafted = hetmoe(run + " --print-ids --draft ngram --draft-max 4");
-  ASSERT_EQ(plain.status, 0) << plain.err;
-  ASSERT_EQ(drafted.status, 0) << drafted.err;
-  EXPECT_EQ(drafted.out, plain.out);
-  const Result said = hetmoe(run + " --draft ngram");
-  ASSERT_EQ(said.status, 0) << said.err;
-  EXPECT_NE(said.err.find("accepted"), std::string::npos) << said.err;
-  EXPECT_EQ(hetmoe(run + " --draft mtp").status, 2);  // not a source (a usage error)
-  EXPECT_EQ(hetmoe(run + " --draft ngram --draft-max 0").status, 2);
+  const std::string ngram_run = "run -m " + kModel.string() + " --tokens 3,17,42,3,17,42,3,17 -n 48 --temp 0 -t 1";
+  const std::string mtp_run = "run -m " + (kModel.parent_path() / "tiny-glm4moe-Q4_K_M.gguf").string() +
+                              " --tokens 11,64,128,5,11,64 -n 16 --temp 0 -t 1";
+  for (const auto& [run, draft] : {std::pair{ngram_run, std::string(" --draft ngram --draft-max 4")},
+                                   std::pair{mtp_run, std::string(" --draft mtp --draft-max 2")}}) {
+    SCOPED_TRACE(draft);
+    const Result plain = hetmoe(run + " --print-ids");
+    const Result drafted = hetmoe(run + " --print-ids" + draft);
+    ASSERT_EQ(plain.status, 0) << plain.err;
+    ASSERT_EQ(drafted.status, 0) << drafted.err;
+    EXPECT_EQ(drafted.out, plain.out);
+    const Result said = hetmoe(run + draft);
+    ASSERT_EQ(said.status, 0) << said.err;
+    EXPECT_NE(said.err.find("accepted"), std::string::npos) << said.err;
+  }
+  EXPECT_EQ(hetmoe(ngram_run + " --draft lookahead").status, 2);  // not a source (a usage error)
+  EXPECT_EQ(hetmoe(ngram_run + " --draft ngram --draft-max 0").status, 2);
+  // This file has no MTP block: a one-line error before anything runs.
+  expect_error(hetmoe(ngram_run + " --draft mtp"), "no MTP block");
 }
 
 // bench --draft: the verification cost curve from one token (cost 1) to --draft-max drafts, and --draft-text's
@@ -359,6 +367,22 @@ TEST_F(Cli, BenchMeasuresVerificationCostsAndReplaysADraftText) {
   EXPECT_LT(replay["steps"].get<int>(), replay["reply_tokens"].get<int>());
   EXPECT_NE(r.out.find("verification step"), std::string::npos) << r.out;
   expect_error(hetmoe("bench -m " + kModel.string() + " --draft-text " + text.string()), "--draft ngram");
+  // MTP drafts: each step's cost counts the block's proposal too, and the replay runs the model for its hidden states.
+  const Result mtp = hetmoe("bench -m " + (kModel.parent_path() / "tiny-glm4moe-Q4_K_M.gguf").string() +
+                            " --prompt 8 --gen 8 -t 1 --repeat 1 --draft mtp --draft-max 2 --draft-text " +
+                            text.string() + " --json " + json.string());
+  ASSERT_EQ(mtp.status, 0) << mtp.err;
+  const nlohmann::json jm = nlohmann::json::parse(read_all(json));
+  ASSERT_EQ(jm["verification"].size(), 3u) << jm.dump();
+  EXPECT_EQ(jm["verification"][0]["draft_seconds"], 0.0);
+  for (int k : {1, 2}) {
+    const double verify = jm["verification"][k]["seconds"], draft = jm["verification"][k]["draft_seconds"];
+    EXPECT_GT(draft, 0.0);
+    EXPECT_NEAR(jm["verification"][k]["cost"].get<double>(),
+                (verify + draft) / jm["verification"][0]["seconds"].get<double>(), 1e-9);
+  }
+  EXPECT_LE(jm["draft_text"]["accepted"].get<int>(), jm["draft_text"]["drafted"].get<int>());
+  EXPECT_GT(jm["draft_text"]["drafted"].get<int>(), 0);
   std::ofstream(text) << "no separator";
   expect_error(hetmoe("bench -m " + kModel.string() + " --draft ngram --draft-text " + text.string()), "'==='");
 }

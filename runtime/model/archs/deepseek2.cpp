@@ -110,8 +110,8 @@ class Deepseek2 final : public Model {
     // The current converter splits kv_b into attn_k_b/attn_v_b (absorbed MLA, latent cache); older files carry
     // the fused attn_kv_b and cache full per-head keys and values instead.
     absorbed_ = file_->find_tensor(blk(0, "attn_k_b")) != nullptr;
-    layers_.resize(c.n_layer);
-    for (int64_t l = 0; l < c.n_layer; ++l) {
+    layers_.resize(c.n_layer + c.n_mtp);
+    for (int64_t l = 0; l < c.n_layer + c.n_mtp; ++l) {
       MlaLayer& L = layers_[l];
       L.q_lora = file_->find_tensor(blk(l, "attn_q")) == nullptr;
       if (L.q_lora) {
@@ -293,10 +293,10 @@ class Deepseek2 final : public Model {
 };
 
 // DeepSeek-V3.2 (GGUF arch "deepseek32"): deepseek2's V3 layout plus the lightning indexer (the MLA of each query
-// restricted to its top-k key positions), with the MTP block at the end read past.
+// restricted to its top-k key positions), with the MTP block at the end (drafts).
 void configure_deepseek32(const ConfigKeys& k, ModelConfig& c) {
   configure(k, c);
-  drop_mtp_blocks(k, c);
+  drop_mtp_blocks(k, c, true);
   k.req_int("attention.q_lora_rank");
   k.req_int("expert_gating_func");
   c.indexer_heads = k.req_int("attention.indexer.head_count");
@@ -308,6 +308,16 @@ void configure_deepseek32(const ConfigKeys& k, ModelConfig& c) {
   if (c.rope.n_dims > c.indexer_dim)
     k.bad("attention.indexer.key_length", c.indexer_dim,
           fmt::format("is smaller than {} = {}", k.key("rope.dimension_count"), c.rope.n_dims));
+}
+
+// DeepSeek-V3/R1 as llama.cpp's converter writes them carry no MTP block; a file that keeps it (block_count counting
+// it, nextn_predict_layers, the block's nextn.* tensors) has it bound for drafts.
+void configure_deepseek2(const ConfigKeys& k, ModelConfig& c) {
+  configure(k, c);
+  const int64_t nextn = k.opt_int("nextn_predict_layers", 0);
+  if (nextn > 0 && nextn < c.n_layer &&
+      k.file().find_tensor("blk." + std::to_string(c.n_layer - nextn) + ".nextn.eh_proj.weight"))
+    drop_mtp_blocks(k, c, true);
 }
 
 }  // namespace
@@ -322,7 +332,7 @@ extern const ArchSpec deepseek32_arch{
 
 extern const ArchSpec deepseek2_arch{
     .name = "deepseek2",
-    .configure = configure,
+    .configure = configure_deepseek2,
     .make = [](std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads) -> std::unique_ptr<Model> {
       return std::make_unique<Deepseek2>(std::move(file), std::move(config), n_threads);
     },

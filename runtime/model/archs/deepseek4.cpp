@@ -60,7 +60,7 @@ void configure(const ConfigKeys& k, ModelConfig& c) {
   const int64_t nextn = k.opt_int("nextn_predict_layers", 0);
   if (nextn > 0 && nextn < c.n_layer &&
       k.file().find_tensor("blk." + std::to_string(c.n_layer - nextn) + ".nextn.eh_proj.weight"))
-    drop_mtp_blocks(k, c);
+    drop_mtp_blocks(k, c, false);
   c.rms_eps = required_float(k, "attention.layer_norm_rms_epsilon", 1e-30, 0.5);
   if (c.n_head_kv != 1) k.bad("attention.head_count_kv", c.n_head_kv, "is not 1 (one key head serves every head)");
   if (c.head_dim_k != c.head_dim_v)

@@ -1,7 +1,8 @@
 // GLM-4.5 / 4.6 / 4.7 and GLM-4.5-Air (GGUF arch "glm4moe"): GQA with q/k/v biases, an optional per-head q/k RMSNorm
 // and a NEOX rope on part of each head; leading dense blocks, then routed experts with sigmoid gating, a selection
 // bias, normalised and scaled weights, plus a shared expert. The FFN input norm is post_attention_norm. The file's
-// last nextn_predict_layers blocks are the MTP (next-token prediction) head: read past, never run, as llama.cpp does.
+// last nextn_predict_layers blocks are the MTP (next-token prediction) head: read past by the trunk, as llama.cpp does,
+// and run by Model::forward_mtp for drafts.
 #include <cmath>
 
 #include "runtime/error.h"
@@ -14,7 +15,7 @@ extern const ArchSpec glm4moe_arch{
     .name = "glm4moe",
     .configure =
         [](const ConfigKeys& k, ModelConfig& c) {
-          drop_mtp_blocks(k, c);
+          drop_mtp_blocks(k, c, true);
           c.n_ff_exp = k.opt_int("expert_feed_forward_length", 0);
           c.n_expert_shared = k.opt_int("expert_shared_count", 0);
           c.n_leading_dense = k.opt_int("leading_dense_block_count", 0);

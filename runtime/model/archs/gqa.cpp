@@ -26,8 +26,8 @@ class GqaModel final : public Model {
     bind_common();
     const ModelConfig& c = config_;
     const int64_t E = c.n_embd, H = c.n_head, KV = c.n_head_kv, D = c.head_dim_k, Dv = c.head_dim_v;
-    layers_.resize(c.n_layer);
-    for (int64_t l = 0; l < c.n_layer; ++l) {
+    layers_.resize(c.n_layer + c.n_mtp);
+    for (int64_t l = 0; l < c.n_layer + c.n_mtp; ++l) {
       GqaLayer& L = layers_[l];
       L.q = weights_.add(matrix(blk(l, "attn_q"), E, H * D));
       L.k = weights_.add(matrix(blk(l, "attn_k"), E, KV * D));

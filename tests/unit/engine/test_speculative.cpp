@@ -127,8 +127,19 @@ TEST(Draft, SourcesByName) {
   EXPECT_EQ(parse_draft_source("none"), DraftSource::kNone);
   EXPECT_EQ(parse_draft_source("ngram"), DraftSource::kNgram);
   EXPECT_THROW(parse_draft_source("4"), Error);
-  EXPECT_EQ(make_drafter(DraftSource::kNone), nullptr);
-  EXPECT_NE(make_drafter(DraftSource::kNgram), nullptr);
+  EXPECT_EQ(parse_draft_source("mtp"), DraftSource::kMtp);
+  auto m = model::Model::load(model_path("tiny-deepseek3-Q4_K_M.gguf"), 2);
+  EXPECT_EQ(make_drafter(DraftSource::kNone, *m, 32), nullptr);
+  EXPECT_NE(make_drafter(DraftSource::kNgram, *m, 32), nullptr);
+  // A file without an MTP block: a clear error that says what to use instead.
+  EXPECT_EQ(m->n_mtp(), 0);
+  try {
+    make_drafter(DraftSource::kMtp, *m, 32);
+    ADD_FAILURE() << "an MTP drafter on a model without the block";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no MTP block"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--draft ngram"), std::string::npos) << e.what();
+  }
 }
 
 // ---- the draft budget ----
@@ -196,6 +207,7 @@ struct Outcome {
 Outcome generate_on(model::Model& m, const std::vector<int32_t>& prompt, int64_t n, Drafter* drafter, int draft_max,
                     const std::function<bool(int32_t)>& on_token = {}, bool adaptive = false) {
   Session s(m, 96);
+  if (drafter) s.observe(drafter->hidden_observer());
   const std::span<const float> logits = s.eval(prompt);
   Sampler sampler({.temperature = 0.0f});
   Outcome r;
@@ -326,6 +338,143 @@ TEST(Speculative, DraftsNeverOverrunTheContext) {
   EXPECT_EQ(r.stop, StopReason::kContextFull);
   EXPECT_EQ(s.n_past(), 12);
   EXPECT_EQ(r.tokens.size(), 5u);  // four evaluated, the fifth sampled when the context was full
+}
+
+// ---- MTP drafts ----
+
+// The files with an MTP block (GLM-4.5's NextN, DeepSeek-V3.2's) load it apart from the trunk: the trunk has
+// block_count - nextn_predict_layers blocks and the block is there to draft with.
+TEST(Mtp, TheBlockIsBoundAfterTheTrunk) {
+  for (const std::string name : {"tiny-glm4moe-Q4_K_M.gguf", "tiny-deepseek32-Q4_K_M.gguf"}) {
+    SCOPED_TRACE(name);
+    auto m = model::Model::load(model_path(name), 2);
+    EXPECT_EQ(m->config().n_layer, 3);
+    EXPECT_EQ(m->n_mtp(), 1);
+  }
+}
+
+// The drafts after a prompt are the same whether the session evaluated it in one batch or a token at a time (the
+// block's rows are written from the hidden states the session handed over, as one batch or several), and after the
+// session dropped tokens and evaluated others in their place (the rows rewritten).
+TEST(Mtp, DraftsDoNotDependOnHowTheSessionGotThere) {
+  for (const std::string name : {"tiny-glm4moe-Q4_K_M.gguf", "tiny-deepseek32-Q4_K_M.gguf"}) {
+    SCOPED_TRACE(name);
+    auto m = model::Model::load(model_path(name), 2);
+    const std::vector<int32_t> prompt = {11, 64, 128, 5, 11, 64, 300, 2, 19, 7};
+    const int32_t next = 42;
+    auto drafts_after = [&](const std::function<void(Session&, Drafter&)>& evaluate) {
+      Session s(*m, 64);
+      const std::unique_ptr<Drafter> d = make_drafter(DraftSource::kMtp, *m, s.n_ctx());
+      s.observe(d->hidden_observer());
+      evaluate(s, *d);
+      EXPECT_EQ(s.tokens(), prompt);
+      std::vector<int32_t> out;
+      d->propose(s.tokens(), next, 4, out);
+      EXPECT_EQ(out.size(), 4u);
+      for (int32_t t : out) EXPECT_TRUE(t >= 0 && t < m->config().n_vocab);
+      // Asked again for the same position, the same drafts (the block's rows past the session's are rewritten).
+      std::vector<int32_t> again;
+      d->propose(s.tokens(), next, 4, again);
+      EXPECT_EQ(again, out);
+      return out;
+    };
+    const std::vector<int32_t> batch = drafts_after([&](Session& s, Drafter&) { s.eval(prompt); });
+    EXPECT_EQ(drafts_after([&](Session& s, Drafter&) {
+                for (int32_t t : prompt) s.eval(std::span<const int32_t>(&t, 1));
+              }),
+              batch);
+    EXPECT_EQ(drafts_after([&](Session& s, Drafter&) {
+                s.eval(std::span<const int32_t>(prompt).first(4));
+                s.eval(std::span<const int32_t>(prompt).subspan(4, 3));
+                s.eval(std::span<const int32_t>(prompt).subspan(7));
+              }),
+              batch);
+    // Other tokens after the sixth, drafted from, then dropped: the prompt's tail evaluated in their place (the rows
+    // from the fifth position on written again).
+    const std::function<void(Session&, Drafter&)> replaced = [&](Session& s, Drafter& d) {
+      s.eval(std::span<const int32_t>(prompt).first(6));
+      const std::vector<int32_t> other = {9, 9, 9};
+      s.eval(other);
+      std::vector<int32_t> out;
+      d.propose(s.tokens(), 3, 2, out);
+      s.truncate(6);
+      s.eval(std::span<const int32_t>(prompt).subspan(6));
+    };
+    EXPECT_EQ(drafts_after(replaced), batch);
+    // A draft of one token at another next token: that position's row written again, then the chain.
+    Session s(*m, 64);
+    const std::unique_ptr<Drafter> d = make_drafter(DraftSource::kMtp, *m, s.n_ctx());
+    s.observe(d->hidden_observer());
+    s.eval(prompt);
+    std::vector<int32_t> out;
+    d->propose(s.tokens(), 7, 4, out);
+    d->propose(s.tokens(), next, 4, out);
+    EXPECT_EQ(out, batch);
+  }
+}
+
+// make-model writes an MTP block on request; on an F32 file MTP drafts change nothing: the plain greedy tokens, the
+// session holding the same ones, the logits after it the same to 1e-4.
+TEST(Mtp, F32ModelGivesThePlainGreedyTokensAndSession) {
+  const fs::path path = fs::temp_directory_path() / "hetmoe-speculative-mtp.gguf";
+  make_model({.preset = "tiny-deepseek-v3", .out_path = path.string(), .type = "F32", .threads = 2, .mtp = true});
+  auto m = model::Model::load(path.string(), 2);
+  fs::remove(path);
+  ASSERT_EQ(m->n_mtp(), 1);
+  const std::vector<int32_t> prompt = {3, 17, 42, 100, 7, 255, 256, 300};
+  const int64_t n = 32;
+  const Outcome plain = generate_on(*m, prompt, n, nullptr, 0);
+  for (int k : {1, 4}) {
+    SCOPED_TRACE(k);
+    const std::unique_ptr<Drafter> mtp = make_drafter(DraftSource::kMtp, *m, 96);
+    const Outcome spec = generate_on(*m, prompt, n, mtp.get(), k);
+    EXPECT_EQ(spec.result.tokens, plain.result.tokens);
+    EXPECT_EQ(spec.session_tokens, plain.session_tokens);
+    EXPECT_LT(test_support::relative_rms(spec.next_logits, plain.next_logits), 1e-4);
+    EXPECT_GT(spec.result.drafted, 0);
+  }
+  // The presets without an MTP block in their family refuse it.
+  EXPECT_THROW(make_model({.preset = "tiny-qwen3.5-moe", .out_path = path.string(), .type = "F32", .mtp = true}),
+               Error);
+}
+
+// With MTP drafts the output follows plain greedy decoding (as the quantized files' verification batches do: the
+// tokens part only where plain decoding's margin is below 0.1); drafts are proposed and verified, and the session
+// holds what plain decoding leaves in it up to that point.
+TEST(Mtp, SpeculativeDecodingFollowsPlainGreedyDecoding) {
+  for (const std::string name : {"tiny-glm4moe-Q4_K_M.gguf", "tiny-deepseek32-Q4_K_M.gguf"}) {
+    SCOPED_TRACE(name);
+    auto m = model::Model::load(model_path(name), 2);
+    const std::vector<int32_t> prompt = {11, 64, 128, 5, 11, 64};
+    const int64_t n = 24;
+    const Outcome plain = generate_on(*m, prompt, n, nullptr, 0);
+    std::vector<float> margins;
+    {
+      Session s(*m, 96);
+      std::span<const float> l = s.eval(prompt);
+      for (int64_t i = 0; i < n; ++i) {
+        margins.push_back(top_margin(l));
+        const int32_t one[1] = {plain.result.tokens[static_cast<size_t>(i)]};
+        l = s.eval(one);
+      }
+    }
+    for (int k : {1, 3}) {
+      SCOPED_TRACE(k);
+      const std::unique_ptr<Drafter> mtp = make_drafter(DraftSource::kMtp, *m, 96);
+      const Outcome spec = generate_on(*m, prompt, n, mtp.get(), k);
+      ASSERT_EQ(spec.result.tokens.size(), static_cast<size_t>(n));
+      EXPECT_GT(spec.result.drafted, 0);
+      EXPECT_LE(spec.result.accepted, spec.result.drafted);
+      EXPECT_GT(spec.result.draft_seconds, 0.0);
+      size_t same = 0;
+      while (same < plain.result.tokens.size() && spec.result.tokens[same] == plain.result.tokens[same]) ++same;
+      if (same < plain.result.tokens.size()) {
+        EXPECT_LT(margins[same], 0.1f) << "parted at step " << same << " at a clear margin";
+      } else {
+        EXPECT_EQ(spec.session_tokens, plain.session_tokens);
+      }
+    }
+  }
 }
 
 }  // namespace

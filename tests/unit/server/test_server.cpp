@@ -151,6 +151,26 @@ TEST(Server, DraftedRepliesEqualThePlainGreedyRuns) {
   EXPECT_GT(st.cached_tokens, 0);
 }
 
+// MTP drafts in the server: each slot drafts with the block over its own session's hidden states; the replies are
+// the plain greedy runs' (these prompts part nowhere near a tie), the second request reusing a slot's cache.
+TEST(Server, MtpDraftedRepliesEqualThePlainGreedyRuns) {
+  Served s("tiny-glm4moe-Q4_K_M.gguf",
+           {.parallel = 2, .slot_ctx = 256, .draft = engine::DraftSource::kMtp, .draft_max = 3});
+  for (const std::string prompt : {"one two three four one two three four one two", "The quick brown fox"}) {
+    SCOPED_TRACE(prompt);
+    const std::vector<int32_t> ids = s.tokenizer->encode(prompt, true, true);
+    const std::string expected = as_json_text(greedy_text(*s.model, *s.tokenizer, ids, 24));
+    for (int again = 0; again < 2; ++again) {
+      auto r = s.post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}});
+      ASSERT_TRUE(r);
+      ASSERT_EQ(r->status, 200) << r->body;
+      EXPECT_EQ(body_of(r)["choices"][0]["text"], expected) << again;
+    }
+  }
+  EXPECT_GT(s.batcher.stats().drafted_tokens, 0);
+  EXPECT_GT(s.batcher.stats().cached_tokens, 0);
+}
+
 // The tokens a chat reply chose (each token's bytes) and the alone run's margins (top-1 minus top-2 log probability).
 struct Reply {
   std::vector<json> tokens;
