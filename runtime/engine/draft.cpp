@@ -62,6 +62,12 @@ int DraftBudget::choose() const {
 void DraftBudget::plain_step(double seconds) {
   t0_ = t0_ > 0 ? kDecay * t0_ + (1 - kDecay) * seconds : seconds;
   since_plain_ = 0;
+  ++since_guess_;
+}
+
+void DraftBudget::guessed(double seconds) {
+  guess_cost_ = t0_ > 0 ? seconds / t0_ : 0.0;
+  since_guess_ = 0;
 }
 
 void DraftBudget::verify_step(int drafted, int accepted, double seconds) {

@@ -50,12 +50,15 @@ GenerateResult generate(Session& session, std::span<const float> logits, Sampler
     int64_t room = std::min<int64_t>(options.draft_max, session.n_free() - 1);
     if (n_max >= 0) room = std::min(room, n_max - n_taken - 1);
     const int64_t wanted = options.adaptive ? std::min<int64_t>(room, budget.choose()) : room;
-    // A step's time counts its proposal: the budget weighs what drafts cost to make as well as to verify.
+    // A verification step's time counts its proposal: the budget weighs what drafts cost to make as well as to
+    // verify. A guess for a step without drafts is asked for when the budget says it is worth its cost.
     const auto start = Clock::now();
     drafts.clear();
-    if (options.drafter && room > 0) {
+    if (options.drafter && room > 0 && (wanted > 0 || budget.guess_due())) {
       options.drafter->propose(session.tokens(), token, static_cast<int>(std::max<int64_t>(wanted, 1)), drafts);
-      result.draft_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      result.draft_seconds += seconds;
+      if (wanted == 0) budget.guessed(seconds);
     }
     if (wanted == 0 && !drafts.empty()) {
       guess = drafts.front();  // not evaluated: checked against the next token instead
@@ -64,9 +67,10 @@ GenerateResult generate(Session& session, std::span<const float> logits, Sampler
     ++result.steps;
     if (drafts.empty()) {
       const int32_t one[1] = {token};
+      const auto eval_start = Clock::now();
       const std::span<const float> next = session.eval(one);
       current.assign(next.begin(), next.end());
-      budget.plain_step(std::chrono::duration<double>(Clock::now() - start).count());
+      budget.plain_step(std::chrono::duration<double>(Clock::now() - eval_start).count());
       continue;
     }
     batch.assign(1, token);

@@ -173,6 +173,18 @@ TEST(DraftBudget, FirstMeasuresAStepThenDraftsByTheMeasuredRates) {
   for (int i = 0; i < 200; ++i) b.shadow(false);
   EXPECT_LT(b.acceptance(), 0.01);
   EXPECT_EQ(b.choose(), 0);
+  // A guess that costs next to nothing is asked for at every step without drafts; one that costs a fifth of a step
+  // at every eighth.
+  b.guessed(0.0001);
+  b.plain_step(0.010);
+  EXPECT_TRUE(b.guess_due());
+  b.guessed(0.002);
+  for (int i = 0; i < 7; ++i) {
+    b.plain_step(0.010);
+    EXPECT_FALSE(b.guess_due()) << i;
+  }
+  b.plain_step(0.010);
+  EXPECT_TRUE(b.guess_due());
 }
 
 // ---- generation with drafts ----
