@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/engine/draft.h"
+#include "runtime/engine/engine.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/sampler.h"
 #include "runtime/engine/session.h"
@@ -422,6 +423,31 @@ TEST(Mtp, DraftsDoNotDependOnHowTheSessionGotThere) {
     d->propose(s.tokens(), 7, 4, out);
     d->propose(s.tokens(), next, 4, out);
     EXPECT_EQ(out, batch);
+  }
+}
+
+// With the forward pass, its caches and the experts on the emulated device, the trunk's hidden states come back to
+// the host and the block runs there: the same drafts as on the host.
+TEST(Mtp, DraftsWithThePassOnTheEmulatedDeviceAsOnTheHost) {
+  for (const std::string name : {"tiny-glm4moe-Q4_K_M.gguf", "tiny-deepseek32-Q4_K_M.gguf"}) {
+    SCOPED_TRACE(name);
+    const std::vector<int32_t> prompt = {11, 64, 128, 5, 11, 64, 300, 2};
+    auto drafts_on = [&](const std::string& kind) {
+      auto e = Engine::open(
+          {.model = model_path(name), .threads = 2, .device = {.kind = kind, .memory_gb = 0.1, .move_rows = 2}});
+      EXPECT_EQ(e->model().pass_on_device(), kind == "emulated");
+      Session s(e->model(), 32);
+      const std::unique_ptr<Drafter> d = make_drafter(DraftSource::kMtp, e->model(), s.n_ctx());
+      s.observe(d->hidden_observer());
+      s.eval(std::span<const int32_t>(prompt).first(5));
+      s.eval(std::span<const int32_t>(prompt).subspan(5));
+      std::vector<int32_t> out;
+      d->propose(s.tokens(), 42, 4, out);
+      return out;
+    };
+    const std::vector<int32_t> host = drafts_on("cpu");
+    EXPECT_EQ(host.size(), 4u);
+    EXPECT_EQ(drafts_on("emulated"), host);
   }
 }
 
