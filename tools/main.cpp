@@ -110,7 +110,7 @@ void add_sampling(CLI::App* cmd, engine::SamplingParams* p) {
 void add_draft(CLI::App* cmd, cli::DraftOptions* d) {
   cmd->add_option("--draft", d->source,
                   "speculative decoding: where drafts come from (none; ngram: the context's own n-grams; mtp: the "
-                  "model's multi-token-prediction block, in DeepSeek-V3/V3.2 and GLM-4.5 files)")
+                  "model's multi-token-prediction block, in DeepSeek-V3/V3.2, GLM-4.5 and Qwen3.5 files)")
       ->check(CLI::IsMember({"none", "ngram", "mtp"}))
       ->capture_default_str();
   cmd->add_option("--draft-max", d->max, "tokens drafted per step at most")

@@ -88,7 +88,8 @@ namespace {
 model::KvCache mtp_cache(const model::Model& model, int64_t n_ctx) {
   if (model.n_mtp() == 0)
     fail(
-        "{}: the model carries no MTP block (nextn_predict_layers); --draft mtp needs a DeepSeek-V3/V3.2 or GLM-4.5 "
+        "{}: the model carries no MTP block (nextn_predict_layers); --draft mtp needs a DeepSeek-V3/V3.2, GLM-4.5 or "
+        "Qwen3.5 "
         "file that keeps it (or use --draft ngram)",
         model.file().path());
   return model.make_mtp_cache(n_ctx);

@@ -45,9 +45,9 @@ class NgramDrafter final : public Drafter {
   std::vector<int32_t> seq_;  // scratch: history then next
 };
 
-// Drafts from the model's own MTP block (DeepSeek-V3/V3.2, GLM-4.5; Model::forward_mtp): the first from the trunk's
-// last hidden state and the token about to be evaluated, each further one chained from the block's own output at
-// the next position (one MTP block drafting several tokens, as vLLM runs it); each the argmax of the block's logits.
+// Drafts from the model's own MTP block (DeepSeek-V3/V3.2, GLM-4.5, Qwen3.5; Model::forward_mtp): the first from the
+// trunk's last hidden state and the token about to be evaluated, each further one chained from the block's own output
+// at the next position (one MTP block drafting several tokens, as vLLM runs it); each the argmax of the block's logits.
 // The block attends over a cache of its own, one row per position of the session, and a position's row needs the
 // hidden state there and the token after it: the drafter sees every hidden state the session computes, keeps those
 // whose rows it has not written (and the last kKeep it wrote, for a rollback), and writes them as one batch at the

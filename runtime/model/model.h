@@ -121,8 +121,8 @@ class Model {
   // row of the batch in row order, when a sequence of it asked (SequenceBatch::hidden); else empty.
   std::span<const float> hidden() const { return hidden_; }
 
-  // The multi-token-prediction blocks the file carries after the trunk (DeepSeek-V3/V3.2, GLM-4.5): config().n_mtp
-  // of them, 0 when it has none.
+  // The multi-token-prediction blocks the file carries after the trunk (DeepSeek-V3/V3.2, GLM-4.5, Qwen3.5):
+  // config().n_mtp of them, 0 when it has none.
   int64_t n_mtp() const { return config_.n_mtp; }
   // A cache for forward_mtp in host memory: the MTP blocks' rows for n_ctx positions (the trunk's layers hold none).
   KvCache make_mtp_cache(int64_t n_ctx) const;

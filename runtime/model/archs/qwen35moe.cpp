@@ -2,7 +2,8 @@
 // with gated full-attention blocks, every block with routed experts (softmax, top-k, renormalised) and a shared
 // expert scaled per token by sigmoid(ffn_gate_inp_shexp . x). The layer pattern comes from
 // attention.recurrent_layers, else full_attention_interval: block l is recurrent unless (l + 1) % interval == 0.
-// The file's last nextn_predict_layers blocks are the MTP head: read past, never run, as llama.cpp does.
+// The file's last nextn_predict_layers blocks are the MTP head: read past by the trunk, as llama.cpp does, and run by
+// Model::forward_mtp for drafts (a gated full-attention block).
 //
 // Gated DeltaNet block: qkv = attn_qkv . x through the short convolution and SiLU, then the gated delta rule
 // (cpu_kernels/linear_attention.h), each head's output RMS-normalised (ssm_norm) times silu(attn_gate . x), and
@@ -19,7 +20,7 @@ namespace {
 
 void configure(const ConfigKeys& k, ModelConfig& c) {
   const int64_t n_all = c.n_layer;
-  drop_mtp_blocks(k, c, false);
+  drop_mtp_blocks(k, c, true);
   c.n_ff_exp = k.opt_int("expert_feed_forward_length", 0);
   c.n_ff_shared = k.opt_int("expert_shared_feed_forward_length", 0);
   if (c.n_ff_shared < 0 || c.n_ff_shared > ConfigKeys::kMaxDim)
@@ -101,8 +102,8 @@ class Qwen35Moe final : public Model {
     const ModelConfig& c = config_;
     const int64_t E = c.n_embd, H = c.n_head, KV = c.n_head_kv, D = c.head_dim_k;
     const int64_t Hk = c.ssm_k_heads, Hv = c.ssm_v_heads, Ds = c.ssm_head_dim, C = conv_channels();
-    blocks_.resize(c.n_layer);
-    for (int64_t l = 0; l < c.n_layer; ++l) {
+    blocks_.resize(c.n_layer + c.n_mtp);  // the MTP block is a gated full-attention block
+    for (int64_t l = 0; l < c.n_layer + c.n_mtp; ++l) {
       Block& b = blocks_[l];
       if (c.is_recurrent(l)) {
         b.qkv = weights_.add(matrix(blk(l, "attn_qkv"), E, 2 * Hk * Ds + Hv * Ds));

@@ -355,13 +355,15 @@ TEST(Speculative, DraftsNeverOverrunTheContext) {
 
 // ---- MTP drafts ----
 
-// The files with an MTP block (GLM-4.5's NextN, DeepSeek-V3.2's) load it apart from the trunk: the trunk has
+// The files with an MTP block (GLM-4.5's NextN, DeepSeek-V3.2's, Qwen3.5's) load it apart from the trunk: the trunk has
 // block_count - nextn_predict_layers blocks and the block is there to draft with.
 TEST(Mtp, TheBlockIsBoundAfterTheTrunk) {
-  for (const std::string name : {"tiny-glm4moe-Q4_K_M.gguf", "tiny-deepseek32-Q4_K_M.gguf"}) {
+  for (const auto& [name, trunk] :
+       {std::pair{"tiny-glm4moe-Q4_K_M.gguf", 3}, std::pair{"tiny-deepseek32-Q4_K_M.gguf", 3},
+        std::pair{"tiny-qwen35moe-Q4_K_M.gguf", 4}}) {
     SCOPED_TRACE(name);
     auto m = model::Model::load(model_path(name), 2);
-    EXPECT_EQ(m->config().n_layer, 3);
+    EXPECT_EQ(m->config().n_layer, trunk);
     EXPECT_EQ(m->n_mtp(), 1);
   }
 }
@@ -370,7 +372,8 @@ TEST(Mtp, TheBlockIsBoundAfterTheTrunk) {
 // block's rows are written from the hidden states the session handed over, as one batch or several), and after the
 // session dropped tokens and evaluated others in their place (the rows rewritten).
 TEST(Mtp, DraftsDoNotDependOnHowTheSessionGotThere) {
-  for (const std::string name : {"tiny-glm4moe-Q4_K_M.gguf", "tiny-deepseek32-Q4_K_M.gguf"}) {
+  for (const std::string name :
+       {"tiny-glm4moe-Q4_K_M.gguf", "tiny-deepseek32-Q4_K_M.gguf", "tiny-qwen35moe-Q4_K_M.gguf"}) {
     SCOPED_TRACE(name);
     auto m = model::Model::load(model_path(name), 2);
     const std::vector<int32_t> prompt = {11, 64, 128, 5, 11, 64, 300, 2, 19, 7};
@@ -429,7 +432,8 @@ TEST(Mtp, DraftsDoNotDependOnHowTheSessionGotThere) {
 // With the forward pass, its caches and the experts on the emulated device, the trunk's hidden states come back to
 // the host and the block runs there: the same drafts as on the host.
 TEST(Mtp, DraftsWithThePassOnTheEmulatedDeviceAsOnTheHost) {
-  for (const std::string name : {"tiny-glm4moe-Q4_K_M.gguf", "tiny-deepseek32-Q4_K_M.gguf"}) {
+  for (const std::string name :
+       {"tiny-glm4moe-Q4_K_M.gguf", "tiny-deepseek32-Q4_K_M.gguf", "tiny-qwen35moe-Q4_K_M.gguf"}) {
     SCOPED_TRACE(name);
     const std::vector<int32_t> prompt = {11, 64, 128, 5, 11, 64, 300, 2};
     auto drafts_on = [&](const std::string& kind) {
@@ -480,7 +484,8 @@ TEST(Mtp, F32ModelGivesThePlainGreedyTokensAndSession) {
 // tokens part only where plain decoding's margin is below 0.1); drafts are proposed and verified, and the session
 // holds what plain decoding leaves in it up to that point.
 TEST(Mtp, SpeculativeDecodingFollowsPlainGreedyDecoding) {
-  for (const std::string name : {"tiny-glm4moe-Q4_K_M.gguf", "tiny-deepseek32-Q4_K_M.gguf"}) {
+  for (const std::string name :
+       {"tiny-glm4moe-Q4_K_M.gguf", "tiny-deepseek32-Q4_K_M.gguf", "tiny-qwen35moe-Q4_K_M.gguf"}) {
     SCOPED_TRACE(name);
     auto m = model::Model::load(model_path(name), 2);
     const std::vector<int32_t> prompt = {11, 64, 128, 5, 11, 64};
