@@ -104,7 +104,28 @@ void MtpDrafter::rewind(int64_t pos) {
   done_ = std::max<int64_t>(pos, 0);
   if (done_ < base_) {  // its hidden state is gone: the row runs with zeros
     states_.clear();
+    tokens_.clear();
     base_ = done_;
+  }
+}
+
+void MtpDrafter::write(int64_t end) {
+  const auto E = static_cast<size_t>(model_.config().n_embd);
+  for (int64_t from = done_; from < end; from += kChunk) {
+    const int64_t n = std::min(kChunk, end - from);
+    model_.forward_mtp(
+        std::span<const int32_t>(next_).subspan(static_cast<size_t>(from - done_), static_cast<size_t>(n)),
+        states_.data() + static_cast<size_t>(from - base_) * E, from, cache_, last_state_.data(), last_logits_);
+  }
+  tail_token_ = next_.back();
+  done_ = end;
+  // Only the last kKeep positions' states stay before the ones not written, for the rows a rollback writes again.
+  if (done_ - base_ > kKeep) {
+    const int64_t drop = done_ - kKeep - base_;
+    states_.erase(states_.begin(), states_.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(drop) * E));
+    tokens_.erase(tokens_.begin(),
+                  tokens_.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(drop, tokens_.size())));
+    base_ += drop;
   }
 }
 
@@ -114,13 +135,27 @@ void MtpDrafter::evaluated(int64_t pos0, std::span<const int32_t> tokens, std::s
   if (n == 0) return;
   // The session replaced tokens from pos0 on: the rows from pos0 - 1 on assumed the old ones.
   if (pos0 < done_ || (pos0 == done_ && done_ > 0 && tokens.front() != tail_token_)) rewind(pos0 - 1);
-  // The states from pos0 on are these; positions between the ones held and pos0 were never seen (zeros).
-  states_.resize(static_cast<size_t>(pos0 - base_) * E, 0.0f);
+  // The states from pos0 on are these; positions between the ones held and pos0 were never seen (zeros, no token).
+  const auto held = static_cast<size_t>(pos0 - base_);
+  states_.resize(held * E, 0.0f);
+  tokens_.resize(held, -1);
   if (hidden.size() == n * E) {
     states_.insert(states_.end(), hidden.begin(), hidden.end());
   } else {
     states_.resize(states_.size() + n * E, 0.0f);
   }
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  // A long prompt's rows are written as it goes (all but the last position's, whose next token is not known yet), so
+  // the states held stay a few chunks whatever its length.
+  const int64_t last = base_ + static_cast<int64_t>(tokens_.size()) - 1;
+  if (last - done_ < kChunk) return;
+  next_.clear();
+  for (int64_t i = done_; i < last; ++i) {
+    const int32_t t = tokens_[static_cast<size_t>(i + 1 - base_)];
+    if (t < 0) return;  // a position never seen: left to the next proposal, which has the history
+    next_.push_back(t);
+  }
+  write(last);
 }
 
 void MtpDrafter::propose(std::span<const int32_t> history, int32_t next, int max, std::vector<int32_t>& out) {
@@ -130,21 +165,14 @@ void MtpDrafter::propose(std::span<const int32_t> history, int32_t next, int max
   if (P == 0 || max <= 0 || P >= cache_.n_ctx()) return;
   if (done_ > P) rewind(P - 1);  // the session dropped positions this drafter wrote
   // The states of positions base_ .. P - 1: what the session evaluated (it may have dropped some of them since),
-  // zeros for positions never seen.
+  // zeros for positions never seen; their tokens from the history.
   states_.resize(static_cast<size_t>(P - base_) * E, 0.0f);
+  tokens_.assign(history.begin() + static_cast<std::ptrdiff_t>(base_), history.end());
   if (done_ < P || tail_token_ != next) {
     if (done_ == P) done_ = P - 1;  // the last row assumed another token after it: written again
     next_.clear();
     for (int64_t i = done_; i < P; ++i) next_.push_back(i + 1 < P ? history[i + 1] : next);
-    model_.forward_mtp(next_, states_.data() + static_cast<size_t>(done_ - base_) * E, done_, cache_,
-                       last_state_.data(), last_logits_);
-    tail_token_ = next;
-    done_ = P;
-    // Only the last kKeep positions' states stay, for the rows a rollback writes again.
-    if (done_ - base_ > kKeep) {
-      states_.erase(states_.begin(), states_.begin() + static_cast<std::ptrdiff_t>((done_ - kKeep - base_) * E));
-      base_ = done_ - kKeep;
-    }
+    write(P);
   }
   // Drafts: the block's argmax at P - 1, then the block again at the next position on its own output (rows past P
   // that the session's positions later write again).

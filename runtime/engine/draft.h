@@ -51,8 +51,9 @@ class NgramDrafter final : public Drafter {
 // The block attends over a cache of its own, one row per position of the session, and a position's row needs the
 // hidden state there and the token after it: the drafter sees every hidden state the session computes, keeps those
 // whose rows it has not written (and the last kKeep it wrote, for a rollback), and writes them as one batch at the
-// next proposal. A row whose hidden state is gone (the drafter attached late, the session replaced tokens further
-// back than kKeep) runs with zeros: its drafts are weaker, the output is the same.
+// next proposal (a long prompt's as it is evaluated, kChunk rows at a time). A row whose hidden state is gone (the
+// drafter attached late, the session replaced tokens further back than kKeep) runs with zeros: its drafts are weaker,
+// the output is the same.
 class MtpDrafter final : public Drafter, public HiddenObserver {
  public:
   // Fails with a clear error when the model has no MTP block.
@@ -61,18 +62,23 @@ class MtpDrafter final : public Drafter, public HiddenObserver {
   HiddenObserver* hidden_observer() override { return this; }
   void evaluated(int64_t pos0, std::span<const int32_t> tokens, std::span<const float> hidden) override;
   static constexpr int64_t kKeep = 64;
+  static constexpr int64_t kChunk = 256;  // rows of one block pass at most
 
  private:
   // The block's rows from `pos` on are to be written again.
   void rewind(int64_t pos);
+  // Writes the rows of positions done_ .. end - 1, next_ holding the token after each; the last row's output goes to
+  // last_state_ and last_logits_.
+  void write(int64_t end);
 
   model::Model& model_;
   model::KvCache cache_;
-  int64_t done_ = 0;           // the block's rows stand for the session's positions below this one
-  int64_t base_ = 0;           // states_ holds the hidden states of positions base_, base_ + 1, ...
-  std::vector<float> states_;  // [positions][n_embd]: up to kKeep before done_, then the ones not yet written
-  int32_t tail_token_ = -1;    // the token after position done_ - 1 that its row assumed
-  std::vector<int32_t> next_;  // scratch: the token after each position written
+  int64_t done_ = 0;             // the block's rows stand for the session's positions below this one
+  int64_t base_ = 0;             // states_ holds the hidden states of positions base_, base_ + 1, ...
+  std::vector<float> states_;    // [positions][n_embd]: up to kKeep before done_, then the ones not yet written
+  std::vector<int32_t> tokens_;  // the token at each of those positions (-1: never seen)
+  int32_t tail_token_ = -1;      // the token after position done_ - 1 that its row assumed
+  std::vector<int32_t> next_;    // scratch: the token after each position written
   std::vector<float> last_state_, last_logits_;  // the block's output at position done_ - 1: the first draft's
   std::vector<float> state_, chained_, logits_;  // the chain's
 };

@@ -28,6 +28,9 @@ struct ModelConfig {
   int64_t n_layer = 0;  // the trunk's blocks
   // Multi-token-prediction blocks after the trunk (blk.n_layer on): bound for drafting, never run by forward().
   int64_t n_mtp = 0;
+  // Whether an MTP row at position 0 reads a zero embedding (DeepSeek's MTP and GLM-4.5's, as vLLM runs them; not
+  // Qwen3.5's).
+  bool mtp_zero_first = true;
   int64_t n_ctx_train = 0;
   int64_t n_head = 0;
   int64_t n_head_kv = 0;

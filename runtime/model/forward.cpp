@@ -391,7 +391,7 @@ void Model::forward_mtp(std::span<const int32_t> next, const float* hidden, int6
   float* up = p.staging_up(n * (2 * E + nd));
   for (int64_t t = 0; t < n; ++t) {
     float* row = up + t * 2 * E;
-    if (pos0 + t == 0) {
+    if (pos0 + t == 0 && c.mtp_zero_first) {
       std::fill_n(row, E, 0.0f);
     } else {
       quant::dequantize_row(m.embed->type, m.embed->row(next[t]), row, E);

@@ -129,9 +129,10 @@ class Model {
   // The first MTP block (DeepSeek-V3's multi-token prediction, as vLLM and SGLang run it) at positions pos0 + i,
   // i < n: row i reads the trunk's final hidden state at that position, hidden [n][n_embd] (as hidden() gives it, or
   // a chained draft's out_hidden), and the token that follows the position, next[i]. Its input is eh_proj .
-  // [enorm(embed(next[i])); hnorm(hidden[i])] (the embedding zeroed at position 0; embed: the block's own
-  // nextn.embed_tokens or token_embd), then the block runs as a trunk block does, its attention over `cache` (from
-  // make_mtp_cache, holding the rows of the positions before pos0 it wrote earlier). The last row's output comes back
+  // [enorm(embed(next[i])); hnorm(hidden[i])] (the embedding zeroed at position 0 when config().mtp_zero_first;
+  // embed: the block's own nextn.embed_tokens or token_embd), then the block runs as a trunk block does, its
+  // attention over `cache` (from make_mtp_cache, holding the rows of the positions before pos0 it wrote earlier).
+  // The last row's output comes back
   // in out_hidden [n_embd] (a chained draft's hidden state at the next position) and its logits,
   // head(shared_head_norm(out)) with the block's nextn.shared_head_head or the output head, in logits [n_vocab]: the
   // distribution of the token two positions after pos0 + n - 1. Runs on the host, the CPU taking every expert.

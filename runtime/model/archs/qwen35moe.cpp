@@ -21,6 +21,7 @@ namespace {
 void configure(const ConfigKeys& k, ModelConfig& c) {
   const int64_t n_all = c.n_layer;
   drop_mtp_blocks(k, c, true);
+  c.mtp_zero_first = false;
   c.n_ff_exp = k.opt_int("expert_feed_forward_length", 0);
   c.n_ff_shared = k.opt_int("expert_shared_feed_forward_length", 0);
   if (c.n_ff_shared < 0 || c.n_ff_shared > ConfigKeys::kMaxDim)

@@ -429,6 +429,30 @@ TEST(Mtp, DraftsDoNotDependOnHowTheSessionGotThere) {
   }
 }
 
+// A prompt longer than a block pass (MtpDrafter::kChunk rows) has its rows written while it is evaluated: the drafts
+// after it are those after the same prompt evaluated in pieces of other sizes.
+TEST(Mtp, LongPromptsAreWrittenAsTheyAreEvaluated) {
+  auto m = model::Model::load(model_path("tiny-glm4moe-Q4_K_M.gguf"), 2);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(m->config().n_vocab - 1));
+  std::vector<int32_t> prompt(3 * MtpDrafter::kChunk + 40);
+  for (int32_t& t : prompt) t = id(rng);
+  auto drafts_after = [&](size_t piece) {
+    Session s(*m, static_cast<int64_t>(prompt.size()) + 8);
+    MtpDrafter d(*m, s.n_ctx());
+    s.observe(&d);
+    for (size_t i = 0; i < prompt.size(); i += piece)
+      s.eval(std::span<const int32_t>(prompt).subspan(i, std::min(piece, prompt.size() - i)));
+    std::vector<int32_t> out;
+    d.propose(s.tokens(), 42, 3, out);
+    return out;
+  };
+  const std::vector<int32_t> whole = drafts_after(prompt.size());
+  EXPECT_EQ(whole.size(), 3u);
+  EXPECT_EQ(drafts_after(100), whole);
+  EXPECT_EQ(drafts_after(300), whole);
+}
+
 // With the forward pass, its caches and the experts on the emulated device, the trunk's hidden states come back to
 // the host and the block runs there: the same drafts as on the host.
 TEST(Mtp, DraftsWithThePassOnTheEmulatedDeviceAsOnTheHost) {
