@@ -224,9 +224,17 @@ bool Batcher::step() {
     room = std::min(room, budget - decoding);
     if (q.job.max_tokens >= 0) room = std::min(room, q.job.max_tokens - q.generated - 1);
     q.drafts.clear();
-    if (s.drafter && room > 0)
-      s.drafter->propose(std::span<const int32_t>(q.history).first(q.history.size() - 1), q.next,
-                         static_cast<int>(room), q.drafts);
+    if (s.drafter && room > 0) {
+      try {
+        s.drafter->propose(std::span<const int32_t>(q.history).first(q.history.size() - 1), q.next,
+                           static_cast<int>(room), q.drafts);
+      } catch (const std::exception& e) {
+        // The drafter could not run (out of memory): this sequence ends with the error, the others go on.
+        end(s, Finish::kError, e.what());
+        --decoding;
+        continue;
+      }
+    }
     next_tokens[i].assign(1, q.next);
     next_tokens[i].insert(next_tokens[i].end(), q.drafts.begin(), q.drafts.end());
     parts.push_back({.session = s.session.get(), .tokens = next_tokens[i], .all_logits = !q.drafts.empty()});

@@ -102,6 +102,7 @@ MtpDrafter::MtpDrafter(model::Model& model, int64_t n_ctx)
 
 void MtpDrafter::rewind(int64_t pos) {
   done_ = std::max<int64_t>(pos, 0);
+  tail_token_ = -1;     // the row at done_ - 1 is not the last one written any more: its output is not held
   if (done_ < base_) {  // its hidden state is gone: the row runs with zeros
     states_.clear();
     tokens_.clear();
@@ -133,8 +134,15 @@ void MtpDrafter::evaluated(int64_t pos0, std::span<const int32_t> tokens, std::s
   const auto E = static_cast<size_t>(model_.config().n_embd);
   const auto n = tokens.size();
   if (n == 0) return;
-  // The session replaced tokens from pos0 on: the rows from pos0 - 1 on assumed the old ones.
-  if (pos0 < done_ || (pos0 == done_ && done_ > 0 && tokens.front() != tail_token_)) rewind(pos0 - 1);
+  // The session replaced tokens from pos0 on: the rows from pos0 - 1 on assumed the old ones. The same tokens again
+  // (a recurrent cache's replay from its checkpoint) leave the rows written as they are.
+  bool same = pos0 >= base_ && pos0 <= done_;
+  for (size_t i = 0; same && i < n && pos0 + static_cast<int64_t>(i) <= done_; ++i) {
+    const int64_t pos = pos0 + static_cast<int64_t>(i);
+    const auto at = static_cast<size_t>(pos - base_);
+    same = tokens[i] == (pos == done_ ? tail_token_ : at < tokens_.size() ? tokens_[at] : -1);
+  }
+  if (!same && (pos0 < done_ || (pos0 == done_ && done_ > 0))) rewind(pos0 - 1);
   // The states from pos0 on are these; positions between the ones held and pos0 were never seen (zeros, no token).
   const auto held = static_cast<size_t>(pos0 - base_);
   states_.resize(held * E, 0.0f);
@@ -163,13 +171,13 @@ void MtpDrafter::propose(std::span<const int32_t> history, int32_t next, int max
   const auto P = static_cast<int64_t>(history.size());
   const auto E = static_cast<size_t>(model_.config().n_embd);
   if (P == 0 || max <= 0 || P >= cache_.n_ctx()) return;
-  if (done_ > P) rewind(P - 1);  // the session dropped positions this drafter wrote
+  // The session dropped positions this drafter wrote, or the last row assumed another token after it: written again.
+  if (done_ > P || (done_ == P && tail_token_ != next)) rewind(P - 1);
   // The states of positions base_ .. P - 1: what the session evaluated (it may have dropped some of them since),
   // zeros for positions never seen; their tokens from the history.
   states_.resize(static_cast<size_t>(P - base_) * E, 0.0f);
   tokens_.assign(history.begin() + static_cast<std::ptrdiff_t>(base_), history.end());
-  if (done_ < P || tail_token_ != next) {
-    if (done_ == P) done_ = P - 1;  // the last row assumed another token after it: written again
+  if (done_ < P) {
     next_.clear();
     for (int64_t i = done_; i < P; ++i) next_.push_back(i + 1 < P ? history[i + 1] : next);
     write(P);

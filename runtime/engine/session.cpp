@@ -49,22 +49,29 @@ void Session::run(std::span<const int32_t> tokens, int64_t pos0, model::Sequence
   const model::SequenceBatch one{
       .tokens = tokens, .pos0 = pos0, .cache = &cache_, .logits = logits, .hidden = observer_ != nullptr};
   model_.forward(std::span<const model::SequenceBatch>(&one, 1), out, nullptr, cancel);
-  if (observer_) observer_->evaluated(pos0, tokens, model_.hidden());
+}
+
+void Session::notify(int64_t pos0, std::span<const int32_t> tokens, std::span<const float> hidden) {
+  if (observer_) observer_->evaluated(pos0, tokens, hidden);
 }
 
 std::span<const float> Session::eval(std::span<const int32_t> tokens, const std::atomic<bool>* cancel) {
   prepare(tokens.size(), cancel);
   const auto start = std::chrono::steady_clock::now();
-  run(tokens, n_past(), model::SequenceBatch::Logits::kLast, logits_, cancel);
+  const int64_t pos0 = n_past();
+  run(tokens, pos0, model::SequenceBatch::Logits::kLast, logits_, cancel);
   account(tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  notify(pos0, tokens, model_.hidden());
   return logits_;
 }
 
 std::span<const float> Session::eval_all(std::span<const int32_t> tokens, const std::atomic<bool>* cancel) {
   prepare(tokens.size(), cancel);
   const auto start = std::chrono::steady_clock::now();
-  run(tokens, n_past(), model::SequenceBatch::Logits::kAll, all_logits_, cancel);
+  const int64_t pos0 = n_past();
+  run(tokens, pos0, model::SequenceBatch::Logits::kAll, all_logits_, cancel);
   account(tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), /*verify=*/true);
+  notify(pos0, tokens, model_.hidden());
   const size_t n_vocab = static_cast<size_t>(model_.config().n_vocab);
   logits_.assign(all_logits_.end() - static_cast<std::ptrdiff_t>(n_vocab), all_logits_.end());
   return all_logits_;
@@ -99,13 +106,9 @@ void Session::eval_batch(std::span<const BatchPart> parts, const std::atomic<boo
   const size_t n_vocab = static_cast<size_t>(model.config().n_vocab);
   const size_t E = static_cast<size_t>(model.config().n_embd);
   const std::span<const float> hidden = model.hidden();
-  size_t row = 0, first_row = 0;
+  size_t row = 0;
   for (const BatchPart& part : parts) {
     Session& session = *part.session;
-    if (session.observer_)
-      session.observer_->evaluated(session.n_past(), part.tokens,
-                                   hidden.subspan(first_row * E, part.tokens.size() * E));
-    first_row += part.tokens.size();
     if (part.all_logits) {
       const auto first = logits.begin() + static_cast<std::ptrdiff_t>(row * n_vocab);
       row += part.tokens.size();
@@ -120,6 +123,13 @@ void Session::eval_batch(std::span<const BatchPart> parts, const std::atomic<boo
       session.logits_.clear();
     }
     session.account(part.tokens, seconds);
+  }
+  // The observers last: every session holds its tokens whatever one of them throws.
+  size_t first_row = 0;
+  for (const BatchPart& part : parts) {
+    const int64_t pos0 = part.session->n_past() - static_cast<int64_t>(part.tokens.size());
+    part.session->notify(pos0, part.tokens, hidden.subspan(first_row * E, part.tokens.size() * E));
+    first_row += part.tokens.size();
   }
 }
 
@@ -139,6 +149,7 @@ void Session::sync(const std::atomic<bool>* cancel) {
   if (from < n_past()) {
     const std::span<const int32_t> again(tokens_.data() + from, tokens_.data() + n_past());
     run(again, from, model::SequenceBatch::Logits::kLast, logits_, cancel);
+    notify(from, again, model_.hidden());
   }
 }
 

@@ -91,9 +91,11 @@ class Session {
   void check_fits(size_t n) const;
   // Before evaluating `n` tokens: fails when they do not fit, syncs, takes the checkpoint the batch needs.
   void prepare(size_t n, const std::atomic<bool>* cancel);
-  // Runs `tokens` after n_past() (or at pos0 for a replay), logits as asked, the hidden states to the observer.
+  // Runs `tokens` at pos0 (n_past(), or earlier for a replay), logits as asked, the hidden states kept for notify.
   void run(std::span<const int32_t> tokens, int64_t pos0, model::SequenceBatch::Logits logits, std::vector<float>& out,
            const std::atomic<bool>* cancel);
+  // The observer, if any, sees the hidden states of `tokens` at pos0 (after they are the session's).
+  void notify(int64_t pos0, std::span<const int32_t> tokens, std::span<const float> hidden);
   // After: the tokens are the session's, their cost counted.
   void account(std::span<const int32_t> tokens, double seconds, bool verify = false);
 

@@ -193,6 +193,7 @@ void Model::bind_common() {
     fail("{}: split layout version {}, this hetmoe reads version {}", file_->path(),
          file_->require_int(kSplitVersionKey), quant::kLowBitLayoutVersion);
   for (int64_t l = 0; l < n_bound; ++l) {
+    weights_.host_only(l >= c.n_layer);  // the MTP blocks run on the host pass only
     LayerHandles& h = handles_[l];
     h.attn_norm = weights_.add(vector(blk(l, "attn_norm"), E), E);
     h.ffn_norm = weights_.add(vector(blk(l, c.ffn_norm), E), E);
@@ -257,6 +258,7 @@ void Model::bind_common() {
     const gguf::TensorInfo* head = optional_tensor(blk(l, "nextn.shared_head_head"), {E, c.n_vocab});
     m.head = head ? as_matrix(*head) : output_;
   }
+  weights_.host_only(false);
 }
 
 void Model::bind_hyper_connections() {

@@ -10,6 +10,7 @@ using device::aligned;
 
 PassWeights::Handle PassWeights::add(const cpu::WeightMatrix& w) {
   items_.push_back(w);
+  host_only_items_.push_back(host_only_);
   return items_.size() - 1;
 }
 
@@ -22,8 +23,9 @@ DeviceWeights::DeviceWeights(device::Device& device, const PassWeights& weights)
   for (size_t h = 0; h < weights.size(); ++h) {
     const cpu::WeightMatrix& w = weights.host(h);
     const size_t b = w.row_bytes * static_cast<size_t>(w.n_rows);
-    supported_ = supported_ && device.supports(w.type);
     offsets_.push_back(bytes_);
+    if (weights.is_host_only(h) && !device.is_host()) continue;
+    supported_ = supported_ && device.supports(w.type);
     data_bytes_ += b;
     if (!device.is_host()) bytes_ += aligned(b);
   }
@@ -35,6 +37,7 @@ void DeviceWeights::upload(int stream) {
   auto* base = memory_.as<uint8_t>();
   for (size_t h = 0; h < weights_.size(); ++h) {
     const cpu::WeightMatrix& w = weights_.host(h);
+    if (weights_.is_host_only(h)) continue;
     device_.copy_to_device(stream, base + offsets_[h], w.data, w.row_bytes * static_cast<size_t>(w.n_rows));
   }
   device_.synchronize(device_.record(stream));
@@ -42,6 +45,7 @@ void DeviceWeights::upload(int stream) {
 
 device::DeviceMatrix DeviceWeights::matrix(PassWeights::Handle h) const {
   const cpu::WeightMatrix& w = weights_.host(h);
+  if (!device_.is_host() && weights_.is_host_only(h)) fail("a host-only weight read by a device's pass");
   const void* data = device_.is_host() ? static_cast<const void*>(w.data) : memory_.as<uint8_t>() + offsets_.at(h);
   return {w.type, w.n_cols, w.n_rows, w.row_bytes, data};
 }

@@ -22,13 +22,20 @@ class PassWeights {
   Handle add(const float* values, int64_t n);
   const cpu::WeightMatrix& host(Handle h) const { return items_.at(h); }
   size_t size() const { return items_.size(); }
+  // Weights added from now on stay on the host whatever device the pass runs on (an MTP block's: only the host pass
+  // runs it), or again go wherever the pass does.
+  void host_only(bool on) { host_only_ = on; }
+  bool is_host_only(Handle h) const { return host_only_items_.at(h); }
 
  private:
   std::vector<cpu::WeightMatrix> items_;
+  std::vector<bool> host_only_items_;
+  bool host_only_ = false;
 };
 
 // PassWeights placed on one device. On the host device they stay where they lie (the mapped file: nothing is
-// allocated or copied); on another device they are copied once into one allocation, each on a 256-byte boundary.
+// allocated or copied); on another device they are copied once into one allocation, each on a 256-byte boundary,
+// except the host-only ones (which that device's pass never reads).
 class DeviceWeights {
  public:
   DeviceWeights(device::Device& device, const PassWeights& weights);

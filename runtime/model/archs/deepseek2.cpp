@@ -112,6 +112,7 @@ class Deepseek2 final : public Model {
     absorbed_ = file_->find_tensor(blk(0, "attn_k_b")) != nullptr;
     layers_.resize(c.n_layer + c.n_mtp);
     for (int64_t l = 0; l < c.n_layer + c.n_mtp; ++l) {
+      weights_.host_only(l >= c.n_layer);  // the MTP block runs on the host pass only
       MlaLayer& L = layers_[l];
       L.q_lora = file_->find_tensor(blk(l, "attn_q")) == nullptr;
       if (L.q_lora) {
@@ -148,6 +149,7 @@ class Deepseek2 final : public Model {
         L.ix_proj = weights_.add(matrix(blk(l, "indexer.proj"), E, Hi));
       }
     }
+    weights_.host_only(false);
   }
 
  protected:

@@ -28,6 +28,7 @@ class GqaModel final : public Model {
     const int64_t E = c.n_embd, H = c.n_head, KV = c.n_head_kv, D = c.head_dim_k, Dv = c.head_dim_v;
     layers_.resize(c.n_layer + c.n_mtp);
     for (int64_t l = 0; l < c.n_layer + c.n_mtp; ++l) {
+      weights_.host_only(l >= c.n_layer);  // the MTP block runs on the host pass only
       GqaLayer& L = layers_[l];
       L.q = weights_.add(matrix(blk(l, "attn_q"), E, H * D));
       L.k = weights_.add(matrix(blk(l, "attn_k"), E, KV * D));
@@ -51,6 +52,7 @@ class GqaModel final : public Model {
       if (options_.out_bias) L.out_bias = weights_.add(vector(blk(l, "attn_output", "bias"), E), E);
       if (options_.sinks) L.sinks = weights_.add(vector(blk(l, "attn_sinks"), H), H);
     }
+    weights_.host_only(false);
   }
 
  protected:

@@ -105,6 +105,7 @@ class Qwen35Moe final : public Model {
     const int64_t Hk = c.ssm_k_heads, Hv = c.ssm_v_heads, Ds = c.ssm_head_dim, C = conv_channels();
     blocks_.resize(c.n_layer + c.n_mtp);  // the MTP block is a gated full-attention block
     for (int64_t l = 0; l < c.n_layer + c.n_mtp; ++l) {
+      weights_.host_only(l >= c.n_layer);  // the MTP block runs on the host pass only
       Block& b = blocks_[l];
       if (c.is_recurrent(l)) {
         b.qkv = weights_.add(matrix(blk(l, "attn_qkv"), E, 2 * Hk * Ds + Hv * Ds));
@@ -126,6 +127,7 @@ class Qwen35Moe final : public Model {
         b.k_norm = weights_.add(vector(blk(l, "attn_k_norm"), D), D);
       }
     }
+    weights_.host_only(false);
   }
 
  protected:

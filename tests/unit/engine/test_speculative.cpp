@@ -453,6 +453,34 @@ TEST(Mtp, LongPromptsAreWrittenAsTheyAreEvaluated) {
   EXPECT_EQ(drafts_after(300), whole);
 }
 
+// Rollbacks further back than the states the drafter keeps (MtpDrafter::kKeep): the rows there run with a zero
+// state, and the drafter still drafts, whether the session evaluated again before the proposal or not.
+TEST(Mtp, RollbacksPastTheKeptStatesStillDraft) {
+  auto m = model::Model::load(model_path("tiny-glm4moe-Q4_K_M.gguf"), 2);
+  std::vector<int32_t> prompt(2 * MtpDrafter::kKeep + 20);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 5) % m->config().n_vocab);
+  Session s(*m, 256);
+  MtpDrafter d(*m, s.n_ctx());
+  s.observe(&d);
+  s.eval(prompt);
+  std::vector<int32_t> out;
+  d.propose(s.tokens(), 1, 3, out);
+  ASSERT_EQ(out.size(), 3u);
+  // Dropped and not evaluated again: the proposal comes straight after the truncation.
+  s.truncate(10);
+  d.propose(s.tokens(), 2, 3, out);
+  EXPECT_EQ(out.size(), 3u);
+  // Evaluated again from far back, then dropped to just before what was evaluated again.
+  s.eval(std::span<const int32_t>(prompt).subspan(10));
+  d.propose(s.tokens(), 1, 3, out);
+  s.truncate(5);
+  s.eval(std::span<const int32_t>(prompt).subspan(5, 100));
+  s.truncate(4);
+  d.propose(s.tokens(), prompt[4], 3, out);
+  EXPECT_EQ(out.size(), 3u);
+  for (int32_t t : out) EXPECT_TRUE(t >= 0 && t < m->config().n_vocab);
+}
+
 // With the forward pass, its caches and the experts on the emulated device, the trunk's hidden states come back to
 // the host and the block runs there: the same drafts as on the host.
 TEST(Mtp, DraftsWithThePassOnTheEmulatedDeviceAsOnTheHost) {
