@@ -79,6 +79,7 @@ void DraftBudget::verify_step(int drafted, int accepted, double seconds) {
 }
 
 void DraftBudget::shadow(bool agreed) {
+  guess_every_ = agreed ? kGuessEvery : std::min(2 * guess_every_, kGuessEveryMax);
   accepted_ = kDecay * accepted_ + (agreed ? 1 : 0);
   rejected_ = kDecay * rejected_ + (agreed ? 0 : 1);
 }

@@ -91,8 +91,9 @@ class MtpDrafter final : public Drafter, public HiddenObserver {
 // (1 + a + ... + a^k) / (1 + beta k): none when the drafts are rarely right or cost nearly a step each (a MoE's
 // drafts read experts of their own). A step without drafts still checks the drafter's first guess against the token
 // that follows (shadow), so the acceptance keeps being measured; every 32nd step goes without drafts to measure t0.
-// A guess that costs (an MTP block's pass: a fair part of a step) is asked for only every kGuessEvery-th step
-// without drafts; one that costs under 2 % of a step (a lookup) every time.
+// A guess that costs (an MTP block's pass: a fair part of a step) is asked for only every 8th step without drafts,
+// the interval doubling (up to 64) with each wrong guess and back to 8 with a right one; one that costs under 2 % of
+// a step (a lookup) every time.
 class DraftBudget {
  public:
   explicit DraftBudget(int max) : max_(max) {}
@@ -102,7 +103,7 @@ class DraftBudget {
   // A step of a token and `drafted` drafts took `seconds`, their proposal included.
   void verify_step(int drafted, int accepted, double seconds);
   // Whether a step without drafts should ask the drafter for its guess.
-  bool guess_due() const { return guess_cost_ < kCheapGuess || since_guess_ >= kGuessEvery; }
+  bool guess_due() const { return guess_cost_ < kCheapGuess || since_guess_ >= guess_every_; }
   // A guess was proposed in `seconds`, then checked against the token that came (agreed or not).
   void guessed(double seconds);
   void shadow(bool agreed);
@@ -112,13 +113,13 @@ class DraftBudget {
  private:
   static constexpr double kDecay = 0.95;
   static constexpr int kMeasureEvery = 32;
-  static constexpr int kGuessEvery = 8;
+  static constexpr int kGuessEvery = 8, kGuessEveryMax = 64;
   static constexpr double kCheapGuess = 0.02;
   int max_;
   double accepted_ = 4, rejected_ = 1;
   double t0_ = 0, beta_ = 0.5;
   double guess_cost_ = 0;  // the last guess's time in one-token steps
-  int since_plain_ = 0, since_guess_ = 0;
+  int since_plain_ = 0, since_guess_ = 0, guess_every_ = kGuessEvery;
 };
 
 // The drafter for `source` (null for kNone); an MTP drafter for sessions of `model` of up to n_ctx positions (its

@@ -175,17 +175,29 @@ TEST(DraftBudget, FirstMeasuresAStepThenDraftsByTheMeasuredRates) {
   EXPECT_LT(b.acceptance(), 0.01);
   EXPECT_EQ(b.choose(), 0);
   // A guess that costs next to nothing is asked for at every step without drafts; one that costs a fifth of a step
-  // at every eighth.
+  // at every eighth after a right guess, the interval doubling with each wrong one up to 64.
   b.guessed(0.0001);
   b.plain_step(0.010);
   EXPECT_TRUE(b.guess_due());
-  b.guessed(0.002);
-  for (int i = 0; i < 7; ++i) {
-    b.plain_step(0.010);
-    EXPECT_FALSE(b.guess_due()) << i;
-  }
-  b.plain_step(0.010);
-  EXPECT_TRUE(b.guess_due());
+  auto interval = [&b] {  // steps until the next guess is due
+    b.guessed(0.002);
+    int steps = 0;
+    do {
+      b.plain_step(0.010);
+      ++steps;
+    } while (!b.guess_due() && steps < 1000);
+    return steps;
+  };
+  b.shadow(true);
+  EXPECT_EQ(interval(), 8);
+  b.shadow(false);
+  EXPECT_EQ(interval(), 16);
+  b.shadow(false);
+  EXPECT_EQ(interval(), 32);
+  for (int i = 0; i < 4; ++i) b.shadow(false);
+  EXPECT_EQ(interval(), 64);
+  b.shadow(true);
+  EXPECT_EQ(interval(), 8);
 }
 
 // ---- generation with drafts ----
