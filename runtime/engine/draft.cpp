@@ -75,7 +75,13 @@ void DraftBudget::verify_step(int drafted, int accepted, double seconds) {
   if (drafted <= 0) return;
   accepted_ = kDecay * accepted_ + accepted;
   rejected_ = kDecay * rejected_ + (accepted < drafted ? 1 : 0);
-  if (t0_ > 0) beta_ = kDecay * beta_ + (1 - kDecay) * std::max(0.0, (seconds / t0_ - 1.0) / drafted);
+  if (t0_ > 0) {
+    // The first measurement replaces the prior: a step of drafts that cost a whole step each should not be taken
+    // again for the prior's sake.
+    const double beta = std::max(0.0, (seconds / t0_ - 1.0) / drafted);
+    beta_ = beta_measured_ ? kDecay * beta_ + (1 - kDecay) * beta : beta;
+    beta_measured_ = true;
+  }
 }
 
 void DraftBudget::shadow(bool agreed) {

@@ -87,13 +87,13 @@ class MtpDrafter final : public Drafter, public HiddenObserver {
 // is taken to be accepted with probability a, a step's run ending at its first rejection, so a = accepted /
 // (accepted + rejections), both sums decaying (by 0.95 a step) so that a = 0.8 before anything is seen soon gives
 // way to the text's own. A step's cost: t0 for one token, t0 (1 + beta k) for a token and k drafts, running averages
-// (beta 0.5 until measured). The next step takes the k in 0..max with the most tokens per unit of time,
-// (1 + a + ... + a^k) / (1 + beta k): none when the drafts are rarely right or cost nearly a step each (a MoE's
-// drafts read experts of their own). A step without drafts still checks the drafter's first guess against the token
-// that follows (shadow), so the acceptance keeps being measured; every 32nd step goes without drafts to measure t0.
-// A guess that costs (an MTP block's pass: a fair part of a step) is asked for only every 8th step without drafts,
-// the interval doubling (up to 64) with each wrong guess and back to 8 with a right one; one that costs under 2 % of
-// a step (a lookup) every time.
+// (beta 0.5 until the first step with drafts, whose measurement then replaces it). The next step takes the k in 0..max
+// with the most tokens per unit of time, (1 + a + ... + a^k) / (1 + beta k): none when the drafts are rarely right or
+// cost nearly a step each (a MoE's drafts read experts of their own). A step without drafts still checks the drafter's
+// first guess against the token that follows (shadow), so the acceptance keeps being measured; every 32nd step goes
+// without drafts to measure t0. A guess that costs (an MTP block's pass: a fair part of a step) is asked for only every
+// 8th step without drafts, the interval doubling (up to 64) with each wrong guess and back to 8 with a right one; one
+// that costs under 2 % of a step (a lookup) every time.
 class DraftBudget {
  public:
   explicit DraftBudget(int max) : max_(max) {}
@@ -118,6 +118,7 @@ class DraftBudget {
   int max_;
   double accepted_ = 4, rejected_ = 1;
   double t0_ = 0, beta_ = 0.5;
+  bool beta_measured_ = false;
   double guess_cost_ = 0;  // the last guess's time in one-token steps
   int since_plain_ = 0, since_guess_ = 0, guess_every_ = kGuessEvery;
 };

@@ -153,7 +153,10 @@ TEST(DraftBudget, FirstMeasuresAStepThenDraftsByTheMeasuredRates) {
   // The prior (a = 0.8, beta = 0.5): (1 + .8 + .64) / 2 beats one and three drafts.
   EXPECT_EQ(b.choose(), 2);
   // Drafts that cost 0.65 of a step each and are right half the time: none pays.
-  for (int i = 0; i < 200; ++i) b.verify_step(3, 1, 0.010 * (1 + 0.65 * 3));
+  // The first step with drafts replaces the prior cost; later ones move it by their share.
+  b.verify_step(3, 1, 0.010 * (1 + 0.65 * 3));
+  EXPECT_NEAR(b.cost_per_draft(), 0.65, 1e-9);
+  for (int i = 0; i < 199; ++i) b.verify_step(3, 1, 0.010 * (1 + 0.65 * 3));
   EXPECT_NEAR(b.acceptance(), 0.5, 0.01);
   EXPECT_NEAR(b.cost_per_draft(), 0.65, 0.01);
   b.plain_step(0.010);
