@@ -287,17 +287,20 @@ void Model::set_critical(int64_t n_critical) {
 
 KvCache Model::make_mtp_cache(int64_t n_ctx) const {
   if (config_.n_mtp == 0) fail("{}: the model has no MTP block to draft with", file_->path());
-  if (n_ctx <= 0 || n_ctx > config_.n_ctx_train)
-    fail("context size {} is outside 1..{} (the model's training context)", n_ctx, config_.n_ctx_train);
+  check_context_size(n_ctx);
   std::vector<LayerCache> layers(static_cast<size_t>(config_.n_layer));
   for (int64_t l = config_.n_layer; l < config_.n_layer + config_.n_mtp; ++l) layers.push_back(cache_layer(l));
   return KvCache(std::move(layers), n_ctx);
 }
 
-KvCache Model::make_cache(int64_t n_ctx) const {
+void Model::check_context_size(int64_t n_ctx) const {
   if (n_ctx <= 0) fail("context size must be positive, got {}", n_ctx);
   if (n_ctx > config_.n_ctx_train)
     fail("context size {} exceeds the model's training context of {}", n_ctx, config_.n_ctx_train);
+}
+
+KvCache Model::make_cache(int64_t n_ctx) const {
+  check_context_size(n_ctx);
   std::vector<LayerCache> layers;
   for (int64_t l = 0; l < config_.n_layer; ++l) layers.push_back(cache_layer(l));
   if (device_pass_) {

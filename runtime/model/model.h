@@ -141,6 +141,9 @@ class Model {
 
  protected:
   Model(std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_threads);
+  // Fails unless 1 <= n_ctx <= the training context.
+  void check_context_size(int64_t n_ctx) const;
+
   // One pass of forward() without the search for a non-finite layer; false when the output rows or logits are not
   // finite.
   bool forward_once(std::span<const SequenceBatch> batch, std::vector<float>& logits, Trace* trace,
