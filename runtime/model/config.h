@@ -133,8 +133,9 @@ void drop_mtp_blocks(const ConfigKeys& k, ModelConfig& c, bool drafts);
 // the gating llama.cpp assumes for the architecture when the key is absent.
 void read_expert_routing(const ConfigKeys& k, ModelConfig& c, Gating default_gating);
 
-// Weight bytes one decoded token reads: every dense tensor, one row of the embedding (when the output matrix is
-// separate), and n_used of n_expert of each routed-expert tensor (the expected share under uniform routing).
+// Weight bytes one decoded token reads: every dense tensor of the trunk (an MTP block's are read only by drafts), one
+// row of the embedding (when the output matrix is separate), and n_used of n_expert of each routed-expert tensor (the
+// expected share under uniform routing).
 double active_bytes_per_token(const gguf::GgufFile& file, const ModelConfig& config);
 
 // The common keys, then the architecture's own (its ArchSpec's configure). Fails with a one-line error for an unknown

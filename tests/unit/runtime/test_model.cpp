@@ -788,6 +788,25 @@ TEST(Config, DeepseekYarnSoftmaxScale) {
   EXPECT_NEAR(kimi.expert_weights_scale, 2.827f, 1e-6);
 }
 
+// A decode step reads the trunk: the MTP block's tensors (drafts only) are not in its bytes.
+TEST(Config, ActiveBytesLeaveOutTheMtpBlock) {
+  const fs::path p = temp_dir() / "active-bytes-mtp.gguf";
+  make_model({.preset = "tiny-deepseek-v3", .out_path = p.string(), .type = "F32", .threads = 2, .mtp = true});
+  const gguf::GgufFile file = gguf::GgufFile::open(p.string());
+  const model::ModelConfig c = model::read_config(file);
+  const std::string mtp_prefix = "blk." + std::to_string(c.n_layer) + ".";
+  double mtp_bytes = 0;
+  for (const gguf::TensorInfo& t : file.tensors())
+    if (t.name.starts_with(mtp_prefix))
+      mtp_bytes += static_cast<double>(t.nbytes) *
+                   (t.name.find("_exps.") != std::string::npos ? static_cast<double>(c.n_expert_used) / c.n_expert : 1);
+  ASSERT_GT(mtp_bytes, 0);
+  model::ModelConfig all_trunk = c;
+  all_trunk.n_layer += 1;
+  EXPECT_NEAR(model::active_bytes_per_token(file, all_trunk) - model::active_bytes_per_token(file, c), mtp_bytes,
+              1e-6 * mtp_bytes);
+}
+
 TEST(Config, OldFilesWithoutGatingKeyDefaultToSoftmax) {
   const ModelPlan plan = plan_model(MakeModelOptions{.preset = "tiny-deepseek-v3", .out_path = ""});
   gguf::GgufWriter w;
