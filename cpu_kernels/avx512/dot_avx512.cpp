@@ -1,9 +1,11 @@
 // The AVX-512 tier: every 256-bit kernel of dots256.inc rebuilt with VNNI (vpdpbusd for maddubs + madd, vpdpwssd
 // for madd + add; AVX-512VL also gives the compiler 32 vector registers), plus 512-bit tile kernels for batches.
-// Integer results equal the AVX2 tier's, so both tiers give the same floats for one-row dots.
+// Integer results equal the AVX2 tier's, so both tiers give the same floats for one-row dots, except Q4_K's (its
+// 512-bit kernel sums the same integers in other float lanes).
 //
 // Measured with tests/bench/bench_dot (L2-resident rows of 2048, one thread, AMD EPYC Zen 4, GB/s of weights, best
-// of 3 in a noisy VM): Q4_K 21, Q6_K 29. 512-bit single-row kernels were tried and dropped: a Q6_K with a vpmulld
+// of 3 in a noisy VM): Q4_K 21, Q6_K 29 for the 256-bit kernels (Q4_K in 512-bit steps below: 28.6 against the AVX2
+// tier's 21.0 in one sitting). Other 512-bit single-row kernels were tried and dropped: a Q6_K with a vpmulld
 // per group (21.5 best), a Q4_K with vpsrlvw + vpermw in 64-value steps (17.2 best), straight 512-bit Q5_0 and
 // Q8_0: Zen 4 splits 512-bit work in two, so a wider kernel gains only where it saves instructions.
 //
@@ -12,6 +14,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "cpu_kernels/avx512/kernels_avx512.h"
@@ -49,6 +52,83 @@ inline __m512i broadcast4x16(const int8_t* p) {
   std::memcpy(&four, p, 4);
   return _mm512_set1_epi32(four);
 }
+
+// Q4_K for one or two activation rows in 512-bit steps. The 64 bytes of qs[64c..64c+63] hold groups 4c and 4c+2 in
+// their low nibbles and 4c+1 and 4c+3 in their high ones; one vpdpbusd per nibble half gives the 4-value sums of two
+// groups (the activation's two 32-byte runs put side by side), a saturating pack puts both halves' int32 sums
+// (|sum| <= 4 * 15 * 128, so nothing saturates) in one vector of int16 pairs, and one vpdpwssd multiplies each pair
+// by its group scale: per super-block 4 vpdpbusd and 2 vpdpwssd where the 256-bit kernel takes 8 maddubs and 8
+// vpdpwssd. The integer sums are the 256-bit kernel's; their float lanes are split differently, so results differ
+// from the AVX2 tier's by rounding. bench_dot (L2-resident, one thread, Zen 4): 32.5 GB/s of weights against 25.7.
+struct Q4KZmm {
+  // The byte shuffles that give each int16 pair after the pack its group scale, for c = 0 and 1. In 128-bit lane k
+  // the pack holds four sums of the low-nibble vector's lane k (group 4c, or 4c + 2 for k >= 2), then four of the
+  // high-nibble vector's (one group more); scale s_g is bytes 2g and 2g + 1 of the broadcast scales.
+  static constexpr std::array<int8_t, 128> kScalePatterns = [] {
+    std::array<int8_t, 128> b{};
+    for (int c = 0; c < 2; ++c)
+      for (int lane = 0; lane < 4; ++lane)
+        for (int half = 0; half < 2; ++half)
+          for (int k = 0; k < 4; ++k) {
+            const int g = 4 * c + (lane >= 2 ? 2 : 0) + half, at = 64 * c + 16 * lane + 8 * half + 2 * k;
+            b[at] = static_cast<int8_t>(2 * g);
+            b[at + 1] = static_cast<int8_t>(2 * g + 1);
+          }
+    return b;
+  }();
+
+  template <int N>
+  static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
+    const auto* x = static_cast<const quant::BlockQ4_K*>(w);
+    const ActRows<quant::BlockQ8_K, N> y(act, stride);
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i pattern0 = load512(kScalePatterns.data()), pattern1 = load512(kScalePatterns.data() + 64);
+    __m256 acc[N];
+    __m128 acc_min[N];
+    for (int j = 0; j < N; ++j) {
+      acc[j] = _mm256_setzero_ps();
+      acc_min[j] = _mm_setzero_ps();
+    }
+    for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
+      const __m256i scales_mins = q4k_scales_and_mins(x[i].scales);
+      __m128i mins_products[N];
+      for (int j = 0; j < N; ++j) {
+        const __m256i bsums = load256(y[j][i].bsums);
+        const __m128i group_sums = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+        mins_products[j] = _mm_madd_epi16(_mm256_extracti128_si256(scales_mins, 1), group_sums);
+      }
+      const __m512i scales = _mm512_broadcast_i32x4(_mm256_castsi256_si128(scales_mins));
+      const __m512i sc[2] = {_mm512_shuffle_epi8(scales, pattern0), _mm512_shuffle_epi8(scales, pattern1)};
+      __m512i sumi[N][2];
+#pragma GCC unroll 2
+      for (int c = 0; c < 2; ++c) {
+        const __m512i q4 = load512(x[i].qs + 64 * c);
+        const __m512i lo = _mm512_and_si512(q4, low4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q4, 4), low4);
+        for (int j = 0; j < N; ++j) {
+          const int8_t* a = y[j][i].qs + 128 * c;
+          const __m512i a_lo = _mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(a + 64), 1);
+          const __m512i a_hi = _mm512_inserti64x4(_mm512_castsi256_si512(load256(a + 32)), load256(a + 96), 1);
+          const __m512i v_lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, a_lo);
+          const __m512i v_hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, a_hi);
+          sumi[j][c] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(v_lo, v_hi), sc[c]);
+        }
+      }
+      const float xd = fp16_to_fp32(x[i].d), xdmin = fp16_to_fp32(x[i].dmin);
+      for (int j = 0; j < N; ++j) {
+        const __m512i s = _mm512_add_epi32(sumi[j][0], sumi[j][1]);
+        const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(y[j][i].d * xd), _mm256_cvtepi32_ps(s8), acc[j]);
+        acc_min[j] = _mm_fmadd_ps(_mm_set1_ps(y[j][i].d * xdmin), _mm_cvtepi32_ps(mins_products[j]), acc_min[j]);
+      }
+    }
+    for (int j = 0; j < N; ++j) {
+      __m128 m = _mm_add_ps(acc_min[j], _mm_movehl_ps(acc_min[j], acc_min[j]));
+      m = _mm_add_ss(m, _mm_movehdup_ps(m));
+      out[j] = hsum(acc[j]) - _mm_cvtss_f32(m);
+    }
+  }
+};
 
 // The 16 rows of a Q4_K tile at one super-block, unpacked: packed[8g + k] holds values 4k..4k+3 of group g for
 // the 16 rows (row r in bytes 4r..4r+3), which is the operand layout of a vpdpbusd with the activation broadcast
@@ -415,6 +495,8 @@ void install_tiles(KernelTable& table) {
 void install(KernelTable& table) {
   install_256(table);
   using quant::GgmlType;
+  table.vec_dot[kernel_slot(GgmlType::Q4_K)] = &dot_one<Q4KZmm>;
+  table.vec_dot_rows[kernel_slot(GgmlType::Q4_K)] = &dot_rows<Q4KZmm>;
   table.gemm_tile[kernel_slot(GgmlType::Q4_K)] = &gemm_tile<Q4KTile>;
   table.gemm_tile[kernel_slot(GgmlType::Q8_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ8_0, Q8Biased>>;
   table.gemm_tile[kernel_slot(GgmlType::Q5_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ5_0, Q5Biased>>;
