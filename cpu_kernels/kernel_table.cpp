@@ -1,5 +1,7 @@
 #include "cpu_kernels/kernel_table.h"
 
+#include <algorithm>
+
 #include "cpu_kernels/avx2/kernels_avx2.h"
 #include "cpu_kernels/avx512/kernels_avx512.h"
 #include "quant/ref.h"
@@ -28,10 +30,28 @@ void ref_axpy(int64_t n, float a, const float* x, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+void ref_dot_heads(int64_t n, int n_heads, const float* q, int64_t q_stride, int64_t n_keys, const float* k,
+                   int64_t k_stride, float* scores, int64_t scores_stride) {
+  for (int h = 0; h < n_heads; ++h)
+    for (int64_t j = 0; j < n_keys; ++j)
+      scores[h * scores_stride + j] = quant::vec_dot(GgmlType::F32, n, q + h * q_stride, k + j * k_stride);
+}
+
+void ref_sum_heads(int64_t n, int n_heads, int64_t n_keys, const float* p, int64_t p_stride, const float* v,
+                   int64_t v_stride, float* out, int64_t out_stride) {
+  for (int h = 0; h < n_heads; ++h) {
+    float* o = out + h * out_stride;
+    std::fill(o, o + n, 0.0f);
+    for (int64_t j = 0; j < n_keys; ++j) ref_axpy(n, p[h * p_stride + j], v + j * v_stride, o);
+  }
+}
+
 KernelTable make_ref_table() {
   KernelTable t;
   t.isa = Isa::kRef;
   t.axpy = &ref_axpy;
+  t.dot_heads = &ref_dot_heads;
+  t.sum_heads = &ref_sum_heads;
   set_ref<GgmlType::F32>(t);
   set_ref<GgmlType::F16>(t);
   set_ref<GgmlType::BF16>(t);

@@ -21,8 +21,18 @@ using GemmTileFn = void (*)(int64_t n, const uint8_t* weight, size_t row_bytes, 
                             int64_t n_act, float* out, size_t ldo);
 inline constexpr int64_t kTileRows = 16;
 inline constexpr int64_t kTileMinActs = 4;  // tile4 measured faster than dot_rows for 4 rows (bench_dot)
-// y[i] += a * x[i] for i < n (attention's weighted sum of values).
+// y[i] += a * x[i] for i < n.
 using AxpyFn = void (*)(int64_t n, float a, const float* x, float* y);
+// Attention of the heads that share one key head, one query token: scores[h * scores_stride + j] = q_h . k_j for
+// n_heads queries (q + h * q_stride) and n_keys cached rows (k + j * k_stride) of n floats. Each score is the same
+// arithmetic whichever heads and keys share its call, so a token's scores do not depend on the batch around it.
+using DotHeadsFn = void (*)(int64_t n, int n_heads, const float* q, int64_t q_stride, int64_t n_keys, const float* k,
+                            int64_t k_stride, float* scores, int64_t scores_stride);
+// out_h = sum over j of p[h * p_stride + j] * v_j for n_heads outputs (out + h * out_stride) of n floats and n_keys
+// value rows (v + j * v_stride), equal bit for bit to the table's axpy applied key by key from zero (each key row is
+// read once for all the heads).
+using SumHeadsFn = void (*)(int64_t n, int n_heads, int64_t n_keys, const float* p, int64_t p_stride, const float* v,
+                            int64_t v_stride, float* out, int64_t out_stride);
 // n activation floats to a vec_dot_type.
 using QuantizeActivationFn = void (*)(const float* src, void* dst, int64_t n);
 
@@ -42,6 +52,8 @@ struct KernelTable {
   std::array<GemmTileFn, kKernelSlots> gemm_tile{};                      // by kernel_slot(type); null: none
   std::array<QuantizeActivationFn, kKernelSlots> quantize_activation{};  // by kernel_slot(vec_dot_type)
   AxpyFn axpy = nullptr;
+  DotHeadsFn dot_heads = nullptr;
+  SumHeadsFn sum_heads = nullptr;
 
   VecDotFn dot_for(quant::GgmlType t) const { return vec_dot[kernel_slot(t)]; }
   // vec_dot_rows where the tier has it (the weight row is unpacked once for all activations), else vec_dot.

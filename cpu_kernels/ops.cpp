@@ -162,9 +162,10 @@ void causal_attention(const AttentionShape& shape, const AttentionInput& in, int
       !in.compressed)
     return blocked_causal_attention(shape, in, n_tokens, pos0, out, pool);
   const int group = shape.n_head / shape.n_head_kv;
-  // q.k is an F32 dot of the cache's row and the value sum an axpy, both from the kernel table (SIMD where the CPU
-  // has it). The heads that share a key/value head run together, key by key, so each cached row is read once per
-  // group instead of once per head (MLA: one latent row for all 16 heads).
+  // The heads that share a key/value head run together, so each cached row is read once per group instead of once
+  // per head (MLA: one latent row for all 16 heads): keys in one run of rows through the kernel table's dot_heads and
+  // sum_heads (several heads and keys per step, SIMD where the CPU has it), the indexer's picks, a ring buffer's and
+  // compressed entries key by key with its F32 dot and axpy.
   const KernelTable& k = kernels();
   const VecDotFn dot = k.dot_for(quant::GgmlType::F32);
   const int64_t out_stride = static_cast<int64_t>(shape.n_head) * shape.head_dim_v;
@@ -207,6 +208,26 @@ void causal_attention(const AttentionShape& shape, const AttentionInput& in, int
         return in.compressed + (picked ? static_cast<int64_t>(picked[idx]) : idx) * in.compressed_stride;
       };
       const int64_t total = seen + n_comp;
+      float* o = out + t * out_stride + static_cast<int64_t>(g * group + h0) * shape.head_dim_v;
+      if (!chosen && in.ring == 0 && n_comp == 0) {
+        // The keys in one run of cache rows: the heads' scores and weighted sums read each row once for all of them.
+        k.dot_heads(shape.head_dim_k, nh, in.q + t * in.q_token_stride + (g * group + h0) * in.q_head_stride,
+                    in.q_head_stride, seen, in.k + first * in.k_stride + static_cast<int64_t>(g) * shape.head_dim_k,
+                    in.k_stride, scores.data(), max_keys);
+        for (int hh = 0; hh < nh; ++hh) {
+          float* row = scores.data() + hh * max_keys;
+          for (int64_t idx = 0; idx < seen; ++idx) row[idx] *= shape.scale;
+          if (shape.sinks) {
+            softmax_with_sink(row, seen, shape.sinks[g * group + h0 + hh]);
+          } else {
+            softmax(row, seen);
+          }
+        }
+        k.sum_heads(shape.head_dim_v, nh, seen, scores.data(), max_keys,
+                    in.v + first * in.v_stride + static_cast<int64_t>(g) * shape.head_dim_v, in.v_stride, o,
+                    shape.head_dim_v);
+        continue;
+      }
       auto key_row = [&](int64_t idx) {
         return idx < seen ? in.k + key_pos(idx) * in.k_stride + static_cast<int64_t>(g) * shape.head_dim_k
                           : entry(idx - seen);
@@ -225,7 +246,6 @@ void causal_attention(const AttentionShape& shape, const AttentionInput& in, int
           softmax(scores.data() + hh * max_keys, total);
         }
       }
-      float* o = out + t * out_stride + static_cast<int64_t>(g * group + h0) * shape.head_dim_v;
       std::fill(o, o + static_cast<int64_t>(nh) * shape.head_dim_v, 0.0f);
       for (int64_t idx = 0; idx < total; ++idx) {
         const float* v = idx < seen ? in.v + key_pos(idx) * in.v_stride + static_cast<int64_t>(g) * shape.head_dim_v

@@ -84,6 +84,49 @@ TEST(Kernels, EveryTierMatchesTheReferenceDot) {
   }
 }
 
+// Attention's head-group kernels on every tier: scores within rounding of the reference dots, and each score the same
+// bit for bit whichever heads and keys share its call (a token's attention may not depend on its batch); the weighted
+// sums equal the tier's axpy applied key by key from zero, bit for bit. Lengths with and without a tail of 8 and 16.
+TEST(Kernels, HeadGroupAttentionKernels) {
+  for (Isa isa : tiers_present()) {
+    const KernelTable table = make_kernel_table(isa);
+    for (int64_t n : {8, 37, 64, 576}) {
+      for (int heads : {1, 3, 8}) {
+        for (int64_t keys : {1, 5, 9}) {
+          SCOPED_TRACE(testing::Message() << isa_name(isa) << " n=" << n << " heads=" << heads << " keys=" << keys);
+          const int64_t q_stride = n + 3, k_stride = n + 5, stride = keys + 2;
+          const std::vector<float> q = random_floats(heads * q_stride, 11 + n), k = random_floats(keys * k_stride, 12);
+          std::vector<float> scores(heads * stride, -1.0f);
+          table.dot_heads(n, heads, q.data(), q_stride, keys, k.data(), k_stride, scores.data(), stride);
+          for (int h = 0; h < heads; ++h)
+            for (int64_t j = 0; j < keys; ++j) {
+              const float* qh = q.data() + h * q_stride;
+              const float* kj = k.data() + j * k_stride;
+              double want = 0, scale = 0;
+              for (int64_t i = 0; i < n; ++i) {
+                want += static_cast<double>(qh[i]) * kj[i];
+                scale += std::abs(static_cast<double>(qh[i]) * kj[i]);
+              }
+              const float got = scores[h * stride + j];
+              EXPECT_NEAR(got, want, 1e-6 * scale);
+              float alone = 0;
+              table.dot_heads(n, 1, qh, q_stride, 1, kj, k_stride, &alone, 1);
+              ASSERT_EQ(alone, got) << "head " << h << " key " << j;
+            }
+          const std::vector<float> p = random_floats(heads * stride, 13), v = random_floats(keys * k_stride, 14);
+          std::vector<float> sums(heads * q_stride, -1.0f);
+          table.sum_heads(n, heads, keys, p.data(), stride, v.data(), k_stride, sums.data(), q_stride);
+          for (int h = 0; h < heads; ++h) {
+            std::vector<float> want(n, 0.0f);
+            for (int64_t j = 0; j < keys; ++j) table.axpy(n, p[h * stride + j], v.data() + j * k_stride, want.data());
+            for (int64_t i = 0; i < n; ++i) ASSERT_EQ(sums[h * q_stride + i], want[i]) << "head " << h << " at " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 // One weight row against many activation rows (the prefill and multi-token expert path) must give exactly what
 // the single dot gives for each of them, on every tier and for counts that are not multiples of the kernels' 4.
 TEST(Kernels, MultiRowDotEqualsSingleDotsBitForBit) {
