@@ -81,25 +81,36 @@ void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w,
       std::copy_n(x + t * layout.x_token_stride + h * layout.x_head_stride, cols, &gathered[(t * heads + h) * cols]);
   size_t act_row = 0;
   const uint8_t* act = convert_activation<struct HeadsActSite>(k, pool, w, gathered.data(), n_tokens * heads, &act_row);
-  // Tiles need every kTileRows-row block inside one head.
-  const GemmTileFn tile = n_tokens >= kTileMinActs && rows % kTileRows == 0 ? k.tile_for(w.type) : nullptr;
-  for_row_blocks(
-      pool, w.n_rows, tile != nullptr,
-      [&](int64_t row) {
-        const int64_t h = row / rows, r = row % rows;
-        tile(cols, w.row(row), w.row_bytes, act + static_cast<size_t>(h) * act_row, heads * act_row, n_tokens,
-             y + h * layout.y_head_stride + r, layout.y_token_stride);
-      },
-      [&](int64_t row) {
-        const int64_t h = row / rows, r = row % rows;
-        float out[kTokenChunk];
+  // Units of kTileRows rows inside one head (a head's last one may be short), so that a unit's head is found once:
+  // a division per row costs as much as the dot of a short row (attn_k_b: rows of 128 values).
+  const GemmTileFn tile = n_tokens >= kTileMinActs ? k.tile_for(w.type) : nullptr;
+  const int64_t units_per_head = (rows + kTileRows - 1) / kTileRows;
+  const VecDotFn dot = k.dot_for(w.type);
+  pool.parallel_for(heads * units_per_head, 2, [&](int64_t u0, int64_t u1) {
+    float out[kTokenChunk];
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t h = u / units_per_head, r0 = u % units_per_head * kTileRows;
+      const int64_t r1 = std::min(rows, r0 + kTileRows);
+      const uint8_t* head_act = act + static_cast<size_t>(h) * act_row;
+      float* head_y = y + h * layout.y_head_stride;
+      if (tile && r1 - r0 == kTileRows) {
+        tile(cols, w.row(h * rows + r0), w.row_bytes, head_act, heads * act_row, n_tokens, head_y + r0,
+             layout.y_token_stride);
+        continue;
+      }
+      if (n_tokens == 1) {  // decode: one dot per row, without dot_rows' chunking (short rows feel it)
+        for (int64_t r = r0; r < r1; ++r) head_y[r] = dot(cols, w.row(h * rows + r), head_act);
+        continue;
+      }
+      for (int64_t r = r0; r < r1; ++r)
         for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
           const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
-          k.dot_rows(w.type, cols, w.row(row), act + static_cast<size_t>(t0 * heads + h) * act_row, heads * act_row, nt,
-                     out);
-          for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * layout.y_token_stride + h * layout.y_head_stride + r] = out[t];
+          k.dot_rows(w.type, cols, w.row(h * rows + r), head_act + static_cast<size_t>(t0 * heads) * act_row,
+                     heads * act_row, nt, out);
+          for (int64_t t = 0; t < nt; ++t) head_y[(t0 + t) * layout.y_token_stride + r] = out[t];
         }
-      });
+    }
+  });
 }
 
 void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& gate, const WeightMatrix& up,
