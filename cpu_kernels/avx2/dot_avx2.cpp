@@ -18,6 +18,8 @@ inline __m256i sum4_u8s8(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 inline __m256i add_madd16(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+// sum4_u8s8 costs two instructions here: formats with an offset take the signed form (dots256.inc).
+constexpr bool kOneInstructionSum4 = false;
 
 }  // namespace
 

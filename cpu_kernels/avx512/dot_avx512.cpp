@@ -29,6 +29,7 @@ namespace {
 // The 256-bit kernels of dots256.inc with VNNI: one vpdpbusd for maddubs + madd, one vpdpwssd for madd + add.
 inline __m256i sum4_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
 inline __m256i add_madd16(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_epi32(acc, a, b); }
+constexpr bool kOneInstructionSum4 = true;  // vpdpbusd: formats with an offset take the unsigned form (dots256.inc)
 
 }  // namespace
 
