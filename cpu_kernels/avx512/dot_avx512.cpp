@@ -217,18 +217,22 @@ struct Q4KRows16 {
     // step are more than the hardware prefetchers follow (bench_dot tile16/avx512/Q4_K on 75 MB of rows, one
     // thread: 63 against 46 GB/s).
     for (int r = 0; r < 16; ++r) prefetch_lines(&block(r) + 2, 3);
+#pragma GCC unroll 16
     for (int r = 0; r < 16; ++r) q4k_tile_row<16, false>(block(r), r, d, dmin, scales, mins);
     // Chunk c of 32 packed bytes holds groups 2c (low nibbles) and 2c+1 (high nibbles): transpose the packed bytes
     // of rows 0-7 and 8-15 in 4-byte steps, join the halves, then split the nibbles.
     const __m512i low4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 16
     for (int c = 0; c < 4; ++c) {
       __m256i t0[8], t1[8];
+#pragma GCC unroll 16
       for (int r = 0; r < 8; ++r) {
         t0[r] = load256(block(r).qs + 32 * c);
         t1[r] = load256(block(8 + r).qs + 32 * c);
       }
       transpose_8x8_epi32(t0);
       transpose_8x8_epi32(t1);
+#pragma GCC unroll 16
       for (int k = 0; k < 8; ++k) {
         const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(t0[k]), t1[k], 1);
         _mm512_store_si512(packed[16 * c + k], _mm512_and_si512(both, low4));
@@ -330,6 +334,7 @@ inline void unpack_blocks32_16(const uint8_t* w, size_t row_bytes, int64_t b, __
   // Four blocks ahead for the 16 rows, as Q4KRows16::unpack does.
   for (int r = 0; r < 16; ++r) prefetch_lines(reinterpret_cast<const Block*>(w + r * row_bytes) + b + 4, 1);
   __m256i t0[8], t1[8];
+#pragma GCC unroll 8
   for (int r = 0; r < 8; ++r) {
     const Block& lo = reinterpret_cast<const Block*>(w + r * row_bytes)[b];
     const Block& hi = reinterpret_cast<const Block*>(w + (8 + r) * row_bytes)[b];
@@ -340,6 +345,7 @@ inline void unpack_blocks32_16(const uint8_t* w, size_t row_bytes, int64_t b, __
   }
   transpose_8x8_epi32(t0);
   transpose_8x8_epi32(t1);
+#pragma GCC unroll 8
   for (int k = 0; k < 8; ++k) wv[k] = _mm512_inserti64x4(_mm512_castsi256_si512(t0[k]), t1[k], 1);
 }
 
