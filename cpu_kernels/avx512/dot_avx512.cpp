@@ -217,8 +217,30 @@ struct Q4KRows16 {
     // step are more than the hardware prefetchers follow (bench_dot tile16/avx512/Q4_K on 75 MB of rows, one
     // thread: 63 against 46 GB/s).
     for (int r = 0; r < 16; ++r) prefetch_lines(&block(r) + 2, 3);
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; ++r) q4k_tile_row<16, false>(block(r), r, d, dmin, scales, mins);
+    // The rows' scales and mins: int32 lane k of a row's unpacked vector holds its int16 values 2k and 2k + 1, scales
+    // for k < 4 and min pairs (the madd operand of mins[k - 4]) for k >= 4; transposed, lane k of every row at once.
+    __m256i sm0[8], sm1[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      sm0[r] = q4k_scales_and_mins(block(r).scales);
+      sm1[r] = q4k_scales_and_mins(block(8 + r).scales);
+      d[r] = fp16_to_fp32(block(r).d);
+      dmin[r] = fp16_to_fp32(block(r).dmin);
+      d[8 + r] = fp16_to_fp32(block(8 + r).d);
+      dmin[8 + r] = fp16_to_fp32(block(8 + r).dmin);
+    }
+    transpose_8x8_epi32(sm0);
+    transpose_8x8_epi32(sm1);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(sm0[k]), sm1[k], 1);
+      if (k < 4) {
+        _mm512_store_si512(scales[2 * k], _mm512_and_si512(both, _mm512_set1_epi32(0xFFFF)));
+        _mm512_store_si512(scales[2 * k + 1], _mm512_srli_epi32(both, 16));
+      } else {
+        _mm512_store_si512(mins[k - 4], both);
+      }
+    }
     // Chunk c of 32 packed bytes holds groups 2c (low nibbles) and 2c+1 (high nibbles): transpose the packed bytes
     // of rows 0-7 and 8-15 in 4-byte steps, join the halves, then split the nibbles.
     const __m512i low4 = _mm512_set1_epi8(0x0F);
