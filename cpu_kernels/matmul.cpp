@@ -44,7 +44,7 @@ constexpr int64_t kTokenChunk = 16;
 template <typename TileFn, typename RowFn>
 void for_row_blocks(ThreadPool& pool, int64_t n_rows, bool tiles, TileFn&& tile_fn, RowFn&& row_fn) {
   const int64_t blocks = (n_rows + kTileRows - 1) / kTileRows;
-  pool.parallel_for(blocks, 2, [&](int64_t b0, int64_t b1) {
+  pool.parallel_for_balanced(blocks, 2, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t r0 = b * kTileRows, r1 = std::min(n_rows, r0 + kTileRows);
       if (tiles && r1 - r0 == kTileRows) {
@@ -86,7 +86,7 @@ void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w,
   const GemmTileFn tile = n_tokens >= kTileMinActs ? k.tile_for(w.type) : nullptr;
   const int64_t units_per_head = (rows + kTileRows - 1) / kTileRows;
   const VecDotFn dot = k.dot_for(w.type);
-  pool.parallel_for(heads * units_per_head, 2, [&](int64_t u0, int64_t u1) {
+  pool.parallel_for_balanced(heads * units_per_head, 2, [&](int64_t u0, int64_t u1) {
     float out[kTokenChunk];
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t h = u / units_per_head, r0 = u % units_per_head * kTileRows;

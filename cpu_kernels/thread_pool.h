@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <type_traits>
@@ -53,14 +54,26 @@ class ThreadPool {
   // Runs fn(begin, end) over [0, n) split into contiguous chunks of at least `grain` items, one chunk per
   // thread at most. Returns when all chunks are done; the first exception thrown by a chunk is rethrown here.
   void parallel_for(int64_t n, int64_t grain, RangeFn fn);
+  // As parallel_for, for loops whose items are independent of each other (the result may not depend on the split):
+  // each thread takes its chunk in pieces from the front, and a thread done with its own takes pieces from the back
+  // of the other chunks of its NUMA node, so the loop ends together when threads run at different speeds (a VM's
+  // vCPUs, a core busy with something else) and a chunk's items stay on their node. Every item runs exactly once.
+  void parallel_for_balanced(int64_t n, int64_t grain, RangeFn fn);
 
  private:
+  // A chunk's items still to take, [front, end) packed as front << 32 | end, changed by compare-exchange only.
+  struct alignas(64) Claim {
+    std::atomic<uint64_t> range{0};
+    int node = 0;
+  };
+
   void worker(int index, int pu);
   void run_chunk(int index);
 
   int n_threads_;
   ThreadPlacement placement_;
   std::vector<std::thread> workers_;
+  std::unique_ptr<Claim[]> claims_;  // one per thread, for parallel_for_balanced
 
   // The current loop, published by a release store of generation_.
   const RangeFn* job_ = nullptr;

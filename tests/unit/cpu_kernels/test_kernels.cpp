@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -366,6 +368,43 @@ TEST(ThreadPool, CoversEveryIndexOnceAndRethrows) {
     });
     EXPECT_EQ(sum.load(), 45);
   }
+}
+
+TEST(ThreadPool, BalancedLoopCoversEveryIndexOnce) {
+  for (int threads : {1, 2, 4}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 5, 97, 1000})
+      for (int64_t grain : {1, 3}) {
+        std::vector<std::atomic<int>> hits(n);
+        pool.parallel_for_balanced(n, grain, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) hits[i]++;
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "threads " << threads << " n " << n;
+      }
+  }
+}
+
+// A thread that is slow (here: the caller's first piece waits) does not hold the loop up: the other thread does its
+// own chunk and then the rest of the slow one's. Without taking over, the wait would run into its deadline.
+TEST(ThreadPool, BalancedLoopLetsAFastThreadTakeASlowOnesWork) {
+  ThreadPool pool(2);
+  const int64_t n = 64;
+  std::vector<std::atomic<int>> hits(n);
+  std::atomic<int64_t> done{0};
+  std::atomic<bool> waited{false}, taken_over{false};
+  const std::thread::id caller = std::this_thread::get_id();
+  pool.parallel_for_balanced(n, 1, [&](int64_t b, int64_t e) {
+    if (std::this_thread::get_id() == caller && !waited.exchange(true)) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (done.load() < n - (e - b) && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+      taken_over = done.load() == n - (e - b);
+    }
+    for (int64_t i = b; i < e; ++i) hits[i]++;
+    done += e - b;
+  });
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << i;
+  EXPECT_TRUE(waited.load());
+  EXPECT_TRUE(taken_over.load());
 }
 
 TEST(Ops, RmsNormSoftmaxSwiglu) {
