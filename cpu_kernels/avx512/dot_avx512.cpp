@@ -55,6 +55,22 @@ inline __m512i broadcast4x16(const int8_t* p) {
   return _mm512_set1_epi32(four);
 }
 
+// A byte shuffle for the 512-bit K-quant kernels below: after a saturating pack of two vpdpbusd results, 128-bit
+// lane `lane` holds four int16 sums of the first (half 0), then four of the second (half 1); each int16 pair takes
+// the int16 scale of group(lane, half), bytes 2g and 2g + 1 of a scale vector broadcast to every lane.
+template <typename Group>
+constexpr std::array<int8_t, 64> scale_pattern(Group group) {
+  std::array<int8_t, 64> b{};
+  for (int lane = 0; lane < 4; ++lane)
+    for (int half = 0; half < 2; ++half)
+      for (int k = 0; k < 4; ++k) {
+        const int g = group(lane, half), at = 16 * lane + 8 * half + 2 * k;
+        b[at] = static_cast<int8_t>(2 * g);
+        b[at + 1] = static_cast<int8_t>(2 * g + 1);
+      }
+  return b;
+}
+
 // Q4_K for one or two activation rows in 512-bit steps. The 64 bytes of qs[64c..64c+63] hold groups 4c and 4c+2 in
 // their low nibbles and 4c+1 and 4c+3 in their high ones; one vpdpbusd per nibble half gives the 4-value sums of two
 // groups (the activation's two 32-byte runs put side by side), a saturating pack puts both halves' int32 sums
@@ -63,28 +79,18 @@ inline __m512i broadcast4x16(const int8_t* p) {
 // vpdpwssd. The integer sums are the 256-bit kernel's; their float lanes are split differently, so results differ
 // from the AVX2 tier's by rounding. bench_dot (L2-resident, one thread, Zen 4): 32.5 GB/s of weights against 25.7.
 struct Q4KZmm {
-  // The byte shuffles that give each int16 pair after the pack its group scale, for c = 0 and 1. In 128-bit lane k
-  // the pack holds four sums of the low-nibble vector's lane k (group 4c, or 4c + 2 for k >= 2), then four of the
-  // high-nibble vector's (one group more); scale s_g is bytes 2g and 2g + 1 of the broadcast scales.
-  static constexpr std::array<int8_t, 128> kScalePatterns = [] {
-    std::array<int8_t, 128> b{};
-    for (int c = 0; c < 2; ++c)
-      for (int lane = 0; lane < 4; ++lane)
-        for (int half = 0; half < 2; ++half)
-          for (int k = 0; k < 4; ++k) {
-            const int g = 4 * c + (lane >= 2 ? 2 : 0) + half, at = 64 * c + 16 * lane + 8 * half + 2 * k;
-            b[at] = static_cast<int8_t>(2 * g);
-            b[at + 1] = static_cast<int8_t>(2 * g + 1);
-          }
-    return b;
-  }();
+  // The shuffles for c = 0 and 1: in 128-bit lane k the pack holds four sums of the low-nibble vector's lane k
+  // (group 4c, or 4c + 2 for k >= 2), then four of the high-nibble vector's (one group more).
+  static constexpr std::array<int8_t, 64> kScalePatterns[2] = {
+      scale_pattern([](int lane, int half) { return (lane >= 2 ? 2 : 0) + half; }),
+      scale_pattern([](int lane, int half) { return 4 + (lane >= 2 ? 2 : 0) + half; })};
 
   template <int N>
   static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
     const auto* x = static_cast<const quant::BlockQ4_K*>(w);
     const ActRows<quant::BlockQ8_K, N> y(act, stride);
     const __m512i low4 = _mm512_set1_epi8(0x0F);
-    const __m512i pattern0 = load512(kScalePatterns.data()), pattern1 = load512(kScalePatterns.data() + 64);
+    const __m512i pattern0 = load512(kScalePatterns[0].data()), pattern1 = load512(kScalePatterns[1].data());
     __m256 acc[N];
     __m128 acc_min[N];
     for (int j = 0; j < N; ++j) {
@@ -139,19 +145,9 @@ struct Q4KZmm {
 // 4 values, a 128-bit lane one group of 16: after the pack, lane k of half h holds groups 8h + k and 8h + 4 + k.
 // bench_dot (L2-resident, one thread, Zen 4): 47.4 GB/s of weights against the AVX2 tier's 29.3 in one sitting.
 struct Q6KZmm {
-  // Byte shuffles of half h's 8 int16 scales (broadcast to every 128-bit lane): lane k's first four int16 take
-  // scale k, the next four scale 4 + k.
-  static constexpr std::array<int8_t, 64> kScalePattern = [] {
-    std::array<int8_t, 64> b{};
-    for (int lane = 0; lane < 4; ++lane)
-      for (int half = 0; half < 2; ++half)
-        for (int k = 0; k < 4; ++k) {
-          const int g = lane + 4 * half, at = 16 * lane + 8 * half + 2 * k;
-          b[at] = static_cast<int8_t>(2 * g);
-          b[at + 1] = static_cast<int8_t>(2 * g + 1);
-        }
-    return b;
-  }();
+  // The shuffle of half h's 8 scales: lane k's first four int16 take scale k, the next four scale 4 + k.
+  static constexpr std::array<int8_t, 64> kScalePattern =
+      scale_pattern([](int lane, int half) { return lane + 4 * half; });
 
   template <int N>
   static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {

@@ -1,11 +1,11 @@
 #include "runtime/model/config.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 
 #include "runtime/error.h"
 #include "runtime/model/archs.h"
+#include "runtime/model/file_types.h"
 
 namespace hetmoe::model {
 namespace {
@@ -125,11 +125,7 @@ double active_bytes_per_token(const gguf::GgufFile& file, const ModelConfig& c) 
   double active = 0;
   for (const gguf::TensorInfo& t : file.tensors()) {
     // The blocks past the trunk (an MTP head) run only for drafts, not in a decode step.
-    int64_t block = -1;
-    if (t.name.starts_with("blk.") &&
-        std::from_chars(t.name.data() + 4, t.name.data() + t.name.size(), block).ec == std::errc() &&
-        block >= c.n_layer)
-      continue;
+    if (layer_of(t.name) >= c.n_layer) continue;
     if (t.name == "token_embd.weight" && file.find_tensor("output.weight")) {
       active += static_cast<double>(t.row_bytes);
     } else if (t.name.find("_exps.") != std::string::npos && c.n_expert > 0) {

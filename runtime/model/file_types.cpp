@@ -101,14 +101,6 @@ bool use_more_bits(int i_layer, int n_layer) {
   return i_layer < n_layer / 8 || i_layer >= 7 * n_layer / 8 || (i_layer - n_layer / 8) % 3 == 2;
 }
 
-// With more than one expert llama.cpp takes the layer from the name ("blk.%d."), not from a running count.
-int layer_of(std::string_view name) {
-  int layer = -1;
-  std::string s(name);
-  if (std::sscanf(s.c_str(), "blk.%d.", &layer) != 1) return -1;
-  return layer;
-}
-
 // The mixes llama.cpp treats as "2 bits or less": their own rules for the output, embeddings, ffn_down and attn_output.
 bool is_low_bit_iq(LlamaFtype f) {
   return f == LlamaFtype::kMostlyIQ2_XXS || f == LlamaFtype::kMostlyIQ2_XS || f == LlamaFtype::kMostlyIQ1_S ||
@@ -197,7 +189,7 @@ GgmlType mix_rule(const FileType& ft, const TensorTypeQuery& q, GgmlType t) {
       if (f == LlamaFtype::kMostlyIQ3_XXS) return GgmlType::IQ3_S;
       return t;
     case Category::kFfnDown: {
-      const int i_layer = layer_of(q.name);
+      const int i_layer = layer_of(q.name);  // with more than one expert llama.cpp takes it from the name
       const int n_layer = q.n_layer;
       if (f == LlamaFtype::kMostlyQ2_K) return GgmlType::Q3_K;
       // Without an importance matrix, which make-model never has.
@@ -245,6 +237,13 @@ GgmlType fallback(GgmlType t, int64_t ncols) {
 }
 
 }  // namespace
+
+int layer_of(std::string_view name) {
+  int layer = -1;
+  std::string s(name);
+  if (std::sscanf(s.c_str(), "blk.%d.", &layer) != 1) return -1;
+  return layer;
+}
 
 std::span<const FileType> file_types() { return kFileTypes; }
 

@@ -48,6 +48,9 @@ struct FileType {
   bool dynamic = false;
 };
 
+// The block index of a tensor name ("blk.%d."), or -1 for a tensor outside the blocks.
+int layer_of(std::string_view name);
+
 std::span<const FileType> file_types();
 // Case-insensitive; nullptr for an unknown name.
 const FileType* find_file_type(std::string_view name);
