@@ -209,34 +209,25 @@ void causal_attention(const AttentionShape& shape, const AttentionInput& in, int
       };
       const int64_t total = seen + n_comp;
       float* o = out + t * out_stride + static_cast<int64_t>(g * group + h0) * shape.head_dim_v;
-      if (!chosen && in.ring == 0 && n_comp == 0) {
-        // The keys in one run of cache rows: the heads' scores and weighted sums read each row once for all of them.
+      // Keys in one run of cache rows go through the head-group kernels, which read each row once for all the heads.
+      const bool one_run = !chosen && in.ring == 0 && n_comp == 0;
+      if (one_run) {
         k.dot_heads(shape.head_dim_k, nh, in.q + t * in.q_token_stride + (g * group + h0) * in.q_head_stride,
                     in.q_head_stride, seen, in.k + first * in.k_stride + static_cast<int64_t>(g) * shape.head_dim_k,
                     in.k_stride, scores.data(), max_keys);
-        for (int hh = 0; hh < nh; ++hh) {
-          float* row = scores.data() + hh * max_keys;
-          for (int64_t idx = 0; idx < seen; ++idx) row[idx] *= shape.scale;
-          if (shape.sinks) {
-            softmax_with_sink(row, seen, shape.sinks[g * group + h0 + hh]);
-          } else {
-            softmax(row, seen);
+        for (int hh = 0; hh < nh; ++hh)
+          for (int64_t idx = 0; idx < seen; ++idx) scores[hh * max_keys + idx] *= shape.scale;
+      } else {
+        auto key_row = [&](int64_t idx) {
+          return idx < seen ? in.k + key_pos(idx) * in.k_stride + static_cast<int64_t>(g) * shape.head_dim_k
+                            : entry(idx - seen);
+        };
+        for (int64_t idx = 0; idx < total; ++idx) {
+          const float* key = key_row(idx);
+          for (int hh = 0; hh < nh; ++hh) {
+            const float* q = in.q + t * in.q_token_stride + (g * group + h0 + hh) * in.q_head_stride;
+            scores[hh * max_keys + idx] = dot(shape.head_dim_k, q, key) * shape.scale;
           }
-        }
-        k.sum_heads(shape.head_dim_v, nh, seen, scores.data(), max_keys,
-                    in.v + first * in.v_stride + static_cast<int64_t>(g) * shape.head_dim_v, in.v_stride, o,
-                    shape.head_dim_v);
-        continue;
-      }
-      auto key_row = [&](int64_t idx) {
-        return idx < seen ? in.k + key_pos(idx) * in.k_stride + static_cast<int64_t>(g) * shape.head_dim_k
-                          : entry(idx - seen);
-      };
-      for (int64_t idx = 0; idx < total; ++idx) {
-        const float* key = key_row(idx);
-        for (int hh = 0; hh < nh; ++hh) {
-          const float* q = in.q + t * in.q_token_stride + (g * group + h0 + hh) * in.q_head_stride;
-          scores[hh * max_keys + idx] = dot(shape.head_dim_k, q, key) * shape.scale;
         }
       }
       for (int hh = 0; hh < nh; ++hh) {
@@ -245,6 +236,12 @@ void causal_attention(const AttentionShape& shape, const AttentionInput& in, int
         } else {
           softmax(scores.data() + hh * max_keys, total);
         }
+      }
+      if (one_run) {
+        k.sum_heads(shape.head_dim_v, nh, seen, scores.data(), max_keys,
+                    in.v + first * in.v_stride + static_cast<int64_t>(g) * shape.head_dim_v, in.v_stride, o,
+                    shape.head_dim_v);
+        continue;
       }
       std::fill(o, o + static_cast<int64_t>(nh) * shape.head_dim_v, 0.0f);
       for (int64_t idx = 0; idx < total; ++idx) {
