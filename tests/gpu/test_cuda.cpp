@@ -5,12 +5,20 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <map>
 #include <numeric>
 #include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "quant/lowbit.h"
+#include "runtime/gguf/reader.h"
+#include "runtime/model/make_model.h"
 #include "quant/ref.h"
 #include "runtime/device/device.h"
 #include "runtime/error.h"
@@ -85,19 +93,64 @@ TEST(Cuda, LowBitMatmulAndSiluMatchTheReference) {
   EXPECT_FALSE(d->supports(quant::GgmlType::Q2_K));
 }
 
+// Every weight matrix of the reference models that the device runs, at the files' own shapes (MLA's 64-value k_b
+// rows, the 288-row kv_a, 512-value down rows), for the row counts of a decode step, a short prefill and the batched
+// cuBLAS path. One expert or head of a 3-D tensor stands for the others.
+TEST(Cuda, MatmulAtTheReferenceModelsShapes) {
+  REQUIRE_GPU(d);
+  const int s = d->create_stream();
+  std::set<std::tuple<quant::GgmlType, int64_t, int64_t>> shapes;
+  for (const auto& entry : fs::directory_iterator(fs::path(HETMOE_TEST_DATA_DIR) / "models")) {
+    if (entry.path().extension() != ".gguf") continue;
+    const gguf::GgufFile file = gguf::GgufFile::open(entry.path().string());
+    for (const gguf::TensorInfo& t : file.tensors())
+      if (t.n_dims >= 2 && t.name != "token_embd.weight" && d->supports(t.type) && t.type != quant::GgmlType::F32)
+        shapes.emplace(t.type, t.ne[0], t.ne[1]);
+  }
+  ASSERT_GT(shapes.size(), 10u);
+  uint64_t seed = 100;
+  for (const auto& [type, cols, rows] : shapes)
+    for (int64_t n : {1, 5, 12, 16, 33}) test_support::check_matmul_and_silu(*d, s, type, cols, rows, n, 5e-5, seed++);
+}
+
+// Each layer's output (l_out) of `got` against `want` over the same tokens, as "layer: relative RMS" lines: where a
+// whole-model comparison that failed went wrong.
+class LayerOutputs final : public model::Trace {
+ public:
+  void values(int64_t layer, std::string_view name, const float* data, int64_t rows, int64_t cols) override {
+    if (name == "l_out") l_out[layer].assign(data, data + rows * cols);
+  }
+  void ids(int64_t, std::string_view, const int32_t*, int64_t, int64_t) override {}
+  std::map<int64_t, std::vector<float>> l_out;
+};
+
+std::string layer_errors(model::Model& want, model::Model& got, std::span<const int32_t> tokens) {
+  LayerOutputs a, b;
+  std::vector<float> logits;
+  model::KvCache ca = want.make_cache(static_cast<int64_t>(tokens.size()));
+  model::KvCache cb = got.make_cache(static_cast<int64_t>(tokens.size()));
+  want.forward(tokens, 0, ca, false, logits, &a);
+  got.forward(tokens, 0, cb, false, logits, &b);
+  std::ostringstream out;
+  for (const auto& [layer, values] : a.l_out)
+    out << "\n  layer " << layer << " output: relative RMS " << test_support::relative_rms(b.l_out[layer], values);
+  return out.str();
+}
+
 // The op harness: every layer op against the CPU reference (the GPU sums in float where the CPU uses double).
 TEST(Cuda, LayerOpsMatchTheCpuReference) {
   REQUIRE_GPU(d);
   test_support::check_layer_ops(*d, d->create_stream(), 1e-4);
 }
 
-// A split model with its dense FFN, shared experts and every expert's W^Q on the GPU gives the CPU's logits to
-// float rounding and the activations' 8-bit conversion (the CPU converts them for Q4_K/Q6_K/Q8_0, the GPU does
-// not): within 2e-2 of the largest logit.
+// A split model with its dense FFN, shared experts and every expert's W^Q on the GPU gives the CPU's logits. Its
+// source is F32 (tiny-deepseek-v3's shapes, made here): the W^Q types and F32 meet F32 activations on both sides, and
+// the residuals of critical experts run on the CPU either way, so only the order of float sums differs.
 TEST(Cuda, SplitModelOnTheGpuMatchesTheCpu) {
   REQUIRE_GPU(d);
-  const fs::path src = fs::path(HETMOE_TEST_DATA_DIR) / "models" / "tiny-deepseek3-Q4_K_M.gguf";
-  const fs::path out = test_support::temp_dir("hetmoe_cuda_") / "split.gguf";
+  const fs::path dir = test_support::temp_dir("hetmoe_cuda_");
+  const fs::path src = dir / "tiny-deepseek-v3-F32.gguf", out = dir / "split.gguf";
+  make_model({.preset = "tiny-deepseek-v3", .out_path = src.string(), .type = "F32", .seed = 5}, nullptr);
   split_model({.model = src.string(), .out = out.string(), .threads = 2}, nullptr);
   std::vector<int32_t> tokens;
   for (int i = 0; i < 12; ++i) tokens.push_back((i * 53 + 7) % 500);
@@ -108,7 +161,7 @@ TEST(Cuda, SplitModelOnTheGpuMatchesTheCpu) {
       cpu->set_critical(critical);
       gpu->set_critical(critical);
       gpu->attach_device(*d, {.budget_bytes = size_t{1} << 30}, whole_pass);
-      ASSERT_EQ(gpu->pass_on_device(), whole_pass);              // Q4_K, Q5_0 and F32 attention and router weights
+      ASSERT_EQ(gpu->pass_on_device(), whole_pass);              // F32 attention and router weights
       ASSERT_EQ(gpu->device_experts()->resident_experts(), 36);  // output, dense FFN, 2 x shared, 2 x 16 routed
       model::KvCache c1 = cpu->make_cache(16), c2 = gpu->make_cache(16);
       ASSERT_EQ(c2.device() != nullptr, whole_pass);
@@ -120,39 +173,73 @@ TEST(Cuda, SplitModelOnTheGpuMatchesTheCpu) {
         scale = std::max(scale, std::abs(want[j]));
         diff = std::max(diff, std::abs(want[j] - got[j]));
       }
-      EXPECT_LE(diff, 2e-2f * scale) << "critical " << critical << " whole pass " << whole_pass;
+      EXPECT_LE(diff, 1e-3f * scale) << "critical " << critical << " whole pass " << whole_pass
+                                     << (diff > 1e-3f * scale ? layer_errors(*cpu, *gpu, tokens) : "");
     }
 }
 
-// The whole forward pass on the GPU for every reference model whose weights the GPU runs (prefill in chunks, then
-// decode through the device's KV cache) against the CPU.
+// The whole forward pass of `file` on the GPU (prefill in chunks, then decode through the device's KV cache) against
+// the CPU: the relative RMS of all logits, or -1 when a weight type keeps the pass off the device. `report` receives
+// each layer's error when the bound is crossed.
+double whole_pass_error(Device& d, const std::string& file, double bound, std::string& report) {
+  const std::vector<int32_t> tokens = {3, 17, 42, 100, 7, 255, 256, 300, 11, 64, 128};
+  auto cpu = model::Model::load(file, 2);
+  auto gpu = model::Model::load(file, 2);
+  gpu->attach_device(d, {.budget_bytes = size_t{1} << 30});
+  if (!gpu->pass_on_device()) return -1;
+  std::vector<float> want, got, part;
+  for (auto [m, out] : {std::pair{cpu.get(), &want}, std::pair{gpu.get(), &got}}) {
+    model::KvCache cache = m->make_cache(32);
+    int64_t pos = 0;
+    for (int len : {6, 3, 1, 1}) {
+      m->forward(std::span(tokens).subspan(pos, len), pos, cache, true, part);
+      out->insert(out->end(), part.begin(), part.end());
+      pos += len;
+    }
+  }
+  const double err = test_support::relative_rms(got, want);
+  if (err >= bound) report = layer_errors(*cpu, *gpu, tokens);
+  return err;
+}
+
+// Every architecture's toy in F32 (the presets' shapes, made here): with F32 weights neither side converts
+// activations, so the GPU's whole pass must give the CPU's logits up to the order of float sums.
 TEST(Cuda, WholePassOnTheGpuMatchesTheCpu) {
   REQUIRE_GPU(d);
-  const std::vector<int32_t> tokens = {3, 17, 42, 100, 7, 255, 256, 300, 11, 64, 128};
+  const fs::path dir = test_support::temp_dir("hetmoe_cuda_f32_");
+  int ran = 0;
+  for (const char* preset : {"tiny-deepseek-v3", "tiny-deepseek-v3.2", "tiny-glm4moe", "tiny-gpt-oss", "tiny-minimax-m2",
+                             "tiny-qwen3.5-moe", "tiny-deepseek-v4"}) {
+    const std::string file = (dir / (std::string(preset) + ".gguf")).string();
+    make_model({.preset = preset, .out_path = file, .type = "F32", .seed = 5}, nullptr);
+    std::string report;
+    const double err = whole_pass_error(*d, file, 1e-3, report);
+    if (err < 0) continue;
+    ++ran;
+    EXPECT_LT(err, 1e-3) << preset << report;
+  }
+  EXPECT_GE(ran, 5);
+}
+
+// The reference files in their GGUF block formats. The CPU converts activations to 8 bits for these weights (Q8_K,
+// Q8_0), as llama.cpp does; the GPU keeps them in F32. On random weights that moves each layer's output by about 1 %
+// per matrix product, and the differences add up through the layers (on an H200: 3.4 % and 7.7 % relative RMS of the
+// logits of the DeepSeek-V2-Lite and -V3 toys, whose F32 versions above agree to float rounding). Bounded at 15 %:
+// unrelated logits are about 140 % apart.
+TEST(Cuda, QuantizedFilesOnTheGpuStayNearTheCpu) {
+  REQUIRE_GPU(d);
   const fs::path data = fs::path(HETMOE_TEST_DATA_DIR) / "models";
   int ran = 0;
   for (const char* name : {"tiny-deepseek2lite-Q4_K_M.gguf", "tiny-deepseek3-Q4_K_M.gguf", "tiny-qwen3moe-Q4_K_M.gguf",
-                           "tiny-mixtral-Q4_K_M.gguf"}) {
-    const std::string file = (data / name).string();
-    auto cpu = model::Model::load(file, 2);
-    auto gpu = model::Model::load(file, 2);
-    gpu->attach_device(*d, {.budget_bytes = size_t{1} << 30});
-    if (!gpu->pass_on_device()) continue;  // a weight type the GPU kernels do not run
+                           "tiny-mixtral-Q4_K_M.gguf", "tiny-gptoss-MXFP4_MOE.gguf", "tiny-deepseek3-IQ2_XXS.gguf"}) {
+    std::string report;
+    const double err = whole_pass_error(*d, (data / name).string(), 0.15, report);
+    if (err < 0) continue;
     ++ran;
-    std::vector<float> want, got, part;
-    for (auto [m, out] : {std::pair{cpu.get(), &want}, std::pair{gpu.get(), &got}}) {
-      model::KvCache cache = m->make_cache(32);
-      int64_t pos = 0;
-      for (int len : {6, 3, 1, 1}) {
-        m->forward(std::span(tokens).subspan(pos, len), pos, cache, true, part);
-        out->insert(out->end(), part.begin(), part.end());
-        pos += len;
-      }
-    }
-    EXPECT_LT(test_support::relative_rms(got, want), 2e-2)
-        << name;  // the GPU takes activations in F32, the CPU in Q8_K / Q8_0
+    EXPECT_LT(err, 0.15) << name << report;
+    std::printf("%s: relative RMS of the logits, GPU against CPU: %.4f\n", name, err);
   }
-  EXPECT_GE(ran, 2);
+  EXPECT_GE(ran, 3);
 }
 
 }  // namespace
