@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "quant/lowbit.h"
-#include "runtime/gguf/reader.h"
-#include "runtime/model/make_model.h"
 #include "quant/ref.h"
 #include "runtime/device/device.h"
 #include "runtime/error.h"
+#include "runtime/gguf/reader.h"
+#include "runtime/model/make_model.h"
 #include "runtime/model/model.h"
 #include "runtime/model/split_writer.h"
 #include "tests/support/compare.h"
@@ -208,8 +208,8 @@ TEST(Cuda, WholePassOnTheGpuMatchesTheCpu) {
   REQUIRE_GPU(d);
   const fs::path dir = test_support::temp_dir("hetmoe_cuda_f32_");
   int ran = 0;
-  for (const char* preset : {"tiny-deepseek-v3", "tiny-deepseek-v3.2", "tiny-glm4moe", "tiny-gpt-oss", "tiny-minimax-m2",
-                             "tiny-qwen3.5-moe", "tiny-deepseek-v4"}) {
+  for (const char* preset : {"tiny-deepseek-v3", "tiny-deepseek-v3.2", "tiny-glm4moe", "tiny-gpt-oss",
+                             "tiny-minimax-m2", "tiny-qwen3.5-moe", "tiny-deepseek-v4"}) {
     const std::string file = (dir / (std::string(preset) + ".gguf")).string();
     make_model({.preset = preset, .out_path = file, .type = "F32", .seed = 5}, nullptr);
     std::string report;
