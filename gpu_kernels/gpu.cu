@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "gpu_kernels/gpu.h"
+#include "quant/block_parts.h"
 #include "quant/blocks.h"
 #include "quant/ggml_type.h"
 #include "quant/iq_grids.h"
@@ -33,12 +34,26 @@ constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kTokensPerPass = 8;  // activation rows one warp carries at once
 
-// One warp per weight row: lane l takes the row's 32-value units l, l + 32, ..., unpacks each unit's codes from
-// its `kBits` words (quant/lowbit.h layout version 1), and adds d * sum(q x) + m * sum(x) per token; the lanes'
-// sums meet by shuffles. Rows of the low-bit layout are whole groups, and every part starts on 4 bytes.
+// Token t's activations x[col .. col + 8) into v, by two 16-byte loads where the caller's rows allow them.
+__device__ void load8(const float* x, bool aligned, float (&v)[8]) {
+  if (aligned) {
+    const float4 a = reinterpret_cast<const float4*>(x)[0], b = reinterpret_cast<const float4*>(x)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+    for (int i = 0; i < 8; ++i) v[i] = x[i];
+  }
+}
+
+// Whether every 8-value run x + t * ldx + 8k lies on 16 bytes.
+bool aligned8(const float* x, int64_t ldx) { return reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0; }
+
+// One warp per weight row, 8 of the row's 32-value units per step: lane l takes part l % 4 (values 8 (l % 4) ..
+// + 8) of unit l / 4, so a step reads 8 consecutive units' codes and 256 consecutive activations per token, both
+// coalesced. Per part and token it adds d * sum(q x) + m * sum(x) (quant/lowbit.h's d q + m); the lanes' sums meet
+// by shuffles. Rows of the low-bit layout are whole groups, and every part starts on 4 bytes.
 template <int kBits>
 __global__ void lowbit_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols, size_t row_bytes, int group,
-                                     const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy) {
+                                     const float* x, int64_t ldx, bool aligned, int64_t n, float* y, int64_t ldy) {
   const int lane = threadIdx.x % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (row >= rows) return;
@@ -47,28 +62,33 @@ __global__ void lowbit_matmul_kernel(const uint8_t* w, int64_t rows, int64_t col
   const auto* scales = reinterpret_cast<const __half*>(base + cols * kBits / 8);
   const __half* offsets = scales + cols / group;
   const int64_t units = cols / 32;
+  const int part = lane % 4;
   for (int64_t t0 = 0; t0 < n; t0 += kTokensPerPass) {
     const int nt = static_cast<int>(n - t0 < kTokensPerPass ? n - t0 : kTokensPerPass);
     float acc[kTokensPerPass] = {};
-    for (int64_t u = lane; u < units; u += kWarp) {
-      uint32_t wd[kBits];
-#pragma unroll
-      for (int k = 0; k < kBits; ++k) wd[k] = words[u * kBits + k];
+    for (int64_t u = lane / 4; u < units; u += kWarp / 4) {
+      int q[8];
+      quant::lowbit_codes8<kBits>(words + u * kBits, part, q);
       const int64_t g = u * 32 / group;
       const float d = __half2float(scales[g]), m = __half2float(offsets[g]);
-      float sq[kTokensPerPass] = {}, sx[kTokensPerPass] = {};
-#pragma unroll 8
-      for (int j = 0; j < 32; ++j) {
-        const int q = quant::lowbit_code<kBits>(wd, j);
-        for (int t = 0; t < nt; ++t) {
-          const float xv = x[(t0 + t) * ldx + u * 32 + j];
-          sq[t] += static_cast<float>(q) * xv;
-          sx[t] += xv;
+      const float* xp = x + t0 * ldx + u * 32 + 8 * part;
+#pragma unroll
+      for (int t = 0; t < kTokensPerPass; ++t) {
+        if (t >= nt) break;
+        float xv[8];
+        load8(xp + t * ldx, aligned, xv);
+        float sq = 0, sx = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          sq += static_cast<float>(q[i]) * xv[i];
+          sx += xv[i];
         }
+        acc[t] += d * sq + m * sx;
       }
-      for (int t = 0; t < nt; ++t) acc[t] += d * sq[t] + m * sx[t];
     }
-    for (int t = 0; t < nt; ++t) {
+#pragma unroll
+    for (int t = 0; t < kTokensPerPass; ++t) {
+      if (t >= nt) break;
       float v = acc[t];
       for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
       if (lane == 0) y[(t0 + t) * ldy + row] = v;
@@ -301,7 +321,53 @@ __global__ void block_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols
         for (int t = 0; t < nt; ++t) acc[t] += v * xb[t * ldx + j];
       });
     }
-    for (int t = 0; t < nt; ++t) {
+#pragma unroll
+    for (int t = 0; t < kTokensPerPass; ++t) {
+      if (t >= nt) break;
+      float v = acc[t];
+      for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
+      if (lane == 0) y[(t0 + t) * ldy + row] = v;
+    }
+  }
+}
+
+// The formats of quant/block_parts.h: one warp per weight row, the lanes sharing blocks. A 256-value block is one
+// warp step (lane l decodes part l), a 32-value block a quarter of one (8 blocks a step), so each step reads
+// consecutive weight bytes and 256 consecutive activations per token across the warp, and every lane works whatever
+// the row's block count (the per-block kernel above left 24 of 32 lanes idle on a 2048-value K-quant row).
+template <quant::GgmlType kType>
+__global__ void parts_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
+                                    int64_t ldx, bool aligned, int64_t n, float* y, int64_t ldy) {
+  using Parts = quant::BlockParts<kType>;
+  constexpr int kParts = Parts::kValues / 8, kBlocksPerStep = kWarp / kParts;
+  static_assert(kWarp % kParts == 0);
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  const uint8_t* base = w + row * row_bytes;
+  const int64_t blocks = cols / Parts::kValues;
+  const int part = lane % kParts;
+  for (int64_t t0 = 0; t0 < n; t0 += kTokensPerPass) {
+    const int nt = static_cast<int>(n - t0 < kTokensPerPass ? n - t0 : kTokensPerPass);
+    float acc[kTokensPerPass] = {};
+    for (int64_t blk = lane / kParts; blk < blocks; blk += kBlocksPerStep) {
+      float v[8];
+      Parts::part(base + blk * Parts::kBytes, part, v);
+      const float* xp = x + t0 * ldx + blk * Parts::kValues + 8 * part;
+#pragma unroll
+      for (int t = 0; t < kTokensPerPass; ++t) {
+        if (t >= nt) break;
+        float xv[8];
+        load8(xp + t * ldx, aligned, xv);
+        float sum = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sum += v[i] * xv[i];
+        acc[t] += sum;
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kTokensPerPass; ++t) {
+      if (t >= nt) break;
       float v = acc[t];
       for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
       if (lane == 0) y[(t0 + t) * ldy + row] = v;
@@ -881,18 +947,19 @@ void lowbit_matmul(int bits, int group, const void* w, int64_t rows, int64_t col
       check(cudaGetLastError(), "dequantize_lowbit launch");
     });
   }
+  const bool aligned = aligned8(x, ldx);
   switch (bits) {
     case 2:
-      lowbit_matmul_kernel<2>
-          <<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x, ldx, n, y, ldy);
+      lowbit_matmul_kernel<2><<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x,
+                                                                                 ldx, aligned, n, y, ldy);
       break;
     case 3:
-      lowbit_matmul_kernel<3>
-          <<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x, ldx, n, y, ldy);
+      lowbit_matmul_kernel<3><<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x,
+                                                                                 ldx, aligned, n, y, ldy);
       break;
     case 4:
-      lowbit_matmul_kernel<4>
-          <<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x, ldx, n, y, ldy);
+      lowbit_matmul_kernel<4><<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x,
+                                                                                 ldx, aligned, n, y, ldy);
       break;
     default:
       throw std::runtime_error("lowbit_matmul: bits must be 2, 3 or 4");
@@ -974,9 +1041,15 @@ void block_matmul(quant::GgmlType type, const void* w, int64_t rows, int64_t col
       check(cudaGetLastError(), "dequantize_blocks launch");
     });
   }
+  const bool aligned = aligned8(x, ldx);
   with_block_format(type, [&](auto format) {
-    block_matmul_kernel<decltype(format)::value>
-        <<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy);
+    constexpr quant::GgmlType kType = decltype(format)::value;
+    if constexpr (quant::kHasBlockParts<kType>) {
+      if (cols % quant::BlockParts<kType>::kValues == 0)
+        return parts_matmul_kernel<kType>
+            <<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, aligned, n, y, ldy);
+    }
+    block_matmul_kernel<kType><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy);
   });
   check(cudaGetLastError(), "block_matmul launch");
 }

@@ -43,6 +43,23 @@ HETMOE_HOST_DEVICE constexpr int lowbit_code(const uint32_t* unit, int j) {
   return q;
 }
 
+// Codes 8 part .. 8 part + 7 (part 0..3) of one unit into q, reading only the words that hold them: the CUDA kernels
+// give each lane one part, and index no register array by a run-time value.
+template <int kBits>
+HETMOE_HOST_DEVICE constexpr void lowbit_codes8(const uint32_t* unit, int part, int (&q)[8]) {
+  if constexpr (kBits == 4) {
+    const uint32_t word = unit[part];
+    for (int i = 0; i < 8; ++i) q[i] = static_cast<int>(word >> (4 * i) & 15);
+  } else {
+    const uint32_t low = unit[part / 2] >> (16 * (part % 2));
+    for (int i = 0; i < 8; ++i) q[i] = static_cast<int>(low >> (2 * i) & 3);
+    if constexpr (kBits == 3) {
+      const uint32_t high = unit[2] >> (8 * part);
+      for (int i = 0; i < 8; ++i) q[i] |= static_cast<int>(high >> i & 1) << 2;
+    }
+  }
+}
+
 struct LowBitFormat {
   int bits = 0;   // 2, 3 or 4
   int group = 0;  // 64 or 128

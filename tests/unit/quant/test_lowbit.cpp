@@ -155,5 +155,27 @@ TEST(LowBit, DotEqualsDotOfTheDequantizedRow) {
   }
 }
 
+// The eight-code reads of the CUDA kernels give the codes lowbit_code reads, for every part of random units.
+template <int kBits>
+void check_codes8(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 20; ++trial) {
+    uint32_t unit[kBits];
+    for (uint32_t& w : unit) w = static_cast<uint32_t>(rng());
+    for (int part = 0; part < 4; ++part) {
+      int q[8];
+      lowbit_codes8<kBits>(unit, part, q);
+      for (int i = 0; i < 8; ++i)
+        ASSERT_EQ(q[i], lowbit_code<kBits>(unit, 8 * part + i)) << kBits << " bits, part " << part;
+    }
+  }
+}
+
+TEST(LowBit, EightCodesAtATime) {
+  check_codes8<2>(1);
+  check_codes8<3>(2);
+  check_codes8<4>(3);
+}
+
 }  // namespace
 }  // namespace hetmoe::quant
