@@ -53,7 +53,11 @@ bool aligned8(const float* x, int64_t ldx) { return reinterpret_cast<uintptr_t>(
 // by shuffles. Rows of the low-bit layout are whole groups, and every part starts on 4 bytes.
 template <int kBits>
 __global__ void lowbit_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols, size_t row_bytes, int group,
-                                     const float* x, int64_t ldx, bool aligned, int64_t n, float* y, int64_t ldy) {
+                                     const float* x, int64_t ldx, bool aligned, int64_t n, float* y, int64_t ldy,
+                                     Heads heads) {
+  w += blockIdx.y * rows * row_bytes;
+  x += blockIdx.y * heads.x_stride;
+  y += blockIdx.y * heads.y_stride;
   const int lane = threadIdx.x % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (row >= rows) return;
@@ -305,8 +309,11 @@ struct BlockFormat<quant::GgmlType::MXFP4> {
 
 template <quant::GgmlType kType>
 __global__ void block_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
-                                    int64_t ldx, int64_t n, float* y, int64_t ldy) {
+                                    int64_t ldx, int64_t n, float* y, int64_t ldy, Heads heads) {
   using Format = BlockFormat<kType>;
+  w += blockIdx.y * rows * row_bytes;
+  x += blockIdx.y * heads.x_stride;
+  y += blockIdx.y * heads.y_stride;
   const int lane = threadIdx.x % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (row >= rows) return;
@@ -337,8 +344,11 @@ __global__ void block_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols
 // the row's block count (the per-block kernel above left 24 of 32 lanes idle on a 2048-value K-quant row).
 template <quant::GgmlType kType>
 __global__ void parts_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
-                                    int64_t ldx, bool aligned, int64_t n, float* y, int64_t ldy) {
+                                    int64_t ldx, bool aligned, int64_t n, float* y, int64_t ldy, Heads heads) {
   using Parts = quant::BlockParts<kType>;
+  w += blockIdx.y * rows * row_bytes;
+  x += blockIdx.y * heads.x_stride;
+  y += blockIdx.y * heads.y_stride;
   constexpr int kParts = Parts::kValues / 8, kBlocksPerStep = kWarp / kParts;
   static_assert(kWarp % kParts == 0);
   const int lane = threadIdx.x % kWarp;
@@ -928,42 +938,38 @@ void gemm_by_chunks(int64_t rows, int64_t cols, const float* x, int64_t ldx, int
 }  // namespace
 
 void lowbit_matmul(int bits, int group, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
-                   int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s) {
-  if (rows == 0 || n == 0) return;
-  const unsigned grid = blocks_for(rows, kWarpsPerBlock);
+                   int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s, const Heads& heads) {
+  if (rows == 0 || n == 0 || heads.count == 0) return;
+  if (bits < 2 || bits > 4) throw std::runtime_error("lowbit_matmul: bits must be 2, 3 or 4");
   const auto* wb = static_cast<const uint8_t*>(w);
   if (n >= kGemmMinTokens) {
-    if (bits < 2 || bits > 4) throw std::runtime_error("lowbit_matmul: bits must be 2, 3 or 4");
-    return gemm_by_chunks(rows, cols, x, ldx, n, y, ldy, s, [&](int64_t r0, int64_t count, float* out) {
-      const int64_t units = count * (cols / 32);
-      const uint8_t* first = wb + r0 * row_bytes;
-      const unsigned g = blocks_for(units, 256);
-      if (bits == 2)
-        dequantize_lowbit_kernel<2><<<g, 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, group, out);
-      if (bits == 3)
-        dequantize_lowbit_kernel<3><<<g, 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, group, out);
-      if (bits == 4)
-        dequantize_lowbit_kernel<4><<<g, 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, group, out);
-      check(cudaGetLastError(), "dequantize_lowbit launch");
-    });
+    for (int64_t h = 0; h < heads.count; ++h) {
+      const uint8_t* wh = wb + h * rows * row_bytes;
+      gemm_by_chunks(
+          rows, cols, x + h * heads.x_stride, ldx, n, y + h * heads.y_stride, ldy, s,
+          [&](int64_t r0, int64_t count, float* out) {
+            const uint8_t* first = wh + r0 * row_bytes;
+            const unsigned g = blocks_for(count * (cols / 32), 256);
+            if (bits == 2)
+              dequantize_lowbit_kernel<2><<<g, 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, group, out);
+            if (bits == 3)
+              dequantize_lowbit_kernel<3><<<g, 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, group, out);
+            if (bits == 4)
+              dequantize_lowbit_kernel<4><<<g, 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, group, out);
+            check(cudaGetLastError(), "dequantize_lowbit launch");
+          });
+    }
+    return;
   }
-  const bool aligned = aligned8(x, ldx);
-  switch (bits) {
-    case 2:
-      lowbit_matmul_kernel<2><<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x,
-                                                                                 ldx, aligned, n, y, ldy);
-      break;
-    case 3:
-      lowbit_matmul_kernel<3><<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x,
-                                                                                 ldx, aligned, n, y, ldy);
-      break;
-    case 4:
-      lowbit_matmul_kernel<4><<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x,
-                                                                                 ldx, aligned, n, y, ldy);
-      break;
-    default:
-      throw std::runtime_error("lowbit_matmul: bits must be 2, 3 or 4");
-  }
+  const dim3 grid(blocks_for(rows, kWarpsPerBlock), static_cast<unsigned>(heads.count));
+  const bool aligned = aligned8(x, ldx) && heads.x_stride % 4 == 0;
+  const auto launch = [&](auto kernel) {
+    kernel<<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x, ldx, aligned, n, y,
+                                                              ldy, heads);
+  };
+  if (bits == 2) launch(lowbit_matmul_kernel<2>);
+  if (bits == 3) launch(lowbit_matmul_kernel<3>);
+  if (bits == 4) launch(lowbit_matmul_kernel<4>);
   check(cudaGetLastError(), "lowbit_matmul launch");
 }
 
@@ -1022,34 +1028,39 @@ bool block_matmul_supports(quant::GgmlType type) {
 }
 
 void block_matmul(quant::GgmlType type, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
-                  int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s) {
+                  int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s, const Heads& heads) {
   if (!block_matmul_supports(type)) throw std::runtime_error("block_matmul: a weight type without a kernel");
-  if (rows == 0 || n == 0) return;
+  if (rows == 0 || n == 0 || heads.count == 0) return;
   if (type == quant::GgmlType::IQ2_XXS || type == quant::GgmlType::IQ3_XXS) upload_iq_grids();
-  const unsigned grid = blocks_for(rows, kWarpsPerBlock);
   const auto* wb = static_cast<const uint8_t*>(w);
-  const unsigned threads = kWarp * kWarpsPerBlock;
   if (n >= kGemmMinTokens) {
-    return gemm_by_chunks(rows, cols, x, ldx, n, y, ldy, s, [&](int64_t r0, int64_t count, float* out) {
-      const uint8_t* first = wb + r0 * row_bytes;
-      with_block_format(type, [&](auto format) {
-        constexpr quant::GgmlType kType = decltype(format)::value;
-        const int64_t blocks = count * (cols / BlockFormat<kType>::kValues);
-        dequantize_blocks_kernel<kType>
-            <<<blocks_for(blocks, 256), 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, out);
-      });
-      check(cudaGetLastError(), "dequantize_blocks launch");
-    });
+    for (int64_t h = 0; h < heads.count; ++h) {
+      const uint8_t* wh = wb + h * rows * row_bytes;
+      gemm_by_chunks(rows, cols, x + h * heads.x_stride, ldx, n, y + h * heads.y_stride, ldy, s,
+                     [&](int64_t r0, int64_t count, float* out) {
+                       const uint8_t* first = wh + r0 * row_bytes;
+                       with_block_format(type, [&](auto format) {
+                         constexpr quant::GgmlType kType = decltype(format)::value;
+                         const int64_t blocks = count * (cols / BlockFormat<kType>::kValues);
+                         dequantize_blocks_kernel<kType>
+                             <<<blocks_for(blocks, 256), 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, out);
+                       });
+                       check(cudaGetLastError(), "dequantize_blocks launch");
+                     });
+    }
+    return;
   }
-  const bool aligned = aligned8(x, ldx);
+  const dim3 grid(blocks_for(rows, kWarpsPerBlock), static_cast<unsigned>(heads.count));
+  const unsigned threads = kWarp * kWarpsPerBlock;
+  const bool aligned = aligned8(x, ldx) && heads.x_stride % 4 == 0;
   with_block_format(type, [&](auto format) {
     constexpr quant::GgmlType kType = decltype(format)::value;
     if constexpr (quant::kHasBlockParts<kType>) {
       if (cols % quant::BlockParts<kType>::kValues == 0)
         return parts_matmul_kernel<kType>
-            <<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, aligned, n, y, ldy);
+            <<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, aligned, n, y, ldy, heads);
     }
-    block_matmul_kernel<kType><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy);
+    block_matmul_kernel<kType><<<grid, threads, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, x, ldx, n, y, ldy, heads);
   });
   check(cudaGetLastError(), "block_matmul launch");
 }

@@ -52,13 +52,20 @@ void launch_host_func(Stream s, void (*fn)(void*), void* arg);
 // y[t][r] = W^Q row r . x[t] for t < n, r < rows: W^Q in a low-bit layout of quant/lowbit.h (bits 2-4, group 64 or
 // 128) with `row_bytes` per row of `cols` values; x [n][cols] and y [n][rows] floats in device memory.
 // Token t's activations at x + t * ldx, its outputs at y + t * ldy.
+// With `heads`, one launch does heads.count such products (MLA's attn_k_b / attn_v_b, cpu::matmul_heads): head h
+// takes the `rows` rows from w + h * rows * row_bytes, its activations from x + h * heads.x_stride and writes y + h *
+// heads.y_stride.
+struct Heads {
+  int64_t count = 1;
+  int64_t x_stride = 0, y_stride = 0;
+};
 void lowbit_matmul(int bits, int group, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
-                   int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s);
+                   int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s, const Heads& heads = {});
 // The same for GGUF block rows (dense and shared weights), computed from quant/blocks.h's blocks as quant/ref
 // dequantizes them, against F32 activations: F32, F16, Q5_0, Q8_0, Q4_K, Q6_K.
 bool block_matmul_supports(quant::GgmlType type);
 void block_matmul(quant::GgmlType type, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
-                  int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s);
+                  int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s, const Heads& heads = {});
 // out[i] = silu(gate[i]) * up[i]; y[i] += x[i].
 void silu_mul(const float* gate, const float* up, int64_t n, float* out, Stream s);
 void add(const float* x, int64_t n, float* y, Stream s);

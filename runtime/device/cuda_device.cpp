@@ -95,11 +95,13 @@ class CudaDevice final : public Device {
   using Device::matmul;
   void matmul(int stream, const DeviceMatrix& w, const float* x, int64_t ldx, int64_t n, float* y,
               int64_t ldy) override {
-    if (const auto f = quant::lowbit_format(w.type))
-      return gpu::lowbit_matmul(f->bits, f->group, w.data, w.n_rows, w.n_cols, w.row_bytes, x, ldx, n, y, ldy,
-                                s(stream));
-    if (!supports(w.type)) throw std::logic_error("cuda device: matmul of a type supports() refuses");
-    gpu::block_matmul(w.type, w.data, w.n_rows, w.n_cols, w.row_bytes, x, ldx, n, y, ldy, s(stream));
+    products(stream, w, w.n_rows, x, ldx, n, y, ldy, {});
+  }
+  // Every head in one launch.
+  void matmul_heads(int stream, const DeviceMatrix& w, const cpu::HeadsLayout& layout, const float* x, int64_t n,
+                    float* y) override {
+    products(stream, w, w.n_rows / layout.n_heads, x, layout.x_token_stride, n, y, layout.y_token_stride,
+             {.count = layout.n_heads, .x_stride = layout.x_head_stride, .y_stride = layout.y_head_stride});
   }
   void silu_mul(int stream, const float* gate, const float* up, int64_t n, float* out) override {
     gpu::silu_mul(gate, up, n, out, s(stream));
@@ -248,6 +250,15 @@ class CudaDevice final : public Device {
   }
 
  private:
+  // heads.count products of `rows` rows each (gpu::Heads).
+  void products(int stream, const DeviceMatrix& w, int64_t rows, const float* x, int64_t ldx, int64_t n, float* y,
+                int64_t ldy, const gpu::Heads& heads) {
+    if (const auto f = quant::lowbit_format(w.type))
+      return gpu::lowbit_matmul(f->bits, f->group, w.data, rows, w.n_cols, w.row_bytes, x, ldx, n, y, ldy, s(stream),
+                                heads);
+    if (!supports(w.type)) throw std::logic_error("cuda device: matmul of a type supports() refuses");
+    gpu::block_matmul(w.type, w.data, rows, w.n_cols, w.row_bytes, x, ldx, n, y, ldy, s(stream), heads);
+  }
   // Events are reused round-robin. An Event older than kEvents records (an expert admitted long before a step uses
   // it) no longer names its own CUDA event: it stands for the current end of its stream instead, a later point of
   // the same stream, so waiting for it still waits for everything it covered. (Events are recorded and used from

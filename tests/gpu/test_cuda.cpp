@@ -113,6 +113,41 @@ TEST(Cuda, MatmulAtTheReferenceModelsShapes) {
     for (int64_t n : {1, 5, 12, 16, 33}) test_support::check_matmul_and_silu(*d, s, type, cols, rows, n, 5e-5, seed++);
 }
 
+// matmul_heads (one launch for all heads) gives what one matmul per head gives, bit for bit: MLA's k_b and v_b
+// formats and a low-bit one, strided activations and outputs, the kernels' token counts and the cuBLAS path.
+TEST(Cuda, MatmulHeadsIsOneMatmulPerHead) {
+  REQUIRE_GPU(d);
+  const int s = d->create_stream();
+  const int64_t heads = 4, rows = 17;
+  for (const auto& [type, cols] : {std::pair{quant::GgmlType::Q5_0, int64_t{64}},
+                                   {quant::GgmlType::Q4_K, 256},
+                                   {quant::GgmlType::HQ2_G64, 128},
+                                   {quant::GgmlType::F32, 40}})
+    for (const int64_t n : {1, 5, 20}) {
+      const size_t rb = quant::row_bytes(type, cols);
+      const std::vector<float> wf = test_support::random_values(heads * rows * cols, 50 + n, 0.1f);
+      std::vector<uint8_t> w(rb * heads * rows);
+      for (int64_t r = 0; r < heads * rows; ++r) quant::quantize_row(type, &wf[r * cols], w.data() + r * rb, cols);
+      const cpu::HeadsLayout layout{.n_heads = heads,
+                                    .x_token_stride = heads * (cols + 1) + 3,
+                                    .x_head_stride = cols + 1,
+                                    .y_token_stride = heads * rows + 2,
+                                    .y_head_stride = rows};
+      const std::vector<float> x = test_support::random_values(n * layout.x_token_stride, 60 + n);
+      test_support::OpHarness h(*d, s);
+      const DeviceMatrix m{type, cols, heads * rows, rb, h.up(w)};
+      const float* dx = h.up(x);
+      float* one = h.zeros(n * layout.y_token_stride);
+      float* each = h.zeros(n * layout.y_token_stride);
+      d->matmul_heads(s, m, layout, dx, n, one);
+      for (int64_t hd = 0; hd < heads; ++hd)
+        d->matmul(s, m.rows(hd * rows, rows), dx + hd * layout.x_head_stride, layout.x_token_stride, n,
+                  each + hd * layout.y_head_stride, layout.y_token_stride);
+      EXPECT_EQ(h.down(one, n * layout.y_token_stride), h.down(each, n * layout.y_token_stride))
+          << quant::type_info(type).name << " n " << n;
+    }
+}
+
 // Each layer's output (l_out) of `got` against `want` over the same tokens, as "layer: relative RMS" lines: where a
 // whole-model comparison that failed went wrong.
 class LayerOutputs final : public model::Trace {
