@@ -34,6 +34,25 @@ constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kTokensPerPass = 8;  // activation rows one warp carries at once
 
+// This thread block's head of a gpu::Heads launch (blockIdx.y): its weight rows, activations and outputs.
+__device__ void select_head(const Heads& heads, int64_t rows, size_t row_bytes, const uint8_t*& w, const float*& x,
+                            float*& y) {
+  w += blockIdx.y * rows * row_bytes;
+  x += blockIdx.y * heads.x_stride;
+  y += blockIdx.y * heads.y_stride;
+}
+
+// Each of nt tokens' sums over the warp's lanes, by shuffles, into y[t * ldy] (lane 0 writes).
+__device__ void store_sums(const float (&acc)[kTokensPerPass], int nt, int lane, float* y, int64_t ldy) {
+#pragma unroll
+  for (int t = 0; t < kTokensPerPass; ++t) {
+    if (t >= nt) break;
+    float v = acc[t];
+    for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
+    if (lane == 0) y[t * ldy] = v;
+  }
+}
+
 // Token t's activations x[col .. col + 8) into v, by two 16-byte loads where the caller's rows allow them.
 __device__ void load8(const float* x, bool aligned, float (&v)[8]) {
   if (aligned) {
@@ -55,9 +74,7 @@ template <int kBits>
 __global__ void lowbit_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols, size_t row_bytes, int group,
                                      const float* x, int64_t ldx, bool aligned, int64_t n, float* y, int64_t ldy,
                                      Heads heads) {
-  w += blockIdx.y * rows * row_bytes;
-  x += blockIdx.y * heads.x_stride;
-  y += blockIdx.y * heads.y_stride;
+  select_head(heads, rows, row_bytes, w, x, y);
   const int lane = threadIdx.x % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (row >= rows) return;
@@ -90,24 +107,33 @@ __global__ void lowbit_matmul_kernel(const uint8_t* w, int64_t rows, int64_t col
         acc[t] += d * sq + m * sx;
       }
     }
-#pragma unroll
-    for (int t = 0; t < kTokensPerPass; ++t) {
-      if (t >= nt) break;
-      float v = acc[t];
-      for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
-      if (lane == 0) y[(t0 + t) * ldy + row] = v;
-    }
+    store_sums(acc, nt, lane, y + t0 * ldy + row, ldy);
   }
 }
 
-// GGUF block formats against F32 activations, for the dense and shared weights: one warp per weight row, lane l
-// takes blocks l, l + 32, ... and computes each value from its block as quant/ref does, times the activations of up
-// to kTokensPerPass tokens. The blocks are quant/blocks.h's structs (ggml's layouts, pinned there); on the device
-// they sit at even addresses (rows of whole blocks from a 256-byte boundary), so their 16-bit fields read directly.
+// GGUF block formats against F32 activations, for the dense and shared weights. The per-block kernel (the IQ formats,
+// MXFP4, F32 and F16 rows whose width is no multiple of 8): one warp per weight row, lane l takes blocks l, l + 32,
+// ... and computes each value from its block as quant/ref does, times the activations of up to kTokensPerPass tokens.
+// The blocks are quant/blocks.h's structs (ggml's layouts, pinned there); on the device they sit at even addresses
+// (rows of whole blocks from a 256-byte boundary), so their 16-bit fields read directly.
 __device__ float half_bits(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
 
+// A block's values in order, f(j, value): from quant::BlockParts where the format has them, one part after the
+// other (the per-block kernel for other formats, the dequantization of the cuBLAS path). F32 and F16 as blocks of
+// one value, so rows of any width run.
 template <quant::GgmlType kType>
-struct BlockFormat;
+struct BlockFormat {
+  using Parts = quant::BlockParts<kType>;
+  static constexpr int kValues = Parts::kValues, kBytes = Parts::kBytes;
+  template <typename F>
+  __device__ static void values(const uint8_t* p, F f) {
+    for (int part = 0; part < kValues / 8; ++part) {
+      float v[8];
+      Parts::part(p, part, v);
+      for (int i = 0; i < 8; ++i) f(8 * part + i, v[i]);
+    }
+  }
+};
 
 template <>
 struct BlockFormat<quant::GgmlType::F32> {
@@ -124,91 +150,6 @@ struct BlockFormat<quant::GgmlType::F16> {
   template <typename F>
   __device__ static void values(const uint8_t* b, F f) {
     f(0, half_bits(*reinterpret_cast<const uint16_t*>(b)));
-  }
-};
-
-template <>
-struct BlockFormat<quant::GgmlType::Q8_0> {
-  using Block = quant::BlockQ8_0;
-  static constexpr int kValues = quant::kQK8_0, kBytes = sizeof(Block);
-  template <typename F>
-  __device__ static void values(const uint8_t* p, F f) {
-    const Block& b = *reinterpret_cast<const Block*>(p);
-    const float d = half_bits(b.d);
-    for (int j = 0; j < kValues; ++j) f(j, d * static_cast<float>(b.qs[j]));
-  }
-};
-
-template <>
-struct BlockFormat<quant::GgmlType::Q5_0> {
-  using Block = quant::BlockQ5_0;
-  static constexpr int kValues = quant::kQK5_0, kBytes = sizeof(Block);
-  template <typename F>
-  __device__ static void values(const uint8_t* p, F f) {
-    const Block& b = *reinterpret_cast<const Block*>(p);
-    const float d = half_bits(b.d);
-    const uint32_t qh = b.qh[0] | b.qh[1] << 8 | b.qh[2] << 16 | static_cast<uint32_t>(b.qh[3]) << 24;
-    for (int j = 0; j < kValues; ++j) {
-      const int low = j < kValues / 2 ? (b.qs[j] & 15) : (b.qs[j - kValues / 2] >> 4);
-      const int q = (low | static_cast<int>((qh >> j) & 1) << 4) - 16;
-      f(j, d * static_cast<float>(q));
-    }
-  }
-};
-
-template <>
-struct BlockFormat<quant::GgmlType::Q4_K> {
-  using Block = quant::BlockQ4_K;
-  static constexpr int kValues = quant::kQK_K, kBytes = sizeof(Block);
-  template <typename F>
-  __device__ static void values(const uint8_t* p, F f) {
-    const Block& b = *reinterpret_cast<const Block*>(p);
-    const float d = half_bits(b.d), dmin = half_bits(b.dmin);
-    const uint8_t* sc = b.scales;
-    for (int g = 0; g < 8; ++g) {
-      int scale, min;
-      if (g < 4) {
-        scale = sc[g] & 63;
-        min = sc[g + 4] & 63;
-      } else {
-        scale = (sc[g + 4] & 15) | ((sc[g - 4] >> 6) << 4);
-        min = (sc[g + 4] >> 4) | ((sc[g] >> 6) << 4);
-      }
-      const float ds = d * static_cast<float>(scale), dm = dmin * static_cast<float>(min);
-      const uint8_t* q = b.qs + 32 * (g / 2);
-      for (int l = 0; l < 32; ++l) {
-        const int v = g % 2 ? q[l] >> 4 : q[l] & 15;
-        f(32 * g + l, ds * static_cast<float>(v) - dm);
-      }
-    }
-  }
-};
-
-template <>
-struct BlockFormat<quant::GgmlType::Q6_K> {
-  using Block = quant::BlockQ6_K;
-  static constexpr int kValues = quant::kQK_K, kBytes = sizeof(Block);
-  template <typename F>
-  __device__ static void values(const uint8_t* p, F f) {
-    const Block& b = *reinterpret_cast<const Block*>(p);
-    const float d = half_bits(b.d);
-    for (int half = 0; half < 2; ++half) {
-      const uint8_t* ql = b.ql + 64 * half;
-      const uint8_t* qh = b.qh + 32 * half;
-      const int8_t* sc = b.scales + 8 * half;
-      for (int l = 0; l < 32; ++l) {
-        const int is = l / 16;
-        const int q1 = ((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32;
-        const int q2 = ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32;
-        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-        const int base = 128 * half + l;
-        f(base, d * static_cast<float>(sc[is] * q1));
-        f(base + 32, d * static_cast<float>(sc[is + 2] * q2));
-        f(base + 64, d * static_cast<float>(sc[is + 4] * q3));
-        f(base + 96, d * static_cast<float>(sc[is + 6] * q4));
-      }
-    }
   }
 };
 
@@ -311,9 +252,7 @@ template <quant::GgmlType kType>
 __global__ void block_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
                                     int64_t ldx, int64_t n, float* y, int64_t ldy, Heads heads) {
   using Format = BlockFormat<kType>;
-  w += blockIdx.y * rows * row_bytes;
-  x += blockIdx.y * heads.x_stride;
-  y += blockIdx.y * heads.y_stride;
+  select_head(heads, rows, row_bytes, w, x, y);
   const int lane = threadIdx.x % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (row >= rows) return;
@@ -328,13 +267,7 @@ __global__ void block_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols
         for (int t = 0; t < nt; ++t) acc[t] += v * xb[t * ldx + j];
       });
     }
-#pragma unroll
-    for (int t = 0; t < kTokensPerPass; ++t) {
-      if (t >= nt) break;
-      float v = acc[t];
-      for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
-      if (lane == 0) y[(t0 + t) * ldy + row] = v;
-    }
+    store_sums(acc, nt, lane, y + t0 * ldy + row, ldy);
   }
 }
 
@@ -346,9 +279,7 @@ template <quant::GgmlType kType>
 __global__ void parts_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
                                     int64_t ldx, bool aligned, int64_t n, float* y, int64_t ldy, Heads heads) {
   using Parts = quant::BlockParts<kType>;
-  w += blockIdx.y * rows * row_bytes;
-  x += blockIdx.y * heads.x_stride;
-  y += blockIdx.y * heads.y_stride;
+  select_head(heads, rows, row_bytes, w, x, y);
   constexpr int kParts = Parts::kValues / 8, kBlocksPerStep = kWarp / kParts;
   static_assert(kWarp % kParts == 0);
   const int lane = threadIdx.x % kWarp;
@@ -375,13 +306,7 @@ __global__ void parts_matmul_kernel(const uint8_t* w, int64_t rows, int64_t cols
         acc[t] += sum;
       }
     }
-#pragma unroll
-    for (int t = 0; t < kTokensPerPass; ++t) {
-      if (t >= nt) break;
-      float v = acc[t];
-      for (int off = kWarp / 2; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
-      if (lane == 0) y[(t0 + t) * ldy + row] = v;
-    }
+    store_sums(acc, nt, lane, y + t0 * ldy + row, ldy);
   }
 }
 
