@@ -92,7 +92,7 @@ class NodeUnits {
   void run_ranges(ThreadPool& pool, Prepare&& prepare, Fn&& fn) const {
     const ThreadPlacement* p = pool.placement();
     const int64_t n_pool = pool.size();
-    std::span<Claim> claims = scratch<Claim, struct UnitClaimSite>(static_cast<size_t>(n_pool));
+    std::span<RangeClaim> claims = scratch<RangeClaim, struct UnitClaimSite>(static_cast<size_t>(n_pool));
     for (int64_t thread = 0; thread < n_pool; ++thread) {
       int64_t node = 0, rank = thread, n_threads = n_pool;
       if (p) {
@@ -105,9 +105,8 @@ class NodeUnits {
           break;
         }
       }
-      Claim& c = claims[thread];
-      c.node = node;
-      c.range = 0;  // empty (a thread on no node of the placement takes nothing)
+      RangeClaim& c = claims[thread];
+      c.reset(0, 0, node);  // empty (a thread on no node of the placement takes nothing)
       if (node == n_nodes_) continue;
       const int64_t first = node_first_[node], last = node_first_[node + 1];
       if (first == last) continue;
@@ -119,48 +118,21 @@ class NodeUnits {
                                 [](double v, const Unit& u) { return v < u.cost; }) -
                storage_.begin();
       };
-      c.range = pack(boundary(rank), boundary(rank + 1));
+      c.reset(boundary(rank), boundary(rank + 1), node);
     }
+    // The owner takes a quarter of what is left (at least kOwnPiece units), another thread half of it.
+    const auto piece = [](int64_t left, bool from_back) {
+      return from_back ? left / 2 : std::max(kOwnPiece, left / 4);
+    };
     pool.parallel_for(n_pool, 1, [&](int64_t thread, int64_t) {
       prepare();
-      int64_t begin = 0, end = 0;
-      while (take(claims[thread], /*from_back=*/false, begin, end)) fn(storage_.data() + begin, storage_.data() + end);
-      for (int64_t i = 1; i < n_pool; ++i) {
-        Claim& other = claims[(thread + i) % n_pool];
-        if (other.node != claims[thread].node) continue;
-        while (take(other, /*from_back=*/true, begin, end)) fn(storage_.data() + begin, storage_.data() + end);
-      }
+      run_claims(claims, thread, piece,
+                 [&](int64_t begin, int64_t end) { fn(storage_.data() + begin, storage_.data() + end); });
     });
   }
 
  private:
   static constexpr int64_t kOwnPiece = 2;
-  // A thread's range of units still to take, [front, end) packed as front << 32 | end, changed by compare-exchange
-  // only; on a cache line of its own.
-  struct alignas(64) Claim {
-    uint64_t range = 0;
-    int64_t node = 0;
-  };
-  static uint64_t pack(int64_t front, int64_t end) {
-    return static_cast<uint64_t>(front) << 32 | static_cast<uint64_t>(end);
-  }
-  // A piece of c's range into [begin, end): from the front (its owner) or from the back; false once it is empty.
-  static bool take(Claim& c, bool from_back, int64_t& begin, int64_t& end) {
-    std::atomic_ref<uint64_t> range(c.range);
-    uint64_t seen = range.load(std::memory_order_relaxed);
-    for (;;) {
-      const auto front = static_cast<int64_t>(seen >> 32), last = static_cast<int64_t>(seen & 0xffffffffu);
-      if (front >= last) return false;
-      const int64_t left = last - front;
-      const int64_t n = std::min(left, from_back ? std::max<int64_t>(1, left / 2) : std::max(kOwnPiece, left / 4));
-      const uint64_t next = from_back ? pack(front, last - n) : pack(front + n, last);
-      if (range.compare_exchange_weak(seen, next, std::memory_order_relaxed)) {
-        begin = from_back ? last - n : front;
-        end = from_back ? last : front + n;
-        return true;
-      }
-    }
-  }
 
   const ThreadPool& pool_;
   std::span<Unit> storage_;

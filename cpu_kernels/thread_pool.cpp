@@ -41,10 +41,6 @@ void chunk_range(int64_t n, int chunks, int index, int64_t* begin, int64_t* end)
   *end = *begin + base + (index < extra ? 1 : 0);
 }
 
-constexpr uint64_t pack_range(int64_t begin, int64_t end) {
-  return static_cast<uint64_t>(begin) << 32 | static_cast<uint64_t>(end);
-}
-
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads, std::vector<int> pus) : n_threads_(std::max(1, n_threads)) {
@@ -148,38 +144,19 @@ void ThreadPool::parallel_for_balanced(int64_t n, int64_t grain, RangeFn fn) {
   grain = std::max<int64_t>(1, grain);
   const int chunks = static_cast<int>(std::min<int64_t>(n_threads_, std::max<int64_t>(1, n / grain)));
   if (chunks == 1 || n >= (int64_t{1} << 31)) return parallel_for(n, grain, fn);  // packed bounds take 32 bits
-  if (!claims_) claims_ = std::make_unique<Claim[]>(static_cast<size_t>(n_threads_));
+  if (!claims_) claims_ = std::make_unique<RangeClaim[]>(static_cast<size_t>(n_threads_));
   for (int t = 0; t < n_threads_; ++t) {
     int64_t begin = 0, end = 0;
     if (t < chunks) chunk_range(n, chunks, t, &begin, &end);
-    claims_[t].range.store(pack_range(begin, end), std::memory_order_relaxed);
-    claims_[t].node = static_cast<size_t>(t) < placement_.nodes.size() ? placement_.nodes[static_cast<size_t>(t)] : 0;
+    claims_[t].reset(begin, end,
+                     static_cast<size_t>(t) < placement_.nodes.size() ? placement_.nodes[static_cast<size_t>(t)] : 0);
   }
   // Pieces of an eighth of a chunk: few enough that taking them costs nothing next to the work.
   const int64_t piece = std::max<int64_t>(grain, n / chunks / 8);
-  auto take = [piece](Claim& c, bool from_back, int64_t& begin, int64_t& end) {
-    uint64_t r = c.range.load(std::memory_order_acquire);
-    for (;;) {
-      const auto front = static_cast<int64_t>(r >> 32), last = static_cast<int64_t>(r & 0xffffffffu);
-      if (front >= last) return false;
-      const int64_t size = std::min(piece, last - front);
-      const uint64_t rest = from_back ? pack_range(front, last - size) : pack_range(front + size, last);
-      if (c.range.compare_exchange_weak(r, rest, std::memory_order_acq_rel, std::memory_order_acquire)) {
-        begin = from_back ? last - size : front;
-        end = begin + size;
-        return true;
-      }
-    }
-  };
+  const std::span<RangeClaim> claims(claims_.get(), static_cast<size_t>(n_threads_));
   parallel_for(n_threads_, 1, [&](int64_t thread, int64_t) {
-    Claim& own = claims_[static_cast<size_t>(thread)];
-    int64_t begin = 0, end = 0;
-    while (take(own, false, begin, end)) fn(begin, end);
-    for (int i = 1; i < n_threads_; ++i) {
-      Claim& other = claims_[static_cast<size_t>((thread + i) % n_threads_)];
-      if (other.node != own.node) continue;
-      while (take(other, true, begin, end)) fn(begin, end);
-    }
+    run_claims(
+        claims, thread, [piece](int64_t, bool) { return piece; }, fn);
   });
 }
 

@@ -1,11 +1,13 @@
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -13,6 +15,58 @@
 #include "cpu_kernels/numa/topology.h"
 
 namespace hetmoe::cpu {
+
+// A range of loop items [front, end) shared out between threads: its owner takes pieces from the front, threads done
+// with their own take pieces from the back, by compare-exchange on one packed word (front << 32 | end, so items
+// below 2^32); on a cache line of its own. A plain word under std::atomic_ref, so arrays of claims can live in
+// reusable scratch memory.
+struct alignas(64) RangeClaim {
+  uint64_t range = 0;
+  int64_t node = 0;  // the NUMA node whose threads take from it
+
+  void reset(int64_t begin, int64_t end, int64_t on_node) {
+    std::atomic_ref<uint64_t>(range).store(static_cast<uint64_t>(begin) << 32 | static_cast<uint64_t>(end),
+                                           std::memory_order_relaxed);
+    node = on_node;
+  }
+  // A piece into [begin, end) of piece(left, from_back) items (clamped to 1 .. left), from the front or the back;
+  // false once the range is empty.
+  template <typename Piece>
+  bool take(bool from_back, const Piece& piece, int64_t& begin, int64_t& end) {
+    std::atomic_ref<uint64_t> word(range);
+    uint64_t seen = word.load(std::memory_order_acquire);
+    for (;;) {
+      const auto front = static_cast<int64_t>(seen >> 32), last = static_cast<int64_t>(seen & 0xffffffffu);
+      if (front >= last) return false;
+      const int64_t left = last - front;
+      const int64_t n = std::clamp<int64_t>(piece(left, from_back), 1, left);
+      const int64_t b = from_back ? last - n : front;
+      const uint64_t next = from_back ? static_cast<uint64_t>(front) << 32 | static_cast<uint64_t>(b)
+                                      : static_cast<uint64_t>(b + n) << 32 | static_cast<uint64_t>(last);
+      if (word.compare_exchange_weak(seen, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
+        begin = b;
+        end = b + n;
+        return true;
+      }
+    }
+  }
+};
+
+// Thread `thread`'s part of a loop shared out by claims (one per thread): fn(begin, end) over the pieces of its own
+// claim from the front, then over the back of every other claim of its node, until none of them has items left.
+// Every item runs exactly once.
+template <typename Piece, typename Fn>
+void run_claims(std::span<RangeClaim> claims, int64_t thread, const Piece& piece, Fn&& fn) {
+  RangeClaim& own = claims[static_cast<size_t>(thread)];
+  int64_t begin = 0, end = 0;
+  while (own.take(false, piece, begin, end)) fn(begin, end);
+  const auto n = static_cast<int64_t>(claims.size());
+  for (int64_t i = 1; i < n; ++i) {
+    RangeClaim& other = claims[static_cast<size_t>((thread + i) % n)];
+    if (other.node != own.node) continue;
+    while (other.take(true, piece, begin, end)) fn(begin, end);
+  }
+}
 
 // A non-owning reference to a callable taking a row range: parallel_for's argument. Unlike std::function it never
 // allocates (a lambda capturing more than two references would), so a decode step's hundreds of parallel loops
@@ -61,19 +115,13 @@ class ThreadPool {
   void parallel_for_balanced(int64_t n, int64_t grain, RangeFn fn);
 
  private:
-  // A chunk's items still to take, [front, end) packed as front << 32 | end, changed by compare-exchange only.
-  struct alignas(64) Claim {
-    std::atomic<uint64_t> range{0};
-    int node = 0;
-  };
-
   void worker(int index, int pu);
   void run_chunk(int index);
 
   int n_threads_;
   ThreadPlacement placement_;
   std::vector<std::thread> workers_;
-  std::unique_ptr<Claim[]> claims_;  // one per thread, for parallel_for_balanced
+  std::unique_ptr<RangeClaim[]> claims_;  // one per thread, for parallel_for_balanced
 
   // The current loop, published by a release store of generation_.
   const RangeFn* job_ = nullptr;
