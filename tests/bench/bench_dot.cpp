@@ -184,7 +184,35 @@ void bm_experts(benchmark::State& state, int threads, int64_t n_tokens, bool sha
   std::free(base);
 }
 
+// A tier's activation conversion (what every quantized matmul does to its input rows first): 2048 floats to the
+// activation format; bytes are the floats read.
+void bm_convert(benchmark::State& state, Isa isa, GgmlType act, GgmlType weight) {
+  if (isa > hetmoe::cpu::detect_isa()) {
+    state.SkipWithError("tier not supported by this CPU");
+    return;
+  }
+  const hetmoe::cpu::KernelTable table = hetmoe::cpu::make_kernel_table(isa);
+  constexpr int64_t kCols = 2048;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(kCols);
+  for (float& v : x) v = dist(rng);
+  std::vector<uint8_t> out(hetmoe::quant::activation_row_bytes(weight, kCols));
+  const auto convert = table.activation_for(act);
+  for (auto _ : state) {
+    convert(x.data(), out.data(), kCols);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * kCols * static_cast<int64_t>(sizeof(float)));
+}
+
 void register_all() {
+  for (Isa isa : {Isa::kRef, Isa::kAvx2, Isa::kAvx512})
+    for (const auto& [act, weight] : {std::pair{GgmlType::Q8_0, GgmlType::Q8_0}, {GgmlType::Q8_K, GgmlType::Q4_K}})
+      benchmark::RegisterBenchmark((std::string("convert/") + std::string(hetmoe::cpu::isa_name(isa)) + "/" +
+                                    std::string(hetmoe::quant::type_info(act).name))
+                                       .c_str(),
+                                   [isa, act, weight](benchmark::State& s) { bm_convert(s, isa, act, weight); });
   for (int threads : {1, 2})
     for (int64_t tokens : {1, 8, 128})
       for (bool shared : {false, true})

@@ -209,8 +209,8 @@ TEST(Kernels, GemmTilesMatchTheReferenceDot) {
   if (tested == 0) GTEST_SKIP() << "no tier on this CPU has tile kernels";
 }
 
-// Q8_K's edge cases byte for byte on every tier: an all-zero block, a tie for the largest |x| (the first one sets
-// the scale's sign), values that land exactly on .5 after scaling (ties to even), and a NaN-free huge range.
+// Q8_K's (and Q8_0's) edge cases byte for byte on every tier: an all-zero block, a tie for the largest |x| (the first
+// one sets the scale's sign), values that land exactly on .5 after scaling (ties to even), and a NaN-free huge range.
 TEST(Kernels, Q8KConverterEdgeCasesMatchTheReference) {
   std::vector<float> x(3 * 256, 0.0f);
   for (int j = 0; j < 256; ++j) x[256 + j] = 0.01f * static_cast<float>(j % 17) - 0.05f;
@@ -225,10 +225,13 @@ TEST(Kernels, Q8KConverterEdgeCasesMatchTheReference) {
   const int64_t n = static_cast<int64_t>(x.size());
   for (Isa isa : tiers_present()) {
     const KernelTable table = make_kernel_table(isa);
-    std::vector<uint8_t> want(quant::activation_row_bytes(GgmlType::Q4_K, n)), got(want.size());
-    quant::quantize_activation(GgmlType::Q8_K, x.data(), want.data(), n);
-    table.activation_for(GgmlType::Q8_K)(x.data(), got.data(), n);
-    EXPECT_EQ(got, want) << isa_name(isa);
+    // Q8_0 (the activations of Q8_0 and Q5_0 weights) on the same values, blocks of 32.
+    for (const auto& [act, weight] : {std::pair{GgmlType::Q8_K, GgmlType::Q4_K}, {GgmlType::Q8_0, GgmlType::Q8_0}}) {
+      std::vector<uint8_t> want(quant::activation_row_bytes(weight, n)), got(want.size());
+      quant::quantize_activation(act, x.data(), want.data(), n);
+      table.activation_for(act)(x.data(), got.data(), n);
+      EXPECT_EQ(got, want) << isa_name(isa) << " " << quant::type_info(act).name;
+    }
   }
 }
 
