@@ -6,7 +6,9 @@
 #   3. a bench model (DeepSeek-V2-Lite dimensions, HETMOE_GPU_LAYERS blocks) and its split;
 #   4. calibrate against the GPU: the link, one expert there and each ISA tier's crossover;
 #   5. `hetmoe bench` on the CPU and with --device cuda for each policy (the forward pass on the GPU, and with
-#      --host-pass only the FFNs there), and the policies with the measured profile on Zipf-skewed routing.
+#      --host-pass only the FFNs there), and the policies with the measured profile on Zipf-skewed routing;
+#   6. what `hetmoe simulate` predicts for the same runs from the measured profile and the model's own routing, to
+#      set against step 5's measurements.
 # Everything it prints also goes to $OUT/gpu_check.log when OUT is set (the device tool's result folder).
 # Each step has a time limit (a hang must not eat a short lease) and a failed step does not stop the next.
 # Usage: scripts/gpu_check.sh            (HETMOE_GPU_LAYERS=4 by default; JOBS=nproc)
@@ -90,6 +92,13 @@ bench -m "$model" --device cuda --policies crossover --prompt 512 --gen 16
 # The measured crossover against the fixed rules, with the routing skewed (admissions, prefetch).
 bench -m "$model" --device cuda --policies static,kt,crossover --profile "$profile" --synthetic zipf:1.2 \
   --device-memory 1 --prompt 512 --gen 64
+
+step "predicted: hetmoe simulate with the measured profile and the model's routing (set against the benches above)"
+prompt=$(seq -s, 7 53 6778)  # 128 token ids
+timeout 60 "$hetmoe" run -m "$model" --device cpu --tokens "$prompt" -n 32 --temp 0 -t "$JOBS" \
+  --trace-routing "${OUT:-/tmp}/routing.jsonl" >/dev/null 2>&1
+timeout 60 "$hetmoe" simulate --hw "$profile" --model-config deepseek-v2-lite --layers "$LAYERS" \
+  --policies cpu,static,kt,crossover,split --prompt 128 --gen 32 --trace "${OUT:-/tmp}/routing.jsonl"
 
 step "split: W^Q 2 bits + Q4_K residual, and its benches"
 if [ ! -f "$split" ]; then
