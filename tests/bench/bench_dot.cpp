@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -21,16 +22,23 @@ namespace {
 using hetmoe::cpu::Isa;
 using hetmoe::quant::GgmlType;
 
+// The tier's kernel table; nullopt, and the benchmark marked skipped, where this CPU lacks the tier.
+std::optional<hetmoe::cpu::KernelTable> table_for(benchmark::State& state, Isa isa) {
+  if (isa > hetmoe::cpu::detect_isa()) {
+    state.SkipWithError("tier not supported by this CPU");
+    return std::nullopt;
+  }
+  return hetmoe::cpu::make_kernel_table(isa);
+}
+
 // n_act activation rows per weight row through dot_rows, or per 8-row tile through gemm_tile (the prefill paths);
 // GB/s counts each weight byte once per activation row, so it compares with bm_dot directly.
 // `rows` 64: the weights stay in L2 (the compute ceiling); 65536 (150 MB at 4.5 bits): they stream from DRAM, as an
 // expert's rows do in prefill.
 void bm_dot(benchmark::State& state, Isa isa, GgmlType type, int64_t n_act, bool use_tiles = false, int64_t rows = 64) {
-  if (isa > hetmoe::cpu::detect_isa()) {
-    state.SkipWithError("tier not supported by this CPU");
-    return;
-  }
-  const hetmoe::cpu::KernelTable table = hetmoe::cpu::make_kernel_table(isa);
+  const std::optional<hetmoe::cpu::KernelTable> tier = table_for(state, isa);
+  if (!tier) return;
+  const hetmoe::cpu::KernelTable& table = *tier;
   constexpr int64_t kCols = 2048;
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -187,18 +195,15 @@ void bm_experts(benchmark::State& state, int threads, int64_t n_tokens, bool sha
 // A tier's activation conversion (what every quantized matmul does to its input rows first): 2048 floats to the
 // activation format; bytes are the floats read.
 void bm_convert(benchmark::State& state, Isa isa, GgmlType act, GgmlType weight) {
-  if (isa > hetmoe::cpu::detect_isa()) {
-    state.SkipWithError("tier not supported by this CPU");
-    return;
-  }
-  const hetmoe::cpu::KernelTable table = hetmoe::cpu::make_kernel_table(isa);
+  const std::optional<hetmoe::cpu::KernelTable> table = table_for(state, isa);
+  if (!table) return;
   constexpr int64_t kCols = 2048;
-  std::mt19937 rng(3);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> x(kCols);
-  for (float& v : x) v = dist(rng);
+  std::mt19937 rng(3);
+  std::generate(x.begin(), x.end(),
+                [&, dist = std::normal_distribution<float>(0.0f, 1.0f)]() mutable { return dist(rng); });
   std::vector<uint8_t> out(hetmoe::quant::activation_row_bytes(weight, kCols));
-  const auto convert = table.activation_for(act);
+  const auto convert = table->activation_for(act);
   for (auto _ : state) {
     convert(x.data(), out.data(), kCols);
     benchmark::DoNotOptimize(out.data());
