@@ -35,15 +35,16 @@ constexpr int kWarpsPerBlock = 4;
 constexpr int kTokensPerPass = 8;  // activation rows one warp carries at once
 
 // This thread block's head of a gpu::Heads launch (blockIdx.y): its weight rows, activations and outputs.
-__device__ void select_head(const Heads& heads, int64_t rows, size_t row_bytes, const uint8_t*& w, const float*& x,
-                            float*& y) {
+__device__ __forceinline__ void select_head(const Heads& heads, int64_t rows, size_t row_bytes, const uint8_t*& w,
+                                            const float*& x, float*& y) {
   w += blockIdx.y * rows * row_bytes;
   x += blockIdx.y * heads.x_stride;
   y += blockIdx.y * heads.y_stride;
 }
 
 // Each of nt tokens' sums over the warp's lanes, by shuffles, into y[t * ldy] (lane 0 writes).
-__device__ void store_sums(const float (&acc)[kTokensPerPass], int nt, int lane, float* y, int64_t ldy) {
+__device__ __forceinline__ void store_sums(const float (&acc)[kTokensPerPass], int nt, int lane, float* y,
+                                           int64_t ldy) {
 #pragma unroll
   for (int t = 0; t < kTokensPerPass; ++t) {
     if (t >= nt) break;
@@ -54,7 +55,7 @@ __device__ void store_sums(const float (&acc)[kTokensPerPass], int nt, int lane,
 }
 
 // Token t's activations x[col .. col + 8) into v, by two 16-byte loads where the caller's rows allow them.
-__device__ void load8(const float* x, bool aligned, float (&v)[8]) {
+__device__ __forceinline__ void load8(const float* x, bool aligned, float (&v)[8]) {
   if (aligned) {
     const float4 a = reinterpret_cast<const float4*>(x)[0], b = reinterpret_cast<const float4*>(x)[1];
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
@@ -862,9 +863,20 @@ void gemm_by_chunks(int64_t rows, int64_t cols, const float* x, int64_t ldx, int
 
 }  // namespace
 
+namespace {
+
+// grid.y carries the head: at most 65535 of them.
+void check_heads(const Heads& heads) {
+  if (heads.count < 0 || heads.count > 65535)
+    throw std::runtime_error("matmul over " + std::to_string(heads.count) + " heads: one launch takes 1 to 65535");
+}
+
+}  // namespace
+
 void lowbit_matmul(int bits, int group, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
                    int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s, const Heads& heads) {
   if (rows == 0 || n == 0 || heads.count == 0) return;
+  check_heads(heads);
   if (bits < 2 || bits > 4) throw std::runtime_error("lowbit_matmul: bits must be 2, 3 or 4");
   const auto* wb = static_cast<const uint8_t*>(w);
   if (n >= kGemmMinTokens) {
@@ -956,6 +968,7 @@ void block_matmul(quant::GgmlType type, const void* w, int64_t rows, int64_t col
                   int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s, const Heads& heads) {
   if (!block_matmul_supports(type)) throw std::runtime_error("block_matmul: a weight type without a kernel");
   if (rows == 0 || n == 0 || heads.count == 0) return;
+  check_heads(heads);
   if (type == quant::GgmlType::IQ2_XXS || type == quant::GgmlType::IQ3_XXS) upload_iq_grids();
   const auto* wb = static_cast<const uint8_t*>(w);
   if (n >= kGemmMinTokens) {

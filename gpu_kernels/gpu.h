@@ -48,17 +48,18 @@ void stream_synchronize(Stream s);
 // fn(arg) on a host thread once the stream's earlier work is done; later work on the stream waits for it.
 void launch_host_func(Stream s, void (*fn)(void*), void* arg);
 
-// Batches of 16 rows or more dequantize the weights to F32 in chunks and multiply with cuBLAS SGEMM.
-// y[t][r] = W^Q row r . x[t] for t < n, r < rows: W^Q in a low-bit layout of quant/lowbit.h (bits 2-4, group 64 or
-// 128) with `row_bytes` per row of `cols` values; x [n][cols] and y [n][rows] floats in device memory.
-// Token t's activations at x + t * ldx, its outputs at y + t * ldy.
-// With `heads`, one launch does heads.count such products (MLA's attn_k_b / attn_v_b, cpu::matmul_heads): head h
-// takes the `rows` rows from w + h * rows * row_bytes, its activations from x + h * heads.x_stride and writes y + h *
-// heads.y_stride.
+// Several products of one call (MLA's attn_k_b / attn_v_b, cpu::matmul_heads): head h (h < count, at most 65535)
+// takes the `rows` rows from w + h * rows * row_bytes, its activations from x + h * x_stride and writes y + h *
+// y_stride. Below 16 tokens one launch runs them all; from 16, each head is its own cuBLAS product.
 struct Heads {
   int64_t count = 1;
   int64_t x_stride = 0, y_stride = 0;
 };
+
+// Batches of 16 rows or more dequantize the weights to F32 in chunks and multiply with cuBLAS SGEMM.
+// y[t][r] = W^Q row r . x[t] for t < n, r < rows: W^Q in a low-bit layout of quant/lowbit.h (bits 2-4, group 64 or
+// 128) with `row_bytes` per row of `cols` values; x [n][cols] and y [n][rows] floats in device memory.
+// Token t's activations at x + t * ldx, its outputs at y + t * ldy; `heads` as above.
 void lowbit_matmul(int bits, int group, const void* w, int64_t rows, int64_t cols, size_t row_bytes, const float* x,
                    int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s, const Heads& heads = {});
 // The same for GGUF block rows (dense and shared weights), computed from quant/blocks.h's blocks as quant/ref

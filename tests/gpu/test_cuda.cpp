@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <numeric>
@@ -33,13 +34,21 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Without a GPU every test skips; with HETMOE_REQUIRE_GPU=1 (scripts/gpu_check.sh) a missing GPU or a device
+// library that does not load fails instead, so a GPU machine never reports skips as a pass.
 std::unique_ptr<Device> gpu_or_skip() {
   if (cuda_device_count() == 0) return nullptr;
   return make_cuda_device(0);
 }
 
-#define REQUIRE_GPU(d)    \
-  auto d = gpu_or_skip(); \
+bool gpu_required() {
+  const char* env = std::getenv("HETMOE_REQUIRE_GPU");
+  return env && std::string(env) == "1";
+}
+
+#define REQUIRE_GPU(d)                                                                      \
+  auto d = gpu_or_skip();                                                                   \
+  if (!d && gpu_required()) FAIL() << "HETMOE_REQUIRE_GPU=1 and no CUDA GPU could be used"; \
   if (!d) GTEST_SKIP() << "no CUDA GPU here"
 
 TEST(Cuda, CopiesEventsAndCallbacks) {
@@ -113,8 +122,9 @@ TEST(Cuda, MatmulAtTheReferenceModelsShapes) {
     for (int64_t n : {1, 5, 12, 16, 33}) test_support::check_matmul_and_silu(*d, s, type, cols, rows, n, 5e-5, seed++);
 }
 
-// matmul_heads (one launch for all heads) gives what one matmul per head gives, bit for bit: MLA's k_b and v_b
-// formats and a low-bit one, strided activations and outputs, the kernels' token counts and the cuBLAS path.
+// matmul_heads (one launch for all heads) gives what one matmul per head gives, bit for bit, and both the dequantized
+// rows' products (5e-5 of the sum of |w x|): MLA's k_b and v_b formats and a low-bit one, heads packed side by side
+// (the 16-byte activation loads) and at odd strides, the kernels' token counts and the cuBLAS path.
 TEST(Cuda, MatmulHeadsIsOneMatmulPerHead) {
   REQUIRE_GPU(d);
   const int s = d->create_stream();
@@ -123,29 +133,47 @@ TEST(Cuda, MatmulHeadsIsOneMatmulPerHead) {
                                    {quant::GgmlType::Q4_K, 256},
                                    {quant::GgmlType::HQ2_G64, 128},
                                    {quant::GgmlType::F32, 40}})
-    for (const int64_t n : {1, 5, 20}) {
-      const size_t rb = quant::row_bytes(type, cols);
-      const std::vector<float> wf = test_support::random_values(heads * rows * cols, 50 + n, 0.1f);
-      std::vector<uint8_t> w(rb * heads * rows);
-      for (int64_t r = 0; r < heads * rows; ++r) quant::quantize_row(type, &wf[r * cols], w.data() + r * rb, cols);
-      const cpu::HeadsLayout layout{.n_heads = heads,
-                                    .x_token_stride = heads * (cols + 1) + 3,
-                                    .x_head_stride = cols + 1,
-                                    .y_token_stride = heads * rows + 2,
-                                    .y_head_stride = rows};
-      const std::vector<float> x = test_support::random_values(n * layout.x_token_stride, 60 + n);
-      test_support::OpHarness h(*d, s);
-      const DeviceMatrix m{type, cols, heads * rows, rb, h.up(w)};
-      const float* dx = h.up(x);
-      float* one = h.zeros(n * layout.y_token_stride);
-      float* each = h.zeros(n * layout.y_token_stride);
-      d->matmul_heads(s, m, layout, dx, n, one);
-      for (int64_t hd = 0; hd < heads; ++hd)
-        d->matmul(s, m.rows(hd * rows, rows), dx + hd * layout.x_head_stride, layout.x_token_stride, n,
-                  each + hd * layout.y_head_stride, layout.y_token_stride);
-      EXPECT_EQ(h.down(one, n * layout.y_token_stride), h.down(each, n * layout.y_token_stride))
-          << quant::type_info(type).name << " n " << n;
-    }
+    for (const bool packed : {true, false})
+      for (const int64_t n : {1, 5, 20}) {
+        const size_t rb = quant::row_bytes(type, cols);
+        const std::vector<float> wf = test_support::random_values(heads * rows * cols, 50 + n, 0.1f);
+        std::vector<uint8_t> w(rb * heads * rows);
+        for (int64_t r = 0; r < heads * rows; ++r) quant::quantize_row(type, &wf[r * cols], w.data() + r * rb, cols);
+        const int64_t x_head = packed ? cols : cols + 1;
+        const cpu::HeadsLayout layout{.n_heads = heads,
+                                      .x_token_stride = heads * x_head + (packed ? 0 : 3),
+                                      .x_head_stride = x_head,
+                                      .y_token_stride = heads * rows + (packed ? 0 : 2),
+                                      .y_head_stride = rows};
+        const std::vector<float> x = test_support::random_values(n * layout.x_token_stride, 60 + n);
+        test_support::OpHarness h(*d, s);
+        const DeviceMatrix m{type, cols, heads * rows, rb, h.up(w)};
+        const float* dx = h.up(x);
+        float* one = h.zeros(n * layout.y_token_stride);
+        float* each = h.zeros(n * layout.y_token_stride);
+        d->matmul_heads(s, m, layout, dx, n, one);
+        for (int64_t hd = 0; hd < heads; ++hd)
+          d->matmul(s, m.rows(hd * rows, rows), dx + hd * layout.x_head_stride, layout.x_token_stride, n,
+                    each + hd * layout.y_head_stride, layout.y_token_stride);
+        const std::vector<float> got = h.down(one, n * layout.y_token_stride);
+        EXPECT_EQ(got, h.down(each, n * layout.y_token_stride))
+            << quant::type_info(type).name << " n " << n << " packed " << packed;
+        std::vector<float> row(cols);
+        for (int64_t hd = 0; hd < heads; ++hd)
+          for (int64_t r = 0; r < rows; ++r) {
+            quant::dequantize_row(type, w.data() + (hd * rows + r) * rb, row.data(), cols);
+            for (int64_t t = 0; t < n; ++t) {
+              const float* xt = &x[t * layout.x_token_stride + hd * layout.x_head_stride];
+              double want = 0, scale = 0;
+              for (int64_t i = 0; i < cols; ++i) {
+                want += static_cast<double>(row[i]) * xt[i];
+                scale += std::abs(static_cast<double>(row[i]) * xt[i]);
+              }
+              ASSERT_NEAR(got[t * layout.y_token_stride + hd * layout.y_head_stride + r], want, 5e-5 * scale + 1e-6)
+                  << quant::type_info(type).name << " n " << n << " packed " << packed << " head " << hd;
+            }
+          }
+      }
 }
 
 // Each layer's output (l_out) of `got` against `want` over the same tokens, as "layer: relative RMS" lines: where a
