@@ -4,6 +4,7 @@
 
 #include "cpu_kernels/avx2/kernels_avx2.h"
 #include "cpu_kernels/avx512/kernels_avx512.h"
+#include "cpu_kernels/ops.h"
 #include "quant/ref.h"
 
 namespace hetmoe::cpu {
@@ -52,6 +53,7 @@ KernelTable make_ref_table() {
   t.axpy = &ref_axpy;
   t.dot_heads = &ref_dot_heads;
   t.sum_heads = &ref_sum_heads;
+  t.attention_softmax = &softmax_with_sink;
   set_ref<GgmlType::F32>(t);
   set_ref<GgmlType::F16>(t);
   set_ref<GgmlType::BF16>(t);

@@ -33,6 +33,10 @@ using DotHeadsFn = void (*)(int64_t n, int n_heads, const float* q, int64_t q_st
 // read once for all the heads).
 using SumHeadsFn = void (*)(int64_t n, int n_heads, int64_t n_keys, const float* p, int64_t p_stride, const float* v,
                             int64_t v_stride, float* out, int64_t out_stride);
+// The attention's softmax over one query's n scores, in place, with `sink` joining the denominator only (-inf: none):
+// cpu::softmax_with_sink's rule (sums in double). The SIMD tiers take e^x from a polynomial within a few ulp of expf,
+// as ggml's own softmax does; the reference tier is softmax_with_sink itself.
+using SoftmaxFn = void (*)(float* x, int64_t n, float sink);
 // n activation floats to a vec_dot_type.
 using QuantizeActivationFn = void (*)(const float* src, void* dst, int64_t n);
 
@@ -54,6 +58,7 @@ struct KernelTable {
   AxpyFn axpy = nullptr;
   DotHeadsFn dot_heads = nullptr;
   SumHeadsFn sum_heads = nullptr;
+  SoftmaxFn attention_softmax = nullptr;
 
   VecDotFn dot_for(quant::GgmlType t) const { return vec_dot[kernel_slot(t)]; }
   // vec_dot_rows where the tier has it (the weight row is unpacked once for all activations), else vec_dot.

@@ -230,13 +230,9 @@ void causal_attention(const AttentionShape& shape, const AttentionInput& in, int
           }
         }
       }
-      for (int hh = 0; hh < nh; ++hh) {
-        if (shape.sinks) {
-          softmax_with_sink(scores.data() + hh * max_keys, total, shape.sinks[g * group + h0 + hh]);
-        } else {
-          softmax(scores.data() + hh * max_keys, total);
-        }
-      }
+      for (int hh = 0; hh < nh; ++hh)
+        k.attention_softmax(scores.data() + hh * max_keys, total,
+                            shape.sinks ? shape.sinks[g * group + h0 + hh] : -std::numeric_limits<float>::infinity());
       if (one_run) {
         k.sum_heads(shape.head_dim_v, nh, seen, scores.data(), max_keys,
                     in.v + first * in.v_stride + static_cast<int64_t>(g) * shape.head_dim_v, in.v_stride, o,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "cpu_kernels/avx2/kernels_avx2.h"
 #include "cpu_kernels/scratch.h"

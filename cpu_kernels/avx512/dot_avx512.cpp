@@ -17,6 +17,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "cpu_kernels/avx512/kernels_avx512.h"
 #include "cpu_kernels/scratch.h"
