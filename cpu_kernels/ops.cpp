@@ -154,6 +154,61 @@ void blocked_causal_attention(const AttentionShape& shape, const AttentionInput&
   });
 }
 
+// Decode over a long run of cached rows with fewer query groups than threads (MLA: one latent key head for all heads,
+// one token), in three passes so that every thread reads only part of the cache: the scores split by keys, the
+// softmax by heads, the weighted sums by output columns. Each score, probability and output float is the same
+// arithmetic as in the head-slice path below (dot_heads per score, sum_heads per column, key by key), so the choice
+// between the two changes no bit; the head slices made each thread read every cached row twice.
+constexpr int64_t kSplitMinKeys = 256;
+
+struct SplitScoresSite;
+
+void split_decode_attention(const KernelTable& k, const AttentionShape& shape, const AttentionInput& in,
+                            int64_t n_tokens, int64_t pos0, float* out, ThreadPool& pool) {
+  const int64_t group = shape.n_head / shape.n_head_kv, dk = shape.head_dim_k, dv = shape.head_dim_v;
+  const int64_t groups = n_tokens * shape.n_head_kv, max_keys = pos0 + n_tokens;
+  const int64_t out_stride = static_cast<int64_t>(shape.n_head) * dv;
+  // Row (unit, h) of the scores: unit = t * n_head_kv + g.
+  std::span<float> scores = scratch<float, SplitScoresSite>(static_cast<size_t>(groups * group * max_keys));
+  const auto row = [&](int64_t unit, int64_t h) { return scores.data() + (unit * group + h) * max_keys; };
+  const int64_t pieces = pool.size();
+  // Pass 1: each unit's keys in `pieces` runs of whole 16-key steps.
+  pool.parallel_for(groups * pieces, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t unit = i / pieces, piece = i % pieces;
+      const int64_t t = unit / shape.n_head_kv, g = unit % shape.n_head_kv, seen = pos0 + t + 1;
+      const int64_t step = (seen / pieces + 15) / 16 * 16;
+      const int64_t j0 = std::min(seen, piece * step), j1 = piece + 1 == pieces ? seen : std::min(seen, j0 + step);
+      if (j0 >= j1) continue;
+      float* s0 = row(unit, 0);
+      k.dot_heads(dk, static_cast<int>(group), in.q + t * in.q_token_stride + g * group * in.q_head_stride,
+                  in.q_head_stride, j1 - j0, in.k + j0 * in.k_stride + g * dk, in.k_stride, s0 + j0, max_keys);
+      for (int64_t h = 0; h < group; ++h)
+        for (int64_t j = j0; j < j1; ++j) s0[h * max_keys + j] *= shape.scale;
+    }
+  });
+  // Pass 2: one softmax per head.
+  pool.parallel_for(groups * group, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t unit = i / group, h = i % group, t = unit / shape.n_head_kv, g = unit % shape.n_head_kv;
+      k.attention_softmax(row(unit, h), pos0 + t + 1,
+                          shape.sinks ? shape.sinks[g * group + h] : -std::numeric_limits<float>::infinity());
+    }
+  });
+  // Pass 3: each unit's output columns in `pieces` runs of whole 16-float steps.
+  const int64_t col_step = (dv / pieces + 15) / 16 * 16;
+  pool.parallel_for(groups * pieces, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t unit = i / pieces, piece = i % pieces;
+      const int64_t t = unit / shape.n_head_kv, g = unit % shape.n_head_kv;
+      const int64_t c0 = std::min(dv, piece * col_step), c1 = piece + 1 == pieces ? dv : std::min(dv, c0 + col_step);
+      if (c0 >= c1) continue;
+      k.sum_heads(c1 - c0, static_cast<int>(group), pos0 + t + 1, row(unit, 0), max_keys, in.v + g * dv + c0,
+                  in.v_stride, out + t * out_stride + g * group * dv + c0, dv);
+    }
+  });
+}
+
 }  // namespace
 
 void causal_attention(const AttentionShape& shape, const AttentionInput& in, int64_t n_tokens, int64_t pos0, float* out,
@@ -167,6 +222,9 @@ void causal_attention(const AttentionShape& shape, const AttentionInput& in, int
   // sum_heads (several heads and keys per step, SIMD where the CPU has it), the indexer's picks, a ring buffer's and
   // compressed entries key by key with its F32 dot and axpy.
   const KernelTable& k = kernels();
+  if (n_tokens * shape.n_head_kv < pool.size() && pos0 + 1 >= kSplitMinKeys && !shape.keys && shape.window == 0 &&
+      in.ring == 0 && !in.compressed)
+    return split_decode_attention(k, shape, in, n_tokens, pos0, out, pool);
   const VecDotFn dot = k.dot_for(quant::GgmlType::F32);
   const int64_t out_stride = static_cast<int64_t>(shape.n_head) * shape.head_dim_v;
   // Units of (token, key head, slice of its heads): whole groups when there are enough of them to keep the threads

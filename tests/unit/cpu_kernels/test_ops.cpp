@@ -110,6 +110,34 @@ TEST(Ops, PromptAttentionAsMatrixProductsMatchesTheFormula) {
   }
 }
 
+// Decode over a long cache with fewer query groups than threads takes three passes (scores by keys, softmax by heads,
+// sums by columns) instead of head slices: bit for bit the same output as the one-thread path, for MLA's one latent
+// key head (values inside the keys), GQA groups with sinks, and a short cache (below the split's threshold) alike.
+TEST(Ops, DecodeAttentionSplitByKeysEqualsTheHeadSlices) {
+  struct Case {
+    int H, KV, dk, dv;
+    int64_t pos0, n;
+    bool sinks, values_in_keys;
+  };
+  ThreadPool one(1), three(3);
+  for (const Case& c : {Case{16, 1, 72, 64, 300, 1, false, true}, Case{4, 2, 40, 40, 511, 1, true, false},
+                        Case{16, 1, 72, 64, 600, 2, false, true}, Case{8, 1, 24, 16, 40, 1, true, false}}) {
+    SCOPED_TRACE(testing::Message() << "heads " << c.H << "/" << c.KV << " pos0 " << c.pos0 << " n " << c.n);
+    const int64_t n_pos = c.pos0 + c.n;
+    const std::vector<float> q = normal(c.n * c.H * c.dk, 21), k = normal(n_pos * c.KV * c.dk, 22),
+                             v0 = normal(n_pos * c.KV * c.dv, 23), sinks = normal(c.H, 24);
+    const float* v = c.values_in_keys ? k.data() : v0.data();
+    const int64_t v_stride = c.values_in_keys ? c.dk : c.KV * c.dv;
+    AttentionShape shape{c.H, c.KV, c.dk, c.dv, 0.1f};
+    shape.sinks = c.sinks ? sinks.data() : nullptr;
+    const AttentionInput in{q.data(), c.H * c.dk, c.dk, k.data(), c.KV * c.dk, v, v_stride};
+    std::vector<float> want(c.n * c.H * c.dv), got(want.size());
+    causal_attention(shape, in, c.n, c.pos0, want.data(), one);
+    causal_attention(shape, in, c.n, c.pos0, got.data(), three);
+    EXPECT_EQ(got, want);
+  }
+}
+
 TEST(Ops, LayerNormMatchesTheFormula) {
   const std::vector<float> x = normal(37, 5), w = normal(37, 6), b = normal(37, 7);
   std::vector<float> y(37);
