@@ -10,7 +10,6 @@
 #include "cpu_kernels/avx2/kernels_avx2.h"
 #include "cpu_kernels/scratch.h"
 #include "quant/blocks.h"
-#include "quant/half.h"
 #include "quant/iq_decode.h"
 
 namespace hetmoe::cpu::avx2 {

@@ -22,7 +22,6 @@
 #include "cpu_kernels/avx512/kernels_avx512.h"
 #include "cpu_kernels/scratch.h"
 #include "quant/blocks.h"
-#include "quant/half.h"
 #include "quant/iq_decode.h"
 
 namespace hetmoe::cpu::avx512 {
