@@ -7,6 +7,7 @@
 #include <limits>
 #include <numbers>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "cpu_kernels/kernel_table.h"
@@ -172,13 +173,17 @@ void split_decode_attention(const KernelTable& k, const AttentionShape& shape, c
   std::span<float> scores = scratch<float, SplitScoresSite>(static_cast<size_t>(groups * group * max_keys));
   const auto row = [&](int64_t unit, int64_t h) { return scores.data() + (unit * group + h) * max_keys; };
   const int64_t pieces = pool.size();
-  // Pass 1: each unit's keys in `pieces` runs of whole 16-key steps.
+  // Piece p of `pieces` runs of whole 16-item steps over n items (the last takes the rest): [first, second).
+  const auto piece_of = [pieces](int64_t n, int64_t p) {
+    const int64_t step = (n / pieces + 15) / 16 * 16, begin = std::min(n, p * step);
+    return std::pair{begin, p + 1 == pieces ? n : std::min(n, begin + step)};
+  };
+  // Pass 1: each unit's keys in pieces.
   pool.parallel_for(groups * pieces, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t unit = i / pieces, piece = i % pieces;
-      const int64_t t = unit / shape.n_head_kv, g = unit % shape.n_head_kv, seen = pos0 + t + 1;
-      const int64_t step = (seen / pieces + 15) / 16 * 16;
-      const int64_t j0 = std::min(seen, piece * step), j1 = piece + 1 == pieces ? seen : std::min(seen, j0 + step);
+      const int64_t unit = i / pieces;
+      const int64_t t = unit / shape.n_head_kv, g = unit % shape.n_head_kv;
+      const auto [j0, j1] = piece_of(pos0 + t + 1, i % pieces);
       if (j0 >= j1) continue;
       float* s0 = row(unit, 0);
       k.dot_heads(dk, static_cast<int>(group), in.q + t * in.q_token_stride + g * group * in.q_head_stride,
@@ -195,13 +200,12 @@ void split_decode_attention(const KernelTable& k, const AttentionShape& shape, c
                           shape.sinks ? shape.sinks[g * group + h] : -std::numeric_limits<float>::infinity());
     }
   });
-  // Pass 3: each unit's output columns in `pieces` runs of whole 16-float steps.
-  const int64_t col_step = (dv / pieces + 15) / 16 * 16;
+  // Pass 3: each unit's output columns in pieces.
   pool.parallel_for(groups * pieces, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t unit = i / pieces, piece = i % pieces;
+      const int64_t unit = i / pieces;
       const int64_t t = unit / shape.n_head_kv, g = unit % shape.n_head_kv;
-      const int64_t c0 = std::min(dv, piece * col_step), c1 = piece + 1 == pieces ? dv : std::min(dv, c0 + col_step);
+      const auto [c0, c1] = piece_of(dv, i % pieces);
       if (c0 >= c1) continue;
       k.sum_heads(c1 - c0, static_cast<int>(group), pos0 + t + 1, row(unit, 0), max_keys, in.v + g * dv + c0,
                   in.v_stride, out + t * out_stride + g * group * dv + c0, dv);
