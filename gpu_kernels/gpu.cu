@@ -64,8 +64,10 @@ __device__ __forceinline__ void load8(const float* x, bool aligned, float (&v)[8
   }
 }
 
-// Whether every 8-value run x + t * ldx + 8k lies on 16 bytes.
-bool aligned8(const float* x, int64_t ldx) { return reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0; }
+// Whether every 8-value run x + h * heads.x_stride + t * ldx + 8k lies on 16 bytes.
+bool aligned8(const float* x, int64_t ldx, const Heads& heads) {
+  return reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0 && heads.x_stride % 4 == 0;
+}
 
 // One warp per weight row, 8 of the row's 32-value units per step: lane l takes part l % 4 (values 8 (l % 4) ..
 // + 8) of unit l / 4, so a step reads 8 consecutive units' codes and 256 consecutive activations per token, both
@@ -835,11 +837,12 @@ StreamGemm& gemm_of(Stream s) {
   return g;
 }
 
-// y[t * ldy + r] = W.row(r) . x[t * ldx ...] through chunks of dequantized rows; `dequantize(r0, count, out)` queues
-// the F32 rows [r0, r0 + count) into out.
+// y[t * ldy + r] = W.row(r) . x[t * ldx ...] through chunks of dequantized rows, for each of heads.count heads (head
+// h: rows h * rows .., activations x + h * x_stride, outputs y + h * y_stride); `dequantize(r0, count, out)` queues
+// the F32 rows [r0, r0 + count) of the whole matrix into out.
 template <typename Dequantize>
-void gemm_by_chunks(int64_t rows, int64_t cols, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy, Stream s,
-                    Dequantize dequantize) {
+void gemm_by_chunks(int64_t rows, int64_t cols, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy,
+                    const Heads& heads, Stream s, Dequantize dequantize) {
   StreamGemm& g = gemm_of(s);
   const int64_t chunk = std::max<int64_t>(1, std::min(rows, kWorkspaceFloats / cols));
   if (g.floats < chunk * cols) {
@@ -850,15 +853,17 @@ void gemm_by_chunks(int64_t rows, int64_t cols, const float* x, int64_t ldx, int
     g.floats = chunk * cols;
   }
   const float one = 1.0f, zero = 0.0f;
-  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-    const int64_t count = std::min(chunk, rows - r0);
-    dequantize(r0, count, g.workspace);
-    // Row-major W (count x cols), x (n x cols), y (n x count) are column-major W^T, x^T, y^T: y^T = W x^T.
-    const cublasStatus_t st = cublasSgemm(
-        g.handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(count), static_cast<int>(n), static_cast<int>(cols), &one,
-        g.workspace, static_cast<int>(cols), x, static_cast<int>(ldx), &zero, y + r0, static_cast<int>(ldy));
-    if (st != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cuBLAS: cublasSgemm failed");
-  }
+  for (int64_t h = 0; h < heads.count; ++h)
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const int64_t count = std::min(chunk, rows - r0);
+      dequantize(h * rows + r0, count, g.workspace);
+      // Row-major W (count x cols), x (n x cols), y (n x count) are column-major W^T, x^T, y^T: y^T = W x^T.
+      const cublasStatus_t st =
+          cublasSgemm(g.handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(count), static_cast<int>(n),
+                      static_cast<int>(cols), &one, g.workspace, static_cast<int>(cols), x + h * heads.x_stride,
+                      static_cast<int>(ldx), &zero, y + h * heads.y_stride + r0, static_cast<int>(ldy));
+      if (st != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cuBLAS: cublasSgemm failed");
+    }
 }
 
 }  // namespace
@@ -880,26 +885,20 @@ void lowbit_matmul(int bits, int group, const void* w, int64_t rows, int64_t col
   if (bits < 2 || bits > 4) throw std::runtime_error("lowbit_matmul: bits must be 2, 3 or 4");
   const auto* wb = static_cast<const uint8_t*>(w);
   if (n >= kGemmMinTokens) {
-    for (int64_t h = 0; h < heads.count; ++h) {
-      const uint8_t* wh = wb + h * rows * row_bytes;
-      gemm_by_chunks(
-          rows, cols, x + h * heads.x_stride, ldx, n, y + h * heads.y_stride, ldy, s,
-          [&](int64_t r0, int64_t count, float* out) {
-            const uint8_t* first = wh + r0 * row_bytes;
-            const unsigned g = blocks_for(count * (cols / 32), 256);
-            if (bits == 2)
-              dequantize_lowbit_kernel<2><<<g, 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, group, out);
-            if (bits == 3)
-              dequantize_lowbit_kernel<3><<<g, 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, group, out);
-            if (bits == 4)
-              dequantize_lowbit_kernel<4><<<g, 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, group, out);
-            check(cudaGetLastError(), "dequantize_lowbit launch");
-          });
-    }
-    return;
+    return gemm_by_chunks(rows, cols, x, ldx, n, y, ldy, heads, s, [&](int64_t r0, int64_t count, float* out) {
+      const uint8_t* first = wb + r0 * row_bytes;
+      const unsigned g = blocks_for(count * (cols / 32), 256);
+      if (bits == 2)
+        dequantize_lowbit_kernel<2><<<g, 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, group, out);
+      if (bits == 3)
+        dequantize_lowbit_kernel<3><<<g, 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, group, out);
+      if (bits == 4)
+        dequantize_lowbit_kernel<4><<<g, 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, group, out);
+      check(cudaGetLastError(), "dequantize_lowbit launch");
+    });
   }
   const dim3 grid(blocks_for(rows, kWarpsPerBlock), static_cast<unsigned>(heads.count));
-  const bool aligned = aligned8(x, ldx) && heads.x_stride % 4 == 0;
+  const bool aligned = aligned8(x, ldx, heads);
   const auto launch = [&](auto kernel) {
     kernel<<<grid, kWarp * kWarpsPerBlock, 0, stream_of(s)>>>(wb, rows, cols, row_bytes, group, x, ldx, aligned, n, y,
                                                               ldy, heads);
@@ -972,25 +971,20 @@ void block_matmul(quant::GgmlType type, const void* w, int64_t rows, int64_t col
   if (type == quant::GgmlType::IQ2_XXS || type == quant::GgmlType::IQ3_XXS) upload_iq_grids();
   const auto* wb = static_cast<const uint8_t*>(w);
   if (n >= kGemmMinTokens) {
-    for (int64_t h = 0; h < heads.count; ++h) {
-      const uint8_t* wh = wb + h * rows * row_bytes;
-      gemm_by_chunks(rows, cols, x + h * heads.x_stride, ldx, n, y + h * heads.y_stride, ldy, s,
-                     [&](int64_t r0, int64_t count, float* out) {
-                       const uint8_t* first = wh + r0 * row_bytes;
-                       with_block_format(type, [&](auto format) {
-                         constexpr quant::GgmlType kType = decltype(format)::value;
-                         const int64_t blocks = count * (cols / BlockFormat<kType>::kValues);
-                         dequantize_blocks_kernel<kType>
-                             <<<blocks_for(blocks, 256), 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, out);
-                       });
-                       check(cudaGetLastError(), "dequantize_blocks launch");
-                     });
-    }
-    return;
+    return gemm_by_chunks(rows, cols, x, ldx, n, y, ldy, heads, s, [&](int64_t r0, int64_t count, float* out) {
+      const uint8_t* first = wb + r0 * row_bytes;
+      with_block_format(type, [&](auto format) {
+        constexpr quant::GgmlType kType = decltype(format)::value;
+        const int64_t blocks = count * (cols / BlockFormat<kType>::kValues);
+        dequantize_blocks_kernel<kType>
+            <<<blocks_for(blocks, 256), 256, 0, stream_of(s)>>>(first, count, cols, row_bytes, out);
+      });
+      check(cudaGetLastError(), "dequantize_blocks launch");
+    });
   }
   const dim3 grid(blocks_for(rows, kWarpsPerBlock), static_cast<unsigned>(heads.count));
   const unsigned threads = kWarp * kWarpsPerBlock;
-  const bool aligned = aligned8(x, ldx) && heads.x_stride % 4 == 0;
+  const bool aligned = aligned8(x, ldx, heads);
   with_block_format(type, [&](auto format) {
     constexpr quant::GgmlType kType = decltype(format)::value;
     if constexpr (quant::kHasBlockParts<kType>) {
