@@ -163,13 +163,10 @@ TEST(Cuda, MatmulHeadsIsOneMatmulPerHead) {
           for (int64_t r = 0; r < rows; ++r) {
             quant::dequantize_row(type, w.data() + (hd * rows + r) * rb, row.data(), cols);
             for (int64_t t = 0; t < n; ++t) {
-              const float* xt = &x[t * layout.x_token_stride + hd * layout.x_head_stride];
-              double want = 0, scale = 0;
-              for (int64_t i = 0; i < cols; ++i) {
-                want += static_cast<double>(row[i]) * xt[i];
-                scale += std::abs(static_cast<double>(row[i]) * xt[i]);
-              }
-              ASSERT_NEAR(got[t * layout.y_token_stride + hd * layout.y_head_stride + r], want, 5e-5 * scale + 1e-6)
+              const test_support::ExactDot want =
+                  test_support::exact_dot(row.data(), &x[t * layout.x_token_stride + hd * layout.x_head_stride], cols);
+              ASSERT_NEAR(got[t * layout.y_token_stride + hd * layout.y_head_stride + r], want.value,
+                          5e-5 * want.scale + 1e-6)
                   << quant::type_info(type).name << " n " << n << " packed " << packed << " head " << hd;
             }
           }

@@ -20,6 +20,20 @@
 
 namespace hetmoe::test_support {
 
+// The exact product of a dequantized weight row and an activation row (in double) and the sum of |w x| that bounds
+// its rounding: the reference of the matmul checks.
+struct ExactDot {
+  double value = 0, scale = 0;
+};
+inline ExactDot exact_dot(const float* w, const float* x, int64_t n) {
+  ExactDot d;
+  for (int64_t i = 0; i < n; ++i) {
+    d.value += static_cast<double>(w[i]) * x[i];
+    d.scale += std::abs(static_cast<double>(w[i]) * x[i]);
+  }
+  return d;
+}
+
 // matmul of `rows` rows of `cols` values of `type` against n activation rows, then silu_mul of the result with
 // itself, on stream s, against the dequantized rows in double: |error| <= rel * sum |w x| per output.
 inline void check_matmul_and_silu(device::Device& d, int s, quant::GgmlType type, int64_t cols, int64_t rows, int64_t n,
@@ -45,13 +59,9 @@ inline void check_matmul_and_silu(device::Device& d, int s, quant::GgmlType type
     std::vector<float> wr(cols);
     quant::dequantize_row(type, w.data() + r * rb, wr.data(), cols);
     for (int64_t t = 0; t < n; ++t) {
-      double want = 0, scale = 0;
-      for (int64_t i = 0; i < cols; ++i) {
-        want += static_cast<double>(wr[i]) * x[t * cols + i];
-        scale += std::abs(static_cast<double>(wr[i]) * x[t * cols + i]);
-      }
+      const ExactDot want = exact_dot(wr.data(), &x[t * cols], cols);
       const float yv = y[t * rows + r];
-      ASSERT_NEAR(yv, want, rel * scale + 1e-6)
+      ASSERT_NEAR(yv, want.value, rel * want.scale + 1e-6)
           << quant::type_info(type).name << " cols " << cols << " rows " << rows << " n " << n << " r " << r;
       ASSERT_NEAR(h[t * rows + r], yv / (1 + std::exp(-yv)) * yv, 1e-5f + 1e-4f * std::abs(yv * yv));
     }

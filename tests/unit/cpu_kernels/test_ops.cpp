@@ -21,6 +21,14 @@ std::vector<float> normal(size_t n, uint32_t seed) {
   return v;
 }
 
+// An attention case: heads and key heads, key and value widths, a batch of n tokens after pos0 cached positions,
+// sinks or not, values inside the keys (MLA's latent rows) or apart.
+struct AttentionCase {
+  int H, KV, dk, dv;
+  int64_t pos0, n;
+  bool sinks, values_in_keys;
+};
+
 // gpt-oss's attention: per head a sink logit that joins the softmax denominator without a value, and a sliding
 // window (a query at position p sees keys p - window + 1 .. p), with GQA groups and a batch after earlier positions.
 TEST(Ops, AttentionWithSinksAndSlidingWindowMatchesTheFormula) {
@@ -65,14 +73,10 @@ TEST(Ops, AttentionWithSinksAndSlidingWindowMatchesTheFormula) {
 // formula gives, for GQA groups, sinks, a batch after cached positions (blocks of every key count, a last block cut
 // short), and MLA's layout (one key head whose values are the first floats of the key rows, longer keys than values).
 TEST(Ops, PromptAttentionAsMatrixProductsMatchesTheFormula) {
-  struct Case {
-    int H, KV, dk, dv;
-    int64_t pos0, n;
-    bool sinks, values_in_keys;
-  };
   ThreadPool pool(2);
-  for (const Case& c : {Case{8, 2, 16, 16, 0, 70, false, false}, Case{4, 4, 24, 8, 9, 40, true, false},
-                        Case{16, 1, 40, 32, 5, 33, false, true}}) {
+  for (const AttentionCase& c :
+       {AttentionCase{8, 2, 16, 16, 0, 70, false, false}, AttentionCase{4, 4, 24, 8, 9, 40, true, false},
+        AttentionCase{16, 1, 40, 32, 5, 33, false, true}}) {
     SCOPED_TRACE(testing::Message() << "heads " << c.H << "/" << c.KV << " pos0 " << c.pos0 << " n " << c.n);
     const int64_t n_pos = c.pos0 + c.n;
     const std::vector<float> q = normal(c.n * c.H * c.dk, 11), k = normal(n_pos * c.KV * c.dk, 12),
@@ -114,14 +118,10 @@ TEST(Ops, PromptAttentionAsMatrixProductsMatchesTheFormula) {
 // sums by columns) instead of head slices: bit for bit the same output as the one-thread path, for MLA's one latent
 // key head (values inside the keys), GQA groups with sinks, and a short cache (below the split's threshold) alike.
 TEST(Ops, DecodeAttentionSplitByKeysEqualsTheHeadSlices) {
-  struct Case {
-    int H, KV, dk, dv;
-    int64_t pos0, n;
-    bool sinks, values_in_keys;
-  };
   ThreadPool one(1), three(3);
-  for (const Case& c : {Case{16, 1, 72, 64, 300, 1, false, true}, Case{4, 2, 40, 40, 511, 1, true, false},
-                        Case{16, 1, 72, 64, 600, 2, false, true}, Case{8, 1, 24, 16, 40, 1, true, false}}) {
+  for (const AttentionCase& c :
+       {AttentionCase{16, 1, 72, 64, 300, 1, false, true}, AttentionCase{4, 2, 40, 40, 511, 1, true, false},
+        AttentionCase{16, 1, 72, 64, 600, 2, false, true}, AttentionCase{8, 1, 24, 16, 40, 1, true, false}}) {
     SCOPED_TRACE(testing::Message() << "heads " << c.H << "/" << c.KV << " pos0 " << c.pos0 << " n " << c.n);
     const int64_t n_pos = c.pos0 + c.n;
     const std::vector<float> q = normal(c.n * c.H * c.dk, 21), k = normal(n_pos * c.KV * c.dk, 22),
