@@ -1,6 +1,8 @@
 #include "cpu_kernels/kernel_table.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "cpu_kernels/avx2/kernels_avx2.h"
 #include "cpu_kernels/avx512/kernels_avx512.h"
@@ -114,11 +116,23 @@ KernelTable make_ref_table() {
 
 }  // namespace
 
+void KernelTable::quantize_row(GgmlType type, const float* src, void* dst, int64_t n) const {
+  const QuantizeRowFn fn = quantize_weights[kernel_slot(type)];
+  if (!fn) return quant::quantize_row(type, src, dst, n);  // which checks n itself
+  if (n % quant::type_info(type).block_size != 0)
+    throw std::invalid_argument("quantize_row: " + std::to_string(n) + " values are not whole blocks of " +
+                                std::string(quant::type_info(type).name));
+  fn(src, dst, n);
+}
+
 KernelTable make_kernel_table(Isa isa) {
   KernelTable t = make_ref_table();
   // Each tier starts from the one below: formats without a kernel of their own keep the lower tier's.
   if (isa >= Isa::kAvx2) avx2::install(t);
-  if (isa >= Isa::kAvx512) avx512::install(t);
+  if (isa >= Isa::kAvx512) {
+    avx512::install(t);
+    avx512::install_quantize(t);
+  }
   if (isa >= Isa::kAmx) avx512::install_amx(t);
   t.isa = isa;
   return t;

@@ -39,6 +39,8 @@ using SumHeadsFn = void (*)(int64_t n, int n_heads, int64_t n_keys, const float*
 using SoftmaxFn = void (*)(float* x, int64_t n, float sink);
 // n activation floats to a vec_dot_type.
 using QuantizeActivationFn = void (*)(const float* src, void* dst, int64_t n);
+// A row of n floats to a weight type, byte for byte quant::quantize_row's (model conversion: hetmoe split).
+using QuantizeRowFn = void (*)(const float* src, void* dst, int64_t n);
 
 // A type's index in the tables below: ggml's ids as they are, hetmoe's HQ split types (ids 1020..1041) after them.
 inline constexpr size_t kKernelSlots = 46;
@@ -55,6 +57,7 @@ struct KernelTable {
   std::array<VecDotRowsFn, kKernelSlots> vec_dot_rows{};                 // by kernel_slot(type); null: vec_dot per row
   std::array<GemmTileFn, kKernelSlots> gemm_tile{};                      // by kernel_slot(type); null: none
   std::array<QuantizeActivationFn, kKernelSlots> quantize_activation{};  // by kernel_slot(vec_dot_type)
+  std::array<QuantizeRowFn, kKernelSlots> quantize_weights{};            // by kernel_slot(type); null: the reference
   AxpyFn axpy = nullptr;
   DotHeadsFn dot_heads = nullptr;
   SumHeadsFn sum_heads = nullptr;
@@ -69,6 +72,8 @@ struct KernelTable {
     for (int64_t j = 0; j < n_act; ++j) out[j] = dot(n, weight_row, act + static_cast<size_t>(j) * act_stride);
   }
   GemmTileFn tile_for(quant::GgmlType t) const { return gemm_tile[kernel_slot(t)]; }
+  // n floats to `type`'s blocks (quant::quantize_row's bytes), with the tier's quantizer where it has one.
+  void quantize_row(quant::GgmlType type, const float* src, void* dst, int64_t n) const;
   QuantizeActivationFn activation_for(quant::GgmlType vec_dot_type) const {
     return quantize_activation[kernel_slot(vec_dot_type)];
   }

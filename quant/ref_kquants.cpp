@@ -10,9 +10,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <type_traits>
 
 #include "quant/blocks.h"
 #include "quant/half.h"
+#include "quant/kquant_search.h"
 #include "quant/ref_formats.h"
 
 namespace hetmoe::quant::ref_detail {
@@ -380,25 +383,15 @@ void pack_scale_min_k4(const uint8_t* ls, const uint8_t* lm, uint8_t* scales) {
   }
 }
 
-// Shared by Q4_K and Q5_K (ggml's quantize_row_q{4,5}_K_ref): a scale and min per 32 from make_qkx2_quants,
-// both quantized to 6 bits against the super-block's largest, then every element requantized against the
-// rounded scale and min. Returns the codes in levels.
+// Shared by Q4_K and Q5_K (ggml's quantize_row_q{4,5}_K_ref), after the search (quant/kquant_search.h) gave a
+// scale, min and codes per 32: scales and mins quantized to 6 bits against the super-block's largest, then every
+// element requantized against the rounded scale and min (a sub-block whose scale rounds to zero keeps the search's
+// codes). Returns the codes in levels.
 template <typename Block>
-void quantize_k_with_min(const float* x, Block& b, int nmax, float rmin, float rdelta, int nstep, uint8_t* levels) {
-  float scales[8];
-  float mins[8];
-  float weights[32];
-  uint8_t levels_aux[32];
+void finish_k_with_min(const float* x, Block& b, int nmax, const float* scales, const float* mins, uint8_t* levels) {
   float max_scale = 0;
   float max_min = 0;
   for (int j = 0; j < 8; ++j) {
-    const float* xj = x + 32 * j;
-    float sum_x2 = 0;
-    for (int l = 0; l < 32; ++l) sum_x2 += xj[l] * xj[l];
-    const float av_x = std::sqrt(sum_x2 / 32);
-    for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xj[l]);
-    scales[j] =
-        make_qkx2_quants(32, nmax, xj, weights, levels + 32 * j, &mins[j], levels_aux, rmin, rdelta, nstep, false);
     if (scales[j] > max_scale) max_scale = scales[j];
     if (mins[j] > max_min) max_min = mins[j];
   }
@@ -423,6 +416,44 @@ void quantize_k_with_min(const float* x, Block& b, int nmax, float rmin, float r
     for (int ii = 0; ii < 32; ++ii) {
       const int l = nearest_int((x[32 * j + ii] + dm) / d);
       levels[32 * j + ii] = static_cast<uint8_t>(std::max(0, std::min(nmax, l)));
+    }
+  }
+}
+
+void pack_q4_k(const uint8_t* levels, BlockQ4_K& b) {
+  for (int k = 0; k < kQK_K; ++k) {
+    uint8_t& byte = b.qs[(k / 64) * 32 + k % 32];
+    byte = static_cast<uint8_t>(byte | ((k % 64) < 32 ? levels[k] : levels[k] << 4));
+  }
+}
+
+void pack_q5_k(const uint8_t* levels, BlockQ5_K& b) {
+  for (int k = 0; k < kQK_K; ++k) {
+    const int low = levels[k] & 0x0f;
+    if (levels[k] > 15) b.qh[k % 32] = static_cast<uint8_t>(b.qh[k % 32] | 1 << (k / 32));
+    uint8_t& byte = b.qs[(k / 64) * 32 + k % 32];
+    byte = static_cast<uint8_t>(byte | ((k % 64) < 32 ? low : low << 4));
+  }
+}
+
+// Rows of Q4_K or Q5_K: the search for up to kChunk super-blocks at a time, then each one finished and packed.
+template <typename Block>
+void quantize_k_rows(const float* src, void* dst, int64_t n, const KSearchParams& p, KSubblockSearchFn search) {
+  constexpr int64_t kChunk = 8;
+  float scales[8 * kChunk], mins[8 * kChunk];
+  uint8_t levels[kQK_K * kChunk];
+  for (int64_t i0 = 0; i0 < n / kQK_K; i0 += kChunk) {
+    const int64_t nb = std::min(kChunk, n / kQK_K - i0);
+    search(src + i0 * kQK_K, nb, p, scales, mins, levels);
+    for (int64_t c = 0; c < nb; ++c) {
+      Block b{};
+      uint8_t* lv = levels + c * kQK_K;
+      finish_k_with_min(src + (i0 + c) * kQK_K, b, p.nmax, scales + 8 * c, mins + 8 * c, lv);
+      if constexpr (std::is_same_v<Block, BlockQ4_K>)
+        pack_q4_k(lv, b);
+      else
+        pack_q5_k(lv, b);
+      store_block(dst, i0 + c, b);
     }
   }
 }
@@ -549,31 +580,11 @@ void quantize_q3_k(const float* src, void* dst, int64_t n) {
 }
 
 void quantize_q4_k(const float* src, void* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK_K; ++i) {
-    BlockQ4_K b{};
-    uint8_t levels[kQK_K];
-    quantize_k_with_min(src + i * kQK_K, b, 15, -1.f, 0.1f, 20, levels);
-    for (int k = 0; k < kQK_K; ++k) {
-      uint8_t& byte = b.qs[(k / 64) * 32 + k % 32];
-      byte = static_cast<uint8_t>(byte | ((k % 64) < 32 ? levels[k] : levels[k] << 4));
-    }
-    store_block(dst, i, b);
-  }
+  quantize_k_rows<BlockQ4_K>(src, dst, n, k_search_params(GgmlType::Q4_K), &k_search_reference);
 }
 
 void quantize_q5_k(const float* src, void* dst, int64_t n) {
-  for (int64_t i = 0; i < n / kQK_K; ++i) {
-    BlockQ5_K b{};
-    uint8_t levels[kQK_K];
-    quantize_k_with_min(src + i * kQK_K, b, 31, -0.5f, 0.1f, 15, levels);
-    for (int k = 0; k < kQK_K; ++k) {
-      const int low = levels[k] & 0x0f;
-      if (levels[k] > 15) b.qh[k % 32] = static_cast<uint8_t>(b.qh[k % 32] | 1 << (k / 32));
-      uint8_t& byte = b.qs[(k / 64) * 32 + k % 32];
-      byte = static_cast<uint8_t>(byte | ((k % 64) < 32 ? low : low << 4));
-    }
-    store_block(dst, i, b);
-  }
+  quantize_k_rows<BlockQ5_K>(src, dst, n, k_search_params(GgmlType::Q5_K), &k_search_reference);
 }
 
 void quantize_q6_k(const float* src, void* dst, int64_t n) {
@@ -629,3 +640,37 @@ float vec_dot_q5_k(int64_t n, const void* w, const void* a) { return vec_dot_k<B
 float vec_dot_q6_k(int64_t n, const void* w, const void* a) { return vec_dot_k<BlockQ6_K>(n, w, a); }
 
 }  // namespace hetmoe::quant::ref_detail
+
+namespace hetmoe::quant {
+
+KSearchParams k_search_params(GgmlType type) {
+  if (type == GgmlType::Q5_K) return {.nmax = 31, .rmin = -0.5f, .rdelta = 0.1f, .nstep = 15};
+  return {.nmax = 15, .rmin = -1.0f, .rdelta = 0.1f, .nstep = 20};
+}
+
+void k_search_reference(const float* x, int64_t n_blocks, const KSearchParams& p, float* scales, float* mins,
+                        uint8_t* levels) {
+  float weights[32];
+  uint8_t levels_aux[32];
+  for (int64_t j = 0; j < 8 * n_blocks; ++j) {
+    const float* xj = x + 32 * j;
+    float sum_x2 = 0;
+    for (int l = 0; l < 32; ++l) sum_x2 += xj[l] * xj[l];
+    const float av_x = std::sqrt(sum_x2 / 32);
+    for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xj[l]);
+    scales[j] = ref_detail::make_qkx2_quants(32, p.nmax, xj, weights, levels + 32 * j, &mins[j], levels_aux, p.rmin,
+                                             p.rdelta, p.nstep, false);
+  }
+}
+
+void quantize_k_rows_with(GgmlType type, const float* src, void* dst, int64_t n, KSubblockSearchFn search) {
+  if (type != GgmlType::Q4_K && type != GgmlType::Q5_K)
+    throw std::invalid_argument("quantize_k_rows_with: only Q4_K and Q5_K have this search");
+  if (n % kQK_K != 0) throw std::invalid_argument("quantize_k_rows_with: rows are whole super-blocks of 256");
+  if (type == GgmlType::Q4_K)
+    ref_detail::quantize_k_rows<BlockQ4_K>(src, dst, n, k_search_params(type), search);
+  else
+    ref_detail::quantize_k_rows<BlockQ5_K>(src, dst, n, k_search_params(type), search);
+}
+
+}  // namespace hetmoe::quant

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <span>
 
+#include "cpu_kernels/kernel_table.h"
 #include "cpu_kernels/thread_pool.h"
 #include "quant/lowbit.h"
 #include "quant/ref.h"
@@ -147,11 +148,12 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, const SplitP
     // W^Q: each source row to the low-bit format, rows spread over the threads; kept until the residual is written
     // (one tensor's W^Q, a quarter of its source at 4 bits or less: memory stays bounded by the largest tensor).
     writer.add_tensor(split_gpu_name(t.name), q_type, ne, [&, q_type, q_row](std::span<uint8_t> out) {
+      const cpu::KernelTable& kernels = cpu::kernels();
       pool.parallel_for(t.n_rows, 64, [&](int64_t r0, int64_t r1) {
         std::vector<float> w(t.ne[0]);
         for (int64_t r = r0; r < r1; ++r) {
           source_row(t, r, w.data());
-          quant::quantize_row(q_type, w.data(), out.data() + r * q_row, t.ne[0]);
+          kernels.quantize_row(q_type, w.data(), out.data() + r * q_row, t.ne[0]);
         }
       });
       last_gpu_part.assign(out.begin(), out.end());
@@ -161,6 +163,7 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, const SplitP
     writer.add_tensor(split_residual_name(t.name), res_type, ne,
                       [&, q_type, q_row, r_row, res_type, index](std::span<uint8_t> out) {
                         ErrorSums sums;
+                        const cpu::KernelTable& kernels = cpu::kernels();
                         pool.parallel_for(t.n_rows, 64, [&](int64_t r0, int64_t r1) {
                           const int64_t n = t.ne[0];
                           std::vector<float> w(n), q(n), back(n);
@@ -170,7 +173,7 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, const SplitP
                             quant::dequantize_row(q_type, last_gpu_part.data() + r * q_row, q.data(), n);
                             for (int64_t i = 0; i < n; ++i) back[i] = w[i] - q[i];
                             uint8_t* dst = out.data() + r * r_row;
-                            quant::quantize_row(res_type, back.data(), dst, n);
+                            kernels.quantize_row(res_type, back.data(), dst, n);
                             quant::dequantize_row(res_type, dst, back.data(), n);
                             for (int64_t i = 0; i < n; ++i) {
                               const double e = static_cast<double>(w[i]) - q[i];

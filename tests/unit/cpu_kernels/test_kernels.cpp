@@ -276,6 +276,42 @@ TEST(Kernels, ActivationConverterOfEveryTierMatchesTheReference) {
   }
 }
 
+// The split formats' quantizer of every tier writes the reference's bytes: normal rows at several scales, rows with
+// constant, zero and two-valued groups (signed zeros among them), values on exact levels (ties of the rounding), and
+// a wide-ranged row whose least-squares scales round to zero in fp16.
+TEST(Kernels, WeightQuantizerOfEveryTierMatchesTheReference) {
+  const int64_t n = 1408;  // DeepSeek-V2-Lite's expert width: 22 groups of 64, 11 of 128
+  std::vector<std::vector<float>> rows = {random_floats(n, 21, 0.02f), random_floats(n, 22, 3.0f)};
+  std::vector<float> special(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t g = i / 64;
+    special[i] = g % 4 == 0   ? 0.375f                                      // constant
+                 : g % 4 == 1 ? (i % 2 ? 0.0f : -0.0f)                      // zeros of both signs
+                 : g % 4 == 2 ? (i % 3 ? -1.5f : 2.25f)                     // two values
+                              : 0.25f * static_cast<float>(i % 16) - 1.0f;  // exact levels
+  }
+  rows.push_back(special);
+  std::vector<float> wide = random_floats(n, 23, 1e-6f);
+  for (int64_t i = 0; i < n; i += 37) wide[i] = 5e4f;
+  rows.push_back(wide);
+  for (Isa isa : tiers_present()) {
+    const KernelTable table = make_kernel_table(isa);
+    for (GgmlType t : {GgmlType::HQ2_G64, GgmlType::HQ2_G128, GgmlType::HQ3_G64, GgmlType::HQ3_G128, GgmlType::HQ4_G64,
+                       GgmlType::HQ4_G128, GgmlType::Q4_K, GgmlType::Q5_K}) {
+      const int64_t len = quant::type_info(t).block_size == 256 ? 1280 : n;
+      for (size_t r = 0; r < rows.size(); ++r) {
+        std::vector<uint8_t> want(quant::row_bytes(t, len)), got(want.size());
+        quant::quantize_row(t, rows[r].data(), want.data(), len);
+        table.quantize_row(t, rows[r].data(), got.data(), len);
+        EXPECT_EQ(got, want) << isa_name(isa) << " " << quant::type_info(t).name << " row " << r;
+      }
+    }
+    std::vector<uint8_t> out(quant::row_bytes(GgmlType::HQ2_G64, 64));
+    EXPECT_THROW(table.quantize_row(GgmlType::HQ2_G64, rows[0].data(), out.data(), 96), std::invalid_argument)
+        << isa_name(isa);
+  }
+}
+
 TEST(Kernels, ThreadedMatmulEqualsRowByRowDots) {
   const int64_t n_cols = 512, n_rows = 37, n_tokens = 17;
   for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0}) {

@@ -1,0 +1,207 @@
+// Weight quantizers for model conversion (hetmoe split) with AVX-512, each giving the reference's bytes (tested):
+// - the low-bit split formats (quant/lowbit_fit.h): a group of 64 or 128 values lives in 4 or 8 vectors for its
+//   whole fit, and one pass (levels at a candidate scale and offset, their three sums) is a few instructions a
+//   vector where the scalar pass spends a division and three adds a value; the sums and the extremes are lane-tree
+//   sums in the scalar pass's order;
+// - Q4_K and Q5_K (W^R): the scale search (quant/kquant_search.h) of 16 sub-blocks at once, one per lane.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "cpu_kernels/avx512/kernels_avx512.h"
+#include "quant/blocks.h"
+#include "quant/kquant_search.h"
+#include "quant/lowbit_fit.h"
+
+namespace hetmoe::cpu::avx512 {
+namespace {
+
+namespace fit = quant::lowbit_fit;
+
+// Lane l = op(lane l, lane l + k) for k = 8, 4, 2, 1, as fit::lane_tree does (op(low half, high half) each step).
+template <typename Op256, typename Op128>
+float tree(__m512 v, Op256 op256, Op128 op128) {
+  const __m256 a = op256(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 b = op128(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  b = op128(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(op128(b, _mm_movehdup_ps(b)));
+}
+float tree_sum(__m512 v) {
+  return tree(
+      v, [](__m256 a, __m256 b) { return _mm256_add_ps(a, b); }, [](__m128 a, __m128 b) { return _mm_add_ps(a, b); });
+}
+
+template <int kVectors>
+struct Group {
+  __m512 x[kVectors];
+
+  explicit Group(const float* src) {
+    for (int v = 0; v < kVectors; ++v) x[v] = _mm512_loadu_ps(src + 16 * v);
+  }
+
+  fit::GroupStats stats() const {
+    __m512 lo = x[0], hi = x[0], sx = _mm512_setzero_ps(), sxx = _mm512_setzero_ps();
+    for (int v = 0; v < kVectors; ++v) {
+      lo = _mm512_min_ps(x[v], lo);
+      hi = _mm512_max_ps(x[v], hi);
+      sx = _mm512_add_ps(sx, x[v]);
+      sxx = _mm512_add_ps(sxx, _mm512_mul_ps(x[v], x[v]));
+    }
+    return {tree(
+                lo, [](__m256 a, __m256 b) { return _mm256_min_ps(a, b); },
+                [](__m128 a, __m128 b) { return _mm_min_ps(a, b); }),
+            tree(
+                hi, [](__m256 a, __m256 b) { return _mm256_max_ps(a, b); },
+                [](__m128 a, __m128 b) { return _mm_max_ps(a, b); }),
+            tree_sum(sx), tree_sum(sxx)};
+  }
+
+  // fit::scalar_pass: the levels at (d, m) into q (when not null) and their sums.
+  fit::LevelSums pass(float d, float m, float levels, uint8_t* q) const {
+    const __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m), top = _mm512_set1_ps(levels);
+    const __m512 magic = _mm512_set1_ps(fit::kRoundMagic), zero = _mm512_setzero_ps();
+    __m512 sq = zero, sqq = zero, sqx = zero;
+#pragma GCC unroll 8
+    for (int v = 0; v < kVectors; ++v) {
+      __m512 l = _mm512_sub_ps(_mm512_add_ps(_mm512_div_ps(_mm512_sub_ps(x[v], mv), dv), magic), magic);
+      l = _mm512_min_ps(_mm512_max_ps(l, zero), top);
+      if (q) _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * v), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(l)));
+      sq = _mm512_add_ps(sq, l);
+      sqq = _mm512_add_ps(sqq, _mm512_mul_ps(l, l));
+      sqx = _mm512_add_ps(sqx, _mm512_mul_ps(l, x[v]));
+    }
+    return {tree_sum(sq), tree_sum(sqq), tree_sum(sqx)};
+  }
+};
+
+template <int kBits, int kGroup>
+void quantize_hq(const float* src, void* dst, int64_t n) {
+  constexpr int kLevels = (1 << kBits) - 1;
+  fit::quantize_row<kBits, kGroup>(src, dst, n, [](const float* x, uint8_t* q, uint16_t& d16, uint16_t& m16) {
+    const Group<kGroup / 16> g(x);
+    fit::fit_scale_offset(
+        kGroup, kLevels, g.stats(), [&](float d, float m) { return g.pass(d, m, kLevels, nullptr); }, d16, m16);
+    const float d = quant::fp16_to_fp32(d16);
+    if (d > 0)
+      g.pass(d, quant::fp16_to_fp32(m16), kLevels, q);
+    else
+      std::memset(q, 0, kGroup);
+  });
+}
+
+// ggml's make_qkx2_quants for 16 sub-blocks of 32 at once, sub-block j in lane j: every expression of the
+// reference (quant/ref_kquants.cpp) in the same order, lane by lane, so the same floats come out. `two`: x holds
+// two super-blocks (16 sub-blocks), else one, whose 8 sub-blocks lanes 8-15 repeat.
+void search16(const float* x, bool two, const quant::KSearchParams& p, float* scales, float* mins, uint8_t* levels) {
+  constexpr int kN = 32;
+  const __m512i first =
+      two ? _mm512_setr_epi32(0, 32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448, 480)
+          : _mm512_setr_epi32(0, 32, 64, 96, 128, 160, 192, 224, 0, 32, 64, 96, 128, 160, 192, 224);
+  const __m512 zero = _mm512_setzero_ps(), magic = _mm512_set1_ps(fit::kRoundMagic);
+  const __m512 top = _mm512_set1_ps(static_cast<float>(p.nmax));
+  // nearest_int(v) clamped to [0, nmax], as a float.
+  const auto level = [&](__m512 v) {
+    return _mm512_min_ps(_mm512_max_ps(_mm512_sub_ps(_mm512_add_ps(v, magic), magic), zero), top);
+  };
+  __m512 xt[kN], w[kN], best_levels[kN], trial[kN];
+  __m512 sum_x2 = zero;
+  for (int i = 0; i < kN; ++i) {
+    xt[i] = _mm512_i32gather_ps(_mm512_add_epi32(first, _mm512_set1_epi32(i)), x, 4);
+    sum_x2 = _mm512_add_ps(sum_x2, _mm512_mul_ps(xt[i], xt[i]));
+  }
+  const __m512 av_x = _mm512_sqrt_ps(_mm512_div_ps(sum_x2, _mm512_set1_ps(32.0f)));
+  for (int i = 0; i < kN; ++i) w[i] = _mm512_add_ps(av_x, _mm512_abs_ps(xt[i]));
+  __m512 min = xt[0], max = xt[0], sum_w = w[0], sum_x = _mm512_mul_ps(w[0], xt[0]);
+  for (int i = 1; i < kN; ++i) {
+    min = _mm512_min_ps(xt[i], min);
+    max = _mm512_max_ps(xt[i], max);
+    sum_w = _mm512_add_ps(sum_w, w[i]);
+    sum_x = _mm512_add_ps(sum_x, _mm512_mul_ps(w[i], xt[i]));
+  }
+  min = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(min, zero, _CMP_GT_OQ), min, zero);
+  const __mmask16 flat = _mm512_cmp_ps_mask(max, min, _CMP_EQ_OQ);
+  __m512 iscale = _mm512_div_ps(top, _mm512_sub_ps(max, min));
+  __m512 scale = _mm512_div_ps(_mm512_set1_ps(1.0f), iscale);
+  __m512 best_error = zero;
+  for (int i = 0; i < kN; ++i) {
+    best_levels[i] = level(_mm512_mul_ps(iscale, _mm512_sub_ps(xt[i], min)));
+    __m512 diff = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(scale, best_levels[i]), min), xt[i]);
+    diff = _mm512_mul_ps(diff, diff);
+    best_error = _mm512_add_ps(best_error, _mm512_mul_ps(w[i], diff));
+  }
+  for (int is = 0; is <= p.nstep; ++is) {
+    const float numerator = p.rmin + p.rdelta * static_cast<float>(is) + static_cast<float>(p.nmax);
+    iscale = _mm512_div_ps(_mm512_set1_ps(numerator), _mm512_sub_ps(max, min));
+    __m512 sum_l = zero, sum_l2 = zero, sum_xl = zero;
+    for (int i = 0; i < kN; ++i) {
+      trial[i] = level(_mm512_mul_ps(iscale, _mm512_sub_ps(xt[i], min)));
+      const __m512 wl = _mm512_mul_ps(w[i], trial[i]);
+      sum_l = _mm512_add_ps(sum_l, wl);
+      sum_l2 = _mm512_add_ps(sum_l2, _mm512_mul_ps(wl, trial[i]));
+      sum_xl = _mm512_add_ps(sum_xl, _mm512_mul_ps(wl, xt[i]));
+    }
+    const __m512 det = _mm512_sub_ps(_mm512_mul_ps(sum_w, sum_l2), _mm512_mul_ps(sum_l, sum_l));
+    const __mmask16 solvable = _mm512_cmp_ps_mask(det, zero, _CMP_GT_OQ);
+    if (!solvable) continue;
+    __m512 this_scale = _mm512_div_ps(_mm512_sub_ps(_mm512_mul_ps(sum_w, sum_xl), _mm512_mul_ps(sum_x, sum_l)), det);
+    __m512 this_min = _mm512_div_ps(_mm512_sub_ps(_mm512_mul_ps(sum_l2, sum_x), _mm512_mul_ps(sum_l, sum_xl)), det);
+    const __mmask16 positive = _mm512_cmp_ps_mask(this_min, zero, _CMP_GT_OQ);
+    this_min = _mm512_mask_blend_ps(positive, this_min, zero);
+    this_scale = _mm512_mask_blend_ps(positive, this_scale, _mm512_div_ps(sum_xl, sum_l2));
+    __m512 cur_error = zero;
+    for (int i = 0; i < kN; ++i) {
+      __m512 diff = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(this_scale, trial[i]), this_min), xt[i]);
+      diff = _mm512_mul_ps(diff, diff);
+      cur_error = _mm512_add_ps(cur_error, _mm512_mul_ps(w[i], diff));
+    }
+    const __mmask16 better = solvable & _mm512_cmp_ps_mask(cur_error, best_error, _CMP_LT_OQ);
+    if (!better) continue;
+    for (int i = 0; i < kN; ++i) best_levels[i] = _mm512_mask_blend_ps(better, best_levels[i], trial[i]);
+    best_error = _mm512_mask_blend_ps(better, best_error, cur_error);
+    scale = _mm512_mask_blend_ps(better, scale, this_scale);
+    min = _mm512_mask_blend_ps(better, min, this_min);
+  }
+  // A flat sub-block (max == min after the min was clipped at 0): codes 0, scale 0.
+  scale = _mm512_mask_blend_ps(flat, scale, zero);
+  const int lanes = two ? 16 : 8;
+  alignas(64) float scale_out[16], min_out[16];
+  _mm512_store_ps(scale_out, scale);
+  _mm512_store_ps(min_out, _mm512_sub_ps(zero, min));
+  alignas(16) uint8_t codes[kN][16];
+  for (int i = 0; i < kN; ++i) {
+    const __m512 l = _mm512_mask_blend_ps(flat, best_levels[i], zero);
+    _mm_store_si128(reinterpret_cast<__m128i*>(codes[i]), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(l)));
+  }
+  for (int j = 0; j < lanes; ++j) {
+    scales[j] = scale_out[j];
+    mins[j] = min_out[j];
+    for (int i = 0; i < kN; ++i) levels[32 * j + i] = codes[i][j];
+  }
+}
+
+void k_search(const float* x, int64_t n_blocks, const quant::KSearchParams& p, float* scales, float* mins,
+              uint8_t* levels) {
+  for (int64_t b = 0; b < n_blocks; b += 2)
+    search16(x + b * quant::kQK_K, n_blocks - b >= 2, p, scales + 8 * b, mins + 8 * b, levels + quant::kQK_K * b);
+}
+
+template <quant::GgmlType kType>
+void quantize_k(const float* src, void* dst, int64_t n) {
+  quant::quantize_k_rows_with(kType, src, dst, n, &k_search);
+}
+
+}  // namespace
+
+void install_quantize(KernelTable& table) {
+  using quant::GgmlType;
+  table.quantize_weights[kernel_slot(GgmlType::HQ2_G64)] = &quantize_hq<2, 64>;
+  table.quantize_weights[kernel_slot(GgmlType::HQ2_G128)] = &quantize_hq<2, 128>;
+  table.quantize_weights[kernel_slot(GgmlType::HQ3_G64)] = &quantize_hq<3, 64>;
+  table.quantize_weights[kernel_slot(GgmlType::HQ3_G128)] = &quantize_hq<3, 128>;
+  table.quantize_weights[kernel_slot(GgmlType::HQ4_G64)] = &quantize_hq<4, 64>;
+  table.quantize_weights[kernel_slot(GgmlType::HQ4_G128)] = &quantize_hq<4, 128>;
+  table.quantize_weights[kernel_slot(GgmlType::Q4_K)] = &quantize_k<GgmlType::Q4_K>;
+  table.quantize_weights[kernel_slot(GgmlType::Q5_K)] = &quantize_k<GgmlType::Q5_K>;
+}
+
+}  // namespace hetmoe::cpu::avx512

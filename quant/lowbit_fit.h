@@ -1,0 +1,167 @@
+#pragma once
+
+// The quantizer of the low-bit split formats (quant/lowbit.h), written once for the scalar reference and the SIMD
+// tiers. Each group's scale d and offset m are fitted by least squares: from the full range and from a range shrunk
+// by 5% at both ends, levels are assigned at the candidate (d, m) as stored (rounded to fp16), the candidate's error
+// follows from the sums of those levels, and the least-squares (d, m) for those levels is the next candidate (four
+// times per start). The candidate with the smallest error is kept, so the fit is never worse than quantizing over
+// the plain [min, max] range.
+//
+// A tier supplies one pass: the levels of a group at (d, m) and their sums. Every sum is taken in kFitLanes lanes
+// (value i into lane i % kFitLanes, in order) and the lanes added as a tree (lane l += lane l + 8, then + 4, + 2,
+// + 1), the order a 16-lane vector sums them; so a tier's pass gives the reference's sums bit for bit, and every
+// tier writes the same bytes.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "quant/half.h"
+#include "quant/lowbit.h"
+
+namespace hetmoe::quant::lowbit_fit {
+
+inline constexpr int kFitLanes = 16;
+// Adding then subtracting 1.5 * 2^23 rounds a float to the nearest integer, ties to even (|v| < 2^22).
+inline constexpr float kRoundMagic = 12582912.0f;
+
+// The sums of a group under one assignment of levels q: sum q, sum q^2, sum q x.
+struct LevelSums {
+  float q = 0, qq = 0, qx = 0;
+};
+
+// Lane l = op(lane l, lane l + k) for k = 8, 4, 2, 1: lane 0 ends with the total (or the extreme).
+template <typename Op>
+float lane_tree(float (&lanes)[kFitLanes], Op op) {
+  for (int k = kFitLanes / 2; k >= 1; k /= 2)
+    for (int l = 0; l < k; ++l) lanes[l] = op(lanes[l], lanes[l + k]);
+  return lanes[0];
+}
+inline float lane_tree(float (&lanes)[kFitLanes]) {
+  return lane_tree(lanes, [](float a, float b) { return a + b; });
+}
+// Minimum and maximum as minps / maxps take them (a < b ? a : b): the same zero's sign whatever the tier.
+inline float min_ps(float a, float b) { return a < b ? a : b; }
+inline float max_ps(float a, float b) { return a > b ? a : b; }
+
+// The level of x at scale d > 0 and offset m: (x - m) / d rounded to the nearest integer (ties to even) and clamped
+// to [0, levels], each step as the vector instructions do it (max(v, 0) is v > 0 ? v : 0, as maxps).
+inline float level_at(float x, float d, float m, float levels) {
+  return min_ps(max_ps(((x - m) / d + kRoundMagic) - kRoundMagic, 0.0f), levels);
+}
+
+// The scalar pass: the levels at (d, m) into q (when not null) and their lane-tree sums.
+inline LevelSums scalar_pass(const float* x, int n, float d, float m, float levels, uint8_t* q) {
+  float sq[kFitLanes] = {}, sqq[kFitLanes] = {}, sqx[kFitLanes] = {};
+  for (int i = 0; i < n; ++i) {
+    const float l = level_at(x[i], d, m, levels);
+    if (q) q[i] = static_cast<uint8_t>(l);
+    sq[i % kFitLanes] += l;
+    sqq[i % kFitLanes] += l * l;
+    sqx[i % kFitLanes] += l * x[i];
+  }
+  return {lane_tree(sq), lane_tree(sqq), lane_tree(sqx)};
+}
+
+// A group's minimum and maximum, sum x and sum x^2 (lane-tree sums).
+struct GroupStats {
+  float lo = 0, hi = 0, sx = 0, sxx = 0;
+};
+
+// n is a multiple of kFitLanes; the extremes are taken per lane, then as a tree, as the sums are.
+inline GroupStats scalar_stats(const float* x, int n) {
+  float lo[kFitLanes], hi[kFitLanes], sx[kFitLanes] = {}, sxx[kFitLanes] = {};
+  for (int l = 0; l < kFitLanes; ++l) lo[l] = hi[l] = x[l];
+  for (int i = 0; i < n; ++i) {
+    lo[i % kFitLanes] = min_ps(x[i], lo[i % kFitLanes]);
+    hi[i % kFitLanes] = max_ps(x[i], hi[i % kFitLanes]);
+    sx[i % kFitLanes] += x[i];
+    sxx[i % kFitLanes] += x[i] * x[i];
+  }
+  return {lane_tree(lo, min_ps), lane_tree(hi, max_ps), lane_tree(sx), lane_tree(sxx)};
+}
+
+// The fitted fp16 scale and offset of one group of n values. pass(d, m) returns the level sums at d > 0 and m (the
+// levels are all 0 at d = 0: a constant group, or a scale that rounds to zero).
+template <typename Pass>
+void fit_scale_offset(int n, int levels, const GroupStats& s, Pass&& pass, uint16_t& d16, uint16_t& m16) {
+  double best = INFINITY;
+  const double nd = n, sx = s.sx, sxx = s.sxx;
+  for (const float shrink : {0.0f, 0.05f}) {
+    float m = s.lo + shrink * (s.hi - s.lo);
+    float d = (s.hi - s.lo) * (1 - 2 * shrink) / static_cast<float>(levels);
+    for (int iter = 0;; ++iter) {
+      const uint16_t dh = fp32_to_fp16(d > 0 ? d : 0.0f), mh = fp32_to_fp16(m);
+      const double ds = fp16_to_fp32(dh), ms = fp16_to_fp32(mh);
+      const LevelSums l = ds > 0 ? pass(static_cast<float>(ds), static_cast<float>(ms)) : LevelSums{};
+      // sum (ds q + ms - x)^2, expanded.
+      const double e = sxx + ds * ds * l.qq + nd * ms * ms + 2 * ds * ms * l.q - 2 * ds * l.qx - 2 * ms * sx;
+      if (e < best) {
+        best = e;
+        d16 = dh;
+        m16 = mh;
+      }
+      if (iter == 4 || !(ds > 0)) break;
+      // Least squares of x ~ d q + m for these levels.
+      const double det = nd * l.qq - static_cast<double>(l.q) * l.q;
+      if (det <= 0) break;  // every value on one level
+      const double dn = (nd * l.qx - static_cast<double>(l.q) * sx) / det;
+      d = static_cast<float>(dn);
+      m = static_cast<float>((sx - dn * l.q) / nd);
+    }
+  }
+}
+
+// The codes of 32 values into their kBits words (the layout of quant/lowbit.h).
+template <int kBits>
+void pack_unit(const uint8_t* q, uint32_t* words) {
+  std::memset(words, 0, kBits * sizeof(uint32_t));
+  for (int j = 0; j < kLowBitUnit; ++j) {
+    if constexpr (kBits == 4) {
+      words[j / 8] |= static_cast<uint32_t>(q[j]) << (4 * (j % 8));
+    } else {
+      words[j / 16] |= static_cast<uint32_t>(q[j] & 3) << (2 * (j % 16));
+      if constexpr (kBits == 3) words[2] |= static_cast<uint32_t>(q[j] >> 2) << j;
+    }
+  }
+}
+
+// The low `bytes` bytes of v at p, little-endian (the layout's byte order on every host).
+inline void store_le(uint8_t* p, uint32_t v, int bytes) {
+  for (int b = 0; b < bytes; ++b) p[b] = static_cast<uint8_t>(v >> (8 * b));
+}
+
+// A row of n values into the HQ<kBits>_G<kGroup> layout; fit(x, q, d16, m16) gives one group's codes, scale and
+// offset.
+template <int kBits, int kGroup, typename Fit>
+void quantize_row(const float* src, void* dst, int64_t n, Fit&& fit) {
+  auto* out = static_cast<uint8_t*>(dst);
+  const size_t scales = static_cast<size_t>(n) * kBits / 8, offsets = scales + static_cast<size_t>(n / kGroup) * 2;
+  uint8_t q[kGroup];
+  for (int64_t g = 0; g < n / kGroup; ++g) {
+    uint16_t d = 0, m = 0;
+    fit(src + g * kGroup, q, d, m);
+    store_le(out + scales + 2 * g, d, 2);
+    store_le(out + offsets + 2 * g, m, 2);
+    for (int u = 0; u < kGroup / kLowBitUnit; ++u) {
+      uint32_t words[kBits];
+      pack_unit<kBits>(q + u * kLowBitUnit, words);
+      for (int k = 0; k < kBits; ++k) store_le(out + ((g * (kGroup / kLowBitUnit) + u) * kBits + k) * 4, words[k], 4);
+    }
+  }
+}
+
+// The reference fit of one group: the scalar pass throughout.
+inline void fit_group(const float* x, int n, int levels, uint8_t* q, uint16_t& d16, uint16_t& m16) {
+  const GroupStats s = scalar_stats(x, n);
+  const float lv = static_cast<float>(levels);
+  fit_scale_offset(
+      n, levels, s, [&](float d, float m) { return scalar_pass(x, n, d, m, lv, nullptr); }, d16, m16);
+  const float d = fp16_to_fp32(d16);
+  if (d > 0)
+    scalar_pass(x, n, d, fp16_to_fp32(m16), lv, q);
+  else
+    std::memset(q, 0, static_cast<size_t>(n));
+}
+
+}  // namespace hetmoe::quant::lowbit_fit
