@@ -144,15 +144,16 @@ template <typename Block>
 void dequantize_k(const void* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n / kQK_K; ++i) {
     const KCodes c = unpack(load_block<Block>(src, i));
-    float* y = dst + i * kQK_K;
-    for (int k = 0; k < kQK_K; ++k) {
-      const int g = k / c.group;
+    // Group by group, the group's scale and min taken once (the same expressions per element).
+    for (int g = 0; g < kQK_K / c.group; ++g) {
       const float dl = c.d * static_cast<float>(c.scale[g]);
+      const int* q = c.q + g * c.group;
+      float* y = dst + i * kQK_K + g * c.group;
       if (c.has_min) {
         const float ml = c.dmin * static_cast<float>(c.min[g]);
-        y[k] = dl * static_cast<float>(c.q[k]) - ml;
+        for (int k = 0; k < c.group; ++k) y[k] = dl * static_cast<float>(q[k]) - ml;
       } else {
-        y[k] = dl * static_cast<float>(c.q[k]);
+        for (int k = 0; k < c.group; ++k) y[k] = dl * static_cast<float>(q[k]);
       }
     }
   }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <set>
 
@@ -173,14 +174,28 @@ void GgufWriter::write_file(io::OutputFile& file, const std::vector<std::pair<st
     offset += (alignment_ - offset % alignment_) % alignment_;
   }
   out.pad_to(alignment_);
-  std::vector<uint8_t> buffer;
+  // Tensor i + 1 is filled while tensor i is written (a fill may compute, as a split's does; a write mostly copies
+  // into the page cache): two buffers, each reused once its write is done.
+  std::vector<uint8_t> buffers[2];
+  std::future<void> writing;
+  struct Join {  // a fill that throws leaves while a write may still read the other buffer
+    std::future<void>& f;
+    ~Join() {
+      if (f.valid()) f.wait();
+    }
+  } join{writing};
   for (size_t i = first; i < end; ++i) {
     const PendingTensor& t = tensors_[i];
+    std::vector<uint8_t>& buffer = buffers[(i - first) % 2];
     buffer.assign(t.nbytes, 0);
     t.fill(buffer);
-    out.bytes(buffer.data(), buffer.size());
-    out.pad_to(alignment_);
+    if (writing.valid()) writing.get();  // rethrows a failed write
+    writing = std::async(std::launch::async, [&out, &buffer, this] {
+      out.bytes(buffer.data(), buffer.size());
+      out.pad_to(alignment_);
+    });
   }
+  if (writing.valid()) writing.get();
 }
 
 std::vector<std::string> GgufWriter::write(const std::string& path, uint64_t max_shard_bytes) const {

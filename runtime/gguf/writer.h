@@ -36,7 +36,8 @@ class GgufWriter {
   // Writes the file, or with max_shard_bytes > 0 and more data than that, a set of shards named
   // <path without .gguf>-NNNNN-of-MMMMM.gguf (llama.cpp's gguf-split layout: the first shard holds the metadata, every
   // shard the split keys, tensors in order, each shard at most max_shard_bytes of data unless one tensor is larger).
-  // Returns the paths written. Nothing is renamed into place until every file is written.
+  // Returns the paths written. Nothing is renamed into place until every file is written. Fills run in tensor order,
+  // each while the tensor before it is being written (two tensors' bytes in memory at once).
   std::vector<std::string> write(const std::string& path, uint64_t max_shard_bytes = 0) const;
   uint32_t alignment() const { return alignment_; }
 

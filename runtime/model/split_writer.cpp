@@ -40,6 +40,35 @@ struct ErrorSums {
   }
 };
 
+// Squared norms of one thread's rows: of W, of W - deq(W^Q) and of W - deq(W^Q) - deq(W^R). Each row is summed in
+// eight float lanes (which the compiler vectorizes) and added to the doubles.
+struct RowErrors {
+  double weight = 0, gpu = 0, combined = 0;
+  void add_row(const float* w, const float* q, const float* r, int64_t n) {
+    constexpr int kLanes = 8;
+    float sw[kLanes] = {}, sg[kLanes] = {}, sc[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const float e = w[i + l] - q[i + l], f = e - r[i + l];
+        sw[l] += w[i + l] * w[i + l];
+        sg[l] += e * e;
+        sc[l] += f * f;
+      }
+    for (; i < n; ++i) {
+      const float e = w[i] - q[i], f = e - r[i];
+      sw[0] += w[i] * w[i];
+      sg[0] += e * e;
+      sc[0] += f * f;
+    }
+    for (int l = 0; l < kLanes; ++l) {
+      weight += sw[l];
+      gpu += sg[l];
+      combined += sc[l];
+    }
+  }
+};
+
 // A source row as floats; fails on values that are not finite (a damaged tensor).
 void source_row(const gguf::TensorInfo& t, int64_t r, float* out) {
   quant::dequantize_row(t.type, t.row(r), out, t.ne[0]);
@@ -120,7 +149,7 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, const SplitP
         fail("{}: rows of {} values in {} are not whole groups of {}", opt.model, t.ne[0], t.name, opt.group);
       ++n_split;
     }
-    total += static_cast<double>(t.nbytes) * (split ? 2 : 1);
+    total += static_cast<double>(t.nbytes);
   }
   if (n_split == 0) fail("{}: no routed expert tensors (blk.N.ffn_*_exps.weight) found", opt.model);
 
@@ -128,7 +157,7 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, const SplitP
     done += bytes;
     if (progress) progress(done, total, tensor);
   };
-  std::vector<uint8_t> last_gpu_part;  // the W^Q just written, for its residual
+  std::vector<uint8_t> gpu_part;  // the W^Q of the residual just written, until its own tensor
   std::vector<SplitTensorReport> report;
   report.reserve(n_split);
   for (const gguf::TensorInfo& t : in.tensors()) {
@@ -145,50 +174,38 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, const SplitP
     report.push_back({t.name, t.type, *gpu_type, res_type});
     const size_t index = report.size() - 1;
     const GgmlType q_type = *gpu_type;
-    // W^Q: each source row to the low-bit format, rows spread over the threads; kept until the residual is written
-    // (one tensor's W^Q, a quarter of its source at 4 bits or less: memory stays bounded by the largest tensor).
-    writer.add_tensor(split_gpu_name(t.name), q_type, ne, [&, q_type, q_row](std::span<uint8_t> out) {
-      const cpu::KernelTable& kernels = cpu::kernels();
-      pool.parallel_for(t.n_rows, 64, [&](int64_t r0, int64_t r1) {
-        std::vector<float> w(t.ne[0]);
-        for (int64_t r = r0; r < r1; ++r) {
-          source_row(t, r, w.data());
-          kernels.quantize_row(q_type, w.data(), out.data() + r * q_row, t.ne[0]);
-        }
-      });
-      last_gpu_part.assign(out.begin(), out.end());
-      advance(static_cast<double>(t.nbytes), split_gpu_name(t.name));
-    });
-    // W^R: the residual W - deq(W^Q) in the residual's type, and the errors.
+    // One pass over the source rows (threads take blocks of rows) gives both parts: the residual W - deq(W^Q) is
+    // written first, and W^Q is kept until its own tensor follows (one tensor's W^Q, under a quarter of its source
+    // at 4 bits or less: memory stays bounded by the largest tensor).
     writer.add_tensor(split_residual_name(t.name), res_type, ne,
                       [&, q_type, q_row, r_row, res_type, index](std::span<uint8_t> out) {
+                        gpu_part.resize(q_row * static_cast<size_t>(t.n_rows));
                         ErrorSums sums;
                         const cpu::KernelTable& kernels = cpu::kernels();
                         pool.parallel_for(t.n_rows, 64, [&](int64_t r0, int64_t r1) {
                           const int64_t n = t.ne[0];
                           std::vector<float> w(n), q(n), back(n);
-                          double sw = 0, sg = 0, sc = 0;
+                          RowErrors errors;
                           for (int64_t r = r0; r < r1; ++r) {
                             source_row(t, r, w.data());
-                            quant::dequantize_row(q_type, last_gpu_part.data() + r * q_row, q.data(), n);
+                            uint8_t* wq = gpu_part.data() + r * q_row;
+                            kernels.quantize_row(q_type, w.data(), wq, n);
+                            quant::dequantize_row(q_type, wq, q.data(), n);
                             for (int64_t i = 0; i < n; ++i) back[i] = w[i] - q[i];
                             uint8_t* dst = out.data() + r * r_row;
                             kernels.quantize_row(res_type, back.data(), dst, n);
                             quant::dequantize_row(res_type, dst, back.data(), n);
-                            for (int64_t i = 0; i < n; ++i) {
-                              const double e = static_cast<double>(w[i]) - q[i];
-                              sw += static_cast<double>(w[i]) * w[i];
-                              sg += e * e;
-                              sc += (e - back[i]) * (e - back[i]);
-                            }
+                            errors.add_row(w.data(), q.data(), back.data(), n);
                           }
-                          sums.add(sw, sg, sc);
+                          sums.add(errors.weight, errors.gpu, errors.combined);
                         });
                         SplitTensorReport& rep = report[index];
                         rep.gpu_error = sums.weight > 0 ? std::sqrt(sums.gpu / sums.weight) : 0;
                         rep.combined_error = sums.weight > 0 ? std::sqrt(sums.combined / sums.weight) : 0;
-                        advance(static_cast<double>(t.nbytes), split_residual_name(t.name));
+                        advance(static_cast<double>(t.nbytes), t.name);
                       });
+    writer.add_tensor(split_gpu_name(t.name), q_type, ne,
+                      [&](std::span<uint8_t> out) { std::copy(gpu_part.begin(), gpu_part.end(), out.begin()); });
   }
   writer.write(opt.out, opt.max_shard_bytes);
   return report;

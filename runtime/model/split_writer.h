@@ -34,10 +34,12 @@ struct SplitTensorReport {
 
 // Writes the split file: every routed expert tensor becomes W^Q (quant/lowbit.h) and W^R (the residual in a CPU
 // dot-product format), every other tensor and key is copied, and the split's formats are recorded in metadata.
-// Streams tensor by tensor. Refuses (hetmoe::Error) an unreadable or damaged input, an architecture hetmoe does not
+// Streams tensor by tensor: one pass over each expert tensor's rows gives both parts, the residual is written first
+// and W^Q after it; while a tensor is written the next one is computed (memory: two tensors' output plus one
+// W^Q). Refuses (hetmoe::Error) an unreadable or damaged input, an architecture hetmoe does not
 // know, a model without routed experts, a file that is already split, rows the group does not divide, weights
-// that are not finite, and an output path equal to the input. `progress` (when set) hears of every tensor written:
-// the source bytes done of the total, and the tensor's name.
+// that are not finite, and an output path equal to the input. `progress` (when set) hears of every source tensor
+// done: the source bytes done of the total, and the tensor's name.
 using SplitProgress = std::function<void(double done, double total, const std::string& tensor)>;
 std::vector<SplitTensorReport> split_model(const SplitOptions& opt, const SplitProgress& progress = {});
 
