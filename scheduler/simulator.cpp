@@ -45,8 +45,8 @@ class Run {
     split_ = traits.needs_split_model;
     shape_.bytes = m.expert_bytes;
     shape_.device_bytes = split_ ? m.split_device_bytes : m.expert_bytes;
-    shape_.residual_bytes = split_ ? m.split_residual_bytes : 0;
-    if (split_) shape_.bytes = m.split_device_bytes + m.split_residual_bytes;
+    shape_.residual_bytes = split_ ? (m.critical_from_source ? m.expert_bytes : m.split_residual_bytes) : 0;
+    if (split_ && !m.critical_from_source) shape_.bytes = m.split_device_bytes + m.split_residual_bytes;
     shape_.n_embd = m.n_embd;
     shape_.n_ff = m.n_ff_exp;
     PolicyOptions po = o.policy;

@@ -33,6 +33,10 @@ struct SimModel {
   double output_bytes = 0, output_params = 0;               // output head
   double expert_bytes = 0;                                  // one routed expert as the file stores it
   double split_device_bytes = 0, split_residual_bytes = 0;  // the same expert split: W^Q and W^R
+  // A split expert's critical rows run on the source expert on the CPU (exact; the device's W^Q rows for them are
+  // dropped) instead of adding W^R: no W^R is kept, the CPU reads the source expert for critical rows and for an
+  // expert the device does not hold, and DRAM holds the source file.
+  bool critical_from_source = false;
   double file_bytes = 0;
 };
 

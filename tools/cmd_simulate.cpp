@@ -77,6 +77,12 @@ sched::SimModel sim_model(const SimulateOptions& opt) {
   m.split_residual_bytes =
       2 * f * static_cast<double>(quant::row_bytes(residual_type(opt.residual_bits, p.n_embd), p.n_embd)) +
       e * static_cast<double>(quant::row_bytes(residual_type(opt.residual_bits, p.n_ff_exp), p.n_ff_exp));
+  m.critical_from_source = opt.critical_from == "source";
+  if (opt.experts_per_token > 0) {
+    if (opt.experts_per_token > m.n_expert)
+      fail("--experts-per-token {}: the model has {} experts", opt.experts_per_token, m.n_expert);
+    m.n_used = opt.experts_per_token;
+  }
   return m;
 }
 
@@ -108,9 +114,14 @@ int simulate(const SimulateOptions& opt) {
 
   fmt::print("machine  {}\n", machine.name);
   for (const std::string& a : machine.assumptions) fmt::print("         assumes: {}\n", a);
-  fmt::print("model    {} ({:.1f} GB; one expert {:.1f} MB, split {:.1f} MB W^Q + {:.1f} MB W^R)\n", model.name,
-             model.file_bytes / 1e9, model.expert_bytes / 1e6, model.split_device_bytes / 1e6,
-             model.split_residual_bytes / 1e6);
+  if (model.critical_from_source)
+    fmt::print("model    {} ({:.1f} GB; one expert {:.1f} MB, split {:.1f} MB W^Q, critical rows from the source)\n",
+               model.name, model.file_bytes / 1e9, model.expert_bytes / 1e6, model.split_device_bytes / 1e6);
+  else
+    fmt::print("model    {} ({:.1f} GB; one expert {:.1f} MB, split {:.1f} MB W^Q + {:.1f} MB W^R)\n", model.name,
+               model.file_bytes / 1e9, model.expert_bytes / 1e6, model.split_device_bytes / 1e6,
+               model.split_residual_bytes / 1e6);
+  if (opt.experts_per_token > 0) fmt::print("         {} experts per token\n", model.n_used);
   fmt::print("workload prompt {}, generate {}, routing {}\n", opt.prompt, opt.gen,
              trace ? "replayed from " + opt.trace : fmt::format("Zipf s = {}", opt.zipf));
   fmt::print("{:<10} {:>9} {:>9} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>10}\n", "policy", "prefill", "decode",

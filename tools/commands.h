@@ -121,14 +121,16 @@ struct SimulateOptions {
   std::vector<std::string> policies{"cpu", "static", "kt", "crossover", "split"};
   int64_t prompt = 500;
   int64_t gen = 128;
-  std::string isa;                      // empty: the profile's best CPU tier
-  double zipf = 1.0;                    // synthetic routing's skew
-  std::string trace;                    // or replay this routing trace
-  int64_t kt_experts = -1;              // kt: experts on the device (-1: as many as fit)
-  int64_t kt_prefill_tokens = 1024;     // kt: a prefill of this many tokens moves its experts to the device
-  int64_t prefetch = 1;                 // crossover, split: next-layer experts prefetched per step over an idle link
-  int64_t critical = 2;                 // split: residuals per token
-  int gpu_bits = 2, residual_bits = 4;  // split: the formats
+  std::string isa;                         // empty: the profile's best CPU tier
+  double zipf = 1.0;                       // synthetic routing's skew
+  std::string trace;                       // or replay this routing trace
+  int64_t kt_experts = -1;                 // kt: experts on the device (-1: as many as fit)
+  int64_t kt_prefill_tokens = 1024;        // kt: a prefill of this many tokens moves its experts to the device
+  int64_t prefetch = 1;                    // crossover, split: next-layer experts prefetched per step over an idle link
+  int64_t critical = 2;                    // split: residuals per token
+  int gpu_bits = 2, residual_bits = 4;     // split: the formats
+  std::string critical_from = "residual";  // split: critical rows add W^R ("residual") or run the source expert
+  int64_t experts_per_token = 0;           // > 0: route this many experts per token instead of the model's
   uint64_t seed = 1;
   std::string svg;  // and the picture (policies, crossover curves)
   std::string json;

@@ -193,6 +193,19 @@ int main(int argc, char** argv) {
   c_simulate->add_option("--residual-bits", simulate.residual_bits, "split: W^R bits")
       ->capture_default_str()
       ->check(CLI::IsMember({2, 3, 4, 5, 6, 8}));
+  c_simulate
+      ->add_option(
+          "--critical-from", simulate.critical_from,
+          "split: a resident expert's critical rows add its residual W^R on the CPU (residual), or the CPU runs "
+          "them on the source expert instead of the device's W^Q (source: no W^R, DRAM = the source file, "
+          "and an expert the device lacks runs from the source too)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"residual", "source"}));
+  c_simulate
+      ->add_option("--experts-per-token", simulate.experts_per_token,
+                   "route this many experts per token instead of the model's own count (as KTransformers' runs with "
+                   "fewer experts)")
+      ->check(cli::at_least(1, "experts"));
   c_simulate->add_option("--seed", simulate.seed, "synthetic routing's seed")->capture_default_str();
   c_simulate->add_option("--json", simulate.json, "also write the predictions here");
   c_simulate->add_option("--svg", simulate.svg, "and draw them with the crossover curves (SVG)");

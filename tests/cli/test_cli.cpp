@@ -579,6 +579,16 @@ TEST_F(Cli, SimulatePredictsEveryPolicyOnAShippedProfile) {
   expect_error(hetmoe("simulate --hw " + (dir_ / "none.json").string()), "none.json (a machine profile)");
   expect_error(hetmoe("simulate --hw " + hw.string() + " --model-config gpt-5"), "not a preset");
   expect_error(hetmoe("simulate --hw " + hw.string() + " --policies fastest"), "unknown policy");
+  // The split with critical rows from the source: DRAM is the file (deepseek-v2-lite Q4_K_M, as the cpu policy's).
+  const Result source =
+      hetmoe("simulate --hw " + hw.string() +
+             " --model-config deepseek-v2-lite --policies cpu split --critical-from source --prompt 16"
+             " --gen 2 --experts-per-token 4");
+  ASSERT_EQ(source.status, 0) << source.err;
+  EXPECT_NE(source.out.find("critical rows from the source"), std::string::npos) << source.out;
+  EXPECT_NE(source.out.find("4 experts per token"), std::string::npos) << source.out;
+  expect_error(hetmoe("simulate --hw " + hw.string() + " --model-config deepseek-v2-lite --experts-per-token 65"),
+               "the model has 64 experts");
 }
 
 // A device policy where no device runs it, or a device a policy does not use, is an error that says so.

@@ -591,6 +591,33 @@ TEST(Simulator, PoliciesOrderAsTheirPlansPredict) {
   }
 }
 
+// Critical rows from the source expert: DRAM holds the file and nothing else, a critical row reads the whole source
+// expert (10 MB, where W^R took 6), and an expert the device lacks runs from the source (10 MB, where W^Q + W^R took
+// 9).
+TEST(Simulator, CriticalRowsFromTheSourceReadTheSourceExpertAndKeepDramAtTheFile) {
+  SimModel residual = small_model(), source = small_model();
+  source.critical_from_source = true;
+  SimOptions o = sim_options({"cpu", "split"});
+  o.n_critical = 1;
+  const std::vector<SimResult> r = simulate(small_machine(0.3e9), residual, o);
+  const std::vector<SimResult> s = simulate(small_machine(0.3e9), source, o);
+  EXPECT_DOUBLE_EQ(s[1].dram_bytes, s[0].dram_bytes);               // the source file
+  EXPECT_DOUBLE_EQ(r[1].dram_bytes, r[0].dram_bytes - 48 * 1e6);    // W^Q + W^R per expert
+  EXPECT_EQ(s[1].resident_experts, r[1].resident_experts);          // the same W^Q on the device
+  EXPECT_GT(s[1].dram_bytes_per_token, r[1].dram_bytes_per_token);  // 10 MB per critical row's expert, not 6
+  EXPECT_LT(s[1].decode_tok_s, r[1].decode_tok_s);
+}
+
+// Fewer experts per token read fewer experts: the CPU policy's decode bytes fall by the experts not routed.
+TEST(Simulator, FewerExpertsPerTokenReadFewerExperts) {
+  SimModel four = small_model(), two = small_model();
+  two.n_used = 2;
+  const SimOptions o = sim_options({"cpu"});
+  const SimResult a = simulate(small_machine(0.3e9), four, o)[0], b = simulate(small_machine(0.3e9), two, o)[0];
+  EXPECT_DOUBLE_EQ(a.dram_bytes_per_token - b.dram_bytes_per_token, 3 * 2 * 10e6);  // 3 MoE layers, 2 experts
+  EXPECT_GT(b.decode_tok_s, a.decode_tok_s);
+}
+
 TEST(Simulator, WithoutADeviceEveryPolicyIsTheCpusAndTracesMustFitTheModel) {
   Machine none = small_machine(1e9);
   none.gpu.reset();
