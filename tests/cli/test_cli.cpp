@@ -591,6 +591,28 @@ TEST_F(Cli, SimulatePredictsEveryPolicyOnAShippedProfile) {
                "the model has 64 experts");
 }
 
+// The two published KTransformers figures the shipped profiles were fitted to (docs/scheduler.md): a change to the
+// cost model or the profiles that moves them shows here. Only these two; every other published figure is a check.
+TEST_F(Cli, SimulatorReproducesTheFiguresItsProfilesWereFittedTo) {
+  const fs::path profiles = fs::path(HETMOE_SOURCE_DIR) / "profiles";
+  auto kt = [&](const std::string& profile, const std::string& args) {
+    const fs::path json = dir_ / "fit.json";
+    const Result r =
+        hetmoe("simulate --hw " + (profiles / profile).string() +
+               " --model-config deepseek-v3 --kt-experts 0 --policies kt --json " + json.string() + " " + args);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return nlohmann::json::parse(read_all(json))["results"][0];
+  };
+  // V0.2, one socket, Q4_K_M, 500-token prompt, 8 experts: 54.21 prefill, 8.73 decode tokens/s.
+  const nlohmann::json single = kt("ktransformers-1x6454s-4090d.json", "--isa avx512 --prompt 500 --gen 128");
+  EXPECT_NEAR(single["prefill_tok_s"].get<double>(), 54.21, 0.02 * 54.21);
+  EXPECT_NEAR(single["decode_tok_s"].get<double>(), 8.73, 0.02 * 8.73);
+  // V0.3-preview, two sockets with AMX, int8 experts, a 2K (1930-token) prompt, 8 experts: 255.26 prefill.
+  const nlohmann::json amx = kt("ktransformers-2x6454s-4090d.json",
+                                "--type Q8_0 --isa amx --kt-prefill-tokens 1000000 --prompt 1930 --gen 16");
+  EXPECT_NEAR(amx["prefill_tok_s"].get<double>(), 255.26, 0.02 * 255.26);
+}
+
 // A device policy where no device runs it, or a device a policy does not use, is an error that says so.
 TEST_F(Cli, DevicePoliciesNeedADevice) {
   expect_error(hetmoe("run -m " + kModel.string() + " --tokens 3,17 -n 1 --device cpu --policy crossover"),
