@@ -83,8 +83,9 @@ __global__ void lowbit_matmul_kernel(const uint8_t* w, int64_t rows, int64_t col
   if (row >= rows) return;
   const uint8_t* base = w + row * row_bytes;
   const auto* words = reinterpret_cast<const uint32_t*>(base);
-  const auto* scales = reinterpret_cast<const __half*>(base + cols * kBits / 8);
-  const __half* offsets = scales + cols / group;
+  const quant::LowBitRowParts parts = quant::lowbit_row_parts(kBits, group, cols);
+  const auto* scales = reinterpret_cast<const __half*>(base + parts.scales);
+  const auto* offsets = reinterpret_cast<const __half*>(base + parts.offsets);
   const int64_t units = cols / 32;
   const int part = lane % 4;
   for (int64_t t0 = 0; t0 < n; t0 += kTokensPerPass) {
@@ -334,8 +335,9 @@ __global__ void dequantize_lowbit_kernel(const uint8_t* w, int64_t rows, int64_t
   const int64_t r = i / units, u = i % units;
   const uint8_t* base = w + r * row_bytes;
   const auto* words = reinterpret_cast<const uint32_t*>(base);
-  const auto* scales = reinterpret_cast<const __half*>(base + cols * kBits / 8);
-  const __half* offsets = scales + cols / group;
+  const quant::LowBitRowParts parts = quant::lowbit_row_parts(kBits, group, cols);
+  const auto* scales = reinterpret_cast<const __half*>(base + parts.scales);
+  const auto* offsets = reinterpret_cast<const __half*>(base + parts.offsets);
   const int64_t g = u * 32 / group;
   const float d = __half2float(scales[g]), m = __half2float(offsets[g]);
   float* o = out + r * cols + u * 32;

@@ -94,13 +94,7 @@ struct BlockParts<GgmlType::Q4_K> {
     const int g = part / 4;
     const uint8_t* sc = b.scales;
     int scale, min;
-    if (g < 4) {
-      scale = sc[g] & 63;
-      min = sc[g + 4] & 63;
-    } else {
-      scale = (sc[g + 4] & 15) | ((sc[g - 4] >> 6) << 4);
-      min = (sc[g + 4] >> 4) | ((sc[g] >> 6) << 4);
-    }
+    k4_scale_min(sc, g, scale, min);
     const float ds = half_value(b.d) * static_cast<float>(scale), dm = half_value(b.dmin) * static_cast<float>(min);
     const uint8_t* q = b.qs + 32 * (g / 2) + 8 * (part % 4);
     const int shift = g % 2 ? 4 : 0;

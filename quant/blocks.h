@@ -12,6 +12,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "quant/lowbit.h"  // HETMOE_HOST_DEVICE
+
 namespace hetmoe::quant {
 
 inline constexpr int kQK4_0 = 32;
@@ -90,6 +92,19 @@ struct BlockQ3_K {
   uint8_t scales[kKScaleBytes];
   uint16_t d;
 };
+
+// The 6-bit scale and min of group g (0..7) of a Q4_K / Q5_K block from its packed scales (ggml's
+// get_scale_min_k4): groups 0-3 in the low 6 bits of bytes g and g + 4, groups 4-7 in the nibbles of byte g + 4 with
+// their top two bits in bytes g - 4 and g.
+HETMOE_HOST_DEVICE inline void k4_scale_min(const uint8_t* scales, int g, int& scale, int& min) {
+  if (g < 4) {
+    scale = scales[g] & 63;
+    min = scales[g + 4] & 63;
+  } else {
+    scale = (scales[g + 4] & 0x0f) | ((scales[g - 4] >> 6) << 4);
+    min = (scales[g + 4] >> 4) | ((scales[g] >> 6) << 4);
+  }
+}
 
 // 4.5 bits per weight: 8 groups of 32 with 6-bit scales and mins.
 struct BlockQ4_K {

@@ -33,6 +33,14 @@ namespace hetmoe::quant {
 inline constexpr uint32_t kLowBitLayoutVersion = 1;
 inline constexpr int kLowBitUnit = 32;  // values per packing unit of kBits words
 
+// Where a row's three parts start, in bytes from the row's start, for a row of n values (the layout above).
+struct LowBitRowParts {
+  int64_t codes, scales, offsets;
+};
+HETMOE_HOST_DEVICE constexpr LowBitRowParts lowbit_row_parts(int bits, int group, int64_t n) {
+  return {0, n * bits / 8, n * bits / 8 + n / group * 2};
+}
+
 // Code j (0..31) of one 32-value unit from the unit's kBits words, as the layout above stores it: the one reading of
 // the layout, shared by the CPU reference and the CUDA kernels (compiled for the device there).
 template <int kBits>

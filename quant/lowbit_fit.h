@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "quant/half.h"
+#include "quant/le_bytes.h"
 #include "quant/lowbit.h"
 
 namespace hetmoe::quant::lowbit_fit {
@@ -126,27 +127,23 @@ void pack_unit(const uint8_t* q, uint32_t* words) {
   }
 }
 
-// The low `bytes` bytes of v at p, little-endian (the layout's byte order on every host).
-inline void store_le(uint8_t* p, uint32_t v, int bytes) {
-  for (int b = 0; b < bytes; ++b) p[b] = static_cast<uint8_t>(v >> (8 * b));
-}
-
 // A row of n values into the HQ<kBits>_G<kGroup> layout; fit(x, q, d16, m16) gives one group's codes, scale and
-// offset.
-template <int kBits, int kGroup, typename Fit>
-void quantize_row(const float* src, void* dst, int64_t n, Fit&& fit) {
+// offset, pack(q, words) a unit's words (pack_unit's; a SIMD tier passes its own, defined in its own file, so that
+// no function of this header differs between files compiled for different instruction sets).
+template <int kBits, int kGroup, typename Fit, typename Pack>
+void quantize_row(const float* src, void* dst, int64_t n, Fit&& fit, Pack&& pack) {
   auto* out = static_cast<uint8_t*>(dst);
-  const size_t scales = static_cast<size_t>(n) * kBits / 8, offsets = scales + static_cast<size_t>(n / kGroup) * 2;
+  const LowBitRowParts parts = lowbit_row_parts(kBits, kGroup, n);
   uint8_t q[kGroup];
   for (int64_t g = 0; g < n / kGroup; ++g) {
     uint16_t d = 0, m = 0;
     fit(src + g * kGroup, q, d, m);
-    store_le(out + scales + 2 * g, d, 2);
-    store_le(out + offsets + 2 * g, m, 2);
+    store_u16_le(out + parts.scales + 2 * g, d);
+    store_u16_le(out + parts.offsets + 2 * g, m);
     for (int u = 0; u < kGroup / kLowBitUnit; ++u) {
       uint32_t words[kBits];
-      pack_unit<kBits>(q + u * kLowBitUnit, words);
-      for (int k = 0; k < kBits; ++k) store_le(out + ((g * (kGroup / kLowBitUnit) + u) * kBits + k) * 4, words[k], 4);
+      pack(q + u * kLowBitUnit, words);
+      for (int k = 0; k < kBits; ++k) store_u32_le(out + ((g * (kGroup / kLowBitUnit) + u) * kBits + k) * 4, words[k]);
     }
   }
 }

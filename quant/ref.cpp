@@ -75,8 +75,9 @@ const FormatRef& format(const char* function, GgmlType type) {
   unsupported(function, type, "is not a format hetmoe knows");
 }
 
-// Every entry point takes whole blocks only; a partial block has no defined layout.
-void check_length(const char* function, GgmlType type, int64_t n) {
+}  // namespace
+
+void check_row_length(const char* function, GgmlType type, int64_t n) {
   const int64_t block = type_info(type).block_size;
   if (n < 0 || n % block != 0)
     throw std::invalid_argument(std::string("hetmoe::quant::") + function + ": " + std::to_string(n) +
@@ -84,25 +85,23 @@ void check_length(const char* function, GgmlType type, int64_t n) {
                                 std::to_string(block));
 }
 
-}  // namespace
-
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
   const FormatRef& f = format("dequantize_row", type);
-  check_length("dequantize_row", type, n);
+  check_row_length("dequantize_row", type, n);
   f.dequantize(src, dst, n);
 }
 
 void quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
   const FormatRef& f = format("quantize_row", type);
   if (!f.quantize) unsupported("quantize_row", type, "is an activation format; it has no weight quantizer");
-  check_length("quantize_row", type, n);
+  check_row_length("quantize_row", type, n);
   f.quantize(src, dst, n);
 }
 
 void quantize_activation(GgmlType vec_dot_type, const float* src, void* dst, int64_t n) {
   const FormatRef& f = format("quantize_activation", vec_dot_type);
   if (!f.quantize_activation) unsupported("quantize_activation", vec_dot_type, "is not an activation (vec_dot) format");
-  check_length("quantize_activation", vec_dot_type, n);
+  check_row_length("quantize_activation", vec_dot_type, n);
   f.quantize_activation(src, dst, n);
 }
 
@@ -114,7 +113,7 @@ size_t activation_row_bytes(GgmlType weight_type, int64_t n) {
 float vec_dot(GgmlType weight_type, int64_t n, const void* weight_row, const void* activation) {
   const FormatRef& f = format("vec_dot", weight_type);
   if (!f.vec_dot) unsupported("vec_dot", weight_type, "is an activation format, not a weight format");
-  check_length("vec_dot", weight_type, n);  // every vec_dot type has its weight type's block size
+  check_row_length("vec_dot", weight_type, n);  // every vec_dot type has its weight type's block size
   return f.vec_dot(n, weight_row, activation);
 }
 

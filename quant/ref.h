@@ -14,6 +14,10 @@ namespace hetmoe::quant {
 // n elements of a row of `type` (n a multiple of the block size) to float.
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
 
+// Throws std::invalid_argument naming `function` unless n is a whole number of `type`'s blocks: every entry point
+// takes whole blocks only (a partial block has no defined layout). For kernels that stand in for these.
+void check_row_length(const char* function, GgmlType type, int64_t n);
+
 // n floats to a row of `type`, as ggml_quantize_chunk(type, ..., imatrix = NULL) does. Every weight type is
 // supported except Q8_1 and Q8_K, which exist only as activation formats.
 void quantize_row(GgmlType type, const float* src, void* dst, int64_t n);

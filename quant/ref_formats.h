@@ -7,6 +7,8 @@
 #include <bit>
 #include <cstdint>
 
+#include "quant/le_bytes.h"
+
 namespace hetmoe::quant::ref_detail {
 
 using DequantizeFn = void (*)(const void* src, float* dst, int64_t n);
@@ -21,15 +23,9 @@ inline int nearest_int(float v) {
   return static_cast<int>(std::bit_cast<uint32_t>(shifted) & 0x007fffffu) - 0x00400000;
 }
 
-// The fifth bits of a Q5_0 / Q5_1 block, stored as a little-endian uint32.
-inline uint32_t load_u32_le(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
-         static_cast<uint32_t>(p[3]) << 24;
-}
-
-inline void store_u32_le(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
+// The fifth bits of a Q5_0 / Q5_1 block are a little-endian uint32.
+using quant::load_u32_le;
+using quant::store_u32_le;
 
 // ref_float.cpp (F32, F16, BF16: the activation quantizers of these are the weight quantizers)
 void dequantize_f32(const void* src, float* dst, int64_t n);

@@ -45,17 +45,6 @@ int two_bits(const uint8_t* qs, int k) {
   return (qs[half * 32 + k % 32] >> (2 * sub)) & 3;
 }
 
-// The 6-bit scale and min of group j of Q4_K / Q5_K (ggml's get_scale_min_k4).
-void scale_min_k4(int j, const uint8_t* q, int* scale, int* min) {
-  if (j < 4) {
-    *scale = q[j] & 63;
-    *min = q[j + 4] & 63;
-  } else {
-    *scale = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-    *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 // The 6-bit scale (before the -32 offset) of group j of Q3_K: low nibble in bytes 0-7, top two bits in 8-11.
 int q3_scale_code(const uint8_t* scales, int j) {
   const int low = j < 8 ? scales[j] & 0x0f : scales[j - 8] >> 4;
@@ -95,7 +84,7 @@ KCodes unpack(const BlockQ4_K& b) {
   c.d = fp16_to_fp32(b.d);
   c.dmin = fp16_to_fp32(b.dmin);
   c.has_min = true;
-  for (int g = 0; g < 8; ++g) scale_min_k4(g, b.scales, &c.scale[g], &c.min[g]);
+  for (int g = 0; g < 8; ++g) k4_scale_min(b.scales, g, c.scale[g], c.min[g]);
   // Each 64 elements use 32 bytes: the first 32 the low nibbles, the next 32 the high nibbles.
   for (int k = 0; k < kQK_K; ++k) {
     const uint8_t byte = b.qs[(k / 64) * 32 + k % 32];
@@ -110,7 +99,7 @@ KCodes unpack(const BlockQ5_K& b) {
   c.d = fp16_to_fp32(b.d);
   c.dmin = fp16_to_fp32(b.dmin);
   c.has_min = true;
-  for (int g = 0; g < 8; ++g) scale_min_k4(g, b.scales, &c.scale[g], &c.min[g]);
+  for (int g = 0; g < 8; ++g) k4_scale_min(b.scales, g, c.scale[g], c.min[g]);
   for (int k = 0; k < kQK_K; ++k) {
     const uint8_t byte = b.qs[(k / 64) * 32 + k % 32];
     const int low = (k % 64) < 32 ? byte & 0x0f : byte >> 4;
@@ -370,7 +359,7 @@ void pack_two_bits(const uint8_t* codes, uint8_t* qs) {
   }
 }
 
-// Q4_K / Q5_K pack eight 6-bit scales and mins into 12 bytes (the inverse of scale_min_k4).
+// Q4_K / Q5_K pack eight 6-bit scales and mins into 12 bytes (the inverse of k4_scale_min).
 void pack_scale_min_k4(const uint8_t* ls, const uint8_t* lm, uint8_t* scales) {
   for (int j = 0; j < 8; ++j) {
     if (j < 4) {
@@ -410,7 +399,7 @@ void finish_k_with_min(const float* x, Block& b, int nmax, const float* scales, 
   for (int j = 0; j < 8; ++j) {
     int sc;
     int m;
-    scale_min_k4(j, b.scales, &sc, &m);
+    k4_scale_min(b.scales, j, sc, m);
     const float d = fp16_to_fp32(b.d) * static_cast<float>(sc);
     if (d == 0.0f) continue;
     const float dm = fp16_to_fp32(b.dmin) * static_cast<float>(m);

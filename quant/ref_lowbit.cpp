@@ -35,37 +35,31 @@ void unpack_unit(const uint32_t* words, uint8_t* q) {
 }
 
 // Where the parts of a row of n values start.
-struct RowParts {
-  size_t codes = 0, scales, offsets;
-  RowParts(int bits, int group, int64_t n)
-      : scales(static_cast<size_t>(n) * bits / 8), offsets(scales + static_cast<size_t>(n / group) * 2) {}
-};
-
-// Words are stored little-endian; the copies keep unaligned rows legal.
-uint32_t load_word(const uint8_t* p) { return load_u32_le(p); }
-uint16_t load_half(const uint8_t* p) { return static_cast<uint16_t>(p[0] | p[1] << 8); }
-
 template <int kBits, int kGroup>
 void quantize_hq(const float* src, void* dst, int64_t n) {
-  lowbit_fit::quantize_row<kBits, kGroup>(src, dst, n, [](const float* x, uint8_t* q, uint16_t& d, uint16_t& m) {
-    lowbit_fit::fit_group(x, kGroup, (1 << kBits) - 1, q, d, m);
-  });
+  lowbit_fit::quantize_row<kBits, kGroup>(
+      src, dst, n,
+      [](const float* x, uint8_t* q, uint16_t& d, uint16_t& m) {
+        lowbit_fit::fit_group(x, kGroup, (1 << kBits) - 1, q, d, m);
+      },
+      lowbit_fit::pack_unit<kBits>);
 }
 
 // Calls f(group, d, m, codes of the group) for each group of a row.
 template <int kBits, int kGroup, typename F>
 void for_each_group(const void* src, int64_t n, F f) {
   const auto* in = static_cast<const uint8_t*>(src);
-  const RowParts parts(kBits, kGroup, n);
+  const LowBitRowParts parts = lowbit_row_parts(kBits, kGroup, n);
   uint8_t q[kGroup];
   for (int64_t g = 0; g < n / kGroup; ++g) {
     for (int u = 0; u < kGroup / kUnit; ++u) {
       uint32_t words[kBits];
       const int64_t unit = g * (kGroup / kUnit) + u;
-      for (int k = 0; k < kBits; ++k) words[k] = load_word(in + parts.codes + (unit * kBits + k) * 4);
+      for (int k = 0; k < kBits; ++k) words[k] = load_u32_le(in + parts.codes + (unit * kBits + k) * 4);
       unpack_unit<kBits>(words, q + u * kUnit);
     }
-    f(g, fp16_to_fp32(load_half(in + parts.scales + 2 * g)), fp16_to_fp32(load_half(in + parts.offsets + 2 * g)), q);
+    f(g, fp16_to_fp32(load_u16_le(in + parts.scales + 2 * g)), fp16_to_fp32(load_u16_le(in + parts.offsets + 2 * g)),
+      q);
   }
 }
 
