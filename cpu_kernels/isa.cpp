@@ -51,9 +51,10 @@ Isa detect_isa() {
   const bool os_avx512 = (xcr0_lo & 0xe6) == 0xe6;  // plus opmask and ZMM state
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return Isa::kRef;
   const bool avx2 = ebx & (1u << 5);
-  const bool avx512 =
-      (ebx & (1u << 16)) && (ebx & (1u << 30)) && (ebx & (1u << 31)) && (ecx & (1u << 11));  // F BW VL VNNI
-  const bool amx = (edx & (1u << 24)) && (edx & (1u << 25));                                 // AMX-TILE, AMX-INT8
+  // F, DQ, BW, VL, VNNI, and BMI2 (the tier's packing; every CPU with the others has it).
+  const bool avx512 = (ebx & (1u << 16)) && (ebx & (1u << 17)) && (ebx & (1u << 30)) && (ebx & (1u << 31)) &&
+                      (ecx & (1u << 11)) && (ebx & (1u << 8));
+  const bool amx = (edx & (1u << 24)) && (edx & (1u << 25));  // AMX-TILE, AMX-INT8
   if (!(os_avx && avx2 && fma && f16c)) return Isa::kRef;
   if (!(os_avx512 && avx512)) return Isa::kAvx2;
   if (amx && os_grants_amx()) return Isa::kAmx;

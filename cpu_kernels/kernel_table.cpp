@@ -119,9 +119,14 @@ KernelTable make_ref_table() {
 void KernelTable::quantize_row(GgmlType type, const float* src, void* dst, int64_t n) const {
   const QuantizeRowFn fn = quantize_weights[kernel_slot(type)];
   if (!fn) return quant::quantize_row(type, src, dst, n);  // which checks n itself
-  if (n % quant::type_info(type).block_size != 0)
-    throw std::invalid_argument("quantize_row: " + std::to_string(n) + " values are not whole blocks of " +
-                                std::string(quant::type_info(type).name));
+  quant::check_row_length("quantize_row", type, n);
+  fn(src, dst, n);
+}
+
+void KernelTable::dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) const {
+  const DequantizeRowFn fn = dequantize_weights[kernel_slot(type)];
+  if (!fn) return quant::dequantize_row(type, src, dst, n);  // which checks n itself
+  quant::check_row_length("dequantize_row", type, n);
   fn(src, dst, n);
 }
 

@@ -41,6 +41,8 @@ using SoftmaxFn = void (*)(float* x, int64_t n, float sink);
 using QuantizeActivationFn = void (*)(const float* src, void* dst, int64_t n);
 // A row of n floats to a weight type, byte for byte quant::quantize_row's (model conversion: hetmoe split).
 using QuantizeRowFn = void (*)(const float* src, void* dst, int64_t n);
+// A row of a weight type to n floats, each quant::dequantize_row's (model conversion).
+using DequantizeRowFn = void (*)(const void* src, float* dst, int64_t n);
 
 // A type's index in the tables below: ggml's ids as they are, hetmoe's HQ split types (ids 1020..1041) after them.
 inline constexpr size_t kKernelSlots = 46;
@@ -58,6 +60,7 @@ struct KernelTable {
   std::array<GemmTileFn, kKernelSlots> gemm_tile{};                      // by kernel_slot(type); null: none
   std::array<QuantizeActivationFn, kKernelSlots> quantize_activation{};  // by kernel_slot(vec_dot_type)
   std::array<QuantizeRowFn, kKernelSlots> quantize_weights{};            // by kernel_slot(type); null: the reference
+  std::array<DequantizeRowFn, kKernelSlots> dequantize_weights{};        // by kernel_slot(type); null: the reference
   AxpyFn axpy = nullptr;
   DotHeadsFn dot_heads = nullptr;
   SumHeadsFn sum_heads = nullptr;
@@ -74,6 +77,8 @@ struct KernelTable {
   GemmTileFn tile_for(quant::GgmlType t) const { return gemm_tile[kernel_slot(t)]; }
   // n floats to `type`'s blocks (quant::quantize_row's bytes), with the tier's quantizer where it has one.
   void quantize_row(quant::GgmlType type, const float* src, void* dst, int64_t n) const;
+  // `type`'s blocks to n floats (quant::dequantize_row's), with the tier's version where it has one.
+  void dequantize_row(quant::GgmlType type, const void* src, float* dst, int64_t n) const;
   QuantizeActivationFn activation_for(quant::GgmlType vec_dot_type) const {
     return quantize_activation[kernel_slot(vec_dot_type)];
   }

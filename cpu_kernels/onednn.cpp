@@ -2,7 +2,9 @@
 
 #if defined(HETMOE_HAVE_ONEDNN)
 #include <omp.h>
+#include <pthread.h>
 
+#include <csignal>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 #endif
@@ -42,6 +44,26 @@ PerThread& per_thread() {
   return state;
 }
 
+// oneDNN's JIT f32 GEMM kernels of the 2.x releases (Debian 12 ships 2.7; fixed upstream in 2026) point rsp at a heap
+// buffer while they run, so a signal handled meanwhile writes its frame into the heap (chat's Ctrl-C during a long
+// prompt's attention corrupted it). The calling thread holds off every signal it can for the call; one that arrives
+// meanwhile is handled when the call returns, or by another thread.
+class SignalsHeld {
+ public:
+  SignalsHeld() {
+    sigset_t all;
+    sigfillset(&all);
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT}) sigdelset(&all, sig);  // faults stay faults
+    pthread_sigmask(SIG_BLOCK, &all, &old_);
+  }
+  ~SignalsHeld() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+  SignalsHeld(const SignalsHeld&) = delete;
+  SignalsHeld& operator=(const SignalsHeld&) = delete;
+
+ private:
+  sigset_t old_;
+};
+
 // y [m, n] (rows ldy apart) = x [m, k] (rows ldx apart) times the weights [k, n]: element (k, n) at n * w_stride + k
 // (k_major false: the GGUF rows as they lie) or at k * w_stride + n.
 void run_matmul(const float* w, int64_t n, int64_t k, int64_t w_stride, bool k_major, const float* x, int64_t ldx,
@@ -62,6 +84,7 @@ void run_matmul(const float* w, int64_t n, int64_t k, int64_t w_stride, bool k_m
   dnnl::memory src(src_md, s.engine, const_cast<float*>(x));
   dnnl::memory wei(wei_md, s.engine, const_cast<float*>(w));
   dnnl::memory dst(dst_md, s.engine, y);
+  const SignalsHeld held;
   it->second.execute(s.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
   s.stream.wait();
 }

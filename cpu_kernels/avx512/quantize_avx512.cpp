@@ -10,7 +10,10 @@
 
 #include "cpu_kernels/avx512/kernels_avx512.h"
 #include "quant/blocks.h"
+#include "quant/half.h"
 #include "quant/kquant_search.h"
+#include "quant/le_bytes.h"
+#include "quant/lowbit.h"
 #include "quant/lowbit_fit.h"
 
 namespace hetmoe::cpu::avx512 {
@@ -74,19 +77,40 @@ struct Group {
   }
 };
 
+// fit::pack_unit's words with BMI2: each word's bits extracted from eight codes' bytes at once.
+template <int kBits>
+void pack_unit_pext(const uint8_t* q, uint32_t* words) {
+  uint64_t b[4];
+  std::memcpy(b, q, sizeof(b));  // code j in bits 8 (j % 8) of b[j / 8]
+  if constexpr (kBits == 4) {
+    for (int k = 0; k < 4; ++k) words[k] = static_cast<uint32_t>(_pext_u64(b[k], 0x0f0f0f0f0f0f0f0full));
+  } else {
+    constexpr uint64_t kLow = 0x0303030303030303ull, kThird = 0x0404040404040404ull;
+    for (int k = 0; k < 2; ++k)
+      words[k] = static_cast<uint32_t>(_pext_u64(b[2 * k], kLow) | _pext_u64(b[2 * k + 1], kLow) << 16);
+    if constexpr (kBits == 3) {
+      words[2] = 0;
+      for (int k = 0; k < 4; ++k) words[2] |= static_cast<uint32_t>(_pext_u64(b[k], kThird) << (8 * k));
+    }
+  }
+}
+
 template <int kBits, int kGroup>
 void quantize_hq(const float* src, void* dst, int64_t n) {
   constexpr int kLevels = (1 << kBits) - 1;
-  fit::quantize_row<kBits, kGroup>(src, dst, n, [](const float* x, uint8_t* q, uint16_t& d16, uint16_t& m16) {
-    const Group<kGroup / 16> g(x);
-    fit::fit_scale_offset(
-        kGroup, kLevels, g.stats(), [&](float d, float m) { return g.pass(d, m, kLevels, nullptr); }, d16, m16);
-    const float d = quant::fp16_to_fp32(d16);
-    if (d > 0)
-      g.pass(d, quant::fp16_to_fp32(m16), kLevels, q);
-    else
-      std::memset(q, 0, kGroup);
-  });
+  fit::quantize_row<kBits, kGroup>(
+      src, dst, n,
+      [](const float* x, uint8_t* q, uint16_t& d16, uint16_t& m16) {
+        const Group<kGroup / 16> g(x);
+        fit::fit_scale_offset(
+            kGroup, kLevels, g.stats(), [&](float d, float m) { return g.pass(d, m, kLevels, nullptr); }, d16, m16);
+        const float d = quant::fp16_to_fp32(d16);
+        if (d > 0)
+          g.pass(d, quant::fp16_to_fp32(m16), kLevels, q);
+        else
+          std::memset(q, 0, kGroup);
+      },
+      pack_unit_pext<kBits>);
 }
 
 // ggml's make_qkx2_quants for 16 sub-blocks of 32 at once, sub-block j in lane j: every expression of the
@@ -192,6 +216,75 @@ void quantize_k(const float* src, void* dst, int64_t n) {
 
 }  // namespace
 
+// Q4_K rows to floats as the reference does it: per group of 32, dl = d * scale and ml = dmin * min, then
+// dl * q - ml (a product and a difference, never fused).
+void dequantize_q4_k(const void* src, float* dst, int64_t n) {
+  const __m256i nibble = _mm256_set1_epi8(15);
+  for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
+    const quant::BlockQ4_K b = quant::load_block<quant::BlockQ4_K>(src, i);
+    const float d = quant::fp16_to_fp32(b.d), dmin = quant::fp16_to_fp32(b.dmin);
+    float* y = dst + i * quant::kQK_K;
+    for (int j = 0; j < 4; ++j) {  // groups 2j (low nibbles) and 2j + 1 (high nibbles) of bytes qs[32j ...]
+      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * j));
+      const __m256i codes[2] = {_mm256_and_si256(bytes, nibble), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble)};
+      for (int h = 0; h < 2; ++h) {
+        int scale, min;
+        quant::k4_scale_min(b.scales, 2 * j + h, scale, min);
+        const __m512 dl = _mm512_set1_ps(d * static_cast<float>(scale)),
+                     ml = _mm512_set1_ps(dmin * static_cast<float>(min));
+        const __m128i halves[2] = {_mm256_castsi256_si128(codes[h]), _mm256_extracti128_si256(codes[h], 1)};
+        for (int k = 0; k < 2; ++k) {
+          const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(halves[k]));
+          _mm512_storeu_ps(y + (2 * j + h) * 32 + 16 * k, _mm512_sub_ps(_mm512_mul_ps(dl, q), ml));
+        }
+      }
+    }
+  }
+}
+
+// Codes 16 h .. 16 h + 15 (h = 0, 1) of one 32-value unit of an HQ row, from its kBits words (quant/lowbit.h).
+template <int kBits>
+__m512i unit_codes16(const uint32_t* words, int h) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  if constexpr (kBits == 4) {  // words 2h (lanes 0-7) and 2h + 1 (lanes 8-15), 4 bits apart
+    const __m512i w = _mm512_mask_set1_epi32(_mm512_set1_epi32(static_cast<int>(words[2 * h])), 0xff00,
+                                             static_cast<int>(words[2 * h + 1]));
+    return _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_slli_epi32(_mm512_and_si512(lane, _mm512_set1_epi32(7)), 2)),
+                            _mm512_set1_epi32(15));
+  } else {
+    __m512i q =
+        _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(words[h])), _mm512_slli_epi32(lane, 1)),
+                         _mm512_set1_epi32(3));
+    if constexpr (kBits == 3) {  // the third bit of value 16 h + lane: bit 16 h + lane of word 2
+      const __m512i high = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(words[2])),
+                                                              _mm512_add_epi32(lane, _mm512_set1_epi32(16 * h))),
+                                            _mm512_set1_epi32(1));
+      q = _mm512_or_si512(q, _mm512_slli_epi32(high, 2));
+    }
+    return q;
+  }
+}
+
+// An HQ row to floats as the reference: d * q + m per value (a product and a sum, never fused).
+template <int kBits, int kGroup>
+void dequantize_hq(const void* src, float* dst, int64_t n) {
+  const auto* in = static_cast<const uint8_t*>(src);
+  const quant::LowBitRowParts parts = quant::lowbit_row_parts(kBits, kGroup, n);
+  for (int64_t g = 0; g < n / kGroup; ++g) {
+    const __m512 d = _mm512_set1_ps(quant::fp16_to_fp32(quant::load_u16_le(in + parts.scales + 2 * g)));
+    const __m512 m = _mm512_set1_ps(quant::fp16_to_fp32(quant::load_u16_le(in + parts.offsets + 2 * g)));
+    for (int u = 0; u < kGroup / quant::kLowBitUnit; ++u) {
+      uint32_t words[kBits];
+      const int64_t unit = g * (kGroup / quant::kLowBitUnit) + u;
+      std::memcpy(words, in + parts.codes + unit * kBits * 4, sizeof(words));  // little-endian, as stored
+      for (int h = 0; h < 2; ++h) {
+        const __m512 q = _mm512_cvtepi32_ps(unit_codes16<kBits>(words, h));
+        _mm512_storeu_ps(dst + unit * quant::kLowBitUnit + 16 * h, _mm512_add_ps(_mm512_mul_ps(d, q), m));
+      }
+    }
+  }
+}
+
 void install_quantize(KernelTable& table) {
   using quant::GgmlType;
   table.quantize_weights[kernel_slot(GgmlType::HQ2_G64)] = &quantize_hq<2, 64>;
@@ -202,6 +295,13 @@ void install_quantize(KernelTable& table) {
   table.quantize_weights[kernel_slot(GgmlType::HQ4_G128)] = &quantize_hq<4, 128>;
   table.quantize_weights[kernel_slot(GgmlType::Q4_K)] = &quantize_k<GgmlType::Q4_K>;
   table.quantize_weights[kernel_slot(GgmlType::Q5_K)] = &quantize_k<GgmlType::Q5_K>;
+  table.dequantize_weights[kernel_slot(GgmlType::Q4_K)] = &dequantize_q4_k;
+  table.dequantize_weights[kernel_slot(GgmlType::HQ2_G64)] = &dequantize_hq<2, 64>;
+  table.dequantize_weights[kernel_slot(GgmlType::HQ2_G128)] = &dequantize_hq<2, 128>;
+  table.dequantize_weights[kernel_slot(GgmlType::HQ3_G64)] = &dequantize_hq<3, 64>;
+  table.dequantize_weights[kernel_slot(GgmlType::HQ3_G128)] = &dequantize_hq<3, 128>;
+  table.dequantize_weights[kernel_slot(GgmlType::HQ4_G64)] = &dequantize_hq<4, 64>;
+  table.dequantize_weights[kernel_slot(GgmlType::HQ4_G128)] = &dequantize_hq<4, 128>;
 }
 
 }  // namespace hetmoe::cpu::avx512

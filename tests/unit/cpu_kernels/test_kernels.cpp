@@ -1,10 +1,12 @@
 // Every ISA tier this CPU has against the scalar reference: dot products per weight type on awkward sizes,
 // the threaded matmul, the thread pool and the F32 operations.
 #include <gtest/gtest.h>
+#include <sys/time.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -304,10 +306,19 @@ TEST(Kernels, WeightQuantizerOfEveryTierMatchesTheReference) {
         quant::quantize_row(t, rows[r].data(), want.data(), len);
         table.quantize_row(t, rows[r].data(), got.data(), len);
         EXPECT_EQ(got, want) << isa_name(isa) << " " << quant::type_info(t).name << " row " << r;
+        // And back: the tier's dequantization gives the reference's floats, bit for bit.
+        std::vector<float> back_want(static_cast<size_t>(len)), back_got(static_cast<size_t>(len), -1.0f);
+        quant::dequantize_row(t, want.data(), back_want.data(), len);
+        table.dequantize_row(t, want.data(), back_got.data(), len);
+        EXPECT_EQ(0, std::memcmp(back_got.data(), back_want.data(), back_want.size() * sizeof(float)))
+            << isa_name(isa) << " " << quant::type_info(t).name << " row " << r;
       }
     }
     std::vector<uint8_t> out(quant::row_bytes(GgmlType::HQ2_G64, 64));
     EXPECT_THROW(table.quantize_row(GgmlType::HQ2_G64, rows[0].data(), out.data(), 96), std::invalid_argument)
+        << isa_name(isa);
+    std::vector<float> floats(96);
+    EXPECT_THROW(table.dequantize_row(GgmlType::HQ2_G64, out.data(), floats.data(), 96), std::invalid_argument)
         << isa_name(isa);
   }
 }
@@ -446,17 +457,17 @@ TEST(ThreadPool, BalancedLoopCoversEveryIndexOnce) {
   }
 }
 
-// A thread that is slow (here: the caller's first piece waits) does not hold the loop up: the other thread does its
-// own chunk and then the rest of the slow one's. Without taking over, the wait would run into its deadline.
+// A thread that is slow (here: the first piece to run waits, on whichever thread took it) does not hold the loop up:
+// the other thread does its own chunk and then the rest of the slow one's. Without taking over, the wait would run
+// into its deadline.
 TEST(ThreadPool, BalancedLoopLetsAFastThreadTakeASlowOnesWork) {
   ThreadPool pool(2);
   const int64_t n = 64;
   std::vector<std::atomic<int>> hits(n);
   std::atomic<int64_t> done{0};
   std::atomic<bool> waited{false}, taken_over{false};
-  const std::thread::id caller = std::this_thread::get_id();
   pool.parallel_for_balanced(n, 1, [&](int64_t b, int64_t e) {
-    if (std::this_thread::get_id() == caller && !waited.exchange(true)) {
+    if (!waited.exchange(true)) {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
       while (done.load() < n - (e - b) && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
       taken_over = done.load() == n - (e - b);
@@ -551,6 +562,47 @@ TEST(Attention, CausalGroupedHeadsMatchDirectFormula) {
         EXPECT_NEAR(out[t * 24 + h * 6 + d], o, 1e-5) << "t " << t << " h " << h << " d " << d;
       }
     }
+}
+
+// Signals handled while oneDNN multiplies (a chat's Ctrl-C during a long prompt's attention; a profiler's timer)
+// leave the heap and the products intact: Debian's oneDNN points rsp at a heap buffer inside its f32 GEMM kernels,
+// and a signal frame written there corrupted the heap. A timer fires every few microseconds through 40 products of
+// attention's shape (probabilities times value rows, the value rows strided) while the heap is in use around them.
+std::atomic<int> g_timer_signals{0};
+TEST(OneDnn, MatmulsInterruptedBySignalsLeaveTheHeapIntact) {
+  if (!onednn_available()) GTEST_SKIP() << "built without oneDNN";
+  struct sigaction on_timer {
+  }, before{};
+  on_timer.sa_handler = [](int) { g_timer_signals.fetch_add(1, std::memory_order_relaxed); };
+  sigemptyset(&on_timer.sa_mask);
+  on_timer.sa_flags = SA_RESTART;
+  ASSERT_EQ(sigaction(SIGALRM, &on_timer, &before), 0);
+  itimerval every{{0, 37}, {0, 37}}, off{};
+  ASSERT_EQ(setitimer(ITIMER_REAL, &every, nullptr), 0);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  bool same = true;
+  for (int it = 0; it < 40 && same; ++it) {
+    const int64_t n_keys = 1200 + 64 * (it % 9), rows = 256, dv = 256, stride = 3 * dv;
+    std::vector<float> p(rows * n_keys), v(n_keys * stride), o(rows * dv);
+    for (float& f : p) f = u(rng) * 1e-3f;
+    for (float& f : v) f = u(rng);
+    onednn_matmul_f32_kn(v.data(), dv, n_keys, stride, p.data(), n_keys, rows, o.data(), dv);
+    std::vector<char> churn(size_t{1} << 16, static_cast<char>(it));  // allocations next to oneDNN's own
+    for (int c = 0; c < 8; ++c) {
+      const int64_t r = (it * 31 + c * 17) % rows, col = (it * 7 + c * 29) % dv;
+      double want = 0, scale = 0;
+      for (int64_t j = 0; j < n_keys; ++j) {
+        want += static_cast<double>(p[r * n_keys + j]) * v[j * stride + col];
+        scale += std::abs(static_cast<double>(p[r * n_keys + j]) * v[j * stride + col]);
+      }
+      same &= std::abs(o[r * dv + col] - want) <= 1e-4 * scale + 1e-7;
+    }
+  }
+  setitimer(ITIMER_REAL, &off, nullptr);
+  sigaction(SIGALRM, &before, nullptr);
+  EXPECT_TRUE(same);
+  EXPECT_GT(g_timer_signals.load(), 0);  // the timer did fire
 }
 
 }  // namespace
