@@ -86,7 +86,7 @@ int kl(const KlOptions& opt) {
   fmt::print("base {}\nmodel {}\ntokens: {} ({})\n", opt.base, opt.model, n, source);
   fmt::print("{:<10} {:>12} {:>12} {:>12} {:>10}\n", "critical", "mean KL", "p99 KL", "max KL", "top-1 same");
   for (const std::string& critical : opt.critical) {
-    const auto engine = engine::Engine::open({opt.model, threads, critical, {}});
+    const auto engine = engine::Engine::open({opt.model, threads, critical, opt.device});
     model::Model* m = &engine->model();
     const std::vector<float> got = all_logits(*m, tokens);
     std::vector<double> kls;

@@ -19,9 +19,14 @@ int split(const SplitOptions& opt, bool report) {
         bar->update(done, tensor);
       });
   if (bar) bar->finish();
-  fmt::print("wrote {}: {} expert tensors split into W^Q and W^R\n", opt.out, tensors.size());
+  if (opt.critical_from == model::CriticalFrom::kSource)
+    fmt::print("wrote {}: {} expert tensors kept as they are, each with its W^Q\n", opt.out, tensors.size());
+  else
+    fmt::print("wrote {}: {} expert tensors split into W^Q and W^R\n", opt.out, tensors.size());
   if (!report) return 0;
-  fmt::print("{:<32} {:<7} {:<9} {:<6} {:>14} {:>14}\n", "tensor", "source", "W^Q", "W^R", "err W^Q", "err W^Q+W^R");
+  fmt::print("{:<32} {:<7} {:<9} {:<6} {:>14} {:>14}\n", "tensor", "source", "W^Q",
+             opt.critical_from == model::CriticalFrom::kSource ? "CPU" : "W^R", "err W^Q",
+             opt.critical_from == model::CriticalFrom::kSource ? "err critical" : "err W^Q+W^R");
   double gpu = 0, combined = 0;
   for (const SplitTensorReport& t : tensors) {
     fmt::print("{:<32} {:<7} {:<9} {:<6} {:>14.5f} {:>14.5f}\n", t.name, quant::type_info(t.source_type).name,

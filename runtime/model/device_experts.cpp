@@ -255,8 +255,10 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
     routing.layer = layer;
     routing.n_tokens = n;
     routing.experts.clear();
+    // Of a source split the device rows are the items that are not critical (the critical ones run on the CPU's
+    // source expert whatever the plan): an expert with none is no device work.
     for (int64_t e = 0; e < w.n_expert; ++e) {
-      const int64_t o0 = items.begin(e), o1 = items.end[e];
+      const int64_t o0 = items.begin(e), o1 = items.end_on_device(e);
       if (o0 == o1) continue;
       sched::LayerRouting::Expert x{.expert = e, .rows = o1 - o0, .critical_rows = 0, .gate = 0};
       for (int64_t o = o0; o < o1; ++o) {
@@ -276,12 +278,19 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   auto add_work = [&](Work d) {
     d.row0 = rows;
     d.h0 = hidden;
-    for (int64_t o = d.o0; o < d.o1 && w.split() && d.expert >= 0; ++o)
+    for (int64_t o = d.o0; o < d.o1 && w.split() && !w.critical_whole && d.expert >= 0; ++o)
       d.any_critical |= items.critical[items.order[o]] != 0;
     if (d.any_critical) cpu_bytes += routed_bytes(w, items, d.expert, n_embd, false);
     work.push_back(d);
     rows += d.m();
     hidden += d.m() * d.width;
+  };
+  // A source split's critical items of an expert the device runs: on the CPU's source expert. False: it has none.
+  auto critical_on_cpu = [&](int64_t e) {
+    if (!w.critical_whole || items.end_on_device(e) == items.end[e]) return false;
+    add_routed_expert(batch, w, items, r, e, nu, n_embd, /*critical_only=*/true);
+    cpu_bytes += routed_bytes(w, items, e, n_embd, false);
+    return true;
   };
   for (int64_t e = 0; e < w.n_expert; ++e) {
     const int64_t o0 = items.begin(e), o1 = items.end[e];
@@ -304,11 +313,12 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
       cpu_bytes += routed_bytes(w, items, e, n_embd, true);
       continue;
     }
+    if (critical_on_cpu(e) && items.end_on_device(e) == o0) continue;  // nothing left for the device
     if (slot->filling) {  // admitted or prefetched: the step waits for its copy
       device_.wait(compute_, slot->filled);
       slot->filling = false;
     }
-    add_work({.expert = e, .o0 = o0, .o1 = o1, .width = ff, .slot = slot});
+    add_work({.expert = e, .o0 = o0, .o1 = items.end_on_device(e), .width = ff, .slot = slot});
   }
   if (w.has_shared && resident(layer, kShared)) {
     add_work({.expert = kShared, .o0 = 0, .o1 = n, .width = w.gate_shexp.n_rows, .slot = &slots_.at({layer, kShared})});
@@ -319,7 +329,9 @@ void DeviceExperts::run(const cpu::KernelTable& k, cpu::ThreadPool& pool, const 
   move_done_.assign(moved.size(), device::Event{});
   for (size_t j = 0; j < moved.size(); ++j) {
     const int64_t e = moved[j];
-    add_work({.expert = e, .o0 = items.begin(e), .o1 = items.end[e], .width = ff, .move = static_cast<int>(j)});
+    critical_on_cpu(e);
+    add_work(
+        {.expert = e, .o0 = items.begin(e), .o1 = items.end_on_device(e), .width = ff, .move = static_cast<int>(j)});
   }
   // The first moves' copies start now, while the device and the CPU work on the rest.
   for (size_t j = 0; j < std::min(moved.size(), ring.size()); ++j) queue_move(layer, j);
@@ -433,7 +445,7 @@ bool DeviceExperts::execute(const cpu::KernelTable& k, cpu::ThreadPool& pool, co
   }
   const int64_t nu = routing ? static_cast<int64_t>(routing->ids.size()) / n : 1;
   const int64_t ff = moe ? moe->n_ff_exp : 0;
-  const bool split = moe && moe->split();
+  const bool split = moe && moe->split() && !moe->critical_whole;  // residuals to add (a source split has none)
   if (!reserve(rows * n_embd, rows * n_embd, hidden, split)) return false;
   // The combine's width: a token's routed slots and the shared experts' slot (a dense FFN: one slot).
   const int64_t slots = routing ? nu + 1 : 1;

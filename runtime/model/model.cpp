@@ -189,6 +189,11 @@ void Model::bind_common() {
   ffn_.resize(n_bound);
   // A split file (hetmoe split): the routed experts come as W^Q and W^R, in a layout this build must know.
   const bool split = file_->find(kSplitVersionKey) != nullptr;
+  // A source split keeps each expert tensor under its own name: the critical items' weights.
+  const bool critical_whole =
+      split && parse_critical_from(file_->get_string(kSplitCriticalFromKey).value_or("residual"),
+                                   file_->path() + ": " + kSplitCriticalFromKey) == CriticalFrom::kSource;
+  auto critical_name = [&](const std::string& name) { return critical_whole ? name : split_residual_name(name); };
   if (split && file_->require_int(kSplitVersionKey) != quant::kLowBitLayoutVersion)
     fail("{}: split layout version {}, this hetmoe reads version {}", file_->path(),
          file_->require_int(kSplitVersionKey), quant::kLowBitLayoutVersion);
@@ -229,9 +234,10 @@ void Model::bind_common() {
       m.gate_exps = as_matrix(tensor(split_gpu_name(blk(l, "ffn_gate_exps")), {E, ff, ne}));
       m.up_exps = as_matrix(tensor(split_gpu_name(blk(l, "ffn_up_exps")), {E, ff, ne}));
       m.down_exps = as_matrix(tensor(split_gpu_name(blk(l, "ffn_down_exps")), {ff, E, ne}));
-      m.gate_exps_r = as_matrix(tensor(split_residual_name(blk(l, "ffn_gate_exps")), {E, ff, ne}));
-      m.up_exps_r = as_matrix(tensor(split_residual_name(blk(l, "ffn_up_exps")), {E, ff, ne}));
-      m.down_exps_r = as_matrix(tensor(split_residual_name(blk(l, "ffn_down_exps")), {ff, E, ne}));
+      m.gate_exps_r = as_matrix(tensor(critical_name(blk(l, "ffn_gate_exps")), {E, ff, ne}));
+      m.up_exps_r = as_matrix(tensor(critical_name(blk(l, "ffn_up_exps")), {E, ff, ne}));
+      m.down_exps_r = as_matrix(tensor(critical_name(blk(l, "ffn_down_exps")), {ff, E, ne}));
+      m.critical_whole = critical_whole;
       m.n_critical = kDefaultCritical;
     } else {
       m.gate_exps = as_matrix(tensor(blk(l, "ffn_gate_exps"), {E, ff, ne}));

@@ -51,11 +51,20 @@ RoutedItems group_items(const MoeWeights& w, const Routing& r, int64_t n, int64_
       for (int64_t a = 0; a < nu; ++a)
         critical[t * nu + a] = sched::is_critical(r.weights.data() + t * nu, nu, a, keep);
   }
-  return {next.first(w.n_expert), order.first(n * nu), critical.first(w.split() ? n * nu : 0)};
+  // A source split: each expert's items that are not critical first (the device's), both parts in token order.
+  std::span<int64_t> device_end = cpu::scratch<int64_t, struct DeviceEndSite>(w.critical_whole ? w.n_expert : 0);
+  if (w.critical_whole) {
+    for (int64_t e = 0; e < w.n_expert; ++e) {
+      const auto first = order.begin() + (e == 0 ? 0 : next[e - 1]), last = order.begin() + next[e];
+      device_end[e] = std::stable_partition(first, last, [&](int64_t i) { return critical[i] == 0; }) - order.begin();
+    }
+  }
+  return {next.first(w.n_expert), order.first(n * nu), critical.first(w.split() ? n * nu : 0),
+          device_end.first(w.critical_whole ? w.n_expert : 0)};
 }
 
 void add_routed_expert(cpu::ExpertBatch& batch, const MoeWeights& w, const RoutedItems& items, const Routing& r,
-                       int64_t e, int64_t nu, int64_t n_embd) {
+                       int64_t e, int64_t nu, int64_t n_embd, bool critical_only) {
   const cpu::ExpertFfn q{.gate = w.gate_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
                          .up = w.up_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
                          .down = w.down_exps.rows(e * n_embd, n_embd),
@@ -64,25 +73,37 @@ void add_routed_expert(cpu::ExpertBatch& batch, const MoeWeights& w, const Route
                          .down_bias = w.down_exps_bias ? w.down_exps_bias + e * n_embd : nullptr,
                          .clamped_swiglu = w.clamped_swiglu,
                          .swiglu_limit = w.swiglu_limit};
-  // Unsplit: one entry per expert. Split: the items that run on W^Q alone, then those that add the residual.
-  for (const int pass : {0, 1}) {
-    if (pass == 1 && !w.split()) break;
+  const cpu::WeightMatrix gate_r = w.split() ? w.gate_exps_r.rows(e * w.n_ff_exp, w.n_ff_exp) : cpu::WeightMatrix{},
+                          up_r = w.split() ? w.up_exps_r.rows(e * w.n_ff_exp, w.n_ff_exp) : cpu::WeightMatrix{},
+                          down_r = w.split() ? w.down_exps_r.rows(e * n_embd, n_embd) : cpu::WeightMatrix{};
+  // Which items an entry takes: all (-1), or those of one criticality; and its weights.
+  auto add = [&](int critical, const cpu::ExpertFfn& f) {
     bool added = false;
     for (int64_t o = items.begin(e); o < items.end[e]; ++o) {
       const int64_t i = items.order[o];
-      if (w.split() && items.critical[i] != pass) continue;
+      if (critical >= 0 && items.critical[i] != critical) continue;
       if (!added) {
-        cpu::ExpertFfn f = q;
-        if (pass == 1) {
-          f.gate_r = w.gate_exps_r.rows(e * w.n_ff_exp, w.n_ff_exp);
-          f.up_r = w.up_exps_r.rows(e * w.n_ff_exp, w.n_ff_exp);
-          f.down_r = w.down_exps_r.rows(e * n_embd, n_embd);
-        }
         batch.add_expert(f);
         added = true;
       }
       batch.add_item(static_cast<int32_t>(i / nu), static_cast<int32_t>(i % nu), r.weights[i]);
     }
+  };
+  cpu::ExpertFfn with_residual = q;
+  with_residual.gate_r = gate_r;
+  with_residual.up_r = up_r;
+  with_residual.down_r = down_r;
+  cpu::ExpertFfn source = q;
+  source.gate = gate_r;
+  source.up = up_r;
+  source.down = down_r;
+  if (!w.split()) {
+    add(-1, q);
+  } else if (w.critical_whole) {
+    add(critical_only ? 1 : -1, source);
+  } else {
+    if (!critical_only) add(0, q);
+    add(1, with_residual);
   }
 }
 
@@ -117,6 +138,7 @@ uint64_t routed_bytes(const MoeWeights& w, const RoutedItems& items, int64_t e, 
   auto part = [&](const cpu::WeightMatrix& gate, const cpu::WeightMatrix& up, const cpu::WeightMatrix& down) {
     return gate.row_bytes * w.n_ff_exp + up.row_bytes * w.n_ff_exp + down.row_bytes * n_embd;
   };
+  if (w.critical_whole) return whole || critical ? part(w.gate_exps_r, w.up_exps_r, w.down_exps_r) : 0;
   uint64_t bytes = whole ? part(w.gate_exps, w.up_exps, w.down_exps) : 0;
   if (critical) bytes += part(w.gate_exps_r, w.up_exps_r, w.down_exps_r);
   return bytes;

@@ -73,8 +73,11 @@ struct MoeWeights {
   // Qwen3.5: [n_embd]; each token's shared-expert output is scaled by sigmoid(shared_gate . x). Null: by 1.
   const float* shared_gate = nullptr;
   // A split model (runtime/model/split.h): the *_exps matrices above hold W^Q and these the residuals W^R, of the
-  // same shapes; data == nullptr for an unsplit model.
+  // same shapes, or of a source split (critical_whole) the source experts; data == nullptr for an unsplit model.
   cpu::WeightMatrix gate_exps_r, up_exps_r, down_exps_r;
+  // A source split: a critical item runs on the source expert alone (not W^Q plus a residual), and so does every
+  // item of an expert that runs whole on the CPU.
+  bool critical_whole = false;
   // Of a split model: how many of each token's routed experts, those with the largest mixing weights, add their
   // residual (the "critical" experts); the others run on W^Q alone. < 0: all of them. Set at load.
   int64_t n_critical = -1;
@@ -91,15 +94,21 @@ struct MoeWeights {
 
 // A batch's routed items (token t, slot k) as index t * n_used + k, grouped by expert: expert e's items are
 // order[begin(e) .. end[e]), in token order; critical[i] marks the items that add their residual (split models).
+// Of a source split each expert's items that are not critical come first: order[begin(e) .. device_end[e]), then
+// the critical ones (each part in token order); the device runs only the first part.
 struct RoutedItems {
-  std::span<const int64_t> end;       // [n_expert]
-  std::span<const int64_t> order;     // [n * n_used]
-  std::span<const uint8_t> critical;  // [n * n_used], empty for an unsplit model
+  std::span<const int64_t> end;         // [n_expert]
+  std::span<const int64_t> order;       // [n * n_used]
+  std::span<const uint8_t> critical;    // [n * n_used], empty for an unsplit model
+  std::span<const int64_t> device_end;  // [n_expert] of a source split, else empty (then end)
   int64_t begin(int64_t e) const { return e == 0 ? 0 : end[e - 1]; }
+  // The end of expert e's items that a device runs on W^Q.
+  int64_t end_on_device(int64_t e) const { return device_end.empty() ? end[e] : device_end[e]; }
 };
 RoutedItems group_items(const MoeWeights& w, const Routing& r, int64_t n, int64_t n_used);
-// Weight bytes the CPU reads for routed expert e in a step: W (or W^Q, plus W^R when any item is critical) when
-// it runs there whole; W^R only for a device expert's critical items (whole = false).
+// Weight bytes the CPU reads for routed expert e in a step: W (or W^Q, plus W^R when any item is critical; of a source
+// split the source expert) when it runs there whole; W^R (the source expert) only for a device expert's critical
+// items (whole = false).
 uint64_t routed_bytes(const MoeWeights& w, const RoutedItems& items, int64_t e, int64_t n_embd, bool whole);
 
 // Where a step's rows live when the forward pass runs on the device: `x` is the device copy of the step's host input,
@@ -131,10 +140,11 @@ struct MoeStep {
 // into weights[n]; false (weights untouched) when the layer has no shared gate.
 bool shared_expert_weights(const cpu::KernelTable& k, const MoeWeights& w, const float* x, int64_t n, int64_t n_embd,
                            std::vector<float>& weights);
-// Adds routed expert e's items (all, or those with critical == only_critical for a split model) to `batch` as
-// one expert entry: W^Q alone, or with the residual for the critical ones. Adds nothing when there are none.
+// Adds routed expert e's items to `batch`: unsplit, one entry; split, the items on W^Q alone and the critical ones
+// with the residual, as two entries; a source split, all of them on the source expert. With critical_only, only the
+// critical items (a device expert's, the CPU's part of them). Adds nothing when there are none.
 void add_routed_expert(cpu::ExpertBatch& batch, const MoeWeights& w, const RoutedItems& items, const Routing& r,
-                       int64_t e, int64_t n_used, int64_t n_embd);
+                       int64_t e, int64_t n_used, int64_t n_embd, bool critical_only = false);
 // Adds the layer's shared experts (one item per token, rank n_used, weight weights[t] or 1) to `batch`, if it has
 // them.
 void add_shared_experts(cpu::ExpertBatch& batch, const MoeWeights& w, int64_t n, int64_t n_used, const float* weights);

@@ -2,6 +2,8 @@
 
 #include <regex>
 
+#include "runtime/error.h"
+
 namespace hetmoe::model {
 namespace {
 
@@ -20,5 +22,13 @@ bool is_routed_expert_tensor(const std::string& name) {
 
 std::string split_gpu_name(const std::string& name) { return stem(name) + ".wq"; }
 std::string split_residual_name(const std::string& name) { return stem(name) + ".wr"; }
+
+CriticalFrom parse_critical_from(const std::string& name, const std::string& what) {
+  if (name == "residual") return CriticalFrom::kResidual;
+  if (name == "source") return CriticalFrom::kSource;
+  fail("{}: critical experts are computed from \"residual\" or \"source\", not \"{}\"", what, name);
+}
+
+const char* critical_from_name(CriticalFrom from) { return from == CriticalFrom::kSource ? "source" : "residual"; }
 
 }  // namespace hetmoe::model

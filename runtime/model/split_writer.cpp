@@ -70,8 +70,8 @@ struct RowErrors {
 };
 
 // A source row as floats; fails on values that are not finite (a damaged tensor).
-void source_row(const gguf::TensorInfo& t, int64_t r, float* out) {
-  quant::dequantize_row(t.type, t.row(r), out, t.ne[0]);
+void source_row(const cpu::KernelTable& kernels, const gguf::TensorInfo& t, int64_t r, float* out) {
+  kernels.dequantize_row(t.type, t.row(r), out, t.ne[0]);
   for (int64_t i = 0; i < t.ne[0]; ++i)
     if (!std::isfinite(out[i])) fail("{}: row {} holds a value that is not finite; the file is damaged", t.name, r);
 }
@@ -134,7 +134,11 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, const SplitP
   for (const auto& [key, value] : in.metadata()) writer.set(key, value);
   writer.set(kSplitVersionKey, gguf::Value::u32(quant::kLowBitLayoutVersion));
   writer.set(kSplitGpuTypeKey, gguf::Value::string(std::string(quant::type_info(*gpu_type).name)));
-  writer.set(kSplitResidualBitsKey, gguf::Value::u32(static_cast<uint32_t>(opt.residual_bits)));
+  const bool from_source = opt.critical_from == model::CriticalFrom::kSource;
+  if (from_source)
+    writer.set(model::kSplitCriticalFromKey, gguf::Value::string(model::critical_from_name(opt.critical_from)));
+  else
+    writer.set(kSplitResidualBitsKey, gguf::Value::u32(static_cast<uint32_t>(opt.residual_bits)));
   writer.set(kSplitSourceKey, gguf::Value::string(fs::path(opt.model).filename().string()));
 
   cpu::ThreadPool pool(cpu::resolve_threads(opt.threads));
@@ -169,15 +173,15 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, const SplitP
       });
       continue;
     }
-    const GgmlType res_type = residual_type(opt.residual_bits, t.ne[0]);
+    const GgmlType res_type = from_source ? t.type : residual_type(opt.residual_bits, t.ne[0]);
     const size_t q_row = quant::row_bytes(*gpu_type, t.ne[0]), r_row = quant::row_bytes(res_type, t.ne[0]);
     report.push_back({t.name, t.type, *gpu_type, res_type});
     const size_t index = report.size() - 1;
     const GgmlType q_type = *gpu_type;
-    // One pass over the source rows (threads take blocks of rows) gives both parts: the residual W - deq(W^Q) is
-    // written first, and W^Q is kept until its own tensor follows (one tensor's W^Q, under a quarter of its source
-    // at 4 bits or less: memory stays bounded by the largest tensor).
-    writer.add_tensor(split_residual_name(t.name), res_type, ne,
+    // One pass over the source rows (threads take blocks of rows) gives both parts: the residual W - deq(W^Q) (or the
+    // source rows as they are) is written first, and W^Q is kept until its own tensor follows (one tensor's W^Q,
+    // under a quarter of its source at 4 bits or less: memory stays bounded by the largest tensor).
+    writer.add_tensor(from_source ? t.name : split_residual_name(t.name), res_type, ne,
                       [&, q_type, q_row, r_row, res_type, index](std::span<uint8_t> out) {
                         gpu_part.resize(q_row * static_cast<size_t>(t.n_rows));
                         ErrorSums sums;
@@ -187,14 +191,18 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, const SplitP
                           std::vector<float> w(n), q(n), back(n);
                           RowErrors errors;
                           for (int64_t r = r0; r < r1; ++r) {
-                            source_row(t, r, w.data());
+                            source_row(kernels, t, r, w.data());
                             uint8_t* wq = gpu_part.data() + r * q_row;
                             kernels.quantize_row(q_type, w.data(), wq, n);
-                            quant::dequantize_row(q_type, wq, q.data(), n);
+                            kernels.dequantize_row(q_type, wq, q.data(), n);
                             for (int64_t i = 0; i < n; ++i) back[i] = w[i] - q[i];
                             uint8_t* dst = out.data() + r * r_row;
-                            kernels.quantize_row(res_type, back.data(), dst, n);
-                            quant::dequantize_row(res_type, dst, back.data(), n);
+                            if (from_source) {
+                              std::copy_n(t.row(r), r_row, dst);  // exact: W - deq(W^Q) is back as it is
+                            } else {
+                              kernels.quantize_row(res_type, back.data(), dst, n);
+                              kernels.dequantize_row(res_type, dst, back.data(), n);
+                            }
                             errors.add_row(w.data(), q.data(), back.data(), n);
                           }
                           sums.add(errors.weight, errors.gpu, errors.combined);

@@ -139,6 +139,45 @@ TEST(Split, RefusesBadInputAndLeavesNoOutput) {
   refused({.model = dense.string(), .out = out.string()}, "NaN weight");
 }
 
+// A source split: every routed expert tensor stays as it was (same name, same bytes) with its W^Q next to it, no W^R,
+// and the report's W^Q errors are those of the written W^Q.
+TEST(Split, SourceSplitKeepsTheExpertsNextToTheirWq) {
+  const fs::path out = temp_dir() / "tiny.source.split.gguf";
+  const std::vector<SplitTensorReport> report = split_model(
+      {.model = kTiny.string(), .out = out.string(), .threads = 2, .critical_from = model::CriticalFrom::kSource},
+      nullptr);
+  const gguf::GgufFile src = gguf::GgufFile::open(kTiny.string());
+  const gguf::GgufFile dst = gguf::GgufFile::open(out.string());
+  EXPECT_EQ(dst.get_string(model::kSplitCriticalFromKey), "source");
+  EXPECT_FALSE(dst.find(model::kSplitResidualBitsKey));
+  EXPECT_EQ(dst.get_string(model::kSplitGpuTypeKey), "HQ2_G64");
+  size_t n_split = 0;
+  for (const gguf::TensorInfo& t : src.tensors()) {
+    const gguf::TensorInfo* copy = dst.find_tensor(t.name);
+    ASSERT_TRUE(copy) << t.name;
+    EXPECT_EQ(copy->type, t.type);
+    EXPECT_EQ(std::memcmp(copy->data, t.data, t.nbytes), 0) << t.name;
+    if (!model::is_routed_expert_tensor(t.name)) continue;
+    EXPECT_FALSE(dst.find_tensor(model::split_residual_name(t.name))) << t.name;
+    const gguf::TensorInfo* q = dst.find_tensor(model::split_gpu_name(t.name));
+    ASSERT_TRUE(q) << t.name;
+    EXPECT_EQ(q->type, GgmlType::HQ2_G64);
+    const std::vector<float> w = rows_of(t), wq = rows_of(*q);
+    double norm = 0, eq = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      norm += static_cast<double>(w[i]) * w[i];
+      eq += std::pow(static_cast<double>(w[i]) - wq[i], 2);
+    }
+    ASSERT_LT(n_split, report.size());
+    const SplitTensorReport& rep = report[n_split++];
+    EXPECT_EQ(rep.residual_type, t.type);
+    EXPECT_NEAR(rep.gpu_error, std::sqrt(eq / norm), 1e-6);
+    EXPECT_GT(rep.gpu_error, 0.1);
+    EXPECT_EQ(rep.combined_error, 0.0);
+  }
+  EXPECT_EQ(n_split, 6u);
+}
+
 // Mean KL divergence of b's next-token distributions from a's over the same tokens.
 double mean_kl(model::Model& a, model::Model& b, const std::vector<int32_t>& tokens) {
   auto logits = [&](model::Model& m) {
@@ -204,6 +243,45 @@ TEST(Split, SplitModelApproachesTheSourceAsResidualsAreAdded) {
   }
 }
 
+// A source split on the CPU alone runs every expert from the source: the source model's logits exactly. With its W^Q
+// on the emulated device, the non-critical items run there; each critical expert brings it closer, and with all
+// of them critical it is the source model again (to float rounding).
+TEST(Split, SourceSplitRunsCriticalExpertsExactly) {
+  const fs::path out = temp_dir() / "exact.source.split.gguf";
+  split_model(
+      {.model = kTiny.string(), .out = out.string(), .threads = 2, .critical_from = model::CriticalFrom::kSource},
+      nullptr);
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 24; ++i) tokens.push_back((i * 41 + 5) % 500);
+  auto base = model::Model::load(kTiny.string(), 2);
+  auto split = model::Model::load(out.string(), 2);
+  ASSERT_TRUE(split->split());
+  auto logits = [&](model::Model& m) {
+    model::KvCache cache = m.make_cache(static_cast<int64_t>(tokens.size()));
+    std::vector<float> v;
+    m.forward(tokens, 0, cache, true, v);
+    return v;
+  };
+  const std::vector<float> want = logits(*base);
+  for (int64_t r : {0, 2}) {
+    split->set_critical(r);
+    EXPECT_EQ(logits(*split), want) << "critical " << r;
+  }
+  auto dev = device::make_emulated_device({.capacity = 20'000'000});
+  auto on_device = model::Model::load(out.string(), 2);
+  on_device->attach_device(*dev, {.budget_bytes = 10'000'000, .admissions = 0, .prefetch = 0}, false);
+  ASSERT_EQ(on_device->device_experts()->resident_experts(), 36);  // every W^Q
+  std::vector<double> kl;
+  for (int64_t r : {0, 1, 2, -1}) {
+    on_device->set_critical(r);
+    kl.push_back(mean_kl(*base, *on_device, tokens));
+  }
+  EXPECT_GT(kl[0], 0.01);
+  EXPECT_LT(kl[1], kl[0]);
+  EXPECT_LT(kl[2], kl[1]);
+  EXPECT_LT(kl[3], 1e-6);
+}
+
 TEST(Split, LoadRefusesAnotherLayoutVersion) {
   const fs::path once = temp_dir() / "version.split.gguf";
   split_model({.model = kTiny.string(), .out = once.string(), .threads = 2}, nullptr);
@@ -237,10 +315,16 @@ struct RoutingTrace : model::Trace {
 };
 
 // A split model with part of its experts on the emulated device: the same logits as on the CPU alone (to float
-// rounding and one 8-bit rounding event it can cause), and exactly the transfers the plan implies.
-TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
-  const fs::path out = temp_dir() / "device.split.gguf";
-  split_model({.model = kTiny.string(), .out = out.string(), .threads = 2}, nullptr);
+// rounding and one 8-bit rounding event it can cause), and exactly the transfers the plan implies. Of a source split
+// (source = true) the critical items run on the CPU's source experts instead of adding residuals: with every item
+// critical, the source model's logits.
+void expect_planned_transfers(bool source) {
+  const fs::path out = temp_dir() / (source ? "device.source.split.gguf" : "device.split.gguf");
+  split_model({.model = kTiny.string(),
+               .out = out.string(),
+               .threads = 2,
+               .critical_from = source ? model::CriticalFrom::kSource : model::CriticalFrom::kResidual},
+              nullptr);
   std::vector<int32_t> tokens;
   for (int i = 0; i < 12; ++i) tokens.push_back((i * 53 + 7) % 500);
   // Half the experts resident (the CPU runs the rest), then all of them (the CPU runs only residuals).
@@ -301,20 +385,21 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
       on_device->forward(tokens, 0, c2, true, got, &trace);
       const device::TransferStats after = dev->transfers();
       const std::vector<std::pair<int64_t, int64_t>> moves = held.take_moves();
-      if (cs.move_rows > 0) {
-        EXPECT_FALSE(moves.empty());
+      if (cs.move_rows > 0) {  // (a source split with every item critical leaves the device nothing to run)
+        EXPECT_EQ(moves.empty(), source && critical < 0);
       }
       auto moved = [&](int64_t layer, int64_t e) {
         return std::find(moves.begin(), moves.end(), std::pair{layer, e}) != moves.end();
       };
       // Every token's logits to float rounding, but one: an activation value whose 8-bit rounding flips by one step
       // between the device's rows and the CPU's (inputs equal to float rounding) moves its token's logits by up to
-      // about 1e-2 of their scale.
+      // about 1e-2 of their scale. (A source split on the CPU alone is the source model: the same only when every
+      // item is critical.)
       float scale = 0;
       for (float v : want) scale = std::max(scale, std::abs(v));
       const size_t vocab = want.size() / tokens.size();
       int events = 0;
-      for (size_t t = 0; t < tokens.size(); ++t) {
+      for (size_t t = 0; t < tokens.size() && (!source || critical < 0); ++t) {
         float diff = 0;
         for (size_t j = t * vocab; j < (t + 1) * vocab; ++j) diff = std::max(diff, std::abs(want[j] - got[j]));
         if (diff > 2e-3f * scale) ++events;
@@ -362,8 +447,7 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
           cpu_work = true;
         }
         for (int64_t e = 0; e < c.n_expert; ++e) {
-          int64_t m = 0;
-          bool any_critical = false;
+          int64_t m = 0, m_critical = 0;
           for (int64_t t = 0; t < n; ++t)
             for (int64_t a = 0; a < nu; ++a) {
               if (ids[t * nu + a] != e) continue;
@@ -371,11 +455,17 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
               int64_t above = 0;
               for (int64_t b = 0; b < nu; ++b)
                 above += w[t * nu + b] > w[t * nu + a] || (w[t * nu + b] == w[t * nu + a] && b < a);
-              any_critical |= above < (critical < 0 ? nu : critical);
+              m_critical += above < (critical < 0 ? nu : critical);
             }
+          bool any_critical = m_critical > 0;
           if (!held.resident(layer, e) && !moved(layer, e)) {
             cpu_work |= m > 0;
             continue;
+          }
+          if (source) {  // the critical items run on the CPU's source expert: none of their rows move
+            cpu_work |= any_critical;
+            m -= m_critical;
+            any_critical = false;
           }
           rows += m;
           residuals |= any_critical;
@@ -404,6 +494,9 @@ TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) {
       EXPECT_EQ(after.to_host_bytes - before.to_host_bytes, down) << "critical " << critical;
     }
 }
+
+TEST(Split, EmulatedDeviceRunsResidentExpertsWithThePlannedTransfers) { expect_planned_transfers(false); }
+TEST(Split, EmulatedDeviceRunsSourceSplitWithThePlannedTransfers) { expect_planned_transfers(true); }
 
 }  // namespace
 }  // namespace hetmoe
