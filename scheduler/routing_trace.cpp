@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -108,13 +109,26 @@ const std::vector<int32_t>& ZipfRouter::ranking(int64_t layer) {
 RoutingStep ZipfRouter::draw(int64_t layer, int64_t n_tokens) {
   const std::vector<int32_t>& rank = ranking(layer);
   RoutingStep st{.layer = layer, .n_tokens = n_tokens, .ids = {}, .weights = {}};
+  // Each pick as std::discrete_distribution over the remaining weights makes it (libstdc++: the weights divided by
+  // their sum, their running sums with the last set to 1, the first sum not below a canonical draw), without
+  // building one per pick: the same draws, several times faster.
+  const size_t n = law_.size();
+  cumulative_.resize(n);
+  auto pick = [&] {
+    double total = 0;
+    for (double v : weights_) total += v;
+    double running = 0;
+    for (size_t i = 0; i < n; ++i) cumulative_[i] = running += weights_[i] / total;
+    cumulative_[n - 1] = 1.0;
+    const double p = std::generate_canonical<double, std::numeric_limits<double>::digits>(rng_);
+    return static_cast<int64_t>(std::lower_bound(cumulative_.begin(), cumulative_.end(), p) - cumulative_.begin());
+  };
   for (int64_t tok = 0; tok < n_tokens; ++tok) {
-    std::vector<double> w = law_;
+    weights_ = law_;
     double sum = 0;
     for (int64_t k = 0; k < n_used_; ++k) {
-      std::discrete_distribution<int64_t> pick(w.begin(), w.end());
-      const int64_t r = pick(rng_);
-      w[static_cast<size_t>(r)] = 0;  // distinct experts per token
+      const int64_t r = pick();
+      weights_[static_cast<size_t>(r)] = 0;  // distinct experts per token
       st.ids.push_back(rank[static_cast<size_t>(r)]);
       const float weight = 1.0f / static_cast<float>(k + 2);
       st.weights.push_back(weight);

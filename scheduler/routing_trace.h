@@ -64,6 +64,7 @@ class ZipfRouter {
   std::vector<double> law_;
   std::vector<std::vector<int32_t>> rankings_;
   std::mt19937_64 rng_;
+  std::vector<double> weights_, cumulative_;  // one pick's, reused
 };
 
 // A trace's routing replayed: each layer's recorded steps in order, cycled, their tokens concatenated into steps of

@@ -107,7 +107,24 @@ class Run {
         continue;
       }
       const RoutingStep step = routing.next(l, n);
-      const LayerRouting r = layer_routing(step, m_.n_used, split_ ? o_.n_critical : 0);
+      const LayerRouting routed = layer_routing(step, m_.n_used, split_ ? o_.n_critical : 0);
+      // Each split expert's critical rows. A source split's device runs only the rows that are not critical, so the
+      // plan sees those (as the runtime's does); its critical rows run on the source expert on the CPU, with the
+      // expert's other rows when it runs there whole. What no step below takes is run on the CPU after the plan (a
+      // moved expert's residuals, a source split's critical rows).
+      std::vector<int64_t> critical(split_ ? static_cast<size_t>(m_.n_expert) : 0, 0);
+      LayerRouting r = routed;
+      if (split_) {
+        for (const LayerRouting::Expert& x : routed.experts) critical[static_cast<size_t>(x.expert)] = x.critical_rows;
+        if (m_.critical_from_source) {
+          r.experts.clear();
+          for (LayerRouting::Expert x : routed.experts) {
+            x.rows -= x.critical_rows;
+            x.critical_rows = 0;
+            if (x.rows > 0) r.experts.push_back(x);
+          }
+        }
+      }
       const Stepper::Step& plan = stepper_->plan(r);
       // A prefetch copy runs during this layer's attention; what is left of it holds the link (and the prefetched
       // experts' device work) before this layer's moves.
@@ -121,17 +138,25 @@ class Run {
       bool cpu_work = false;
       for (const ExpertStep& s : plan.plan.experts) {
         switch (s.action) {
-          case Action::kCpuInPlace:
-            cpu += cost_.cpu_seconds(isa_, shape_, s.rows);
+          case Action::kCpuInPlace: {
+            // Whole on the CPU: a split expert's residuals are part of it, a source split's critical rows join it.
+            int64_t rows = s.rows;
+            if (split_) {
+              if (m_.critical_from_source) rows += critical[static_cast<size_t>(s.expert)];
+              critical[static_cast<size_t>(s.expert)] = 0;
+            }
+            cpu += cost_.cpu_seconds(isa_, shape_, rows);
             c.dram_bytes += shape_.bytes;
             cpu_work = true;
             break;
+          }
           case Action::kGpuResident:
             gpu_resident += cost_.gpu_seconds(shape_, s.rows);
             if (s.critical_rows > 0) {
               cpu += cost_.residual_seconds(isa_, shape_, s.critical_rows);
               c.dram_bytes += shape_.residual_bytes;
               cpu_work = true;
+              critical[static_cast<size_t>(s.expert)] = 0;
             }
             break;
           case Action::kMove:
@@ -141,6 +166,12 @@ class Run {
             break;
         }
       }
+      for (const int64_t rows : critical)
+        if (rows > 0) {
+          cpu += cost_.residual_seconds(isa_, shape_, rows);
+          c.dram_bytes += shape_.residual_bytes;
+          cpu_work = true;
+        }
       double layer = std::max(cpu, std::max(gpu_resident, link) + gpu_moved);
       // Admissions copy in the background: an admitted expert is first used at the next step, so its copy waits for
       // the link's idle time instead of holding up this layer. The next layer's likely experts are prefetched only

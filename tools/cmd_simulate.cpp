@@ -16,68 +16,18 @@
 #include "scheduler/routing_trace.h"
 #include "scheduler/simulator.h"
 #include "tools/commands.h"
+#include "tools/sim_model.h"
 #include "tools/svg_report.h"
 
 namespace hetmoe::cli {
 namespace {
 
-bool has(const std::string& name, const char* part) { return name.find(part) != std::string::npos; }
-
-// The preset at its file type, as sizes and parameter counts per part; split sizes for `--gpu-bits` with group 64
-// and the residual of `--residual-bits`.
+// The preset at its file type, or the file; split sizes for `--gpu-bits` with group 64 and the residual of
+// `--residual-bits`.
 sched::SimModel sim_model(const SimulateOptions& opt) {
-  const ModelPreset* preset = find_model_preset(opt.model_config);
-  if (!preset) fail("--model-config {}: not a preset (see hetmoe make-model --help)", opt.model_config);
-  // The real model's depth (make-model's default block count is smaller for the large presets).
-  const ModelPlan plan = plan_model({.preset = opt.model_config,
-                                     .out_path = "",
-                                     .type = opt.type,
-                                     .layers = opt.layers > 0 ? opt.layers : preset->max_layers});
-  const ModelPreset& p = *plan.preset;
-  sched::SimModel m;
-  m.name = fmt::format("{} {}", p.name, opt.type);
-  m.n_layer = plan.n_layer;
-  m.n_leading_dense = plan.n_leading_dense;
-  m.n_expert = p.n_expert;
-  m.n_used = p.n_expert_used;
-  m.n_embd = p.n_embd;
-  m.n_ff_exp = p.n_ff_exp;
-  m.n_head = p.n_head;
-  m.attn_dim = p.kv_lora_rank + p.qk_rope;
-  m.kv_width = p.kv_lora_rank + p.qk_rope;
-  const int64_t n_moe = m.n_layer - m.n_leading_dense;
-  double expert_bytes = 0;
-  for (const PlannedTensor& t : plan.tensors) {
-    const double bytes = static_cast<double>(t.nbytes()), params = static_cast<double>(t.n_elements());
-    m.file_bytes += bytes;
-    const std::string& n = t.name;
-    if (n == "token_embd.weight") continue;  // looked up, not streamed
-    if (n.rfind("output", 0) == 0) {
-      m.output_bytes += bytes;
-      m.output_params += params;
-    } else if (has(n, "_exps")) {
-      expert_bytes += bytes;
-    } else if (has(n, "_shexp")) {
-      m.shared_bytes += bytes / static_cast<double>(n_moe);
-      m.shared_params += params / static_cast<double>(n_moe);
-    } else if (has(n, "ffn_gate.") || has(n, "ffn_up.") || has(n, "ffn_down.")) {
-      m.dense_bytes += bytes / std::max(1.0, static_cast<double>(m.n_leading_dense));
-      m.dense_params += params / std::max(1.0, static_cast<double>(m.n_leading_dense));
-    } else {  // attention, norms, router
-      m.attention_bytes += bytes / static_cast<double>(m.n_layer);
-      m.attention_params += params / static_cast<double>(m.n_layer);
-    }
-  }
-  m.expert_bytes = expert_bytes / static_cast<double>(n_moe * m.n_expert);
-  const auto q = quant::lowbit_type({opt.gpu_bits, 64});
-  if (!q) fail("--gpu-bits {}: use 2, 3 or 4", opt.gpu_bits);
-  const double e = static_cast<double>(p.n_embd), f = static_cast<double>(p.n_ff_exp);
-  m.split_device_bytes = 2 * f * static_cast<double>(quant::row_bytes(*q, p.n_embd)) +
-                         e * static_cast<double>(quant::row_bytes(*q, p.n_ff_exp));
-  m.split_residual_bytes =
-      2 * f * static_cast<double>(quant::row_bytes(residual_type(opt.residual_bits, p.n_embd), p.n_embd)) +
-      e * static_cast<double>(quant::row_bytes(residual_type(opt.residual_bits, p.n_ff_exp), p.n_ff_exp));
-  m.critical_from_source = opt.critical_from == "source";
+  sched::SimModel m = opt.model.empty() ? sim_model_from_preset(opt.model_config, opt.type, opt.layers)
+                                        : sim_model_from_file(opt.model);
+  set_split(m, opt.gpu_bits, opt.residual_bits, model::parse_critical_from(opt.critical_from, "--critical-from"));
   if (opt.experts_per_token > 0) {
     if (opt.experts_per_token > m.n_expert)
       fail("--experts-per-token {}: the model has {} experts", opt.experts_per_token, m.n_expert);
@@ -89,12 +39,7 @@ sched::SimModel sim_model(const SimulateOptions& opt) {
 }  // namespace
 
 int simulate(const SimulateOptions& opt) {
-  sched::Machine machine;
-  try {
-    machine = engine::load_machine(opt.hw);
-  } catch (const std::runtime_error& e) {
-    fail("{}", e.what());
-  }
+  const sched::Machine machine = engine::load_machine(opt.hw);  // an Error naming the file when it is not one
   const sched::SimModel model = sim_model(opt);
   std::optional<sched::RoutingTrace> trace;
   if (!opt.trace.empty()) trace = engine::load_routing_trace(opt.trace);

@@ -116,7 +116,8 @@ struct BenchOptions {
 struct SimulateOptions {
   std::string hw;                            // hardware profile (hetmoe-hw/1) or calibrate's profile
   std::string model_config = "deepseek-v3";  // a make-model preset
-  std::string type = "Q4_K_M";               // its file type
+  std::string model;                         // or a GGUF file (instead of the preset)
+  std::string type = "Q4_K_M";               // the preset's file type
   int layers = -1;                           // blocks (-1: the real model's depth)
   std::vector<std::string> policies{"cpu", "static", "kt", "crossover", "split"};
   int64_t prompt = 500;
@@ -136,6 +137,29 @@ struct SimulateOptions {
   std::string json;
 };
 
+struct TuneOptions {
+  std::string hw;            // hardware profile (hetmoe-hw/1) or calibrate's profile
+  std::string model;         // a GGUF file (its routed experts as the file stores them), or...
+  std::string model_config;  // ...a make-model preset at `type`
+  std::string type = "Q4_K_M";
+  int64_t prompt = 500;
+  int64_t gen = 128;
+  double zipf = 1.0;                 // synthetic routing's skew
+  std::string trace;                 // or replay this routing trace
+  std::string objective = "decode";  // rank by: decode, prefill or ttft
+  int top = 5;                       // candidates printed
+  bool exact = false;                // only settings whose output is the source model's
+  int64_t min_critical = 0;          // split settings with fewer critical experts per token are left out
+  double max_dram_gb = 0;            // > 0: at most this much DRAM (else the profile's capacity, when it states it)
+  uint64_t seed = 1;
+  std::string json;
+  // With -m: bench the printed settings for real (their split files written to a temporary folder and removed),
+  // each median of `verify_repeat` runs, on the profile's device (an emulated profile's own: its memory and link).
+  bool verify = false;
+  int verify_repeat = 1;
+  int threads = 0;  // for --verify
+};
+
 struct KlOptions {
   std::string base;                   // the reference model
   std::string model;                  // the model compared with it (a split model, say)
@@ -145,6 +169,7 @@ struct KlOptions {
   int n_tokens = 128;
   uint64_t seed = 1;
   int threads = 0;
+  DeviceOptions device;  // where the compared model runs (a split model's W^Q on a device); the base on the CPU
 };
 
 struct CalibrateOptions {
@@ -159,6 +184,8 @@ struct CalibrateOptions {
 
 int inspect(const InspectOptions& opt);
 int simulate(const SimulateOptions& opt);
+// Sweeps the policies and their settings in the simulator and prints the best few with the commands that run them.
+int tune(const TuneOptions& opt);
 // Writes the split file; with `report`, a table of each tensor's relative error.
 int split(const SplitOptions& opt, bool report);
 int calibrate(const CalibrateOptions& opt);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <map>
 #include <memory>
 #include <new>
 #include <string>
@@ -134,7 +135,9 @@ int main(int argc, char** argv) {
   SplitOptions split;
   bool split_report = false;
   CLI::App* c_split = app.add_subcommand(
-      "split", "write a model whose routed experts are a low-bit GPU part (W^Q) plus a CPU residual (W^R)");
+      "split",
+      "write a model whose routed experts are a low-bit GPU part (W^Q) plus a CPU residual (W^R), or W^Q next "
+      "to the source experts");
   c_split->add_option("-m,--model", split.model, "GGUF file to split")->required();
   c_split->add_option("-o,--out", split.out, "split GGUF to write")->required();
   c_split->add_option("--gpu-bits", split.gpu_bits, "bits per value of W^Q (2, 3 or 4)")
@@ -146,6 +149,14 @@ int main(int argc, char** argv) {
   c_split->add_option("--residual-bits", split.residual_bits, "bits of W^R (2, 3, 4, 5, 6 or 8; K-quant or Q8_0)")
       ->capture_default_str()
       ->check(CLI::IsMember({2, 3, 4, 5, 6, 8}));
+  std::map<std::string, model::CriticalFrom> critical_from_names{{"residual", model::CriticalFrom::kResidual},
+                                                                 {"source", model::CriticalFrom::kSource}};
+  c_split
+      ->add_option("--critical-from", split.critical_from,
+                   "what the CPU computes a token's critical experts from: a residual W^R added to W^Q (residual), "
+                   "or the source expert itself, kept in the file as it is (source: exact, no W^R)")
+      ->transform(CLI::CheckedTransformer(critical_from_names))
+      ->default_str("residual");
   c_split->add_flag("--report", split_report, "print each tensor's relative error of W^Q and of W^Q + W^R");
   add_max_shard_size(c_split, &split.max_shard_bytes);
   add_threads(c_split, &split.threads);
@@ -154,8 +165,11 @@ int main(int argc, char** argv) {
   CLI::App* c_simulate =
       app.add_subcommand("simulate", "predict the policies' speed and memory for a model on a hardware profile");
   c_simulate->add_option("--hw", simulate.hw, "hardware profile (hetmoe-hw/1) or a calibrate profile")->required();
-  c_simulate->add_option("--model-config", simulate.model_config, "a make-model preset (deepseek-v3, ...)")
-      ->capture_default_str();
+  CLI::Option* o_sim_preset =
+      c_simulate->add_option("--model-config", simulate.model_config, "a make-model preset (deepseek-v3, ...)")
+          ->capture_default_str();
+  c_simulate->add_option("-m,--model", simulate.model, "or a GGUF file: its sizes instead of a preset's")
+      ->excludes(o_sim_preset);
   c_simulate->add_option("--type", simulate.type, "its file type")->capture_default_str();
   c_simulate->add_option("--layers", simulate.layers, "blocks (default: the real model's depth)")
       ->check(cli::in_range(1, 1e4, "blocks"));
@@ -210,6 +224,46 @@ int main(int argc, char** argv) {
   c_simulate->add_option("--json", simulate.json, "also write the predictions here");
   c_simulate->add_option("--svg", simulate.svg, "and draw them with the crossover curves (SVG)");
 
+  cli::TuneOptions tune;
+  CLI::App* c_tune = app.add_subcommand(
+      "tune",
+      "sweep the policies and their settings in the simulator: the best few for a machine, with their commands");
+  c_tune->add_option("--hw", tune.hw, "hardware profile (hetmoe-hw/1) or a calibrate profile")->required();
+  CLI::Option* o_tune_model = c_tune->add_option("-m,--model", tune.model, "GGUF file");
+  c_tune->add_option("--model-config", tune.model_config, "or a make-model preset (deepseek-v3, qwen3-235b, ...)")
+      ->excludes(o_tune_model);
+  c_tune->add_option("--type", tune.type, "the preset's file type")->capture_default_str();
+  c_tune->add_option("--prompt", tune.prompt, "prompt tokens")
+      ->check(cli::in_range(1, 1e7, "tokens"))
+      ->capture_default_str();
+  c_tune->add_option("--gen", tune.gen, "generated tokens")
+      ->check(cli::in_range(1, 1e7, "tokens"))
+      ->capture_default_str();
+  c_tune->add_option("--zipf", tune.zipf, "synthetic routing's skew s (0: uniform)")
+      ->capture_default_str()
+      ->check(cli::in_range(0, 100));
+  c_tune->add_option("--trace", tune.trace, "replay this routing trace (hetmoe run --trace-routing)");
+  c_tune->add_option("--objective", tune.objective, "rank by decode, prefill or ttft")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"decode", "prefill", "ttft"}));
+  c_tune->add_option("--top", tune.top, "settings to print")->capture_default_str()->check(cli::in_range(1, 1000));
+  c_tune->add_flag("--exact", tune.exact, "only settings whose output is the source model's (no approximate split)");
+  c_tune
+      ->add_option("--min-critical", tune.min_critical,
+                   "split: at least this many critical experts per token (above the model's experts per token: all)")
+      ->check(cli::at_least(0, "experts"));
+  c_tune->add_option("--max-dram-gb", tune.max_dram_gb, "DRAM the model may use (default: the profile's capacity)")
+      ->check(cli::in_range(0, 1e6, "GB"));
+  c_tune->add_option("--seed", tune.seed, "seed of the synthetic routing")->capture_default_str();
+  c_tune->add_option("--json", tune.json, "also write every setting's prediction as JSON");
+  c_tune->add_flag("--verify", tune.verify,
+                   "with -m: bench the printed settings on this machine (split files go to a temporary folder) and "
+                   "print predicted against measured");
+  c_tune->add_option("--verify-repeat", tune.verify_repeat, "--verify: measured runs per setting (the median)")
+      ->capture_default_str()
+      ->check(cli::in_range(1, 100, "runs"));
+  add_threads(c_tune, &tune.threads);
+
   cli::KlOptions kl;
   std::string kl_tokens;
   CLI::App* c_kl = app.add_subcommand("kl", "KL divergence of a model's next-token distributions from a base model's");
@@ -224,6 +278,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   c_kl->add_option("--seed", kl.seed, "seed of the pseudo-random ids")->capture_default_str();
   add_threads(c_kl, &kl.threads);
+  add_device(c_kl, &kl.device);
 
   cli::LogitsOptions logits;
   std::string logits_tokens;
@@ -421,6 +476,13 @@ int main(int argc, char** argv) {
     if (c_bench->parsed()) return cli::bench(bench);
     if (c_calibrate->parsed()) return cli::calibrate(calibrate);
     if (c_simulate->parsed()) return cli::simulate(simulate);
+    if (c_tune->parsed()) {
+      if (tune.model.empty() && tune.model_config.empty())
+        throw Error("tune: give a model (-m FILE or --model-config NAME)");
+      if (tune.verify && tune.model.empty())
+        throw Error("tune --verify: give the model file (-m FILE); a preset has no weights to run");
+      return cli::tune(tune);
+    }
     if (c_tokenize->parsed()) return cli::tokenize(tokenize);
     if (c_make->parsed()) {
       make.threads = cli::resolve_threads(make_threads);

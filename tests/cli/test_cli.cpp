@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -589,6 +590,100 @@ TEST_F(Cli, SimulatePredictsEveryPolicyOnAShippedProfile) {
   EXPECT_NE(source.out.find("4 experts per token"), std::string::npos) << source.out;
   expect_error(hetmoe("simulate --hw " + hw.string() + " --model-config deepseek-v2-lite --experts-per-token 65"),
                "the model has 64 experts");
+}
+
+// tune: every setting simulated once, the best first by the objective, each with the commands that run it; what the
+// machine cannot hold, what --exact and --min-critical leave out, and a profile without a GPU (one setting: cpu).
+// The candidates of a tune --json file (held by the caller: a range-for over a temporary's member would not be).
+nlohmann::json candidates(const fs::path& json) { return nlohmann::json::parse(read_all(json)).at("candidates"); }
+
+TEST_F(Cli, TuneRanksTheSettingsAndPrintsTheirCommands) {
+  const fs::path hw = fs::path(HETMOE_SOURCE_DIR) / "profiles" / "xeon-amx-rtx-pro-6000.json";
+  const fs::path json = dir_ / "tune.json";
+  const std::string common = "tune --hw " + hw.string() + " --model-config deepseek-v2-lite --prompt 32 --gen 8";
+  const Result r = hetmoe(common + " --top 3 --json " + json.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(read_all(json));
+  const nlohmann::json& c = j.at("candidates");
+  ASSERT_GT(c.size(), 20u);
+  std::set<std::string> policies;
+  for (size_t i = 0; i < c.size(); ++i) {
+    policies.insert(c[i].at("policy").get<std::string>());
+    if (i > 0) {
+      EXPECT_GE(c[i - 1].at("decode_tok_s").get<double>(), c[i].at("decode_tok_s").get<double>()) << i;
+    }
+    const std::vector<std::string> lines = c[i].at("commands").get<std::vector<std::string>>();
+    ASSERT_FALSE(lines.empty());
+    EXPECT_NE(lines.back().find("hetmoe serve -m "), std::string::npos) << lines.back();
+    if (c[i].at("policy") == "split") {
+      ASSERT_EQ(lines.size(), 2u);  // the split file first
+      EXPECT_NE(lines[0].find(fmt::format("--gpu-bits {}", c[i].at("gpu_bits").get<int>())), std::string::npos);
+      EXPECT_NE(lines[1].find(fmt::format("--critical {}", c[i].at("critical").get<int>())), std::string::npos);
+      EXPECT_EQ(c[i].at("exact").get<bool>(),
+                c[i].at("critical_from") == "source" && c[i].at("critical").get<int>() >= 6);  // 6 experts per token
+    } else {
+      EXPECT_TRUE(c[i].at("exact").get<bool>());
+    }
+  }
+  EXPECT_EQ(policies, (std::set<std::string>{"cpu", "static", "kt", "crossover", "split"}));
+  // The table shows the best three, each followed by its commands, and whether the split pays here.
+  EXPECT_NE(r.out.find("\n 1  "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n 3  "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\n 4  "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(fmt::format("{:.2f}", c[0].at("decode_tok_s").get<double>())), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(c[0].at("commands").back().get<std::string>()), std::string::npos) << r.out;
+  EXPECT_TRUE(r.out.find("split pays here") != std::string::npos ||
+              r.out.find("split does not pay here") != std::string::npos)
+      << r.out;
+
+  // --exact: only settings that compute the source model.
+  const Result exact = hetmoe(common + " --exact --json " + json.string());
+  ASSERT_EQ(exact.status, 0) << exact.err;
+  for (const nlohmann::json& e : candidates(json)) EXPECT_TRUE(e.at("exact").get<bool>()) << e.dump();
+  // --min-critical 2: no split with fewer.
+  const Result two = hetmoe(common + " --min-critical 2 --json " + json.string());
+  ASSERT_EQ(two.status, 0) << two.err;
+  for (const nlohmann::json& e : candidates(json))
+    if (e.at("policy") == "split") {
+      EXPECT_GE(e.at("critical").get<int>(), 2) << e.dump();
+    }
+  // A residual split holds more than the source file (10.4 GB): 12 GB of DRAM leaves only settings that hold the file.
+  const Result small = hetmoe(common + " --max-dram-gb 12 --json " + json.string());
+  ASSERT_EQ(small.status, 0) << small.err;
+  EXPECT_NE(small.out.find("need more than the 12 GB of DRAM allowed"), std::string::npos) << small.out;
+  for (const nlohmann::json& e : candidates(json)) {
+    EXPECT_LE(e.at("dram_bytes").get<double>(), 12e9) << e.dump();
+    EXPECT_NE(e.value("critical_from", ""), "residual") << e.dump();
+  }
+  expect_error(hetmoe(common + " --max-dram-gb 1"), "no setting fits");
+  // From a model file, on a profile without a GPU: the cpu policy alone.
+  const fs::path cpu_hw = fs::path(HETMOE_SOURCE_DIR) / "profiles" / "this-machine.json";
+  const Result file = hetmoe("tune --hw " + cpu_hw.string() + " -m " + kModel.string() + " --prompt 16 --gen 4");
+  ASSERT_EQ(file.status, 0) << file.err;
+  EXPECT_NE(file.out.find("the profile has no GPU"), std::string::npos) << file.out;
+  EXPECT_NE(file.out.find("hetmoe serve -m " + kModel.string() + " --device cpu"), std::string::npos) << file.out;
+  expect_error(hetmoe("tune --hw " + hw.string()), "give a model");
+
+  // --verify benches the printed settings on the profile's device (here the emulated one this machine was calibrated
+  // with), split files written for them in a temporary folder that goes away after.
+  const fs::path emulated = fs::path(HETMOE_SOURCE_DIR) / "profiles" / "this-machine-emulated.json";
+  const Result v = hetmoe("tune --hw " + emulated.string() + " -m " + kModel.string() +
+                          " --prompt 16 --gen 4 --top 3 --verify -t 2");
+  ASSERT_EQ(v.status, 0) << v.err;
+  const size_t table = v.out.find("predicted against measured on this machine");
+  ASSERT_NE(table, std::string::npos) << v.out;
+  const std::string rows = v.out.substr(table);
+  for (const char* rank : {"\n 1  ", "\n 2  ", "\n 3  "}) EXPECT_NE(rows.find(rank), std::string::npos) << rows;
+  size_t benched = 0;
+  for (size_t at = v.out.find("\nverify: "); at != std::string::npos; at = v.out.find("\nverify: ", at + 1)) ++benched;
+  EXPECT_EQ(benched, 3u) << v.out;
+  // A split setting among them was benched on a split file written for it.
+  EXPECT_EQ(v.out.find("verify: split") != std::string::npos, v.err.find("tune: writing ") != std::string::npos)
+      << v.out << v.err;
+  for (const auto& entry : fs::directory_iterator(fs::temp_directory_path()))
+    EXPECT_EQ(entry.path().filename().string().rfind("hetmoe-tune-", 0), std::string::npos) << entry.path();
+  expect_error(hetmoe("tune --hw " + emulated.string() + " --model-config deepseek-v2-lite --verify"),
+               "give the model file");
 }
 
 // The two published KTransformers figures the shipped profiles were fitted to (docs/scheduler.md): a change to the

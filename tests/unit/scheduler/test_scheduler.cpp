@@ -608,6 +608,24 @@ TEST(Simulator, CriticalRowsFromTheSourceReadTheSourceExpertAndKeepDramAtTheFile
   EXPECT_LT(s[1].decode_tok_s, r[1].decode_tok_s);
 }
 
+// Critical rows are costed as the runtime runs them. With every W^Q on the device: a source split whose every routed
+// expert is critical leaves the device no routed rows, so each decoded token reads its 4 experts per MoE layer whole
+// from the source on the CPU (3 layers x 4 x 10 MB); with none critical the CPU reads no expert at all.
+TEST(Simulator, ASourceSplitsCriticalRowsRunOnTheSourceExpertOnTheCpu) {
+  SimModel source = small_model();
+  source.critical_from_source = true;
+  SimOptions o = sim_options({"split"});
+  o.n_critical = 4;
+  const SimResult all = simulate(small_machine(2e9), source, o)[0];
+  o.n_critical = 0;
+  const SimResult none = simulate(small_machine(2e9), source, o)[0];
+  EXPECT_EQ(all.resident_experts, 48);  // every W^Q (3 MoE layers x 16)
+  EXPECT_EQ(none.resident_experts, 48);
+  EXPECT_DOUBLE_EQ(all.dram_bytes_per_token, 3 * 4 * 10e6);
+  EXPECT_DOUBLE_EQ(none.dram_bytes_per_token, 0);
+  EXPECT_LT(all.decode_tok_s, none.decode_tok_s);
+}
+
 // Fewer experts per token read fewer experts: the CPU policy's decode bytes fall by the experts not routed.
 TEST(Simulator, FewerExpertsPerTokenReadFewerExperts) {
   SimModel four = small_model(), two = small_model();
