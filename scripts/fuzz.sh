@@ -47,7 +47,8 @@ seeds=$build/$target/seeds
 crashes=$build/$target/crashes
 log=$build/$target.log
 
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+# Line tables only (-g1): a crash's stack names file and line, and the build takes about half the time of -g.
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DHETMOE_FUZZ=ON -DHETMOE_CUDA=OFF >/dev/null
 ninja -C "$build" -j "${HETMOE_FUZZ_JOBS:-1}" "fuzz_$target" "${tools[@]}"
 mkdir -p "$corpus" "$crashes" "$committed"
