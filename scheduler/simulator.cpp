@@ -61,17 +61,21 @@ class Run {
     }
     int64_t slots = 0;
     if (traits.uses_residency && machine.gpu) {
-      const double room = std::max(0.0, machine.gpu->memory_bytes - o.vram_reserve_bytes - vram_);
+      // The ring of move slots comes out of the same memory, as the runtime's DeviceExperts takes it.
+      const double ring = traits.moves_experts ? static_cast<double>(o.move_slots) * shape_.device_bytes : 0;
+      const double room = std::max(0.0, machine.gpu->memory_bytes - o.vram_reserve_bytes - vram_ - ring);
+      vram_ += std::min(ring, std::max(0.0, machine.gpu->memory_bytes - o.vram_reserve_bytes - vram_));
       slots = static_cast<int64_t>(room / shape_.device_bytes);
       slots = std::min(slots, (m.n_layer - m.n_leading_dense) * m.n_expert);
       // A fixed placement (kt) may be given its size.
       if (!traits.adapts_residency && o.kt_resident_experts >= 0) slots = std::min(slots, o.kt_resident_experts);
       vram_ += static_cast<double>(slots) * shape_.device_bytes;
     }
-    stepper_.emplace(
-        policy, &cost_, shape_, po,
-        StepperOptions{
-            .n_layer = m.n_layer, .n_expert = m.n_expert, .move_slots = o.move_slots, .residency = {.slots = slots}});
+    stepper_.emplace(policy, &cost_, shape_, po,
+                     StepperOptions{.n_layer = m.n_layer,
+                                    .n_expert = m.n_expert,
+                                    .move_slots = o.move_slots,
+                                    .residency = {.slots = slots, .max_admissions = o.admissions}});
     const std::optional<int64_t> x = cost_.crossover(isa_, shape_);
     crossover_ = x ? *x : -1;
   }

@@ -54,6 +54,7 @@ struct SimOptions {
   double kv_bytes_per_value = 4;     // the KV cache's precision (F32, as hetmoe's)
   double host_sync_s = 20e-6;        // per MoE layer with the pass on the device: routing down and back
   int64_t move_slots = 2;            // the runtime's ring of move slots (prefetches take at most half)
+  int64_t admissions = 1;            // adaptive policies: experts the residency may admit per layer step
   PolicyOptions policy;              // thresholds (isa and n_layer are set by the simulator)
 };
 

@@ -54,6 +54,8 @@ int simulate(const SimulateOptions& opt) {
   so.kt_resident_experts = opt.kt_experts;
   so.policy.kt_prefill_tokens = opt.kt_prefill_tokens;
   so.policy.prefetch = opt.prefetch;
+  so.move_slots = opt.move_slots;
+  so.admissions = opt.admissions;
   so.n_critical = opt.critical;
   const std::vector<sched::SimResult> results = sched::simulate(machine, model, so);
 

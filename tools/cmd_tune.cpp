@@ -1,7 +1,9 @@
 // hetmoe tune: which offload policy and settings win on a machine, predicted. It sweeps the policies and their
 // settings (split: W^Q bits, critical experts per token, what critical experts are computed from; crossover and
-// split: prefetch) through the simulator (scheduler/simulator.h), ranks them by an objective and prints the best few
-// with their predicted speed, memory and quality cost, and the commands that run each.
+// split: prefetch, then for the best of those the device memory's split between resident experts and the ring of
+// move slots, and the residency's admissions per step) through the simulator (scheduler/simulator.h), ranks them by
+// an objective and prints the best few with their predicted speed, memory and quality cost, and the commands that
+// run each.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -11,7 +13,9 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
+#include <tuple>
 
 #include "runtime/engine/engine.h"
 #include "runtime/error.h"
@@ -36,8 +40,13 @@ struct Candidate {
   int64_t critical = 0;                         // split only: critical experts per token
   CriticalFrom from = CriticalFrom::kResidual;  // split only
   int64_t prefetch = 0;                         // crossover and split
+  int64_t move_slots = 2;                       // crossover and split: the ring, taken from the experts' memory
+  int64_t admissions = 1;                       // crossover and split: the residency's admissions per layer step
   sched::SimResult result{};
 };
+
+// The best settings of each adaptive policy whose device memory split and admissions the second round sweeps.
+constexpr int64_t kRefined = 3;
 
 bool is_split(const Candidate& c) { return c.policy == "split"; }
 
@@ -47,12 +56,25 @@ bool exact(const Candidate& c, int64_t n_used) {
   return !is_split(c) || (c.from == CriticalFrom::kSource && c.critical >= n_used);
 }
 
+bool adapts(const Candidate& c) { return c.policy == "crossover" || is_split(c); }
+
 std::string settings(const Candidate& c) {
+  std::string s;
   if (is_split(c))
-    return fmt::format("W^Q {}-bit, critical {}, {}, prefetch {}", c.gpu_bits, c.critical,
-                       model::critical_from_name(c.from), c.prefetch);
-  if (c.policy == "crossover") return fmt::format("prefetch {}", c.prefetch);
-  return "";
+    s = fmt::format("W^Q {}-bit, critical {}, {}, ", c.gpu_bits, c.critical, model::critical_from_name(c.from));
+  if (adapts(c)) {
+    s += fmt::format("prefetch {}", c.prefetch);
+    if (c.move_slots != 2) s += fmt::format(", {} move slots", c.move_slots);
+    if (c.admissions != 1) s += fmt::format(", admit {}", c.admissions);
+  }
+  return s;
+}
+
+// The settings column's width for these candidates.
+size_t settings_width(const std::vector<const Candidate*>& shown) {
+  size_t w = 8;
+  for (const Candidate* c : shown) w = std::max(w, settings(*c).size());
+  return w;
 }
 
 std::string quality(const Candidate& c, int64_t n_used) {
@@ -83,6 +105,8 @@ DeviceOptions device_of(const sched::Machine& machine, const Candidate& c, const
   }
   d.policy = c.policy;
   d.prefetch = c.prefetch;
+  d.move_slots = static_cast<int>(c.move_slots);
+  d.admissions = c.admissions;
   d.profile = opt.hw;
   return d;
 }
@@ -111,7 +135,12 @@ std::vector<std::string> commands(const Candidate& c, const TuneOptions& opt, co
     line += fmt::format(" --device-memory {:.4g} --link-gbs {:.4g} --link-latency-us {:.4g}", d.memory_gb, d.link_gb_s,
                         d.link_latency_us);
   if (is_split(c)) line += fmt::format(" --critical {}", c.critical);
-  if (c.policy == "crossover" || is_split(c)) line += fmt::format(" --prefetch {} --profile {}", c.prefetch, opt.hw);
+  if (adapts(c)) {
+    line += fmt::format(" --prefetch {}", c.prefetch);
+    if (c.move_slots != 2) line += fmt::format(" --move-slots {}", c.move_slots);
+    if (c.admissions != 1) line += fmt::format(" --admissions {}", c.admissions);
+    line += fmt::format(" --profile {}", opt.hw);
+  }
   out.push_back(line + threads);
   return out;
 }
@@ -174,11 +203,12 @@ void verify(const std::vector<const Candidate*>& shown, const TuneOptions& opt, 
   fmt::print("\npredicted against measured on this machine (prompt {}, generate {}, routing {}, median of {}):\n",
              opt.prompt, opt.gen, opt.trace.empty() ? fmt::format("Zipf s = {}", opt.zipf) : opt.trace,
              opt.verify_repeat);
-  fmt::print("{:>2}  {:<10} {:<42} {:>19} {:>19}\n", "#", "policy", "settings", "prefill pred / meas",
+  const size_t w = settings_width(shown);
+  fmt::print("{:>2}  {:<10} {:<{}} {:>19} {:>19}\n", "#", "policy", "settings", w, "prefill pred / meas",
              "decode pred / meas");
   for (size_t i = 0; i < shown.size(); ++i) {
     const Candidate& c = *shown[i];
-    fmt::print("{:>2}  {:<10} {:<42} {:>9.2f} / {:<7.2f} {:>9.2f} / {:<7.2f}\n", i + 1, c.policy, settings(c),
+    fmt::print("{:>2}  {:<10} {:<{}} {:>9.2f} / {:<7.2f} {:>9.2f} / {:<7.2f}\n", i + 1, c.policy, settings(c), w,
                c.result.prefill_tok_s, measured[i].first, c.result.decode_tok_s, measured[i].second);
   }
 }
@@ -207,7 +237,7 @@ int tune(const TuneOptions& opt) {
   if (machine.gpu) {
     all.push_back({.policy = "static"});
     all.push_back({.policy = "kt"});
-    for (int64_t prefetch : {0, 1, 2}) all.push_back({.policy = "crossover", .prefetch = prefetch});
+    for (int64_t prefetch : {0, 1}) all.push_back({.policy = "crossover", .prefetch = prefetch});
     std::vector<int64_t> critical;
     for (int64_t r : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{4}, base.n_used})
       if (r <= base.n_used && std::find(critical.begin(), critical.end(), r) == critical.end()) critical.push_back(r);
@@ -218,42 +248,46 @@ int tune(const TuneOptions& opt) {
             all.push_back({.policy = "split", .gpu_bits = bits, .critical = r, .from = from, .prefetch = prefetch});
   }
   // Each setting is one simulation, independent of the others: spread over the cores.
-  std::atomic<size_t> next{0};
-  std::exception_ptr error;
-  std::atomic<bool> failed{false};
-  auto work = [&] {
-    for (size_t i; (i = next++) < all.size() && !failed;) {
-      Candidate& c = all[i];
+  auto simulate_all = [&](std::vector<Candidate>& list, size_t from) {
+    std::atomic<size_t> next{from};
+    std::exception_ptr error;
+    std::atomic<bool> failed{false};
+    auto work = [&] {
+      for (size_t i; (i = next++) < list.size() && !failed;) {
+        Candidate& c = list[i];
+        try {
+          sched::SimModel m = base;
+          if (is_split(c)) set_split(m, c.gpu_bits, 4, c.from);
+          sched::SimOptions so;
+          so.policies = {c.policy};
+          so.prompt = opt.prompt;
+          so.gen = opt.gen;
+          so.zipf = opt.zipf;
+          so.seed = opt.seed;
+          so.trace = trace ? &*trace : nullptr;
+          so.n_critical = c.critical;
+          so.policy.prefetch = c.prefetch;
+          so.move_slots = c.move_slots;
+          so.admissions = c.admissions;
+          c.result = sched::simulate(machine, m, so).at(0);
+        } catch (...) {
+          if (!failed.exchange(true)) error = std::current_exception();
+        }
+      }
+    };
+    {
+      std::vector<std::jthread> threads;  // joined however this block ends
+      const unsigned n_threads = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), 16));
+      for (unsigned t = 0; t < n_threads; ++t) threads.emplace_back(work);
+    }
+    if (error) {
       try {
-        sched::SimModel m = base;
-        if (is_split(c)) set_split(m, c.gpu_bits, 4, c.from);
-        sched::SimOptions so;
-        so.policies = {c.policy};
-        so.prompt = opt.prompt;
-        so.gen = opt.gen;
-        so.zipf = opt.zipf;
-        so.seed = opt.seed;
-        so.trace = trace ? &*trace : nullptr;
-        so.n_critical = c.critical;
-        so.policy.prefetch = c.prefetch;
-        c.result = sched::simulate(machine, m, so).at(0);
-      } catch (...) {
-        if (!failed.exchange(true)) error = std::current_exception();
+        std::rethrow_exception(error);
+      } catch (const std::invalid_argument& e) {
+        fail("{}", e.what());
       }
     }
   };
-  {
-    std::vector<std::jthread> threads;  // joined however this block ends
-    const unsigned n_threads = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), 16));
-    for (unsigned t = 0; t < n_threads; ++t) threads.emplace_back(work);
-  }
-  if (error) {
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::invalid_argument& e) {
-      fail("{}", e.what());
-    }
-  }
 
   // What the machine can hold, and the ranking.
   const double dram_limit = opt.max_dram_gb > 0      ? opt.max_dram_gb * 1e9
@@ -261,24 +295,65 @@ int tune(const TuneOptions& opt) {
                                                      : std::numeric_limits<double>::infinity();
   std::vector<const Candidate*> ranked;
   int64_t too_big = 0, left_out = 0;
-  auto same = [](const Candidate& a, const Candidate& b) {  // the same prediction: only its prefetch differs
+  auto same = [](const Candidate& a, const Candidate& b) {  // the same prediction: only the ring's use differs
     return a.policy == b.policy && a.gpu_bits == b.gpu_bits && a.critical == b.critical && a.from == b.from &&
            a.result.prefill_tok_s == b.result.prefill_tok_s && a.result.decode_tok_s == b.result.decode_tok_s &&
            a.result.ttft_s == b.result.ttft_s && a.result.dram_bytes == b.result.dram_bytes;
   };
-  for (const Candidate& c : all) {
-    if (c.result.dram_bytes > dram_limit) {
-      ++too_big;
-    } else if ((opt.exact && !exact(c, base.n_used)) ||
-               (is_split(c) && c.critical < std::min(opt.min_critical, base.n_used))) {
-      ++left_out;
-    } else if (std::none_of(ranked.begin(), ranked.end(), [&](const Candidate* r) { return same(*r, c); })) {
-      ranked.push_back(&c);  // the first of equal ones: the least prefetching
+  auto rank = [&] {
+    ranked.clear();
+    too_big = left_out = 0;
+    for (const Candidate& c : all) {
+      if (c.result.dram_bytes > dram_limit) {
+        ++too_big;
+      } else if ((opt.exact && !exact(c, base.n_used)) ||
+                 (is_split(c) && c.critical < std::min(opt.min_critical, base.n_used))) {
+        ++left_out;
+      } else if (std::none_of(ranked.begin(), ranked.end(), [&](const Candidate* r) { return same(*r, c); })) {
+        ranked.push_back(&c);  // the first of equal ones: the sweep's defaults come first
+      }
     }
+    std::stable_sort(ranked.begin(), ranked.end(), [&](const Candidate* a, const Candidate* b) {
+      return score(*a, opt.objective) > score(*b, opt.objective);
+    });
+  };
+  simulate_all(all, 0);
+  rank();
+
+  // The second round: each adaptive policy's best settings again with the device memory split another way (more or
+  // fewer move slots, which come out of the resident experts' room) and the residency admitting more or fewer experts
+  // per step; prefetch may use up to half the ring.
+  const size_t first_round = all.size();
+  {
+    std::vector<Candidate> more;
+    // A setting apart from what this round varies, and a whole setting.
+    auto base_of = [](const Candidate& c) {
+      return std::make_tuple(c.policy, c.gpu_bits, c.critical, static_cast<int>(c.from));
+    };
+    auto key_of = [&](const Candidate& c) {
+      return std::tuple_cat(base_of(c), std::make_tuple(c.prefetch, c.move_slots, c.admissions));
+    };
+    std::set<decltype(key_of(all[0]))> swept;
+    for (const Candidate& c : all) swept.insert(key_of(c));
+    std::set<decltype(base_of(all[0]))> bases;
+    std::map<std::string, int64_t> refined;  // per policy: the comparison of split and crossover stays fair
+    for (const Candidate* c : ranked) {
+      if (!adapts(*c) || !bases.insert(base_of(*c)).second || refined[c->policy]++ >= kRefined) continue;
+      for (int64_t slots : {2, 4, 8})
+        for (int64_t admissions : {0, 1, 2, 4})
+          for (int64_t prefetch = 0; prefetch <= slots / 2; ++prefetch) {
+            Candidate r = *c;
+            r.move_slots = slots;
+            r.admissions = admissions;
+            r.prefetch = prefetch;
+            r.result = {};
+            if (swept.insert(key_of(r)).second) more.push_back(r);
+          }
+    }
+    all.insert(all.end(), more.begin(), more.end());  // `ranked` points into `all`: ranked again below
   }
-  std::stable_sort(ranked.begin(), ranked.end(), [&](const Candidate* a, const Candidate* b) {
-    return score(*a, opt.objective) > score(*b, opt.objective);
-  });
+  simulate_all(all, first_round);
+  rank();
 
   fmt::print("machine  {}\n", machine.name);
   for (const std::string& a : machine.assumptions) fmt::print("         assumes: {}\n", a);
@@ -286,7 +361,8 @@ int tune(const TuneOptions& opt) {
              base.file_bytes / 1e9, base.expert_bytes / 1e6, base.n_used, base.n_expert);
   fmt::print("workload prompt {}, generate {}, routing {}\n", opt.prompt, opt.gen,
              trace ? "replayed from " + opt.trace : fmt::format("Zipf s = {}", opt.zipf));
-  fmt::print("{} settings simulated, ranked by {}", all.size(), opt.objective);
+  fmt::print("{} settings simulated ({} of them varying the best ones' move slots and admissions), ranked by {}",
+             all.size(), all.size() - first_round, opt.objective);
   if (too_big > 0)
     fmt::print("; {} need more than the {:.0f} GB of DRAM{}", too_big, dram_limit / 1e9,
                opt.max_dram_gb > 0 ? " allowed" : " the profile has");
@@ -295,14 +371,16 @@ int tune(const TuneOptions& opt) {
   if (!machine.gpu) fmt::print("the profile has no GPU: every policy runs as cpu\n");
   if (ranked.empty()) fail("no setting fits: every one needs more than {:.0f} GB of DRAM", dram_limit / 1e9);
 
-  fmt::print("{:>2}  {:<10} {:<42} {:>8} {:>8} {:>7} {:>8} {:>8}  {}\n", "#", "policy", "settings", "prefill", "decode",
-             "TTFT s", "DRAM GB", "VRAM GB", "quality");
   const size_t shown = std::min<size_t>(ranked.size(), static_cast<size_t>(std::max(opt.top, 1)));
+  const std::vector<const Candidate*> top(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(shown));
+  const size_t w = settings_width(top);
+  fmt::print("{:>2}  {:<10} {:<{}} {:>8} {:>8} {:>7} {:>8} {:>8}  {}\n", "#", "policy", "settings", w, "prefill",
+             "decode", "TTFT s", "DRAM GB", "VRAM GB", "quality");
   for (size_t i = 0; i < shown; ++i) {
     const Candidate& c = *ranked[i];
     const sched::SimResult& r = c.result;
-    fmt::print("{:>2}  {:<10} {:<42} {:>8.2f} {:>8.2f} {:>7.2f} {:>8.1f} {:>8.1f}  {}\n", i + 1, c.policy, settings(c),
-               r.prefill_tok_s, r.decode_tok_s, r.ttft_s, r.dram_bytes / 1e9, r.vram_bytes / 1e9,
+    fmt::print("{:>2}  {:<10} {:<{}} {:>8.2f} {:>8.2f} {:>7.2f} {:>8.1f} {:>8.1f}  {}\n", i + 1, c.policy, settings(c),
+               w, r.prefill_tok_s, r.decode_tok_s, r.ttft_s, r.dram_bytes / 1e9, r.vram_bytes / 1e9,
                quality(c, base.n_used));
     for (const std::string& line : commands(c, opt, machine)) fmt::print("      {}\n", line);
   }
@@ -326,9 +404,7 @@ int tune(const TuneOptions& opt) {
   fmt::print(
       "(predicted by the simulator from the profile's rates; nothing was run. Quality: the split's KL on the "
       "reference models is in docs/split.md)\n");
-  if (opt.verify)
-    verify(std::vector<const Candidate*>(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(shown)), opt,
-           machine);
+  if (opt.verify) verify(top, opt, machine);
 
   if (!opt.json.empty()) {
     nlohmann::json j = {{"machine", machine.name},
@@ -355,7 +431,11 @@ int tune(const TuneOptions& opt) {
         e["critical"] = c->critical;
         e["critical_from"] = model::critical_from_name(c->from);
       }
-      if (c->policy == "crossover" || is_split(*c)) e["prefetch"] = c->prefetch;
+      if (adapts(*c)) {
+        e["prefetch"] = c->prefetch;
+        e["move_slots"] = c->move_slots;
+        e["admissions"] = c->admissions;
+      }
       j["candidates"].push_back(e);
     }
     io::write_file(opt.json, j.dump(2) + "\n");

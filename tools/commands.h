@@ -128,6 +128,8 @@ struct SimulateOptions {
   int64_t kt_experts = -1;                 // kt: experts on the device (-1: as many as fit)
   int64_t kt_prefill_tokens = 1024;        // kt: a prefill of this many tokens moves its experts to the device
   int64_t prefetch = 1;                    // crossover, split: next-layer experts prefetched per step over an idle link
+  int64_t move_slots = 2;                  // crossover, split: the ring moved and prefetched experts go through
+  int64_t admissions = 1;                  // crossover, split: experts admitted per layer step
   int64_t critical = 2;                    // split: residuals per token
   int gpu_bits = 2, residual_bits = 4;     // split: the formats
   std::string critical_from = "residual";  // split: critical rows add W^R ("residual") or run the source expert

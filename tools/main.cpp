@@ -198,6 +198,17 @@ int main(int argc, char** argv) {
                    "crossover, split: next-layer experts prefetched per step while the link is idle")
       ->check(cli::at_least(0, "experts"))
       ->capture_default_str();
+  c_simulate
+      ->add_option("--move-slots", simulate.move_slots,
+                   "crossover, split: device slots moved and prefetched experts go through (taken from the "
+                   "experts' memory)")
+      ->check(cli::in_range(0, 4096, "slots"))
+      ->capture_default_str();
+  c_simulate
+      ->add_option("--admissions", simulate.admissions,
+                   "crossover, split: experts the residency may admit per layer step (0: the placement stays)")
+      ->check(cli::at_least(0, "experts"))
+      ->capture_default_str();
   c_simulate->add_option("--critical", simulate.critical, "split: residuals per token")
       ->capture_default_str()
       ->check(cli::at_least(0, "experts"));

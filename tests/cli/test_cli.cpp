@@ -626,6 +626,19 @@ TEST_F(Cli, TuneRanksTheSettingsAndPrintsTheirCommands) {
     }
   }
   EXPECT_EQ(policies, (std::set<std::string>{"cpu", "static", "kt", "crossover", "split"}));
+  // The second round varies the best adaptive settings' ring and admissions; their commands say so.
+  bool varied = false;
+  for (const nlohmann::json& e : c) {
+    if (!e.contains("move_slots")) continue;
+    const std::string serve = e.at("commands").back().get<std::string>();
+    const int slots = e.at("move_slots").get<int>(), admissions = e.at("admissions").get<int>();
+    EXPECT_EQ(serve.find(fmt::format("--move-slots {}", slots)) != std::string::npos, slots != 2) << serve;
+    EXPECT_EQ(serve.find(fmt::format("--admissions {}", admissions)) != std::string::npos, admissions != 1) << serve;
+    EXPECT_LE(e.at("prefetch").get<int>(), slots / 2) << serve;
+    varied = varied || slots != 2 || admissions != 1;
+  }
+  EXPECT_TRUE(varied);
+  EXPECT_NE(r.out.find("of them varying the best ones' move slots and admissions"), std::string::npos) << r.out;
   // The table shows the best three, each followed by its commands, and whether the split pays here.
   EXPECT_NE(r.out.find("\n 1  "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\n 3  "), std::string::npos) << r.out;
