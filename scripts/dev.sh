@@ -16,6 +16,13 @@ configure() {  # dir, extra cmake args...
   cmake -S . -B "$dir" -G Ninja "$@" >/dev/null
 }
 
+# The main build: optimized, with line tables only (-g1: perf, backtraces and sanitizer reports name file and line;
+# a third less compile time than -g).
+configure_main() {
+  configure build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
+    -DHETMOE_TESTS=ON
+}
+
 # GPU tests carry the ctest label `gpu` and run only where a GPU answers.
 ctest_filter() {
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -28,7 +35,7 @@ ctest_filter() {
 demo() {
   # Builds only the hetmoe target, but leaves the tests configured: switching them off here left ctest running the
   # stale test binaries of an earlier build.
-  configure build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETMOE_TESTS=ON
+  configure_main
   ninja -C build -j "$JOBS" hetmoe
   mkdir -p out
   local model=out/tiny-deepseek-v3-Q4_K_M.gguf
@@ -47,7 +54,7 @@ lint() {
 }
 
 test_all() {
-  configure build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHETMOE_TESTS=ON
+  configure_main
   ninja -C build -j "$JOBS"
   (cd build && ctest -j "$JOBS" --output-on-failure $(ctest_filter))
   lint
