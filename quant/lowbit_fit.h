@@ -12,6 +12,7 @@
 // + 1), the order a 16-lane vector sums them; so a tier's pass gives the reference's sums bit for bit, and every
 // tier writes the same bytes.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -82,35 +83,75 @@ inline GroupStats scalar_stats(const float* x, int n) {
   return {lane_tree(lo, min_ps), lane_tree(hi, max_ps), lane_tree(sx), lane_tree(sxx)};
 }
 
-// The fitted fp16 scale and offset of one group of n values. pass(d, m) returns the level sums at d > 0 and m (the
-// levels are all 0 at d = 0: a constant group, or a scale that rounds to zero).
-template <typename Pass>
-void fit_scale_offset(int n, int levels, const GroupStats& s, Pass&& pass, uint16_t& d16, uint16_t& m16) {
-  double best = INFINITY;
-  const double nd = n, sx = s.sx, sxx = s.sxx;
+// The fitted fp16 scales and offsets of kGroups groups of n values each, fitted in lockstep: group k's candidates,
+// passes and least squares are those it would get alone (the same floats and doubles in the same order), but the
+// groups' independent chains of pass, sums and solve sit side by side, where the processor overlaps them.
+// pass(k, d, m) returns group k's level sums at d > 0 and m (the levels are all 0 at d = 0: a constant group, or a
+// scale that rounds to zero).
+template <int kGroups, typename Pass>
+void fit_scale_offsets(int n, int levels, const GroupStats (&s)[kGroups], Pass&& pass, uint16_t (&d16)[kGroups],
+                       uint16_t (&m16)[kGroups]) {
+  double best[kGroups];
+  const double nd = n;
+  for (int k = 0; k < kGroups; ++k) best[k] = INFINITY;
   for (const float shrink : {0.0f, 0.05f}) {
-    float m = s.lo + shrink * (s.hi - s.lo);
-    float d = (s.hi - s.lo) * (1 - 2 * shrink) / static_cast<float>(levels);
-    for (int iter = 0;; ++iter) {
-      const uint16_t dh = fp32_to_fp16(d > 0 ? d : 0.0f), mh = fp32_to_fp16(m);
-      const double ds = fp16_to_fp32(dh), ms = fp16_to_fp32(mh);
-      const LevelSums l = ds > 0 ? pass(static_cast<float>(ds), static_cast<float>(ms)) : LevelSums{};
-      // sum (ds q + ms - x)^2, expanded.
-      const double e = sxx + ds * ds * l.qq + nd * ms * ms + 2 * ds * ms * l.q - 2 * ds * l.qx - 2 * ms * sx;
-      if (e < best) {
-        best = e;
-        d16 = dh;
-        m16 = mh;
+    float m[kGroups], d[kGroups];
+    bool active[kGroups];
+    for (int k = 0; k < kGroups; ++k) {
+      m[k] = s[k].lo + shrink * (s[k].hi - s[k].lo);
+      d[k] = (s[k].hi - s[k].lo) * (1 - 2 * shrink) / static_cast<float>(levels);
+      active[k] = true;
+    }
+    for (int iter = 0; iter <= 4; ++iter) {
+      uint16_t dh[kGroups], mh[kGroups];
+      double ds[kGroups], ms[kGroups];
+      LevelSums l[kGroups];
+      for (int k = 0; k < kGroups; ++k) {
+        if (!active[k]) continue;
+        dh[k] = fp32_to_fp16(d[k] > 0 ? d[k] : 0.0f);
+        mh[k] = fp32_to_fp16(m[k]);
+        ds[k] = fp16_to_fp32(dh[k]);
+        ms[k] = fp16_to_fp32(mh[k]);
+        l[k] = ds[k] > 0 ? pass(k, static_cast<float>(ds[k]), static_cast<float>(ms[k])) : LevelSums{};
       }
-      if (iter == 4 || !(ds > 0)) break;
-      // Least squares of x ~ d q + m for these levels.
-      const double det = nd * l.qq - static_cast<double>(l.q) * l.q;
-      if (det <= 0) break;  // every value on one level
-      const double dn = (nd * l.qx - static_cast<double>(l.q) * sx) / det;
-      d = static_cast<float>(dn);
-      m = static_cast<float>((sx - dn * l.q) / nd);
+      bool any = false;
+      for (int k = 0; k < kGroups; ++k) {
+        if (!active[k]) continue;
+        const double sx = s[k].sx, sxx = s[k].sxx;
+        // sum (ds q + ms - x)^2, expanded.
+        const double e = sxx + ds[k] * ds[k] * l[k].qq + nd * ms[k] * ms[k] + 2 * ds[k] * ms[k] * l[k].q -
+                         2 * ds[k] * l[k].qx - 2 * ms[k] * sx;
+        if (e < best[k]) {
+          best[k] = e;
+          d16[k] = dh[k];
+          m16[k] = mh[k];
+        }
+        // Least squares of x ~ d q + m for these levels; none after the last candidate, for a zero scale, or with
+        // every value on one level.
+        const double det = nd * l[k].qq - static_cast<double>(l[k].q) * l[k].q;
+        if (iter == 4 || !(ds[k] > 0) || det <= 0) {
+          active[k] = false;
+          continue;
+        }
+        const double dn = (nd * l[k].qx - static_cast<double>(l[k].q) * sx) / det;
+        d[k] = static_cast<float>(dn);
+        m[k] = static_cast<float>((sx - dn * l[k].q) / nd);
+        any = true;
+      }
+      if (!any) break;
     }
   }
+}
+
+// One group's fit: fit_scale_offsets of one.
+template <typename Pass>
+void fit_scale_offset(int n, int levels, const GroupStats& s, Pass&& pass, uint16_t& d16, uint16_t& m16) {
+  const GroupStats stats[1] = {s};
+  uint16_t d[1], m[1];
+  fit_scale_offsets<1>(
+      n, levels, stats, [&](int, float ds, float ms) { return pass(ds, ms); }, d, m);
+  d16 = d[0];
+  m16 = m[0];
 }
 
 // The codes of 32 values into their kBits words (the layout of quant/lowbit.h).
@@ -127,23 +168,30 @@ void pack_unit(const uint8_t* q, uint32_t* words) {
   }
 }
 
-// A row of n values into the HQ<kBits>_G<kGroup> layout; fit(x, q, d16, m16) gives one group's codes, scale and
-// offset, pack(q, words) a unit's words (pack_unit's; a SIMD tier passes its own, defined in its own file, so that
-// no function of this header differs between files compiled for different instruction sets).
-template <int kBits, int kGroup, typename Fit, typename Pack>
+// A row of n values into the HQ<kBits>_G<kGroup> layout; fit(x, count, q, d16, m16) gives the codes, scales and
+// offsets of the count <= kGroups groups from x on (q[k] the codes of group k), pack(q, words) a unit's words
+// (pack_unit's; a SIMD tier passes its own, defined in its own file, so that no function of this header differs
+// between files compiled for different instruction sets).
+template <int kBits, int kGroup, int kGroups, typename Fit, typename Pack>
 void quantize_row(const float* src, void* dst, int64_t n, Fit&& fit, Pack&& pack) {
   auto* out = static_cast<uint8_t*>(dst);
   const LowBitRowParts parts = lowbit_row_parts(kBits, kGroup, n);
-  uint8_t q[kGroup];
-  for (int64_t g = 0; g < n / kGroup; ++g) {
-    uint16_t d = 0, m = 0;
-    fit(src + g * kGroup, q, d, m);
-    store_u16_le(out + parts.scales + 2 * g, d);
-    store_u16_le(out + parts.offsets + 2 * g, m);
-    for (int u = 0; u < kGroup / kLowBitUnit; ++u) {
-      uint32_t words[kBits];
-      pack(q + u * kLowBitUnit, words);
-      for (int k = 0; k < kBits; ++k) store_u32_le(out + ((g * (kGroup / kLowBitUnit) + u) * kBits + k) * 4, words[k]);
+  uint8_t q[kGroups][kGroup];
+  uint16_t d[kGroups], m[kGroups];
+  const int64_t n_groups = n / kGroup;
+  for (int64_t g0 = 0; g0 < n_groups; g0 += kGroups) {
+    const int count = static_cast<int>(std::min<int64_t>(kGroups, n_groups - g0));
+    fit(src + g0 * kGroup, count, q, d, m);
+    for (int k = 0; k < count; ++k) {
+      const int64_t g = g0 + k;
+      store_u16_le(out + parts.scales + 2 * g, d[k]);
+      store_u16_le(out + parts.offsets + 2 * g, m[k]);
+      for (int u = 0; u < kGroup / kLowBitUnit; ++u) {
+        uint32_t words[kBits];
+        pack(q[k] + u * kLowBitUnit, words);
+        for (int b = 0; b < kBits; ++b)
+          store_u32_le(out + ((g * (kGroup / kLowBitUnit) + u) * kBits + b) * 4, words[b]);
+      }
     }
   }
 }

@@ -37,10 +37,10 @@ void unpack_unit(const uint32_t* words, uint8_t* q) {
 // Where the parts of a row of n values start.
 template <int kBits, int kGroup>
 void quantize_hq(const float* src, void* dst, int64_t n) {
-  lowbit_fit::quantize_row<kBits, kGroup>(
+  lowbit_fit::quantize_row<kBits, kGroup, 1>(
       src, dst, n,
-      [](const float* x, uint8_t* q, uint16_t& d, uint16_t& m) {
-        lowbit_fit::fit_group(x, kGroup, (1 << kBits) - 1, q, d, m);
+      [](const float* x, int, uint8_t(&q)[1][kGroup], uint16_t(&d)[1], uint16_t(&m)[1]) {
+        lowbit_fit::fit_group(x, kGroup, (1 << kBits) - 1, q[0], d[0], m[0]);
       },
       lowbit_fit::pack_unit<kBits>);
 }

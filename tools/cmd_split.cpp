@@ -11,8 +11,9 @@
 
 namespace hetmoe::cli {
 
-int split(const SplitOptions& opt, bool report) {
+int split(SplitOptions opt, bool report) {
   std::optional<ProgressBar> bar;
+  opt.measure_errors = report;
   const std::vector<SplitTensorReport> tensors =
       split_model(opt, [&](double done, double total, const std::string& tensor) {
         if (!bar) bar.emplace(stderr, total, "split");

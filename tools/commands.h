@@ -189,7 +189,7 @@ int simulate(const SimulateOptions& opt);
 // Sweeps the policies and their settings in the simulator and prints the best few with the commands that run them.
 int tune(const TuneOptions& opt);
 // Writes the split file; with `report`, a table of each tensor's relative error.
-int split(const SplitOptions& opt, bool report);
+int split(SplitOptions opt, bool report);
 int calibrate(const CalibrateOptions& opt);
 // Prints the KL divergence of `model`'s next-token distributions from `base`'s, per --critical setting.
 int kl(const KlOptions& opt);

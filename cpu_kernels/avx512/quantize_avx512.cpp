@@ -38,6 +38,7 @@ template <int kVectors>
 struct Group {
   __m512 x[kVectors];
 
+  Group() = default;
   explicit Group(const float* src) {
     for (int v = 0; v < kVectors; ++v) x[v] = _mm512_loadu_ps(src + 16 * v);
   }
@@ -95,20 +96,43 @@ void pack_unit_pext(const uint8_t* q, uint32_t* words) {
   }
 }
 
+// kCount groups from x on fitted in lockstep (fit::fit_scale_offsets): each group's bytes are those it gets alone.
+template <int kBits, int kGroup, int kCount, int kGroups>
+void fit_groups(const float* x, uint8_t (&q)[kGroups][kGroup], uint16_t (&d16)[kGroups], uint16_t (&m16)[kGroups],
+                int first) {
+  constexpr int kLevels = (1 << kBits) - 1;
+  Group<kGroup / 16> g[kCount] = {};
+  fit::GroupStats stats[kCount];
+  for (int k = 0; k < kCount; ++k) {
+    g[k] = Group<kGroup / 16>(x + (first + k) * kGroup);
+    stats[k] = g[k].stats();
+  }
+  uint16_t d[kCount], m[kCount];
+  fit::fit_scale_offsets<kCount>(
+      kGroup, kLevels, stats, [&](int k, float ds, float ms) { return g[k].pass(ds, ms, kLevels, nullptr); }, d, m);
+  for (int k = 0; k < kCount; ++k) {
+    d16[first + k] = d[k];
+    m16[first + k] = m[k];
+    const float ds = quant::fp16_to_fp32(d[k]);
+    if (ds > 0)
+      g[k].pass(ds, quant::fp16_to_fp32(m[k]), kLevels, q[first + k]);
+    else
+      std::memset(q[first + k], 0, kGroup);
+  }
+}
+
+// Four groups at a time: one group's fit is a chain of dependent passes and solves, four chains keep the core busy.
 template <int kBits, int kGroup>
 void quantize_hq(const float* src, void* dst, int64_t n) {
-  constexpr int kLevels = (1 << kBits) - 1;
-  fit::quantize_row<kBits, kGroup>(
+  constexpr int kGroups = 4;
+  fit::quantize_row<kBits, kGroup, kGroups>(
       src, dst, n,
-      [](const float* x, uint8_t* q, uint16_t& d16, uint16_t& m16) {
-        const Group<kGroup / 16> g(x);
-        fit::fit_scale_offset(
-            kGroup, kLevels, g.stats(), [&](float d, float m) { return g.pass(d, m, kLevels, nullptr); }, d16, m16);
-        const float d = quant::fp16_to_fp32(d16);
-        if (d > 0)
-          g.pass(d, quant::fp16_to_fp32(m16), kLevels, q);
-        else
-          std::memset(q, 0, kGroup);
+      [](const float* x, int count, uint8_t(&q)[kGroups][kGroup], uint16_t(&d16)[kGroups], uint16_t(&m16)[kGroups]) {
+        if (count == kGroups) {
+          fit_groups<kBits, kGroup, kGroups>(x, q, d16, m16, 0);
+        } else {
+          for (int k = 0; k < count; ++k) fit_groups<kBits, kGroup, 1>(x, q, d16, m16, k);
+        }
       },
       pack_unit_pext<kBits>);
 }

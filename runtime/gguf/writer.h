@@ -23,7 +23,8 @@ namespace hetmoe::gguf {
 // leaves no partial file and the old one as it was.
 class GgufWriter {
  public:
-  // Fills `out` (exactly the tensor's byte size) with the tensor's data in its GGUF type.
+  // Fills `out` (exactly the tensor's byte size) with the tensor's data in its GGUF type: every byte of it (the
+  // writer hands over a reused buffer, not cleared).
   using FillFn = std::function<void(std::span<uint8_t> out)>;
 
   // Setting `general.alignment` (a u32 power of two) also sets the alignment of the tensor data: the data

@@ -194,13 +194,17 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, const SplitP
                             source_row(kernels, t, r, w.data());
                             uint8_t* wq = gpu_part.data() + r * q_row;
                             kernels.quantize_row(q_type, w.data(), wq, n);
-                            kernels.dequantize_row(q_type, wq, q.data(), n);
-                            for (int64_t i = 0; i < n; ++i) back[i] = w[i] - q[i];
                             uint8_t* dst = out.data() + r * r_row;
                             if (from_source) {
                               std::copy_n(t.row(r), r_row, dst);  // exact: W - deq(W^Q) is back as it is
+                              if (!opt.measure_errors) continue;
+                              kernels.dequantize_row(q_type, wq, q.data(), n);
+                              for (int64_t i = 0; i < n; ++i) back[i] = w[i] - q[i];
                             } else {
+                              kernels.dequantize_row(q_type, wq, q.data(), n);
+                              for (int64_t i = 0; i < n; ++i) back[i] = w[i] - q[i];
                               kernels.quantize_row(res_type, back.data(), dst, n);
+                              if (!opt.measure_errors) continue;
                               kernels.dequantize_row(res_type, dst, back.data(), n);
                             }
                             errors.add_row(w.data(), q.data(), back.data(), n);

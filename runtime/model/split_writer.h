@@ -24,9 +24,10 @@ struct SplitOptions {
   // residual: each expert tensor becomes W^R and W^Q; source: it stays as it is, with W^Q next to it (no W^R).
   model::CriticalFrom critical_from = model::CriticalFrom::kResidual;
   uint64_t max_shard_bytes = 0;  // > 0: write shards of at most this much data (<out>-NNNNN-of-MMMMM.gguf)
+  bool measure_errors = false;   // fill the report's errors (each part dequantized again and compared)
 };
 
-// Per split tensor, relative Frobenius errors against the source weights.
+// Per split tensor, relative Frobenius errors against the source weights (0 unless measure_errors was set).
 struct SplitTensorReport {
   std::string name;
   quant::GgmlType source_type, gpu_type, residual_type;  // residual_type: the source's for a source split

@@ -44,9 +44,14 @@ std::vector<float> rows_of(const gguf::TensorInfo& t) {
 
 TEST(Split, WritesBothPartsAndCopiesEverythingElse) {
   const fs::path out = temp_dir() / "tiny.split.gguf";
-  const std::vector<SplitTensorReport> report = split_model(
-      {.model = kTiny.string(), .out = out.string(), .gpu_bits = 3, .group = 128, .residual_bits = 4, .threads = 2},
-      nullptr);
+  const std::vector<SplitTensorReport> report = split_model({.model = kTiny.string(),
+                                                             .out = out.string(),
+                                                             .gpu_bits = 3,
+                                                             .group = 128,
+                                                             .residual_bits = 4,
+                                                             .threads = 2,
+                                                             .measure_errors = true},
+                                                            nullptr);
   const gguf::GgufFile src = gguf::GgufFile::open(kTiny.string());
   const gguf::GgufFile dst = gguf::GgufFile::open(out.string());
   EXPECT_EQ(dst.get_int(model::kSplitVersionKey), static_cast<int64_t>(quant::kLowBitLayoutVersion));
@@ -89,6 +94,33 @@ TEST(Split, WritesBothPartsAndCopiesEverythingElse) {
   }
   EXPECT_EQ(n_split, report.size());
   EXPECT_EQ(n_split, 6u);  // gate, up, down of the two MoE blocks
+}
+
+// Measuring the errors (split --report) reads the parts back and changes no byte written; without it the report's
+// errors stay 0.
+TEST(Split, MeasuringTheErrorsChangesNoByte) {
+  auto bytes = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (const model::CriticalFrom from : {model::CriticalFrom::kResidual, model::CriticalFrom::kSource}) {
+    const fs::path measured = temp_dir() / "measured.gguf", plain = temp_dir() / "plain.gguf";
+    const auto with = split_model({.model = kTiny.string(),
+                                   .out = measured.string(),
+                                   .threads = 2,
+                                   .critical_from = from,
+                                   .measure_errors = true},
+                                  nullptr);
+    const auto without =
+        split_model({.model = kTiny.string(), .out = plain.string(), .threads = 2, .critical_from = from}, nullptr);
+    EXPECT_EQ(bytes(measured), bytes(plain));
+    ASSERT_EQ(with.size(), without.size());
+    for (size_t i = 0; i < with.size(); ++i) {
+      EXPECT_GT(with[i].gpu_error, 0) << with[i].name;
+      EXPECT_EQ(without[i].gpu_error, 0) << without[i].name;
+      EXPECT_EQ(without[i].combined_error, 0) << without[i].name;
+    }
+  }
 }
 
 TEST(Split, ResidualTypeFollowsLlamaCppFallbacks) {
@@ -143,9 +175,12 @@ TEST(Split, RefusesBadInputAndLeavesNoOutput) {
 // and the report's W^Q errors are those of the written W^Q.
 TEST(Split, SourceSplitKeepsTheExpertsNextToTheirWq) {
   const fs::path out = temp_dir() / "tiny.source.split.gguf";
-  const std::vector<SplitTensorReport> report = split_model(
-      {.model = kTiny.string(), .out = out.string(), .threads = 2, .critical_from = model::CriticalFrom::kSource},
-      nullptr);
+  const std::vector<SplitTensorReport> report = split_model({.model = kTiny.string(),
+                                                             .out = out.string(),
+                                                             .threads = 2,
+                                                             .critical_from = model::CriticalFrom::kSource,
+                                                             .measure_errors = true},
+                                                            nullptr);
   const gguf::GgufFile src = gguf::GgufFile::open(kTiny.string());
   const gguf::GgufFile dst = gguf::GgufFile::open(out.string());
   EXPECT_EQ(dst.get_string(model::kSplitCriticalFromKey), "source");
