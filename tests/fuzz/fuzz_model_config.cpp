@@ -612,8 +612,9 @@ void mutate(FuzzedDataProvider& in, Mutant& m) {
 void write_with_gguf_writer(const Layout& layout, const std::string& path) {
   GgufWriter w;
   for (const auto& [key, value] : layout.kv) w.set(key, value);
-  // The writer zero-fills each tensor's buffer before the callback: zero weights.
-  for (const TensorSpec& t : layout.tensors) w.add_tensor(t.name, t.type, t.ne, [](std::span<uint8_t>) {});
+  // Zero weights (the writer hands over its buffer uncleared).
+  for (const TensorSpec& t : layout.tensors)
+    w.add_tensor(t.name, t.type, t.ne, [](std::span<uint8_t> out) { std::fill(out.begin(), out.end(), uint8_t{0}); });
   w.write(path);
 }
 
