@@ -378,7 +378,8 @@ void pack_scale_min_k4(const uint8_t* ls, const uint8_t* lm, uint8_t* scales) {
 // element requantized against the rounded scale and min (a sub-block whose scale rounds to zero keeps the search's
 // codes). Returns the codes in levels.
 template <typename Block>
-void finish_k_with_min(const float* x, Block& b, int nmax, const float* scales, const float* mins, uint8_t* levels) {
+void finish_k_with_min(const float* x, Block& b, int nmax, const float* scales, const float* mins, uint8_t* levels,
+                       KCodesFn codes) {
   float max_scale = 0;
   float max_min = 0;
   for (int j = 0; j < 8; ++j) {
@@ -403,18 +404,15 @@ void finish_k_with_min(const float* x, Block& b, int nmax, const float* scales, 
     const float d = fp16_to_fp32(b.d) * static_cast<float>(sc);
     if (d == 0.0f) continue;
     const float dm = fp16_to_fp32(b.dmin) * static_cast<float>(m);
-    for (int ii = 0; ii < 32; ++ii) {
-      const int l = nearest_int((x[32 * j + ii] + dm) / d);
-      levels[32 * j + ii] = static_cast<uint8_t>(std::max(0, std::min(nmax, l)));
-    }
+    codes(x + 32 * j, d, dm, nmax, levels + 32 * j);
   }
 }
 
+// Codes 64 c + l (low nibble) and 64 c + 32 + l (high nibble) share byte 32 c + l.
 void pack_q4_k(const uint8_t* levels, BlockQ4_K& b) {
-  for (int k = 0; k < kQK_K; ++k) {
-    uint8_t& byte = b.qs[(k / 64) * 32 + k % 32];
-    byte = static_cast<uint8_t>(byte | ((k % 64) < 32 ? levels[k] : levels[k] << 4));
-  }
+  for (int c = 0; c < kQK_K / 64; ++c)
+    for (int l = 0; l < 32; ++l)
+      b.qs[32 * c + l] = static_cast<uint8_t>(levels[64 * c + l] | levels[64 * c + 32 + l] << 4);
 }
 
 void pack_q5_k(const uint8_t* levels, BlockQ5_K& b) {
@@ -428,7 +426,8 @@ void pack_q5_k(const uint8_t* levels, BlockQ5_K& b) {
 
 // Rows of Q4_K or Q5_K: the search for up to kChunk super-blocks at a time, then each one finished and packed.
 template <typename Block>
-void quantize_k_rows(const float* src, void* dst, int64_t n, const KSearchParams& p, KSubblockSearchFn search) {
+void quantize_k_rows(const float* src, void* dst, int64_t n, const KSearchParams& p, KSubblockSearchFn search,
+                     KCodesFn codes) {
   constexpr int64_t kChunk = 8;
   float scales[8 * kChunk], mins[8 * kChunk];
   uint8_t levels[kQK_K * kChunk];
@@ -438,7 +437,7 @@ void quantize_k_rows(const float* src, void* dst, int64_t n, const KSearchParams
     for (int64_t c = 0; c < nb; ++c) {
       Block b{};
       uint8_t* lv = levels + c * kQK_K;
-      finish_k_with_min(src + (i0 + c) * kQK_K, b, p.nmax, scales + 8 * c, mins + 8 * c, lv);
+      finish_k_with_min(src + (i0 + c) * kQK_K, b, p.nmax, scales + 8 * c, mins + 8 * c, lv, codes);
       if constexpr (std::is_same_v<Block, BlockQ4_K>)
         pack_q4_k(lv, b);
       else
@@ -570,11 +569,11 @@ void quantize_q3_k(const float* src, void* dst, int64_t n) {
 }
 
 void quantize_q4_k(const float* src, void* dst, int64_t n) {
-  quantize_k_rows<BlockQ4_K>(src, dst, n, k_search_params(GgmlType::Q4_K), &k_search_reference);
+  quantize_k_rows<BlockQ4_K>(src, dst, n, k_search_params(GgmlType::Q4_K), &k_search_reference, &k_codes_reference);
 }
 
 void quantize_q5_k(const float* src, void* dst, int64_t n) {
-  quantize_k_rows<BlockQ5_K>(src, dst, n, k_search_params(GgmlType::Q5_K), &k_search_reference);
+  quantize_k_rows<BlockQ5_K>(src, dst, n, k_search_params(GgmlType::Q5_K), &k_search_reference, &k_codes_reference);
 }
 
 void quantize_q6_k(const float* src, void* dst, int64_t n) {
@@ -653,14 +652,20 @@ void k_search_reference(const float* x, int64_t n_blocks, const KSearchParams& p
   }
 }
 
-void quantize_k_rows_with(GgmlType type, const float* src, void* dst, int64_t n, KSubblockSearchFn search) {
+void k_codes_reference(const float* x, float d, float dm, int nmax, uint8_t* levels) {
+  for (int i = 0; i < 32; ++i)
+    levels[i] = static_cast<uint8_t>(std::max(0, std::min(nmax, ref_detail::nearest_int((x[i] + dm) / d))));
+}
+
+void quantize_k_rows_with(GgmlType type, const float* src, void* dst, int64_t n, KSubblockSearchFn search,
+                          KCodesFn codes) {
   if (type != GgmlType::Q4_K && type != GgmlType::Q5_K)
     throw std::invalid_argument("quantize_k_rows_with: only Q4_K and Q5_K have this search");
   if (n % kQK_K != 0) throw std::invalid_argument("quantize_k_rows_with: rows are whole super-blocks of 256");
   if (type == GgmlType::Q4_K)
-    ref_detail::quantize_k_rows<BlockQ4_K>(src, dst, n, k_search_params(type), search);
+    ref_detail::quantize_k_rows<BlockQ4_K>(src, dst, n, k_search_params(type), search, codes);
   else
-    ref_detail::quantize_k_rows<BlockQ5_K>(src, dst, n, k_search_params(type), search);
+    ref_detail::quantize_k_rows<BlockQ5_K>(src, dst, n, k_search_params(type), search, codes);
 }
 
 }  // namespace hetmoe::quant

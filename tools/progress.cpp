@@ -31,20 +31,22 @@ void ProgressBar::update(double done, const std::string& what) {
   const auto now = std::chrono::steady_clock::now();
   const double elapsed = std::chrono::duration<double>(now - start_).count();
   const double fraction = std::clamp(done / total_, 0.0, 1.0);
-  const double rate = elapsed > 0 ? done / elapsed : 0;
+  // A rate over less than a second says little (a first tensor copied in microseconds read as terabytes a second).
+  const double rate = elapsed >= 1 ? done / elapsed : 0;
+  const std::string speed = rate > 0 ? fmt::format("{:.1f} MB/s", rate / 1e6) : "? MB/s";
   const std::string left = rate > 0 ? duration((total_ - done) / rate) : "?";
   if (tty_) {
     if (now - last_draw_ < std::chrono::milliseconds(100) && fraction < 1) return;
     last_draw_ = now;
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(fraction * kWidth);
-    fmt::print(out_, "\r{} [{}{}] {:5.1f}%  {:7.1f} MB/s  {} left  {:<40.40}", label_, std::string(filled, '#'),
-               std::string(kWidth - filled, '.'), 100 * fraction, rate / 1e6, left, what);
+    fmt::print(out_, "\r{} [{}{}] {:5.1f}%  {:>12}  {} left  {:<40.40}", label_, std::string(filled, '#'),
+               std::string(kWidth - filled, '.'), 100 * fraction, speed, left, what);
   } else {
     const int tenth = static_cast<int>(fraction * 10);
     if (tenth == last_tenth_) return;
     last_tenth_ = tenth;
-    fmt::print(out_, "{} {:3}%  {:.1f} MB/s  {} left  {}\n", label_, tenth * 10, rate / 1e6, left, what);
+    fmt::print(out_, "{} {:3}%  {}  {} left  {}\n", label_, tenth * 10, speed, left, what);
   }
   std::fflush(out_);
 }

@@ -3,9 +3,13 @@
 //   whole fit, and one pass (levels at a candidate scale and offset, their three sums) is a few instructions a
 //   vector where the scalar pass spends a division and three adds a value; the sums and the extremes are lane-tree
 //   sums in the scalar pass's order;
-// - Q4_K and Q5_K (W^R): the scale search (quant/kquant_search.h) of 16 sub-blocks at once, one per lane.
+// - Q4_K and Q5_K (W^R): the scale search (quant/kquant_search.h) of 16 sub-blocks at once, one per lane, and the
+//   final codes 16 values a vector;
+// - Q5_0 (W^R of rows that 256 does not divide) and its dequantizer.
 #include <immintrin.h>
 
+#include <bit>
+#include <cstddef>
 #include <cstring>
 
 #include "cpu_kernels/avx512/kernels_avx512.h"
@@ -15,6 +19,7 @@
 #include "quant/le_bytes.h"
 #include "quant/lowbit.h"
 #include "quant/lowbit_fit.h"
+#include "quant/ref.h"
 
 namespace hetmoe::cpu::avx512 {
 namespace {
@@ -168,6 +173,14 @@ void search16(const float* x, bool two, const quant::KSearchParams& p, float* sc
   }
   min = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(min, zero, _CMP_GT_OQ), min, zero);
   const __mmask16 flat = _mm512_cmp_ps_mask(max, min, _CMP_EQ_OQ);
+  // A range so narrow (subnormal values) that nmax / range overflows, or NaN: the reference's integer rounding of
+  // an infinite level wraps to code 0 where this float rounding would clamp to nmax. Rare: the reference does those.
+  const __mmask16 narrow =
+      static_cast<__mmask16>(~flat & _mm512_cmp_ps_mask(_mm512_sub_ps(max, min), _mm512_set1_ps(1e-36f), _CMP_NGE_UQ));
+  if (narrow) {
+    quant::k_search_reference(x, two ? 2 : 1, p, scales, mins, levels);
+    return;
+  }
   __m512 iscale = _mm512_div_ps(top, _mm512_sub_ps(max, min));
   __m512 scale = _mm512_div_ps(_mm512_set1_ps(1.0f), iscale);
   __m512 best_error = zero;
@@ -233,9 +246,57 @@ void k_search(const float* x, int64_t n_blocks, const quant::KSearchParams& p, f
     search16(x + b * quant::kQK_K, n_blocks - b >= 2, p, scales + 8 * b, mins + 8 * b, levels + quant::kQK_K * b);
 }
 
+// The reference's final codes (quant::k_codes_reference), 16 values a vector: the same division and rounding.
+void k_codes(const float* x, float d, float dm, int nmax, uint8_t* levels) {
+  const __m512 vd = _mm512_set1_ps(d), vdm = _mm512_set1_ps(dm), magic = _mm512_set1_ps(fit::kRoundMagic);
+  const __m512i mantissa = _mm512_set1_epi32(0x007fffff), bias = _mm512_set1_epi32(0x00400000);
+  for (int h = 0; h < 2; ++h) {
+    const __m512 v = _mm512_div_ps(_mm512_add_ps(_mm512_loadu_ps(x + 16 * h), vdm), vd);
+    // nearest_int: the rounded integer sits in the low mantissa bits of v + 1.5 * 2^23.
+    __m512i l = _mm512_sub_epi32(_mm512_and_si512(_mm512_castps_si512(_mm512_add_ps(v, magic)), mantissa), bias);
+    l = _mm512_max_epi32(_mm512_min_epi32(l, _mm512_set1_epi32(nmax)), _mm512_setzero_si512());
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(levels + 16 * h), _mm512_cvtepi32_epi8(l));
+  }
+}
+
 template <quant::GgmlType kType>
 void quantize_k(const float* src, void* dst, int64_t n) {
-  quant::quantize_k_rows_with(kType, src, dst, n, &k_search);
+  quant::quantize_k_rows_with(kType, src, dst, n, &k_search, &k_codes);
+}
+
+// Q5_0 as the reference (ggml's quantize_row_q5_0_ref): d = the signed value of largest magnitude (the first on
+// ties) / -16, codes min(31, trunc(x / d + 16.5)) with x * (1 / d) + 16.5 rounded twice, never fused. A block whose
+// d is zero, or one holding a NaN, goes to the reference (its sign of zero and its skipping of NaNs).
+void quantize_q5_0(const float* src, void* dst, int64_t n) {
+  auto* out = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < n / quant::kQK5_0; ++i) {
+    const float* x = src + i * quant::kQK5_0;
+    uint8_t* block = out + i * sizeof(quant::BlockQ5_0);
+    const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+    const __m512 alo = _mm512_abs_ps(lo), ahi = _mm512_abs_ps(hi);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(alo, ahi));
+    const bool nan = (_mm512_cmp_ps_mask(lo, lo, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(hi, hi, _CMP_UNORD_Q)) != 0;
+    const __m512 vmax = _mm512_set1_ps(amax);
+    const uint32_t at = static_cast<uint32_t>(_mm512_cmp_ps_mask(alo, vmax, _CMP_EQ_OQ)) |
+                        static_cast<uint32_t>(_mm512_cmp_ps_mask(ahi, vmax, _CMP_EQ_OQ)) << 16;
+    const float d = at != 0 ? x[std::countr_zero(at)] / -16 : 0.0f;
+    if (nan || d == 0.0f) {  // also a magnitude so small that d underflows: the reference's 1 / d is then 0
+      quant::quantize_row(quant::GgmlType::Q5_0, x, block, quant::kQK5_0);
+      continue;
+    }
+    const __m512 id = _mm512_set1_ps(1.0f / d), half = _mm512_set1_ps(16.5f);
+    const __m512i top = _mm512_set1_epi32(31);
+    const __m512i c0 = _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(lo, id), half)), top);
+    const __m512i c1 = _mm512_min_epi32(_mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(hi, id), half)), top);
+    const __m512i nibble = _mm512_set1_epi32(15), fifth = _mm512_set1_epi32(16);
+    const __m128i qs = _mm512_cvtepi32_epi8(
+        _mm512_or_si512(_mm512_and_si512(c0, nibble), _mm512_slli_epi32(_mm512_and_si512(c1, nibble), 4)));
+    const uint32_t qh = static_cast<uint32_t>(_mm512_test_epi32_mask(c0, fifth)) |
+                        static_cast<uint32_t>(_mm512_test_epi32_mask(c1, fifth)) << 16;
+    quant::store_u16_le(block + offsetof(quant::BlockQ5_0, d), quant::fp32_to_fp16(d));
+    quant::store_u32_le(block + offsetof(quant::BlockQ5_0, qh), qh);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(block + offsetof(quant::BlockQ5_0, qs)), qs);
+  }
 }
 
 }  // namespace
@@ -262,6 +323,25 @@ void dequantize_q4_k(const void* src, float* dst, int64_t n) {
           _mm512_storeu_ps(y + (2 * j + h) * 32 + 16 * k, _mm512_sub_ps(_mm512_mul_ps(dl, q), ml));
         }
       }
+    }
+  }
+}
+
+// Q5_0 rows to floats as the reference: (code - 16) * d per value.
+void dequantize_q5_0(const void* src, float* dst, int64_t n) {
+  const auto* in = static_cast<const uint8_t*>(src);
+  const __m512i nibble = _mm512_set1_epi32(15), fifth = _mm512_set1_epi32(16), offset = _mm512_set1_epi32(16);
+  for (int64_t i = 0; i < n / quant::kQK5_0; ++i) {
+    const uint8_t* block = in + i * sizeof(quant::BlockQ5_0);
+    const __m512 d = _mm512_set1_ps(quant::fp16_to_fp32(quant::load_u16_le(block + offsetof(quant::BlockQ5_0, d))));
+    const uint32_t qh = quant::load_u32_le(block + offsetof(quant::BlockQ5_0, qh));
+    const __m512i bytes =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + offsetof(quant::BlockQ5_0, qs))));
+    const __m512i low[2] = {_mm512_and_si512(bytes, nibble), _mm512_srli_epi32(bytes, 4)};
+    for (int h = 0; h < 2; ++h) {
+      const __m512i code = _mm512_mask_or_epi32(low[h], static_cast<__mmask16>(qh >> (16 * h)), low[h], fifth);
+      _mm512_storeu_ps(dst + i * quant::kQK5_0 + 16 * h,
+                       _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(code, offset)), d));
     }
   }
 }
@@ -319,7 +399,9 @@ void install_quantize(KernelTable& table) {
   table.quantize_weights[kernel_slot(GgmlType::HQ4_G128)] = &quantize_hq<4, 128>;
   table.quantize_weights[kernel_slot(GgmlType::Q4_K)] = &quantize_k<GgmlType::Q4_K>;
   table.quantize_weights[kernel_slot(GgmlType::Q5_K)] = &quantize_k<GgmlType::Q5_K>;
+  table.quantize_weights[kernel_slot(GgmlType::Q5_0)] = &quantize_q5_0;
   table.dequantize_weights[kernel_slot(GgmlType::Q4_K)] = &dequantize_q4_k;
+  table.dequantize_weights[kernel_slot(GgmlType::Q5_0)] = &dequantize_q5_0;
   table.dequantize_weights[kernel_slot(GgmlType::HQ2_G64)] = &dequantize_hq<2, 64>;
   table.dequantize_weights[kernel_slot(GgmlType::HQ2_G128)] = &dequantize_hq<2, 128>;
   table.dequantize_weights[kernel_slot(GgmlType::HQ3_G64)] = &dequantize_hq<3, 64>;

@@ -174,8 +174,8 @@ void GgufWriter::write_file(io::OutputFile& file, const std::vector<std::pair<st
     offset += (alignment_ - offset % alignment_) % alignment_;
   }
   out.pad_to(alignment_);
-  // Tensor i + 1 is filled while tensor i is written (a fill may compute, as a split's does; a write mostly copies
-  // into the page cache): two buffers, each reused once its write is done.
+  // Tensor i + 1 is filled while tensor i is written (a fill may compute, as a split's does; a write mostly waits
+  // for the disk, the file bypassing the page cache): two buffers, each reused once its write is done.
   // Not cleared between tensors: a fill writes every byte (zeroing a tensor's worth first cost as much as a tenth
   // of a split's time). A buffer only grows.
   struct Buffer {
@@ -247,7 +247,7 @@ std::vector<std::string> GgufWriter::write(const std::string& path, uint64_t max
       shard_kv.emplace_back(std::string(kSplitTensorsKey), Value::i32(static_cast<int32_t>(tensors_.size())));
       shard_kv.emplace_back(std::string(kSplitCountKey), Value::u16(static_cast<uint16_t>(count)));
     }
-    files.push_back(std::make_unique<io::OutputFile>(paths[i]));
+    files.push_back(std::make_unique<io::OutputFile>(paths[i], io::OutputFile::Caching::kBypass));
     const size_t end = i + 1 < count ? starts[i + 1] : tensors_.size();
     write_file(*files.back(), shard_kv, starts[i], end);
   }

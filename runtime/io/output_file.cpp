@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -89,10 +90,21 @@ std::string parent_dir(const std::string& path) {
 }
 
 constexpr size_t kBufferBytes = size_t{1} << 20;  // writes below this are gathered; larger ones go straight through
+// With O_DIRECT every write is gathered here first: whole blocks of this alignment (the largest logical block size
+// of Linux block devices), from memory of that alignment.
+constexpr size_t kDirectAlign = 4096;
+constexpr size_t kDirectBufferBytes = size_t{16} << 20;
+
+// Memory of `bytes` aligned to kDirectAlign (bytes is a multiple of it).
+char* aligned_buffer(size_t bytes) {
+  void* p = std::aligned_alloc(kDirectAlign, bytes);
+  if (!p) throw std::bad_alloc();
+  return static_cast<char*>(p);
+}
 
 }  // namespace
 
-OutputFile::OutputFile(std::string target) : target_(std::move(target)) {
+OutputFile::OutputFile(std::string target, Caching caching) : target_(std::move(target)) {
   if (target_.empty()) fail("no output file name given");
   if (target_.back() == '/') fail("{} names a folder, not a file", target_);
   struct stat st {};
@@ -102,7 +114,8 @@ OutputFile::OutputFile(std::string target) : target_(std::move(target)) {
       // A device or a pipe (/dev/stdout, /dev/null, a FIFO): nothing to replace, so written in place.
       fd_ = ::open(target_.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
       if (fd_ < 0) fail("cannot open {}: {}", target_, std::strerror(errno));
-      buffer_.resize(kBufferBytes);
+      buffer_.reset(aligned_buffer(kBufferBytes));
+      capacity_ = kBufferBytes;
       return;
     }
   }
@@ -123,7 +136,9 @@ OutputFile::OutputFile(std::string target) : target_(std::move(target)) {
   temporary_ = std::move(name);
   try {
     slot_ = register_pending(temporary_);
-    buffer_.resize(kBufferBytes);
+    capacity_ = caching == Caching::kBypass ? kDirectBufferBytes : kBufferBytes;
+    buffer_.reset(aligned_buffer(capacity_));
+    if (caching == Caching::kBypass) start_direct();
   } catch (...) {
     discard();
     throw;
@@ -149,11 +164,28 @@ void OutputFile::fail_io(const char* what, int err) {
        err == ENOSPC || err == EDQUOT || err == EFBIG ? " (the old file, if any, is unchanged)" : "");
 }
 
+void OutputFile::start_direct() {
+  const int flags = ::fcntl(fd_, F_GETFL);
+  direct_ = flags >= 0 && ::fcntl(fd_, F_SETFL, flags | O_DIRECT) == 0;  // refused (tmpfs): written as usual
+}
+
+void OutputFile::stop_direct() {
+  if (!direct_) return;
+  const int flags = ::fcntl(fd_, F_GETFL);
+  if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) != 0) fail_io("write", errno);
+  direct_ = false;
+}
+
 void OutputFile::write_fd(const char* data, size_t size) {
   while (size > 0) {
     const ssize_t n = ::write(fd_, data, size);
     if (n < 0) {
       if (errno == EINTR) continue;
+      // A file system that takes O_DIRECT at open but not these writes (some FUSE file systems): as usual then.
+      if (errno == EINVAL && direct_) {
+        stop_direct();
+        continue;
+      }
       fail_io("write", errno);
     }
     if (n == 0) fail_io("write", ENOSPC);
@@ -166,22 +198,35 @@ void OutputFile::write_fd(const char* data, size_t size) {
 void OutputFile::flush_buffer() {
   const size_t n = buffered_;
   buffered_ = 0;
-  write_fd(buffer_.data(), n);
+  // O_DIRECT takes whole blocks: the tail of the file (the last flush) goes through the page cache.
+  if (direct_ && n % kDirectAlign != 0) stop_direct();
+  write_fd(buffer_.get(), n);
 }
 
 void OutputFile::write(const void* data, size_t size) {
   if (fd_ < 0) fail("{}: written after it was committed or failed", target_);
   const char* p = static_cast<const char*>(data);
-  if (buffered_ + size <= buffer_.size()) {
-    if (size) std::memcpy(buffer_.data() + buffered_, p, size);
+  if (direct_) {  // everything through the aligned buffer, written when full
+    while (size > 0) {
+      const size_t n = std::min(size, capacity_ - buffered_);
+      std::memcpy(buffer_.get() + buffered_, p, n);
+      buffered_ += n;
+      p += n;
+      size -= n;
+      if (buffered_ == capacity_) flush_buffer();
+    }
+    return;
+  }
+  if (buffered_ + size <= capacity_) {
+    if (size) std::memcpy(buffer_.get() + buffered_, p, size);
     buffered_ += size;
     return;
   }
   flush_buffer();
-  if (size >= buffer_.size()) {
+  if (size >= capacity_) {
     write_fd(p, size);
   } else {
-    std::memcpy(buffer_.data(), p, size);
+    std::memcpy(buffer_.get(), p, size);
     buffered_ = size;
   }
 }

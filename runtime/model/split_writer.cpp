@@ -1,6 +1,7 @@
 #include "runtime/model/split_writer.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <filesystem>
 #include <mutex>
@@ -69,11 +70,30 @@ struct RowErrors {
   }
 };
 
+// Whether every value of x is finite (its exponent bits not all set). Blocks of 16 with no early exit, so that the
+// compiler vectorizes the loop (a test and a branch per value cost 4% of a split).
+bool all_finite(const float* x, int64_t n) {
+  constexpr uint32_t kExponent = 0x7f800000u;
+  constexpr int kBlock = 16;
+  uint32_t bad = 0;
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock)
+    for (int l = 0; l < kBlock; ++l)
+      bad |= static_cast<uint32_t>((std::bit_cast<uint32_t>(x[i + l]) & kExponent) == kExponent);
+  for (; i < n; ++i) bad |= static_cast<uint32_t>((std::bit_cast<uint32_t>(x[i]) & kExponent) == kExponent);
+  return bad == 0;
+}
+
 // A source row as floats; fails on values that are not finite (a damaged tensor).
 void source_row(const cpu::KernelTable& kernels, const gguf::TensorInfo& t, int64_t r, float* out) {
   kernels.dequantize_row(t.type, t.row(r), out, t.ne[0]);
-  for (int64_t i = 0; i < t.ne[0]; ++i)
-    if (!std::isfinite(out[i])) fail("{}: row {} holds a value that is not finite; the file is damaged", t.name, r);
+  if (!all_finite(out, t.ne[0])) fail("{}: row {} holds a value that is not finite; the file is damaged", t.name, r);
+}
+
+// back = w - q, with the widest vector unit (w + (-1) q rounds as w - q does, fused or not).
+void difference(const cpu::KernelTable& kernels, const float* w, const float* q, float* back, int64_t n) {
+  std::copy_n(w, n, back);
+  kernels.axpy(n, -1.0f, q, back);
 }
 
 }  // namespace
@@ -186,7 +206,7 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, const SplitP
                         gpu_part.resize(q_row * static_cast<size_t>(t.n_rows));
                         ErrorSums sums;
                         const cpu::KernelTable& kernels = cpu::kernels();
-                        pool.parallel_for(t.n_rows, 64, [&](int64_t r0, int64_t r1) {
+                        pool.parallel_for_balanced(t.n_rows, 64, [&](int64_t r0, int64_t r1) {
                           const int64_t n = t.ne[0];
                           std::vector<float> w(n), q(n), back(n);
                           RowErrors errors;
@@ -199,10 +219,10 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, const SplitP
                               std::copy_n(t.row(r), r_row, dst);  // exact: W - deq(W^Q) is back as it is
                               if (!opt.measure_errors) continue;
                               kernels.dequantize_row(q_type, wq, q.data(), n);
-                              for (int64_t i = 0; i < n; ++i) back[i] = w[i] - q[i];
+                              difference(kernels, w.data(), q.data(), back.data(), n);
                             } else {
                               kernels.dequantize_row(q_type, wq, q.data(), n);
-                              for (int64_t i = 0; i < n; ++i) back[i] = w[i] - q[i];
+                              difference(kernels, w.data(), q.data(), back.data(), n);
                               kernels.quantize_row(res_type, back.data(), dst, n);
                               if (!opt.measure_errors) continue;
                               kernels.dequantize_row(res_type, dst, back.data(), n);

@@ -279,8 +279,8 @@ TEST(Kernels, ActivationConverterOfEveryTierMatchesTheReference) {
 }
 
 // The split formats' quantizer of every tier writes the reference's bytes: normal rows at several scales, rows with
-// constant, zero and two-valued groups (signed zeros among them), values on exact levels (ties of the rounding), and
-// a wide-ranged row whose least-squares scales round to zero in fp16.
+// constant, zero and two-valued groups (signed zeros among them), values on exact levels (ties of the rounding), a
+// wide-ranged row whose least-squares scales round to zero in fp16, magnitudes tied between signs, and subnormals.
 TEST(Kernels, WeightQuantizerOfEveryTierMatchesTheReference) {
   const int64_t n = 1408;  // DeepSeek-V2-Lite's expert width: 22 groups of 64, 11 of 128
   std::vector<std::vector<float>> rows = {random_floats(n, 21, 0.02f), random_floats(n, 22, 3.0f)};
@@ -296,10 +296,19 @@ TEST(Kernels, WeightQuantizerOfEveryTierMatchesTheReference) {
   std::vector<float> wide = random_floats(n, 23, 1e-6f);
   for (int64_t i = 0; i < n; i += 37) wide[i] = 5e4f;
   rows.push_back(wide);
+  // Largest magnitudes tied between signs (the first one sets the sign of Q5_0's scale), and values so small that a
+  // scale derived from them underflows to zero.
+  std::vector<float> ties(n), tiny(n);
+  for (int64_t i = 0; i < n; ++i) {
+    ties[i] = (i % 3 == 0 ? 0.5f : -0.5f) * (i % 7 == 0 ? 0.25f : 1.0f);
+    tiny[i] = (i % 2 ? 1e-44f : -3e-45f) * static_cast<float>(i % 5);
+  }
+  rows.push_back(ties);
+  rows.push_back(tiny);
   for (Isa isa : tiers_present()) {
     const KernelTable table = make_kernel_table(isa);
     for (GgmlType t : {GgmlType::HQ2_G64, GgmlType::HQ2_G128, GgmlType::HQ3_G64, GgmlType::HQ3_G128, GgmlType::HQ4_G64,
-                       GgmlType::HQ4_G128, GgmlType::Q4_K, GgmlType::Q5_K}) {
+                       GgmlType::HQ4_G128, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q5_0}) {
       const int64_t len = quant::type_info(t).block_size == 256 ? 1280 : n;
       for (size_t r = 0; r < rows.size(); ++r) {
         std::vector<uint8_t> want(quant::row_bytes(t, len)), got(want.size());

@@ -74,6 +74,33 @@ TEST_F(OutputFileTest, NewFilesAreReadableAsUsual) {
   EXPECT_EQ(st.st_mode & 07777, 0666u & ~mask);
 }
 
+// Bypassing the page cache (O_DIRECT where the file system takes it, as usual where not) writes the same bytes:
+// pieces of every size, a piece past the aligned buffer's 16 MiB, and a tail that is no whole block.
+void write_and_check_bypass(const fs::path& target) {
+  std::string want;
+  {
+    OutputFile f(target.string(), OutputFile::Caching::kBypass);
+    uint32_t state = 7;
+    for (size_t piece : {size_t{1}, size_t{4095}, size_t{70000}, size_t{17} << 20, size_t{3}, size_t{5} << 20}) {
+      std::string bytes(piece, '\0');
+      for (char& c : bytes) c = static_cast<char>((state = state * 1664525u + 1013904223u) >> 24);
+      f.write(bytes);
+      want += bytes;
+      EXPECT_EQ(f.size(), want.size());
+    }
+    f.commit();
+  }
+  EXPECT_EQ(fs::file_size(target), want.size());
+  EXPECT_TRUE(read_all(target) == want);
+}
+
+TEST_F(OutputFileTest, BypassingThePageCacheWritesTheSameBytes) {
+  write_and_check_bypass(dir_ / "direct.bin");
+  test_support::SmallFs tmpfs(dir_ / "tmpfs", 64 << 10);  // tmpfs refuses O_DIRECT: the fallback
+  if (!tmpfs.mounted()) GTEST_SKIP() << tmpfs.error();
+  write_and_check_bypass(tmpfs.dir() / "buffered.bin");
+}
+
 TEST_F(OutputFileTest, AnExceptionBeforeTheCommitLeavesTheOldFile) {
   const fs::path target = dir_ / "chat.json";
   std::ofstream(target) << "precious";
