@@ -43,14 +43,9 @@ int simulate(const SimulateOptions& opt) {
   const sched::SimModel model = sim_model(opt);
   std::optional<sched::RoutingTrace> trace;
   if (!opt.trace.empty()) trace = engine::load_routing_trace(opt.trace);
-  sched::SimOptions so;
+  sched::SimOptions so = sim_workload(opt, trace ? &*trace : nullptr);
   so.policies = opt.policies;
-  so.prompt = opt.prompt;
-  so.gen = opt.gen;
   so.isa = opt.isa;
-  so.zipf = opt.zipf;
-  so.seed = opt.seed;
-  so.trace = trace ? &*trace : nullptr;
   so.kt_resident_experts = opt.kt_experts;
   so.policy.kt_prefill_tokens = opt.kt_prefill_tokens;
   so.policy.prefetch = opt.prefetch;

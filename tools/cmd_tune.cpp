@@ -258,13 +258,8 @@ int tune(const TuneOptions& opt) {
         try {
           sched::SimModel m = base;
           if (is_split(c)) set_split(m, c.gpu_bits, 4, c.from);
-          sched::SimOptions so;
+          sched::SimOptions so = sim_workload(opt, trace ? &*trace : nullptr);
           so.policies = {c.policy};
-          so.prompt = opt.prompt;
-          so.gen = opt.gen;
-          so.zipf = opt.zipf;
-          so.seed = opt.seed;
-          so.trace = trace ? &*trace : nullptr;
           so.n_critical = c.critical;
           so.policy.prefetch = c.prefetch;
           so.move_slots = c.move_slots;

@@ -20,4 +20,17 @@ sched::SimModel sim_model_from_file(const std::string& path);
 // rows from the source, none. Fails for bit counts split does not take.
 void set_split(sched::SimModel& m, int gpu_bits, int residual_bits, model::CriticalFrom from);
 
+// The workload that simulate and tune describe alike (prompt and generated tokens, synthetic routing's skew and seed,
+// or a replayed trace), from either command's options.
+template <typename Options>
+sched::SimOptions sim_workload(const Options& opt, const sched::RoutingTrace* trace) {
+  sched::SimOptions so;
+  so.prompt = opt.prompt;
+  so.gen = opt.gen;
+  so.zipf = opt.zipf;
+  so.seed = opt.seed;
+  so.trace = trace;
+  return so;
+}
+
 }  // namespace hetmoe::cli
