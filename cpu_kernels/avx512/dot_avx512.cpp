@@ -346,6 +346,106 @@ struct Q4KTile {
   }
 };
 
+// Q6_K tiles for prefill, laid out as the Q4_K tile: per super-block the 16 rows' 6-bit codes (0..63, stored
+// value + 32) are unpacked into vpdpbusd operands, 4 values of each row per 512-bit vector; per 16-value sub-block
+// one integer product less 32 x the activation's sum of the sub-block (Q8_K's bsums: exact), times the rows' 16
+// int8 scales; one float multiply-add per super-block and row. Equal to vec_dot to rounding.
+struct Q6KTile {
+  static constexpr int64_t kCols = 32;
+
+  // Values 32c .. 32c + 31 of a Q6_K super-block as codes 0..63 (ggml's layout: per half of 128 values, the low
+  // nibbles of ql[0..63] and the 2-bit fields of qh[0..31] hold four runs of 32).
+  static __m256i codes32(const quant::BlockQ6_K& b, int c) {
+    const int half = c / 4, run = c % 4;
+    const __m256i low_bytes = load256(b.ql + 64 * half + 32 * (run % 2));
+    const __m256i low = _mm256_and_si256(run < 2 ? low_bytes : _mm256_srli_epi16(low_bytes, 4), _mm256_set1_epi8(15));
+    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(load256(b.qh + 32 * half), 2 * run), _mm256_set1_epi8(3));
+    return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+  }
+
+  static void chunk(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act, size_t act_stride, int64_t n_act,
+                    float* out, size_t ldo) {
+    alignas(64) uint8_t packed[64][64];  // packed[8c + k]: values 32c + 4k .. + 3 of the 16 rows
+    alignas(64) int32_t scales[16][16];  // scales[sub-block][row]
+    alignas(64) float d[16];
+    alignas(64) int32_t sumi[kCols][16];
+    __m512 acc[kCols];
+    for (int64_t j = 0; j < n_act; ++j) acc[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
+      auto block = [&](int r) -> const quant::BlockQ6_K& {
+        return reinterpret_cast<const quant::BlockQ6_K*>(w + r * row_bytes)[i];
+      };
+      for (int r = 0; r < 16; ++r) prefetch_lines(&block(r) + 2, 4);  // two super-blocks ahead (210 bytes each)
+      for (int r = 0; r < 16; ++r) {
+        d[r] = fp16_to_fp32(block(r).d);
+        const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block(r).scales)));
+        alignas(64) int32_t row_scales[16];
+        _mm512_store_si512(row_scales, sc);
+        for (int k = 0; k < 16; ++k) scales[k][r] = row_scales[k];
+      }
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        __m256i t0[8], t1[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; ++r) {
+          t0[r] = codes32(block(r), c);
+          t1[r] = codes32(block(8 + r), c);
+        }
+        transpose_8x8_epi32(t0);
+        transpose_8x8_epi32(t1);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k)
+          _mm512_store_si512(packed[8 * c + k], _mm512_inserti64x4(_mm512_castsi256_si512(t0[k]), t1[k], 1));
+      }
+      for (int64_t j = 0; j < n_act; ++j) _mm512_store_si512(sumi[j], _mm512_setzero_si512());
+      for (int sb = 0; sb < 16; ++sb) {  // 16 values: packed[4 sb .. 4 sb + 3]
+        __m512i wv[4];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) wv[k] = _mm512_load_si512(packed[4 * sb + k]);
+        const __m512i sc = _mm512_load_si512(scales[sb]);
+        int64_t j = 0;
+        for (; j + 4 <= n_act; j += 4) {  // four activation rows, two chains each
+          const quant::BlockQ8_K* y[4];
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c) y[c] = reinterpret_cast<const quant::BlockQ8_K*>(act + (j + c) * act_stride) + i;
+          __m512i pa[4], pb[4];
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c) {
+            const int8_t* a = y[c]->qs + 16 * sb;
+            pa[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], broadcast4x16(a));
+            pb[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], broadcast4x16(a + 4));
+            pa[c] = _mm512_dpbusd_epi32(pa[c], wv[2], broadcast4x16(a + 8));
+            pb[c] = _mm512_dpbusd_epi32(pb[c], wv[3], broadcast4x16(a + 12));
+          }
+#pragma GCC unroll 4
+          for (int c = 0; c < 4; ++c) {
+            const __m512i p = _mm512_sub_epi32(_mm512_add_epi32(pa[c], pb[c]), _mm512_set1_epi32(32 * y[c]->bsums[sb]));
+            _mm512_store_si512(sumi[j + c],
+                               _mm512_add_epi32(_mm512_load_si512(sumi[j + c]), _mm512_mullo_epi32(p, sc)));
+          }
+        }
+        for (; j < n_act; ++j) {
+          const quant::BlockQ8_K* y = reinterpret_cast<const quant::BlockQ8_K*>(act + j * act_stride) + i;
+          const int8_t* a = y->qs + 16 * sb;
+          __m512i pa = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], broadcast4x16(a));
+          __m512i pb = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], broadcast4x16(a + 4));
+          pa = _mm512_dpbusd_epi32(pa, wv[2], broadcast4x16(a + 8));
+          pb = _mm512_dpbusd_epi32(pb, wv[3], broadcast4x16(a + 12));
+          const __m512i p = _mm512_sub_epi32(_mm512_add_epi32(pa, pb), _mm512_set1_epi32(32 * y->bsums[sb]));
+          _mm512_store_si512(sumi[j], _mm512_add_epi32(_mm512_load_si512(sumi[j]), _mm512_mullo_epi32(p, sc)));
+        }
+      }
+      const __m512 dv = _mm512_load_ps(d);
+      for (int64_t j = 0; j < n_act; ++j) {
+        const float yd = reinterpret_cast<const quant::BlockQ8_K*>(act + j * act_stride)[i].d;
+        acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(yd)), _mm512_cvtepi32_ps(_mm512_load_si512(sumi[j])),
+                                 acc[j]);
+      }
+    }
+    for (int64_t j = 0; j < n_act; ++j) _mm512_storeu_ps(out + j * ldo, acc[j]);
+  }
+};
+
 // Block b of 16 rows of a 32-value block format: wv[k] holds values 4k..4k+3 (as Values::get gives them) of rows
 // 0..15, row r in bytes 4r..4r+3, and d[r] the row's scale.
 template <typename Block, typename Values>
@@ -597,6 +697,7 @@ void install(KernelTable& table) {
   table.gemm_tile[kernel_slot(GgmlType::Q4_K)] = &gemm_tile<Q4KTile>;
   table.gemm_tile[kernel_slot(GgmlType::Q8_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ8_0, Q8Biased>>;
   table.gemm_tile[kernel_slot(GgmlType::Q5_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ5_0, Q5Biased>>;
+  table.gemm_tile[kernel_slot(GgmlType::Q6_K)] = &gemm_tile<Q6KTile>;
 }
 
 void install_amx(KernelTable& table) { install_tiles<HwTiles>(table); }
