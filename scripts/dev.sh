@@ -2,7 +2,8 @@
 # hetmoe's two entry points. Both install the Debian packages they need first (scripts/deps.sh).
 #
 #   scripts/dev.sh demo   build hetmoe, generate a tiny DeepSeek-V3-architecture model, inspect it, generate tokens
-#   scripts/dev.sh test   build everything, run the whole test suite, check format and naming, then the unit and
+#   scripts/dev.sh test   build everything, run the whole test suite, check format, naming and that no plain code
+#                         uses a tier's instructions (scripts/check_isa.sh), then the unit and
 #                         conformance tests again under ASan + UBSan, then each fuzz target for a short while
 #
 # Build folders: build/ (RelWithDebInfo), build-asan/ and build-fuzz/ (clang). Generated models go to out/.
@@ -51,6 +52,7 @@ lint() {
   git ls-files '*.cpp' '*.h' '*.inc' '*.cu' | xargs clang-format --dry-run -Werror
   git ls-files 'quant/*.cpp' 'cpu_kernels/*.cpp' 'runtime/*.cpp' 'server/*.cpp' 'tools/*.cpp' |
     xargs -P "$JOBS" -n 4 clang-tidy -p build --quiet 2>/dev/null
+  scripts/check_isa.sh build/tools/hetmoe
 }
 
 test_all() {
