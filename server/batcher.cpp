@@ -53,7 +53,8 @@ void Stream::finish(Finish reason, std::string error, int64_t prompt_tokens, int
 
 // A job in its slot: where its prompt is, what it generated, the text sent so far.
 struct Batcher::Sequence {
-  Sequence(Job j, std::shared_ptr<Stream> s) : job(std::move(j)), stream(std::move(s)), sampler(job.sampling) {}
+  Sequence(Job j, std::shared_ptr<Stream> s, int draft_max)
+      : job(std::move(j)), stream(std::move(s)), sampler(job.sampling), budget(draft_max) {}
   Job job;
   std::shared_ptr<Stream> stream;
   engine::Sampler sampler;
@@ -61,8 +62,12 @@ struct Batcher::Sequence {
   int64_t prompt_done = 0;       // prompt tokens the session holds
   int64_t cached = 0;            // of them, found in the slot's cache
   int64_t generated = 0;
-  int32_t next = -1;            // the sampled token the next step evaluates; -1 while the prompt is pending
-  std::vector<int32_t> drafts;  // the drafts the step evaluates after `next`
+  int32_t next = -1;             // the sampled token the next step evaluates; -1 while the prompt is pending
+  std::vector<int32_t> drafts;   // the drafts the step evaluates after `next`
+  engine::DraftBudget budget;    // how many drafts pay (adaptive_drafts)
+  std::optional<int32_t> guess;  // a draft not evaluated, checked against the token that comes (the budget's shadow)
+  double propose_seconds = 0;    // the step's proposal
+  double step_seconds = -1;      // the step's forward pass when the sequence had it to itself, else -1
   std::optional<text::StreamDecoder> decoder;
   std::string text;  // generated text not sent yet (held back: a possible start of a stop string)
 };
@@ -97,7 +102,7 @@ std::shared_ptr<Stream> Batcher::submit(Job job) {
     if (t < 0 || t >= n_vocab) fail("token id {} is out of range (the vocabulary has {} tokens)", t, n_vocab);
   if (job.top_logprobs > 20) fail("top_logprobs is at most 20");
   auto stream = std::make_shared<Stream>();
-  auto seq = std::make_unique<Sequence>(std::move(job), stream);
+  auto seq = std::make_unique<Sequence>(std::move(job), stream, options_.draft_max);
   {
     std::lock_guard lock(mutex_);
     if (stopping_) throw Unavailable("the server is shutting down");
@@ -213,7 +218,12 @@ bool Batcher::step() {
   std::vector<std::vector<int32_t>> next_tokens(slots_.size());
   int64_t budget = options_.max_batch_tokens, prompt_rows = 0, drafted = 0;
   int64_t decoding = 0;
-  for (const Slot& s : slots_) decoding += s.seq && s.seq->next >= 0 ? 1 : 0;
+  bool prompts = false;
+  for (const Slot& s : slots_) {
+    decoding += s.seq && s.seq->next >= 0 ? 1 : 0;
+    prompts = prompts || (s.seq && s.seq->next < 0);
+  }
+  const bool alone = decoding == 1 && !prompts;  // a decoding sequence with the step to itself: its cost is timed
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     if (!s.seq || s.seq->next < 0) continue;
@@ -223,11 +233,24 @@ bool Batcher::step() {
     int64_t room = std::min<int64_t>(options_.draft_max, s.session->n_free() - 1);
     room = std::min(room, budget - decoding);
     if (q.job.max_tokens >= 0) room = std::min(room, q.job.max_tokens - q.generated - 1);
+    // The budget's choice once it has timed a step of one token, or when it can time one now.
+    const int64_t wanted = options_.adaptive_drafts && (q.budget.calibrated() || alone)
+                               ? std::min<int64_t>(room, q.budget.choose())
+                               : room;
     q.drafts.clear();
-    if (s.drafter && room > 0) {
+    q.guess.reset();
+    q.propose_seconds = 0;
+    if (s.drafter && room > 0 && (wanted > 0 || q.budget.guess_due())) {
+      const auto start = std::chrono::steady_clock::now();
       try {
         s.drafter->propose(std::span<const int32_t>(q.history).first(q.history.size() - 1), q.next,
-                           static_cast<int>(room), q.drafts);
+                           static_cast<int>(std::max<int64_t>(wanted, 1)), q.drafts);
+        q.propose_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (wanted == 0) {  // a guess: not evaluated, checked against the token that comes
+          q.budget.guessed(q.propose_seconds);
+          if (!q.drafts.empty()) q.guess = q.drafts.front();
+          q.drafts.clear();
+        }
       } catch (const std::exception& e) {
         // The drafter could not run (out of memory): this sequence ends with the error, the others go on.
         end(s, Finish::kError, e.what());
@@ -293,6 +316,7 @@ bool Batcher::step() {
   for (size_t i = 0; i < parts.size(); ++i) {
     Slot& s = *owners[i];
     Sequence& q = *s.seq;
+    q.step_seconds = parts.size() == 1 ? seconds : -1;
     if (q.next < 0) q.prompt_done += static_cast<int64_t>(parts[i].tokens.size());
     if (parts[i].logits) advance(s);
   }
@@ -340,6 +364,11 @@ void Batcher::advance(Slot& slot) {
   if (q.next < 0 || q.drafts.empty()) {
     const std::span<const float> logits = session.last_logits();
     const int32_t token = q.sampler.sample(logits, q.history);
+    if (q.next >= 0) {  // a step of one token: timed when the sequence had it alone, and its guess checked
+      if (q.step_seconds >= 0) q.budget.plain_step(q.step_seconds);
+      if (q.guess) q.budget.shadow(*q.guess == token);
+      q.guess.reset();
+    }
     if (take(slot, token, logits, session.n_past())) q.next = token;
     return;
   }
@@ -363,6 +392,13 @@ void Batcher::advance(Slot& slot) {
       break;
     }
     ++accepted;
+  }
+  if (slot.seq) {  // what the drafts were worth (a reply that ended chooses no more)
+    const int n_drafted = static_cast<int>(drafts.size()), n_kept = static_cast<int>(accepted);
+    if (q.step_seconds >= 0)
+      q.budget.verify_step(n_drafted, n_kept, q.step_seconds + q.propose_seconds);
+    else
+      q.budget.verified(n_drafted, n_kept);
   }
   std::lock_guard lock(mutex_);
   stats_.accepted_tokens += accepted;

@@ -86,6 +86,10 @@ struct BatcherOptions {
   // Speculative decoding: each decoding sequence's token goes into the step with up to draft_max drafts after it.
   engine::DraftSource draft = engine::DraftSource::kNone;
   int draft_max = 4;
+  // How many, per sequence and step, from its measured acceptance and cost (engine::DraftBudget, as `run` does):
+  // the cost is timed in steps the sequence has to itself; until one was, a sequence that shares its steps drafts
+  // draft_max. Off: always draft_max.
+  bool adaptive_drafts = true;
 };
 
 // What the batcher has done since it started, for /metrics.

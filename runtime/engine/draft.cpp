@@ -70,11 +70,16 @@ void DraftBudget::guessed(double seconds) {
   since_guess_ = 0;
 }
 
-void DraftBudget::verify_step(int drafted, int accepted, double seconds) {
-  ++since_plain_;
+void DraftBudget::verified(int drafted, int accepted) {
   if (drafted <= 0) return;
   accepted_ = kDecay * accepted_ + accepted;
   rejected_ = kDecay * rejected_ + (accepted < drafted ? 1 : 0);
+}
+
+void DraftBudget::verify_step(int drafted, int accepted, double seconds) {
+  ++since_plain_;
+  if (drafted <= 0) return;
+  verified(drafted, accepted);
   if (t0_ > 0) {
     // The first measurement replaces the prior: a step of drafts that cost a whole step each should not be taken
     // again for the prior's sake.

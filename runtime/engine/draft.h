@@ -107,6 +107,11 @@ class DraftBudget {
   // A guess was proposed in `seconds`, then checked against the token that came (agreed or not).
   void guessed(double seconds);
   void shadow(bool agreed);
+  // A verification step whose time is not this sequence's alone (a server's step shared with others): what was
+  // accepted counts, the time does not.
+  void verified(int drafted, int accepted);
+  // Whether a step of one token has been timed (choose() asks for one until then).
+  bool calibrated() const { return t0_ > 0; }
   double acceptance() const { return accepted_ / (accepted_ + rejected_); }
   double cost_per_draft() const { return beta_; }
 

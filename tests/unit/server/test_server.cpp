@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <future>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -130,8 +131,9 @@ TEST(Server, CompletionsEqualTheGreedyRunStreamedOrNot) {
 // these prompts part nowhere near a tie), drafts are evaluated and accepted, and a slot's cache holds only what the
 // reply kept: a second request continuing the first's prompt and reply finds it cached and gets the plain run's text.
 TEST(Server, DraftedRepliesEqualThePlainGreedyRuns) {
-  Served s("tiny-qwen3moe-Q4_K_M.gguf",
-           {.parallel = 2, .slot_ctx = 256, .draft = engine::DraftSource::kNgram, .draft_max = 4});
+  Served s(
+      "tiny-qwen3moe-Q4_K_M.gguf",
+      {.parallel = 2, .slot_ctx = 256, .draft = engine::DraftSource::kNgram, .draft_max = 4, .adaptive_drafts = false});
   for (const std::string prompt : {"one two three four one two three four one two", "The quick brown fox"}) {
     SCOPED_TRACE(prompt);
     const std::vector<int32_t> ids = s.tokenizer->encode(prompt, true, true);
@@ -154,8 +156,9 @@ TEST(Server, DraftedRepliesEqualThePlainGreedyRuns) {
 // MTP drafts in the server: each slot drafts with the block over its own session's hidden states; the replies are
 // the plain greedy runs' (these prompts part nowhere near a tie), the second request reusing a slot's cache.
 TEST(Server, MtpDraftedRepliesEqualThePlainGreedyRuns) {
-  Served s("tiny-glm4moe-Q4_K_M.gguf",
-           {.parallel = 2, .slot_ctx = 256, .draft = engine::DraftSource::kMtp, .draft_max = 3});
+  Served s(
+      "tiny-glm4moe-Q4_K_M.gguf",
+      {.parallel = 2, .slot_ctx = 256, .draft = engine::DraftSource::kMtp, .draft_max = 3, .adaptive_drafts = false});
   for (const std::string prompt : {"one two three four one two three four one two", "The quick brown fox"}) {
     SCOPED_TRACE(prompt);
     const std::vector<int32_t> ids = s.tokenizer->encode(prompt, true, true);
@@ -169,6 +172,33 @@ TEST(Server, MtpDraftedRepliesEqualThePlainGreedyRuns) {
   }
   EXPECT_GT(s.batcher.stats().drafted_tokens, 0);
   EXPECT_GT(s.batcher.stats().cached_tokens, 0);
+}
+
+// Drafts sized by each sequence's budget (the default): one request at a time (its steps its own, so timed) and two
+// at once (shared steps: acceptance counted, time not) still give the plain greedy runs' replies, and a repeated
+// passage, whose n-gram drafts the model accepts, gets drafted.
+TEST(Server, AdaptiveDraftsKeepTheGreedyReplies) {
+  Served s("tiny-qwen3moe-Q4_K_M.gguf",
+           {.parallel = 2, .slot_ctx = 256, .draft = engine::DraftSource::kNgram, .draft_max = 4});
+  const std::string prompt = "one two three four one two three four one two";
+  const std::vector<int32_t> ids = s.tokenizer->encode(prompt, true, true);
+  const std::string expected = as_json_text(greedy_text(*s.model, *s.tokenizer, ids, 40));
+  const json request = {{"prompt", prompt}, {"max_tokens", 40}, {"temperature", 0}};
+  auto r = s.post("/v1/completions", request);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(body_of(r)["choices"][0]["text"], expected);
+  std::optional<httplib::Result> both[2];
+  {
+    std::vector<std::jthread> clients;
+    for (auto& result : both) clients.emplace_back([&] { result.emplace(s.post("/v1/completions", request)); });
+  }
+  for (auto& result : both) {
+    ASSERT_TRUE(result && *result);
+    ASSERT_EQ((*result)->status, 200) << (*result)->body;
+    EXPECT_EQ(body_of(*result)["choices"][0]["text"], expected);
+  }
+  EXPECT_GT(s.batcher.stats().drafted_tokens, 0);
 }
 
 // The tokens a chat reply chose (each token's bytes) and the alone run's margins (top-1 minus top-2 log probability).
