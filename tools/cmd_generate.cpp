@@ -172,9 +172,12 @@ int run(const RunOptions& opt) {
   }
   if (!opt.print_ids) {
     const engine::Session::Counters& k = session.counters();
-    fmt::print(stderr, "prompt {} tokens, {:.1f} tok/s; generated {} tokens, {:.1f} tok/s{}\n", k.prefill_tokens,
+    // A reply of one token comes from the prompt's pass: no decode step to give a rate.
+    const bool decoded = k.decode_tokens + k.verify_steps > 0;
+    fmt::print(stderr, "prompt {} tokens, {:.1f} tok/s; generated {} tokens, {}{}\n", k.prefill_tokens,
                k.prefill_tokens / std::max(k.prefill_seconds, 1e-9), result.tokens.size(),
-               engine::decode_rate(k, result), drafter ? engine::draft_summary(result) : "");
+               decoded ? fmt::format("{:.1f} tok/s", engine::decode_rate(k, result)) : "no decode step",
+               drafter ? engine::draft_summary(result) : "");
   }
   return 0;
 }
