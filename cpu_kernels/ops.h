@@ -25,6 +25,8 @@ inline float softplus(float x) { return x > 20.0f ? x : std::log(1.0f + std::exp
 inline float silu_times(float g, float u) { return (g / (1.0f + std::exp(-g))) * u; }
 // out[i] = silu(gate[i]) * up[i]; out may alias gate.
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
+// Whether x[0, n) holds no NaN and no infinity.
+bool all_finite(const float* x, int64_t n);
 
 // The router's choice for one token, in llama.cpp's order of operations: probabilities from the logits (softmax or
 // sigmoid), selection scores = probabilities + bias, group-limited masking (DeepSeek-V3: a group scores the sum of

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "cpu_kernels/ops.h"
 #include "cpu_kernels/scratch.h"
 #include "quant/ref.h"
 #include "runtime/error.h"
@@ -24,22 +25,11 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// The index of the first NaN or infinity in v[0, n), or -1. An exponent of all ones is both; the integer test
-// vectorises, where std::isfinite in a loop does not.
-int64_t first_non_finite(const float* v, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, v + i, sizeof bits);
-    if ((bits & 0x7F800000u) == 0x7F800000u) return i;
-  }
-  return -1;
-}
-
 // The diagnostic run's check after every layer: the first layer whose output holds a non-finite value.
 class NonFiniteLayer final : public Trace {
  public:
   void values(int64_t layer, std::string_view name, const float* data, int64_t rows, int64_t cols) override {
-    if (layer_ < 0 && name == "l_out" && first_non_finite(data, rows * cols) >= 0) layer_ = layer;
+    if (layer_ < 0 && name == "l_out" && !cpu::all_finite(data, rows * cols)) layer_ = layer;
   }
   void ids(int64_t, std::string_view, const int32_t*, int64_t, int64_t) override {}
   int64_t layer() const { return layer_; }
@@ -227,7 +217,7 @@ bool Model::forward_once(std::span<const SequenceBatch> batch, std::vector<float
   float* up = p.staging_up(n * (E + nd));
   for (int64_t t = 0; t < n; ++t) {
     quant::dequantize_row(token_embd_->type, token_embd_->row(tokens[t]), up + t * E, E);
-    if (first_non_finite(up + t * E, E) >= 0)
+    if (!cpu::all_finite(up + t * E, E))
       fail(
           "the embedding of token {} (a row of token_embd.weight) holds NaN or infinity: the model's weights are "
           "broken",
@@ -327,7 +317,7 @@ bool Model::forward_once(std::span<const SequenceBatch> batch, std::vector<float
   const auto t_out = std::chrono::steady_clock::now();
   // The rows the head reads, checked on the host: its quantized activations would turn a NaN into zero logits.
   const float* rows = p.to_host(xn, n_out * E);
-  bool finite = first_non_finite(rows, n_out * E) < 0;
+  bool finite = cpu::all_finite(rows, n_out * E);
   // The output head where it is resident on a device, else on the CPU.
   const float* device_rows = p.on_host() ? nullptr : xn;
   const float* host_rows = p.on_host() ? xn : nullptr;
@@ -335,7 +325,7 @@ bool Model::forward_once(std::span<const SequenceBatch> batch, std::vector<float
         device_experts_->run_matrix(-1, DeviceExperts::kOutput, host_rows, n_out, logits.data(), device_rows)))
     cpu::matmul(kernels_, *pool_, output_, rows, n_out, logits.data(), c.n_vocab);
   d.synchronize(d.record(s));
-  finite = finite && first_non_finite(logits.data(), n_out * c.n_vocab) < 0;
+  finite = finite && cpu::all_finite(logits.data(), n_out * c.n_vocab);
   if (profile_.enabled) {
     const double t_output = seconds_since(t_out), t_total = seconds_since(t_start);
     profile_.attention += t_attention;

@@ -1,13 +1,13 @@
 #include "runtime/model/split_writer.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <filesystem>
 #include <mutex>
 #include <span>
 
 #include "cpu_kernels/kernel_table.h"
+#include "cpu_kernels/ops.h"
 #include "cpu_kernels/thread_pool.h"
 #include "quant/lowbit.h"
 #include "quant/ref.h"
@@ -70,24 +70,11 @@ struct RowErrors {
   }
 };
 
-// Whether every value of x is finite (its exponent bits not all set). Blocks of 16 with no early exit, so that the
-// compiler vectorizes the loop (a test and a branch per value cost 4% of a split).
-bool all_finite(const float* x, int64_t n) {
-  constexpr uint32_t kExponent = 0x7f800000u;
-  constexpr int kBlock = 16;
-  uint32_t bad = 0;
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock)
-    for (int l = 0; l < kBlock; ++l)
-      bad |= static_cast<uint32_t>((std::bit_cast<uint32_t>(x[i + l]) & kExponent) == kExponent);
-  for (; i < n; ++i) bad |= static_cast<uint32_t>((std::bit_cast<uint32_t>(x[i]) & kExponent) == kExponent);
-  return bad == 0;
-}
-
 // A source row as floats; fails on values that are not finite (a damaged tensor).
 void source_row(const cpu::KernelTable& kernels, const gguf::TensorInfo& t, int64_t r, float* out) {
   kernels.dequantize_row(t.type, t.row(r), out, t.ne[0]);
-  if (!all_finite(out, t.ne[0])) fail("{}: row {} holds a value that is not finite; the file is damaged", t.name, r);
+  if (!cpu::all_finite(out, t.ne[0]))
+    fail("{}: row {} holds a value that is not finite; the file is damaged", t.name, r);
 }
 
 // back = w - q, with the widest vector unit (w + (-1) q rounds as w - q does, fused or not).
@@ -218,11 +205,10 @@ std::vector<SplitTensorReport> split_model(const SplitOptions& opt, const SplitP
                             if (from_source) {
                               std::copy_n(t.row(r), r_row, dst);  // exact: W - deq(W^Q) is back as it is
                               if (!opt.measure_errors) continue;
-                              kernels.dequantize_row(q_type, wq, q.data(), n);
-                              difference(kernels, w.data(), q.data(), back.data(), n);
-                            } else {
-                              kernels.dequantize_row(q_type, wq, q.data(), n);
-                              difference(kernels, w.data(), q.data(), back.data(), n);
+                            }
+                            kernels.dequantize_row(q_type, wq, q.data(), n);
+                            difference(kernels, w.data(), q.data(), back.data(), n);
+                            if (!from_source) {
                               kernels.quantize_row(res_type, back.data(), dst, n);
                               if (!opt.measure_errors) continue;
                               kernels.dequantize_row(res_type, dst, back.data(), n);
