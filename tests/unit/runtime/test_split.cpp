@@ -428,8 +428,8 @@ void expect_planned_transfers(bool source) {
       };
       // Every token's logits to float rounding, but one: an activation value whose 8-bit rounding flips by one step
       // between the device's rows and the CPU's (inputs equal to float rounding) moves its token's logits by up to
-      // about 1e-2 of their scale. (A source split on the CPU alone is the source model: the same only when every
-      // item is critical.)
+      // about 1.5e-2 of their scale (1.2e-2 seen, where the CPU's Q4_K dots sum their float lanes in another order). (A
+      // source split on the CPU alone is the source model: the same only when every item is critical.)
       float scale = 0;
       for (float v : want) scale = std::max(scale, std::abs(v));
       const size_t vocab = want.size() / tokens.size();
@@ -438,7 +438,7 @@ void expect_planned_transfers(bool source) {
         float diff = 0;
         for (size_t j = t * vocab; j < (t + 1) * vocab; ++j) diff = std::max(diff, std::abs(want[j] - got[j]));
         if (diff > 2e-3f * scale) ++events;
-        EXPECT_LE(diff, 1e-2f * scale) << "critical " << critical << " token " << t;
+        EXPECT_LE(diff, 1.5e-2f * scale) << "critical " << critical << " token " << t;
       }
       EXPECT_LE(events, 1) << "critical " << critical;
 
