@@ -1,11 +1,13 @@
 #include "cpu_kernels/bandwidth.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
-#include <memory>
+#include <cstdlib>
+#include <new>
 
 namespace hetmoe::cpu {
 namespace {
@@ -26,26 +28,40 @@ uint64_t read_slice(const uint64_t* p, size_t n) {
 
 }  // namespace
 
-double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats) {
-  const size_t words = bytes / sizeof(uint64_t);
-  std::unique_ptr<uint64_t[]> buffer(new uint64_t[words]);
-  // First touch from the pool's threads, so each slice's pages sit where the thread that reads it runs.
-  pool.parallel_for(static_cast<int64_t>(words), 1 << 16, [&](int64_t b, int64_t e) {
-    std::memset(buffer.get() + b, 1, static_cast<size_t>(e - b) * sizeof(uint64_t));
+ReadBandwidthProbe::ReadBandwidthProbe(ThreadPool& pool, size_t bytes) : pool_(pool) {
+  constexpr size_t kHugePage = size_t{2} << 20;
+  const size_t rounded = std::max(kHugePage, (bytes + kHugePage - 1) / kHugePage * kHugePage);
+  words_ = static_cast<uint64_t*>(std::aligned_alloc(kHugePage, rounded));
+  if (!words_) throw std::bad_alloc();
+  n_words_ = rounded / sizeof(uint64_t);
+  (void)::madvise(words_, rounded, MADV_HUGEPAGE);  // a hint: without huge pages the probe reads 4 KB pages
+  // First touch from the pool's threads, so each slice's pages sit where the thread that reads it runs. Distinct
+  // words, so that no page of the buffer equals another.
+  pool_.parallel_for(static_cast<int64_t>(n_words_), 1 << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) words_[i] = static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ULL;
   });
+}
+
+ReadBandwidthProbe::~ReadBandwidthProbe() { std::free(words_); }
+
+double ReadBandwidthProbe::measure(int repeats) {
   double best = 0;
   std::atomic<uint64_t> sink{0};
   for (int r = 0; r < repeats; ++r) {
     const auto start = std::chrono::steady_clock::now();
-    pool.parallel_for(static_cast<int64_t>(words), 1 << 16, [&](int64_t b, int64_t e) {
-      sink += read_slice(buffer.get() + b, static_cast<size_t>(e - b));  // keeps the reads from being optimised away
+    pool_.parallel_for(static_cast<int64_t>(n_words_), 1 << 16, [&](int64_t b, int64_t e) {
+      sink += read_slice(words_ + b, static_cast<size_t>(e - b));  // keeps the reads from being optimised away
     });
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    best = std::max(best, static_cast<double>(words * sizeof(uint64_t)) / seconds);
+    best = std::max(best, static_cast<double>(n_words_ * sizeof(uint64_t)) / seconds);
   }
   volatile uint64_t keep = sink.load();
   (void)keep;
   return best;
+}
+
+double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats) {
+  return ReadBandwidthProbe(pool, bytes).measure(repeats);
 }
 
 }  // namespace hetmoe::cpu

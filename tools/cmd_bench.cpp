@@ -84,7 +84,7 @@ double median_of(std::vector<double> v) {
 
 // `label` names the run on the progress line, which shows the phase (prefill, decode with its token count).
 Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token, EnergyMeter& energy,
-            const std::string& label) {
+            cpu::ReadBandwidthProbe* probe, const std::string& label) {
   Run r;
   const model::ModelConfig& c = m.config();
 
@@ -139,9 +139,11 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token, En
   r.joules_per_token = energy.measured()
                            ? joules / opt.gen
                            : modelled_joules_per_token(m.pool().size(), 1.0 / r.decode_tok_s, r.dram_bytes_per_token);
-  // Measured after the run, with the same threads: the roofline of this run's memory system.
-  r.bandwidth = cpu::measure_read_bandwidth(m.pool());
-  r.roofline_fraction = r.decode_tok_s * bytes_per_token / r.bandwidth;
+  // Measured after the run, with the same threads: the roofline of this run's memory system (none: not asked).
+  if (probe) {
+    r.bandwidth = probe->measure();
+    r.roofline_fraction = r.decode_tok_s * bytes_per_token / r.bandwidth;
+  }
   return r;
 }
 
@@ -155,10 +157,11 @@ PolicyResult bench_policy(model::Model& m, const BenchOptions& opt, int threads,
   r.device = fmt::format("{} ({} kernels)", cpu_model_name(), cpu::isa_name(cpu::kernels().isa));
   if (const model::DeviceExperts* d = m.device_experts()) r.device += fmt::format(" + {}", d->device().name());
   r.bytes_per_token = model::active_bytes_per_token(m.file(), m.config());
-  run_cpu(m, opt, r.bytes_per_token, energy, fmt::format("{}: warm-up run", r.policy));
+  cpu::ReadBandwidthProbe probe(m.pool());
+  run_cpu(m, opt, r.bytes_per_token, energy, &probe, fmt::format("{}: warm-up run", r.policy));
   for (int i = 0; i < opt.repeat; ++i)
     r.runs.push_back(
-        run_cpu(m, opt, r.bytes_per_token, energy, fmt::format("{}: run {}/{}", r.policy, i + 1, opt.repeat)));
+        run_cpu(m, opt, r.bytes_per_token, energy, &probe, fmt::format("{}: run {}/{}", r.policy, i + 1, opt.repeat)));
   fmt::print(stderr, "\r  {}: done{:40}\n", r.policy, "");
   if (const model::DeviceExperts* d = m.device_experts()) r.traffic = d->traffic();
   auto field = [&](double Run::*f) {
@@ -588,11 +591,11 @@ int vs_llama_bench(const BenchOptions& opt, int threads) {
   model::Model& m = e->model();
   EnergyMeter energy;
   const double bytes = model::active_bytes_per_token(m.file(), m.config());
-  llama_bench_run(opt, threads);                          // both warm up: the file faults in, caches settle
-  run_cpu(m, opt, bytes, energy, "hetmoe: warm-up run");  // (not counted)
+  llama_bench_run(opt, threads);                                   // both warm up: the file faults in, caches settle
+  run_cpu(m, opt, bytes, energy, nullptr, "hetmoe: warm-up run");  // (not counted; no roofline shown here)
   std::vector<double> hp, hd, lp, ld;
   for (int i = 0; i < opt.repeat; ++i) {
-    const Run r = run_cpu(m, opt, bytes, energy, fmt::format("hetmoe: run {}/{}", i + 1, opt.repeat));
+    const Run r = run_cpu(m, opt, bytes, energy, nullptr, fmt::format("hetmoe: run {}/{}", i + 1, opt.repeat));
     hp.push_back(r.prefill_tok_s);
     hd.push_back(r.decode_tok_s);
     fmt::print(stderr, "\r  llama-bench: run {}/{}{:30}", i + 1, opt.repeat, "");
