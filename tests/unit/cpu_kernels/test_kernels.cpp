@@ -76,8 +76,9 @@ TEST(Kernels, EveryTierMatchesTheReferenceDot) {
     const KernelTable table = make_kernel_table(isa);
     for (GgmlType type : kWeightTypes) {
       const int64_t block = quant::type_info(type).block_size;
-      // Awkward lengths: one block, an odd count of blocks, and a length whose tail is not a multiple of 32.
-      for (int64_t blocks : {1, 3, 7}) {
+      // Awkward lengths: one block, odd counts of blocks (19: kernels that take eight blocks at a time, then pairs,
+      // then one, run all three), and a length whose tail is not a multiple of 32.
+      for (int64_t blocks : {1, 3, 7, 19}) {
         const int64_t n = block == 1 ? 37 * blocks : block * blocks;
         const Prepared p = prepare(type, n, 1000 * blocks + static_cast<uint64_t>(type));
         const float want = quant::vec_dot(type, n, p.weight.data(), p.act.data());
