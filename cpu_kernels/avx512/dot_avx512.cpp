@@ -431,16 +431,6 @@ struct Q4KTile {
 struct Q6KTile {
   static constexpr int64_t kCols = 32;
 
-  // Values 32c .. 32c + 31 of a Q6_K super-block as codes 0..63 (ggml's layout: per half of 128 values, the low
-  // nibbles of ql[0..63] and the 2-bit fields of qh[0..31] hold four runs of 32).
-  static __m256i codes32(const quant::BlockQ6_K& b, int c) {
-    const int half = c / 4, run = c % 4;
-    const __m256i low_bytes = load256(b.ql + 64 * half + 32 * (run % 2));
-    const __m256i low = _mm256_and_si256(run < 2 ? low_bytes : _mm256_srli_epi16(low_bytes, 4), _mm256_set1_epi8(15));
-    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(load256(b.qh + 32 * half), 2 * run), _mm256_set1_epi8(3));
-    return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
-  }
-
   static void chunk(int64_t n, const uint8_t* w, size_t row_bytes, const uint8_t* act, size_t act_stride, int64_t n_act,
                     float* out, size_t ldo) {
     alignas(64) uint8_t packed[64][64];  // packed[8c + k]: values 32c + 4k .. + 3 of the 16 rows
@@ -466,8 +456,8 @@ struct Q6KTile {
         __m256i t0[8], t1[8];
 #pragma GCC unroll 8
         for (int r = 0; r < 8; ++r) {
-          t0[r] = codes32(block(r), c);
-          t1[r] = codes32(block(8 + r), c);
+          t0[r] = q6k_codes32(block(r), c);
+          t1[r] = q6k_codes32(block(8 + r), c);
         }
         transpose_8x8_epi32(t0);
         transpose_8x8_epi32(t1);

@@ -254,7 +254,7 @@ void register_all() {
     benchmark::RegisterBenchmark(("rows4/avx512/" + std::string(hetmoe::quant::type_info(t).name)).c_str(),
                                  [t](benchmark::State& s) { bm_dot(s, Isa::kAvx512, t, 4); });
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
-    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0})
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q6_K})
       for (int64_t n_act : {4, 8, 16, 64})
         benchmark::RegisterBenchmark(("tile" + std::to_string(n_act) + "/" + std::string(hetmoe::cpu::isa_name(isa)) +
                                       "/" + std::string(hetmoe::quant::type_info(t).name))
