@@ -150,7 +150,7 @@ struct Q4KZmm {
 // pairs, then one. bench_dot (one thread, Zen 4, alternating, one sitting): L2-resident rows of 2048 21.1-21.3
 // against 17.8-18.0 GB/s for the 256-bit kernel with eight-block totals; streamed from DRAM 18.2-19.2 against
 // 15.6-16.6 (one thread) and 36.2-36.4 against 30.9-31.2 (two).
-struct Q5_0Zmm {
+struct Q5PairZmm {
   template <int N>
   static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
     const auto* x = static_cast<const quant::BlockQ5_0*>(w);
@@ -760,8 +760,8 @@ void install(KernelTable& table) {
   using quant::GgmlType;
   table.vec_dot[kernel_slot(GgmlType::Q4_K)] = &dot_one<Q4KZmm>;
   table.vec_dot_rows[kernel_slot(GgmlType::Q4_K)] = &dot_rows<Q4KZmm>;
-  table.vec_dot[kernel_slot(GgmlType::Q5_0)] = &dot_one<Q5_0Zmm>;
-  table.vec_dot_rows[kernel_slot(GgmlType::Q5_0)] = &dot_rows<Q5_0Zmm>;
+  table.vec_dot[kernel_slot(GgmlType::Q5_0)] = &dot_one<Q5PairZmm>;
+  table.vec_dot_rows[kernel_slot(GgmlType::Q5_0)] = &dot_rows<Q5PairZmm>;
   table.vec_dot[kernel_slot(GgmlType::Q6_K)] = &dot_one<Q6KZmm>;
   table.vec_dot_rows[kernel_slot(GgmlType::Q6_K)] = &dot_rows<Q6KZmm>;
   table.gemm_tile[kernel_slot(GgmlType::Q4_K)] = &gemm_tile<Q4KTile>;
