@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 
@@ -97,8 +98,6 @@ struct Q4KZmm {
     const ActRows<quant::BlockQ8_K, N> y(act, stride);
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     const __m512i pattern0 = load512(kScalePatterns[0].data()), pattern1 = load512(kScalePatterns[1].data());
-    // Bytes 8-15 of q4k_scale_bytes (the mins), each twice: one min per pair of 16-value activation sums.
-    const __m128i mins_twice = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
     __m512 acc[N];
     __m256 acc_min[N];
     for (int j = 0; j < N; ++j) {
@@ -107,7 +106,7 @@ struct Q4KZmm {
     }
     for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
       const __m128i bytes = q4k_scale_bytes(x[i].scales);
-      const __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(bytes, mins_twice));
+      const __m256i mins = q4k_mins_per_16(bytes);
       const __m512i scales = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(bytes));
       const __m512i sc[2] = {_mm512_shuffle_epi8(scales, pattern0), _mm512_shuffle_epi8(scales, pattern1)};
       __m512i sumi[N];
@@ -126,9 +125,7 @@ struct Q4KZmm {
           sumi[j] = _mm512_dpwssd_epi32(sumi[j], _mm512_packs_epi32(v_lo, v_hi), sc[c]);
         }
       }
-      uint32_t d_dmin;  // d and dmin, adjacent halves
-      std::memcpy(&d_dmin, &x[i].d, sizeof d_dmin);
-      const __m128 xd = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(d_dmin)));
+      const __m128 xd = d_and_dmin(x[i]);
       for (int j = 0; j < N; ++j) {
         const __m128 dm = _mm_mul_ps(xd, _mm_set1_ps(y[j][i].d));
         acc[j] = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), _mm512_cvtepi32_ps(sumi[j]), acc[j]);
