@@ -136,6 +136,7 @@ KernelTable make_kernel_table(Isa isa) {
   if (isa >= Isa::kAvx2) avx2::install(t);
   if (isa >= Isa::kAvx512) {
     avx512::install(t);
+    avx512::install_attention(t);
     avx512::install_quantize(t);
   }
   if (isa >= Isa::kAmx) avx512::install_amx(t);

@@ -7,6 +7,8 @@ namespace hetmoe::cpu::avx512 {
 // Puts the AVX-512 (F, BW, VL, VNNI) dot products into `table`, over the AVX2 ones. Compiled with those flags;
 // call only when the CPU and the OS support them (detect_isa() >= Isa::kAvx512).
 void install(KernelTable& table);
+// Puts the AVX-512 attention head-group kernels (dot_heads, sum_heads) into `table`; the same conditions.
+void install_attention(KernelTable& table);
 // Puts the AVX-512 weight quantizers (the split formats' W^Q fit) into `table`; the same conditions.
 void install_quantize(KernelTable& table);
 // Puts the AMX tile kernels (Q4_K, Q8_0, Q5_0 tiles for batches) over those; the rest of the AMX tier is AVX-512.

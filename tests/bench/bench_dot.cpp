@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <optional>
 #include <random>
@@ -211,7 +212,34 @@ void bm_convert(benchmark::State& state, Isa isa, GgmlType act, GgmlType weight)
   state.SetBytesProcessed(state.iterations() * kCols * static_cast<int64_t>(sizeof(float)));
 }
 
+// One MLA decode step's attention on one thread through the tier's head-group kernels: 16 heads' queries against
+// n_keys cached latent rows of 576 floats (the keys; their first 512 floats are the values), scores, softmax,
+// weighted sums. Bytes are the cached rows' (read once per step at best); 4096 rows are 9.4 MB, past L2.
+void bm_attention(benchmark::State& state, Isa isa, int64_t n_keys) {
+  const std::optional<hetmoe::cpu::KernelTable> table = table_for(state, isa);
+  if (!table) return;
+  constexpr int kHeads = 16;
+  constexpr int64_t kWidth = 576, kValue = 512;
+  std::mt19937 rng(4);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> q(kHeads * kWidth), cache(n_keys * kWidth), scores(kHeads * n_keys), out(kHeads * kValue);
+  for (float& v : q) v = dist(rng);
+  for (float& v : cache) v = dist(rng);
+  for (auto _ : state) {
+    table->dot_heads(kWidth, kHeads, q.data(), kWidth, n_keys, cache.data(), kWidth, scores.data(), n_keys);
+    for (int h = 0; h < kHeads; ++h) table->attention_softmax(scores.data() + h * n_keys, n_keys, -INFINITY);
+    table->sum_heads(kValue, kHeads, n_keys, scores.data(), n_keys, cache.data(), kWidth, out.data(), kValue);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * n_keys * kWidth * static_cast<int64_t>(sizeof(float)));
+}
+
 void register_all() {
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
+    for (int64_t keys : {512, 4096})
+      benchmark::RegisterBenchmark(
+          ("attention/" + std::string(hetmoe::cpu::isa_name(isa)) + "/keys" + std::to_string(keys)).c_str(),
+          [isa, keys](benchmark::State& s) { bm_attention(s, isa, keys); });
   for (Isa isa : {Isa::kRef, Isa::kAvx2, Isa::kAvx512})
     for (const auto& [act, weight] : {std::pair{GgmlType::Q8_0, GgmlType::Q8_0}, {GgmlType::Q8_K, GgmlType::Q4_K}})
       benchmark::RegisterBenchmark((std::string("convert/") + std::string(hetmoe::cpu::isa_name(isa)) + "/" +

@@ -92,13 +92,14 @@ TEST(Kernels, EveryTierMatchesTheReferenceDot) {
 
 // Attention's head-group kernels on every tier: scores within rounding of the reference dots, and each score the same
 // bit for bit whichever heads and keys share its call (a token's attention may not depend on its batch); the weighted
-// sums equal the tier's axpy applied key by key from zero, bit for bit. Lengths with and without a tail of 8 and 16.
+// sums equal the tier's axpy applied key by key from zero, bit for bit. Lengths with and without a tail of 8 and 16;
+// head and key counts that fill the tiles and leave a rest, and more keys than one block of the weighted sums.
 TEST(Kernels, HeadGroupAttentionKernels) {
   for (Isa isa : tiers_present()) {
     const KernelTable table = make_kernel_table(isa);
     for (int64_t n : {8, 37, 64, 576}) {
-      for (int heads : {1, 3, 8}) {
-        for (int64_t keys : {1, 5, 9}) {
+      for (int heads : {1, 3, 6, 8}) {
+        for (int64_t keys : {1, 5, 9, 37}) {
           SCOPED_TRACE(testing::Message() << isa_name(isa) << " n=" << n << " heads=" << heads << " keys=" << keys);
           const int64_t q_stride = n + 3, k_stride = n + 5, stride = keys + 2;
           const std::vector<float> q = random_floats(heads * q_stride, 11 + n), k = random_floats(keys * k_stride, 12);
