@@ -91,13 +91,18 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token, En
   // Random prompt ids (fixed seed): speed does not depend on the text, only on the routing it causes.
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(c.n_vocab - 1));
-  std::vector<int32_t> prompt(static_cast<size_t>(opt.prompt));
+  std::vector<int32_t> context(static_cast<size_t>(opt.depth)), prompt(static_cast<size_t>(opt.prompt));
+  for (int32_t& t : context) t = id(rng);
   for (int32_t& t : prompt) t = id(rng);
 
-  engine::Session session(m, opt.prompt + opt.gen + 1);
+  engine::Session session(m, opt.depth + opt.prompt + opt.gen + 1);
   const std::unique_ptr<engine::Drafter> drafter =
       engine::make_drafter(engine::parse_draft_source(opt.draft.source), m, session.n_ctx());
   if (drafter) session.observe(drafter->hidden_observer());
+  if (!context.empty()) {
+    fmt::print(stderr, "\r  {}: context of {} tokens       ", label, opt.depth);
+    session.eval(context);
+  }
   fmt::print(stderr, "\r  {}: prefill of {} tokens        ", label, opt.prompt);
   const auto t0 = std::chrono::steady_clock::now();
   std::span<const float> logits = session.eval(prompt);
@@ -192,17 +197,19 @@ struct StepCosts {
   double step(size_t k) const { return (seconds[k] + (draft.empty() ? 0.0 : draft[k])) / seconds[0]; }
 };
 
-// The step costs for k = 0..max_k: after a prompt of opt.prompt random ids, each batch is evaluated and forgotten
-// (its rows truncated) `repeat` times, the median kept; with an MTP drafter each proposal of k drafts likewise (its
-// block writes the last position's row again and chains k - 1 more, as in a step of steady decoding). Random ids
-// route like text of random content: each token to its own experts, as drafted text does.
+// The step costs for k = 0..max_k: after a prompt of opt.prompt random ids (after --depth more), each batch is
+// evaluated and forgotten (its rows truncated) `repeat` times, the median kept; with an MTP drafter each proposal of k
+// drafts likewise (its block writes the last position's row again and chains k - 1 more, as in a step of steady
+// decoding). Random ids route like text of random content: each token to its own experts, as drafted text does.
 StepCosts step_costs(model::Model& m, const BenchOptions& opt, int max_k, int repeat) {
   const model::ModelConfig& c = m.config();
   std::mt19937 rng(4321);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(c.n_vocab - 1));
-  std::vector<int32_t> prompt(static_cast<size_t>(opt.prompt));
+  // The context (--depth) and the prompt as one batch: only the verification steps after them are timed.
+  const int64_t kept = int64_t{opt.depth} + opt.prompt;
+  std::vector<int32_t> prompt(static_cast<size_t>(kept));
   for (int32_t& t : prompt) t = id(rng);
-  engine::Session session(m, opt.prompt + max_k + 1);
+  engine::Session session(m, kept + max_k + 1);
   const std::unique_ptr<engine::Drafter> drafter =
       engine::make_drafter(engine::parse_draft_source(opt.draft.source), m, session.n_ctx());
   const bool timed_drafts = drafter && drafter->hidden_observer();
@@ -228,7 +235,7 @@ StepCosts step_costs(model::Model& m, const BenchOptions& opt, int max_k, int re
       else
         session.eval_all(batch);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      session.truncate(opt.prompt);
+      session.truncate(kept);
       if (i > 0) times.push_back(s);  // the first sizes the scratch buffers
     }
     costs.seconds.push_back(median_of(times));
@@ -551,8 +558,11 @@ std::string shell_quoted(const std::string& s) {
 
 // One llama-bench run of the same prompt and generation lengths (one repetition): its prefill and decode tok/s.
 std::pair<double, double> llama_bench_run(const BenchOptions& opt, int threads) {
-  const std::string cmd = fmt::format("{} -m {} -t {} -p {} -n {} -r 1 -o json 2>&1", shell_quoted(opt.vs_llama_bench),
-                                      shell_quoted(opt.model), threads, opt.prompt, opt.gen);
+  // -d only when asked for: llama-bench builds before its depth option reject it.
+  const std::string depth = opt.depth > 0 ? fmt::format(" -d {}", opt.depth) : "";
+  const std::string cmd =
+      fmt::format("{} -m {} -t {} -p {} -n {}{} -r 1 -o json 2>&1", shell_quoted(opt.vs_llama_bench),
+                  shell_quoted(opt.model), threads, opt.prompt, opt.gen, depth);
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (!pipe) fail("--vs-llama-bench: cannot run {}", opt.vs_llama_bench);
   std::string out;
@@ -610,15 +620,20 @@ int vs_llama_bench(const BenchOptions& opt, int threads) {
   };
   fmt::print("model {}, {} threads, CPU only, median [min-max] of {} alternating runs each\n", opt.model, threads,
              opt.repeat);
+  if (opt.depth > 0)
+    fmt::print(
+        "at depth {}: both after {} tokens of context; hetmoe decodes after its prompt (depth {}), llama-bench's "
+        "tg from depth {}\n",
+        opt.depth, opt.depth, opt.depth + opt.prompt, opt.depth);
   fmt::print("{:<12} {:<26} {:<26} {}\n", "", "hetmoe", "llama.cpp (llama-bench)", "hetmoe / llama.cpp");
   fmt::print("{:<12} {:<26} {:<26} {:.2f}x\n", fmt::format("pp{} tok/s", opt.prompt), cell(hp), cell(lp),
              median_of(hp) / median_of(lp));
   fmt::print("{:<12} {:<26} {:<26} {:.2f}x\n", fmt::format("tg{} tok/s", opt.gen), cell(hd), cell(ld),
              median_of(hd) / median_of(ld));
   if (!opt.json.empty()) {
-    const nlohmann::json j = {{"model", opt.model},        {"threads", threads},         {"prompt_tokens", opt.prompt},
-                              {"gen_tokens", opt.gen},     {"hetmoe_prefill_tok_s", hp}, {"hetmoe_decode_tok_s", hd},
-                              {"llama_prefill_tok_s", lp}, {"llama_decode_tok_s", ld}};
+    const nlohmann::json j = {{"model", opt.model},        {"threads", threads},        {"prompt_tokens", opt.prompt},
+                              {"gen_tokens", opt.gen},     {"depth_tokens", opt.depth}, {"hetmoe_prefill_tok_s", hp},
+                              {"hetmoe_decode_tok_s", hd}, {"llama_prefill_tok_s", lp}, {"llama_decode_tok_s", ld}};
     io::write_file(opt.json, j.dump(2) + "\n");
   }
   return 0;
@@ -627,6 +642,8 @@ int vs_llama_bench(const BenchOptions& opt, int threads) {
 int bench(const BenchOptions& opt) {
   if (opt.prompt < 1 || opt.gen < 1) fail("--prompt and --gen must be at least 1");
   if (opt.repeat < 1) fail("--repeat must be at least 1");
+  if (opt.depth > 0 && !opt.concurrency.empty())
+    fail("--depth measures one stream at a depth; --concurrency streams start from their prompts");
   if (!opt.vs_llama_bench.empty()) return vs_llama_bench(opt, resolve_threads(opt.threads));
   if (!opt.draft_text.empty()) {
     if (opt.draft.source == "none") fail("--draft-text measures drafts: give --draft ngram or --draft mtp");
@@ -751,6 +768,9 @@ int bench(const BenchOptions& opt) {
   fmt::print("model {}  ({:.2f} GB file, {:.3f} GB read per decoded token), median [min-max] of {} runs\n", opt.model,
              static_cast<double>(e->model().file().file_size()) / 1e9, results.front().bytes_per_token / 1e9,
              opt.repeat);
+  if (opt.depth > 0)
+    fmt::print("after {} tokens of context (not timed); roofline % counts the weights only, not the cache rows\n",
+               opt.depth);
   const bool drafts = opt.draft.source != "none";
   if (drafts)
     fmt::print("decode with --draft {} --draft-max {} (greedy); roofline % counts one weight read per token\n",
@@ -820,6 +840,7 @@ int bench(const BenchOptions& opt) {
     nlohmann::json j = {{"model", opt.model},
                         {"prompt_tokens", opt.prompt},
                         {"gen_tokens", opt.gen},
+                        {"depth_tokens", opt.depth},
                         {"results", nlohmann::json::array()}};
     for (const PolicyResult& r : results) {
       nlohmann::json runs = nlohmann::json::array();

@@ -99,6 +99,7 @@ struct BenchOptions {
   std::vector<std::string> policies{"cpu"};
   int prompt = 128;  // prefill tokens
   int gen = 32;      // decoded tokens
+  int depth = 0;     // tokens in the context before the measured prompt (llama-bench's -d), not timed
   std::string json;  // also write the results here
   std::string svg;   // and draw them (with the crossover curves of --profile's cost model)
   DeviceOptions device;

@@ -387,6 +387,11 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   c_bench->add_option("--prompt", bench.prompt, "prefill tokens")->check(cli::in_range(1, 1e6, "tokens"));
   c_bench->add_option("--gen", bench.gen, "decoded tokens")->check(cli::in_range(1, 1e6, "tokens"));
+  c_bench
+      ->add_option("--depth", bench.depth,
+                   "tokens already in the context, evaluated before the timed prompt and not timed (llama-bench's "
+                   "-d): prefill and decode speed at that depth")
+      ->check(cli::in_range(0, 1e6, "tokens"));
   c_bench->add_option("--json", bench.json, "also write the results as JSON");
   c_bench->add_option("--svg", bench.svg, "draw the policies and --profile's crossover curves (SVG)");
   c_bench->add_option("--synthetic", bench.synthetic,

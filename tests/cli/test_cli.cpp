@@ -389,8 +389,8 @@ TEST_F(Cli, BenchMeasuresVerificationCostsAndReplaysADraftText) {
 }
 
 // --vs-llama-bench runs the given llama-bench (here a script printing llama-bench's JSON: 100 tok/s prefill, 25 tok/s
-// decode) with the same file, threads and lengths, alternating with hetmoe's runs, and prints both with ratios; a
-// llama-bench that fails is reported with its last line.
+// decode) with the same file, threads, lengths and depth, alternating with hetmoe's runs, and prints both with ratios;
+// a llama-bench that fails is reported with its last line.
 TEST_F(Cli, BenchSideBySideWithLlamaBench) {
   const fs::path fake = dir_ / "llama-bench", args = dir_ / "args.txt", json = dir_ / "vs.json";
   std::ofstream(fake) << "#!/bin/sh\necho \"$@\" >> " << args.string() << "\n"
@@ -411,6 +411,16 @@ TEST_F(Cli, BenchSideBySideWithLlamaBench) {
   const nlohmann::json j = nlohmann::json::parse(read_all(json));
   EXPECT_EQ(j["llama_decode_tok_s"], nlohmann::json::array({25.0, 25.0}));
   EXPECT_EQ(j["hetmoe_decode_tok_s"].size(), 2u);
+  EXPECT_EQ(j["depth_tokens"], 0);
+  // --depth: both after that many tokens of context, llama-bench through its -d.
+  fs::remove(args);
+  const Result deep = hetmoe("bench -m " + kModel.string() + " --prompt 8 --gen 4 --depth 6 -t 1 --repeat 1 " +
+                             "--vs-llama-bench " + fake.string() + " --json " + json.string());
+  ASSERT_EQ(deep.status, 0) << deep.err;
+  EXPECT_NE(deep.out.find("at depth 6"), std::string::npos) << deep.out;
+  EXPECT_NE(read_all(args).find("-p 8 -n 4 -d 6 -r 1"), std::string::npos) << read_all(args);
+  EXPECT_EQ(nlohmann::json::parse(read_all(json))["depth_tokens"], 6);
+  expect_error(hetmoe("bench -m " + kModel.string() + " --depth 4 --concurrency 2"), "--depth");
   std::ofstream(fake) << "#!/bin/sh\necho 'error: failed to load model'\nexit 1\n";
   expect_error(hetmoe("bench -m " + kModel.string() + " --vs-llama-bench " + fake.string()), "failed to load model");
   expect_error(hetmoe("bench -m " + kModel.string() + " --vs-llama-bench " + (dir_ / "none").string()), "exit status");
