@@ -135,6 +135,7 @@ void blocked_causal_attention(const AttentionShape& shape, const AttentionInput&
   const int64_t block = std::max<int64_t>(4, kBlockRows / group);  // query tokens per block
   const int64_t n_blocks = (n_tokens + block - 1) / block, units = n_blocks * shape.n_head_kv;
   const int64_t out_stride = static_cast<int64_t>(shape.n_head) * dv;
+  const KernelTable& k = kernels();
   std::atomic<int64_t> next{0};
   pool.parallel_for(pool.size(), 1, [&](int64_t, int64_t) {
     const int64_t max_rows = block * group, max_keys = pos0 + n_tokens;
@@ -156,10 +157,8 @@ void blocked_causal_attention(const AttentionShape& shape, const AttentionInput&
         float* row = p.data() + r * n_keys;
         const int64_t t = t0 + r / group, seen = pos0 + t + 1;
         for (int64_t j = 0; j < seen; ++j) row[j] *= shape.scale;
-        if (shape.sinks)
-          softmax_with_sink(row, seen, shape.sinks[g * group + r % group]);
-        else
-          softmax(row, seen);
+        k.attention_softmax(row, seen,
+                            shape.sinks ? shape.sinks[g * group + r % group] : -std::numeric_limits<float>::infinity());
         std::fill(row + seen, row + n_keys, 0.0f);
       }
       onednn_matmul_f32_kn(in.v + g * dv, dv, n_keys, in.v_stride, p.data(), n_keys, rows, o.data(), dv);
