@@ -3,6 +3,7 @@
 // 576 floats per position; GQA: a group of 4 to 16 heads per key head).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -26,15 +27,17 @@ inline void reduce16x16(const __m512 (&x)[16], float* out) {
   __m512 y[8], z[4], w[2];
   // y[k]: lanes 0-7 the pairs (i, i + 8) of x[2k], lanes 8-15 those of x[2k + 1].
 #pragma GCC unroll 8
-  for (int k = 0; k < 8; ++k)
+  for (int k = 0; k < 8; ++k) {
     y[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0x44),
                          _mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0xEE));
-    // z[m]: 128-bit lane q holds the four pair sums (i, i + 4) of score 4m + q.
+  }
+  // z[m]: 128-bit lane q holds the four pair sums (i, i + 4) of score 4m + q.
 #pragma GCC unroll 4
-  for (int m = 0; m < 4; ++m)
+  for (int m = 0; m < 4; ++m) {
     z[m] = _mm512_add_ps(_mm512_shuffle_f32x4(y[2 * m], y[2 * m + 1], 0x88),
                          _mm512_shuffle_f32x4(y[2 * m], y[2 * m + 1], 0xDD));
-    // w[n]: lane q holds the sums (i, i + 2) of scores 8n + q, then of 8n + 4 + q.
+  }
+  // w[n]: lane q holds the sums (i, i + 2) of scores 8n + q, then of 8n + 4 + q.
 #pragma GCC unroll 2
   for (int n = 0; n < 2; ++n)
     w[n] =
@@ -150,13 +153,9 @@ inline void sum_heads_keys(int64_t n, int64_t j0, int64_t j1, bool first, const 
 void sum_heads_zmm(int64_t n, int n_heads, int64_t n_keys, const float* p, int64_t p_stride, const float* v,
                    int64_t v_stride, float* out, int64_t out_stride) {
   constexpr int64_t kKeyBlock = 16;
-  if (n_keys <= 0) {
-    for (int h = 0; h < n_heads; ++h)
-      for (int64_t i = 0; i < n; ++i) out[h * out_stride + i] = 0.0f;
-    return;
-  }
-  for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyBlock) {
-    const int64_t j1 = n_keys - j0 < kKeyBlock ? n_keys : j0 + kKeyBlock;
+  // No keys: zeros (the first block, empty).
+  for (int64_t j0 = 0; j0 == 0 || j0 < n_keys; j0 += kKeyBlock) {
+    const int64_t j1 = std::min(n_keys, j0 + kKeyBlock);
     int h = 0;
     for (; h + 4 <= n_heads; h += 4)
       sum_heads_keys<4>(n, j0, j1, j0 == 0, p + h * p_stride, p_stride, v, v_stride, out + h * out_stride, out_stride);
