@@ -270,12 +270,12 @@ bool Model::forward_once(std::span<const SequenceBatch> batch, std::vector<float
     sub_block_input(mixed ? &hyper_attn_[l] : nullptr, h.attn_norm);
     const auto t_attn = std::chrono::steady_clock::now();
     attention(p, l, xn, n, branch);
-    if (profile_.enabled) t_attention += seconds_since(t_attn);
+    if (profile_enabled_) t_attention += seconds_since(t_attn);
     sub_block_output(mixed ? &hyper_attn_[l] : nullptr);
     sub_block_input(mixed ? &hyper_ffn_[l] : nullptr, h.ffn_norm);
     const auto t_ffn = std::chrono::steady_clock::now();
     ffn(p, l, xn, n, branch);
-    if (profile_.enabled) (c.is_moe_layer(l) ? t_moe : t_dense) += seconds_since(t_ffn);
+    if (profile_enabled_) (c.is_moe_layer(l) ? t_moe : t_dense) += seconds_since(t_ffn);
     sub_block_output(mixed ? &hyper_ffn_[l] : nullptr);
     if (trace) trace->values(l, "l_out", p.to_host(x, n * S * E), n, S * E);
   }
@@ -326,15 +326,16 @@ bool Model::forward_once(std::span<const SequenceBatch> batch, std::vector<float
     cpu::matmul(kernels_, *pool_, output_, rows, n_out, logits.data(), c.n_vocab);
   d.synchronize(d.record(s));
   finite = finite && cpu::all_finite(logits.data(), n_out * c.n_vocab);
-  if (profile_.enabled) {
+  if (profile_enabled_) {
     const double t_output = seconds_since(t_out), t_total = seconds_since(t_start);
-    profile_.attention += t_attention;
-    profile_.dense_ffn += t_dense;
-    profile_.moe_ffn += t_moe;
-    profile_.output += t_output;
-    profile_.rest += t_total - t_attention - t_dense - t_moe - t_output;  // embedding, norms, residual adds
-    profile_.calls += 1;
-    profile_.tokens += n;
+    Profile& pr = profile_[n > 1 ? 1 : 0];
+    pr.attention += t_attention;
+    pr.dense_ffn += t_dense;
+    pr.moe_ffn += t_moe;
+    pr.output += t_output;
+    pr.rest += t_total - t_attention - t_dense - t_moe - t_output;  // embedding, norms, residual adds
+    pr.calls += 1;
+    pr.tokens += n;
   }
   return finite;
 }

@@ -105,22 +105,26 @@ Model::Model(std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_thr
       kernels_(cpu::kernels()),
       host_(device::make_host_device(*pool_)) {
   const char* profile = std::getenv("HETMOE_PROFILE");
-  profile_.enabled = profile && std::string(profile) != "0";
+  profile_enabled_ = profile && std::string(profile) != "0";
 }
 
 Model::~Model() {
-  const Profile& p = profile_;
-  if (!p.enabled || p.calls == 0) return;
-  const double total = p.attention + p.dense_ffn + p.moe_ffn + p.output + p.rest;
-  auto part = [&](const char* name, double s) {
-    fmt::print(stderr, "  {:<10} {:9.1f} ms  {:5.1f}%\n", name, s * 1e3, 100 * s / std::max(total, 1e-12));
-  };
-  fmt::print(stderr, "hetmoe profile: {} forward calls, {} tokens, {:.1f} ms\n", p.calls, p.tokens, total * 1e3);
-  part("attention", p.attention);
-  part("dense ffn", p.dense_ffn);
-  part("moe ffn", p.moe_ffn);
-  part("output", p.output);
-  part("rest", p.rest);
+  if (!profile_enabled_) return;
+  for (const Profile& p : profile_) {
+    if (p.calls == 0) continue;
+    const double total = p.attention + p.dense_ffn + p.moe_ffn + p.output + p.rest;
+    auto part = [&](const char* name, double s) {
+      fmt::print(stderr, "  {:<10} {:9.1f} ms  {:5.1f}%  {:8.3f} ms a call\n", name, s * 1e3,
+                 100 * s / std::max(total, 1e-12), s * 1e3 / static_cast<double>(p.calls));
+    };
+    fmt::print(stderr, "hetmoe profile, {}: {} forward calls, {} tokens, {:.1f} ms\n",
+               &p == &profile_[0] ? "one-token calls" : "calls of several tokens", p.calls, p.tokens, total * 1e3);
+    part("attention", p.attention);
+    part("dense ffn", p.dense_ffn);
+    part("moe ffn", p.moe_ffn);
+    part("output", p.output);
+    part("rest", p.rest);
+  }
 }
 
 const gguf::TensorInfo* Model::optional_tensor(const std::string& name, std::initializer_list<int64_t> ne,

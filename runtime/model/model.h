@@ -253,13 +253,14 @@ class Model {
   std::unique_ptr<Pass> host_pass_, device_pass_;
   std::unique_ptr<DeviceExperts> device_experts_;
 
-  // HETMOE_PROFILE=1: wall time per part of the forward pass, printed to stderr when the model is destroyed.
+  // HETMOE_PROFILE=1: wall time per part of the forward pass, printed to stderr when the model is destroyed; calls of
+  // one token (decode steps) and of several (prompts, batches) apart, since their costs differ in kind.
   struct Profile {
-    bool enabled = false;
     double attention = 0, dense_ffn = 0, moe_ffn = 0, output = 0, rest = 0;
     int64_t calls = 0, tokens = 0;
   };
-  Profile profile_;
+  bool profile_enabled_ = false;
+  Profile profile_[2];  // [0]: one-token calls, [1]: several tokens
 };
 
 }  // namespace hetmoe::model
