@@ -316,6 +316,18 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
             h[j * n_ff + r + i] = f.hidden(r + i, g[j * kTileRows + i], u[j * kTileRows + i]);
       }
     }
+    if (m == 1 && !f.has_residual()) {
+      // One token (decode): the unit's gate rows in one call, then its up rows (one sequential stream at a time).
+      float g1[kGateRows], u1[kGateRows];
+      for (int64_t c0 = first_rest; c0 < r1; c0 += kGateRows) {
+        const int64_t nr = std::min(kGateRows, r1 - c0);
+        k.dot_many(f.gate.type, f.gate.n_cols, f.gate.row(c0), f.gate.row_bytes, nr, act.data() + p.gate.offset, g1);
+        k.dot_many(f.up.type, f.up.n_cols, f.up.row(c0), f.up.row_bytes, nr, act.data() + p.up.offset, u1);
+        float* h = hidden.data() + p.hidden;
+        for (int64_t r = c0; r < c0 + nr; ++r) h[r] = f.hidden(r, g1[r - c0], u1[r - c0]);
+      }
+      return;
+    }
     float g[kItemChunk], up[kItemChunk];
     for (int64_t c0 = 0; c0 < m; c0 += kItemChunk) {
       const int64_t nc = std::min(kItemChunk, m - c0);
@@ -395,6 +407,20 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
             }
           }
         }
+      }
+      if (m == 1 && !f.has_residual()) {
+        // One token (decode): the expert's rows of this span in calls of kDownRows rows.
+        float y1[kDownRows];
+        const int64_t i = i0;
+        float* dst = &partial[(batch.token[i] * per_token + batch.rank[i]) * span_rows];
+        for (int64_t c0 = first_rest; c0 < r1; c0 += kDownRows) {
+          const int64_t nr = std::min(kDownRows, r1 - c0);
+          k.dot_many(f.down.type, f.down.n_cols, f.down.row(c0), f.down.row_bytes, nr, down_act.data() + p.down.offset,
+                     y1);
+          for (int64_t r = c0; r < c0 + nr; ++r)
+            dst[r - r0] = (f.down_bias ? y1[r - c0] + f.down_bias[r] : y1[r - c0]) * batch.weight[i];
+        }
+        continue;
       }
       for (int64_t c0 = 0; c0 < m; c0 += kItemChunk) {
         const int64_t nc = std::min(kItemChunk, m - c0);

@@ -14,6 +14,11 @@ using VecDotFn = float (*)(int64_t n, const void* weight_row, const void* activa
 // the table's vec_dot of the same row and activation, so batched and token-by-token evaluation agree.
 using VecDotRowsFn = void (*)(int64_t n, const void* weight_row, const uint8_t* act, size_t act_stride, int64_t n_act,
                               float* out);
+// n_rows consecutive weight rows (weight + r * row_bytes) against one activation, into out[r]; out[r] equals, bit for
+// bit, the table's vec_dot of that row. Decode's matrices go through it: one call per block of rows instead of one
+// per row, the kernel's setup and its call done once for the block.
+using VecDotManyFn = void (*)(int64_t n, const uint8_t* weight, size_t row_bytes, int64_t n_rows, const void* act,
+                              float* out);
 // A tile of kTileRows weight rows (weight + r * row_bytes) against n_act activation rows: out[j * ldo + r]. Agrees
 // with vec_dot to float rounding, not bit for bit (the sums run in another order), so callers use it only for
 // batches of at least kTileMinActs activation rows: decode and small batches stay on vec_dot / vec_dot_rows.
@@ -57,6 +62,7 @@ struct KernelTable {
   Isa isa = Isa::kRef;
   std::array<VecDotFn, kKernelSlots> vec_dot{};                          // by kernel_slot(weight type)
   std::array<VecDotRowsFn, kKernelSlots> vec_dot_rows{};                 // by kernel_slot(type); null: vec_dot per row
+  std::array<VecDotManyFn, kKernelSlots> vec_dot_many{};                 // by kernel_slot(type); null: vec_dot per row
   std::array<GemmTileFn, kKernelSlots> gemm_tile{};                      // by kernel_slot(type); null: none
   std::array<QuantizeActivationFn, kKernelSlots> quantize_activation{};  // by kernel_slot(vec_dot_type)
   std::array<QuantizeRowFn, kKernelSlots> quantize_weights{};            // by kernel_slot(type); null: the reference
@@ -73,6 +79,13 @@ struct KernelTable {
     if (const VecDotRowsFn rows = vec_dot_rows[kernel_slot(t)]) return rows(n, weight_row, act, act_stride, n_act, out);
     const VecDotFn dot = dot_for(t);
     for (int64_t j = 0; j < n_act; ++j) out[j] = dot(n, weight_row, act + static_cast<size_t>(j) * act_stride);
+  }
+  // vec_dot_many where the tier has it, else vec_dot row by row.
+  void dot_many(quant::GgmlType t, int64_t n, const uint8_t* weight, size_t row_bytes, int64_t n_rows, const void* act,
+                float* out) const {
+    if (const VecDotManyFn many = vec_dot_many[kernel_slot(t)]) return many(n, weight, row_bytes, n_rows, act, out);
+    const VecDotFn dot = dot_for(t);
+    for (int64_t r = 0; r < n_rows; ++r) out[r] = dot(n, weight + static_cast<size_t>(r) * row_bytes, act);
   }
   GemmTileFn tile_for(quant::GgmlType t) const { return gemm_tile[kernel_slot(t)]; }
   // n floats to `type`'s blocks (quant::quantize_row's bytes), with the tier's quantizer where it has one.

@@ -39,10 +39,11 @@ bool uses_onednn(const KernelTable& k, const WeightMatrix& w, int64_t n_tokens) 
 constexpr int64_t kTokenChunk = 16;
 
 // Runs rows [0, n_rows) over the pool in blocks of kTileRows: a full block goes to tile_fn(first row) when `tiles`,
-// any other row to row_fn(row). Block boundaries are fixed multiples of kTileRows, so which rows take the tile path
-// depends on the matrix alone, never on how the threads split it: results do not change with the thread count.
-template <typename TileFn, typename RowFn>
-void for_row_blocks(ThreadPool& pool, int64_t n_rows, bool tiles, TileFn&& tile_fn, RowFn&& row_fn) {
+// any other block to rows_fn(first row, end row). Block boundaries are fixed multiples of kTileRows, so which rows
+// take the tile path depends on the matrix alone, never on how the threads split it: results do not change with the
+// thread count.
+template <typename TileFn, typename RowsFn>
+void for_row_blocks(ThreadPool& pool, int64_t n_rows, bool tiles, TileFn&& tile_fn, RowsFn&& rows_fn) {
   const int64_t blocks = (n_rows + kTileRows - 1) / kTileRows;
   pool.parallel_for_balanced(blocks, 2, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
@@ -50,7 +51,7 @@ void for_row_blocks(ThreadPool& pool, int64_t n_rows, bool tiles, TileFn&& tile_
       if (tiles && r1 - r0 == kTileRows) {
         tile_fn(r0);
       } else {
-        for (int64_t r = r0; r < r1; ++r) row_fn(r);
+        rows_fn(r0, r1);
       }
     }
   });
@@ -85,7 +86,6 @@ void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w,
   // a division per row costs as much as the dot of a short row (attn_k_b: rows of 128 values).
   const GemmTileFn tile = n_tokens >= kTileMinActs ? k.tile_for(w.type) : nullptr;
   const int64_t units_per_head = (rows + kTileRows - 1) / kTileRows;
-  const VecDotFn dot = k.dot_for(w.type);
   pool.parallel_for_balanced(heads * units_per_head, 2, [&](int64_t u0, int64_t u1) {
     float out[kTokenChunk];
     for (int64_t u = u0; u < u1; ++u) {
@@ -98,8 +98,8 @@ void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w,
              layout.y_token_stride);
         continue;
       }
-      if (n_tokens == 1) {  // decode: one dot per row, without dot_rows' chunking (short rows feel it)
-        for (int64_t r = r0; r < r1; ++r) head_y[r] = dot(cols, w.row(h * rows + r), head_act);
+      if (n_tokens == 1) {  // decode: the unit's rows in one call, without dot_rows' chunking (short rows feel it)
+        k.dot_many(w.type, cols, w.row(h * rows + r0), w.row_bytes, r1 - r0, head_act, head_y + r0);
         continue;
       }
       for (int64_t r = r0; r < r1; ++r)
@@ -148,14 +148,22 @@ void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& g
           for (int64_t i = 0; i < kTileRows; ++i)
             out[t * n_rows + r + i] = silu_times(g[t * kTileRows + i], u[t * kTileRows + i]);
       },
-      [&](int64_t r) {
-        float g[kTokenChunk], u[kTokenChunk];
-        for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
-          const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
-          k.dot_rows(gate.type, gate.n_cols, gate.row(r), gate_act + t0 * gate_row, gate_row, nt, g);
-          k.dot_rows(up.type, up.n_cols, up.row(r), up_act + t0 * up_row, up_row, nt, u);
-          for (int64_t t = 0; t < nt; ++t) out[(t0 + t) * n_rows + r] = silu_times(g[t], u[t]);
+      [&](int64_t r0, int64_t r1) {
+        if (n_tokens == 1) {  // decode: the block's gate rows in one call, then its up rows
+          float g[kTileRows], u[kTileRows];
+          k.dot_many(gate.type, gate.n_cols, gate.row(r0), gate.row_bytes, r1 - r0, gate_act, g);
+          k.dot_many(up.type, up.n_cols, up.row(r0), up.row_bytes, r1 - r0, up_act, u);
+          for (int64_t r = r0; r < r1; ++r) out[r] = silu_times(g[r - r0], u[r - r0]);
+          return;
         }
+        float g[kTokenChunk], u[kTokenChunk];
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
+            const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
+            k.dot_rows(gate.type, gate.n_cols, gate.row(r), gate_act + t0 * gate_row, gate_row, nt, g);
+            k.dot_rows(up.type, up.n_cols, up.row(r), up_act + t0 * up_row, up_row, nt, u);
+            for (int64_t t = 0; t < nt; ++t) out[(t0 + t) * n_rows + r] = silu_times(g[t], u[t]);
+          }
       });
 }
 
@@ -186,13 +194,15 @@ void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const
   for_row_blocks(
       pool, w.n_rows, tile != nullptr,
       [&](int64_t r) { tile(w.n_cols, w.row(r), w.row_bytes, act, act_row, n_tokens, y + r, ldy); },
-      [&](int64_t r) {
+      [&](int64_t r0, int64_t r1) {
+        if (n_tokens == 1) return k.dot_many(w.type, w.n_cols, w.row(r0), w.row_bytes, r1 - r0, act, y + r0);
         float out[kTokenChunk];
-        for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
-          const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
-          k.dot_rows(w.type, w.n_cols, w.row(r), act + t0 * act_row, act_row, nt, out);
-          for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * ldy + r] = out[t];
-        }
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
+            const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
+            k.dot_rows(w.type, w.n_cols, w.row(r), act + t0 * act_row, act_row, nt, out);
+            for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * ldy + r] = out[t];
+          }
       });
 }
 

@@ -757,10 +757,13 @@ void install(KernelTable& table) {
   using quant::GgmlType;
   table.vec_dot[kernel_slot(GgmlType::Q4_K)] = &dot_one<Q4KZmm>;
   table.vec_dot_rows[kernel_slot(GgmlType::Q4_K)] = &dot_rows<Q4KZmm>;
+  table.vec_dot_many[kernel_slot(GgmlType::Q4_K)] = &dot_many<Q4KZmm>;
   table.vec_dot[kernel_slot(GgmlType::Q5_0)] = &dot_one<Q5PairZmm>;
   table.vec_dot_rows[kernel_slot(GgmlType::Q5_0)] = &dot_rows<Q5PairZmm>;
+  table.vec_dot_many[kernel_slot(GgmlType::Q5_0)] = &dot_many<Q5PairZmm>;
   table.vec_dot[kernel_slot(GgmlType::Q6_K)] = &dot_one<Q6KZmm>;
   table.vec_dot_rows[kernel_slot(GgmlType::Q6_K)] = &dot_rows<Q6KZmm>;
+  table.vec_dot_many[kernel_slot(GgmlType::Q6_K)] = &dot_many<Q6KZmm>;
   table.gemm_tile[kernel_slot(GgmlType::Q4_K)] = &gemm_tile<Q4KTile>;
   table.gemm_tile[kernel_slot(GgmlType::Q8_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ8_0, Q8Biased>>;
   table.gemm_tile[kernel_slot(GgmlType::Q5_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ5_0, Q5Biased>>;

@@ -188,6 +188,44 @@ TEST(Kernels, MultiRowDotEqualsSingleDotsBitForBit) {
   }
 }
 
+// Consecutive weight rows against one activation (decode's matrices) must give exactly the single dot of each row,
+// on every tier, whatever the number of rows and the stride between them, for rows that end inside the kernels'
+// groups of blocks (3 blocks) and past them (9 blocks).
+TEST(Kernels, ManyRowDotEqualsSingleDotsBitForBit) {
+  for (Isa isa : tiers_present()) {
+    const KernelTable table = make_kernel_table(isa);
+    for (GgmlType type : kWeightTypes) {
+      const int64_t block = quant::type_info(type).block_size;
+      for (int64_t blocks : {3, 9}) {
+        const int64_t n = block == 1 ? 97 * blocks / 3 : block * blocks;
+        const size_t row_bytes = quant::row_bytes(type, n) + 8;  // rows need not be packed
+        constexpr int64_t kRows = 37;
+        std::vector<uint8_t> wq(row_bytes * kRows);
+        for (int64_t r = 0; r < kRows; ++r) {
+          const std::vector<float> w = random_floats(n, 300 + r, 0.05f);
+          quant::quantize_row(type, w.data(), wq.data() + r * row_bytes, n);
+        }
+        const GgmlType act_type = quant::type_info(type).vec_dot_type;
+        const std::vector<float> a = random_floats(n, 77);
+        std::vector<uint8_t> act(quant::activation_row_bytes(type, n));
+        if (act_type == GgmlType::F32)
+          std::memcpy(act.data(), a.data(), n * sizeof(float));
+        else
+          quant::quantize_activation(act_type, a.data(), act.data(), n);
+        for (int64_t n_rows : {1, 2, 16, 37}) {
+          std::vector<float> got(n_rows + 1, -1.0f);
+          table.dot_many(type, n, wq.data(), row_bytes, n_rows, act.data(), got.data());
+          for (int64_t r = 0; r < n_rows; ++r)
+            ASSERT_EQ(got[r], table.dot_for(type)(n, wq.data() + r * row_bytes, act.data()))
+                << isa_name(isa) << " " << quant::type_info(type).name << " n " << n << " rows " << n_rows << " r "
+                << r;
+          EXPECT_EQ(got[n_rows], -1.0f) << "nothing written past the rows";
+        }
+      }
+    }
+  }
+}
+
 // Tiles of 8 weight rows against many activation rows (prefill): each output within rounding of the reference dot,
 // for activation counts around the tile kernels' inner chunk of 32 and rows 3 super-blocks long.
 TEST(Kernels, GemmTilesMatchTheReferenceDot) {
