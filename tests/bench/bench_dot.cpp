@@ -106,6 +106,40 @@ void bm_stream(benchmark::State& state, Isa isa, GgmlType type, int threads) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(rb * rows));
 }
 
+// MLA's attn_k_b in a decode step through matmul_heads: V2-Lite's shape (16 heads of 512 rows x 128 values, Q5_0,
+// 720 kB a layer), one layer of 64 after another (46 MB, beyond the caches), two threads. Rows of 128 values are
+// short: what a row costs besides its bytes shows here. GB/s of weights.
+void bm_heads(benchmark::State& state, Isa isa) {
+  if (isa > hetmoe::cpu::detect_isa()) {
+    state.SkipWithError("tier not supported by this CPU");
+    return;
+  }
+  const hetmoe::cpu::KernelTable table = hetmoe::cpu::make_kernel_table(isa);
+  constexpr int64_t kHeads = 16, kRows = 512, kCols = 128, kLayers = 64;
+  const size_t rb = hetmoe::quant::row_bytes(GgmlType::Q5_0, kCols);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> w(kCols), x(kHeads * kCols), y(kHeads * kRows);
+  for (float& v : x) v = dist(rng);
+  std::vector<uint8_t> wq(rb * kHeads * kRows * kLayers);
+  for (int64_t r = 0; r < kHeads * kRows * kLayers; ++r) {
+    if (r < 4096)
+      for (float& v : w) v = dist(rng);
+    hetmoe::quant::quantize_row(GgmlType::Q5_0, w.data(), wq.data() + r * rb, kCols);
+  }
+  hetmoe::cpu::ThreadPool pool(2);
+  const hetmoe::cpu::HeadsLayout layout{kHeads, kHeads * kCols, kCols, kHeads * kRows, kRows};
+  int64_t layer = 0;
+  for (auto _ : state) {
+    const hetmoe::cpu::WeightMatrix m{GgmlType::Q5_0, kCols, kHeads * kRows, rb,
+                                      wq.data() + static_cast<size_t>(layer) * rb * kHeads * kRows};
+    hetmoe::cpu::matmul_heads(table, pool, m, layout, x.data(), 1, y.data());
+    benchmark::DoNotOptimize(y.data());
+    layer = (layer + 1) % kLayers;
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(rb * kHeads * kRows));
+}
+
 // One MoE layer's experts for a decode step of n_tokens sequences through run_experts: V2-Lite shapes (gate/up Q4_K
 // [1408, 2048], down Q5_0 [2048, 1408]), each token routed to 6 of 64 experts (333 MB, far beyond the caches), drawn
 // afresh every call, the weights in 2 MB pages as a model file's are. GB/s of the distinct experts' weights read:
@@ -246,6 +280,10 @@ void register_all() {
                                     std::string(hetmoe::quant::type_info(act).name))
                                        .c_str(),
                                    [isa, act, weight](benchmark::State& s) { bm_convert(s, isa, act, weight); });
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
+    benchmark::RegisterBenchmark(("heads/" + std::string(hetmoe::cpu::isa_name(isa)) + "/kb").c_str(),
+                                 [isa](benchmark::State& s) { bm_heads(s, isa); })
+        ->UseRealTime();
   for (int threads : {1, 2})
     for (int64_t tokens : {1, 8, 128})
       for (bool shared : {false, true})
