@@ -148,23 +148,70 @@ struct Q4KZmm {
 // against 17.8-18.0 GB/s for the 256-bit kernel with eight-block totals; streamed from DRAM 18.2-19.2 against
 // 15.6-16.6 (one thread) and 36.2-36.4 against 30.9-31.2 (two).
 struct Q5PairZmm {
+  // The unsigned values (0..31) of blocks b and b + 1: 32 of each, in order.
+  static __m512i pair_values(const quant::BlockQ5_0* x, int64_t b) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
+    const __m512i shifts = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+    __m512i q = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].qs)));
+    q = _mm512_mask_broadcast_i32x4(q, 0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b + 1].qs)));
+    const __m512i low = _mm512_and_si512(_mm512_srlv_epi64(q, shifts), low4);
+    uint32_t h0, h1;
+    std::memcpy(&h0, x[b].qh, 4);
+    std::memcpy(&h1, x[b + 1].qh, 4);
+    return _mm512_mask_add_epi8(low, _cvtu64_mask64(uint64_t{h1} << 32 | h0), low, sixteen);
+  }
+
+  // Rows of fewer than eight blocks (MLA's attn_k_b: 128 values) against one activation, each row the instruction
+  // sequence of cols<1> but with the activation's side done once for all rows: its pairs of blocks, their 16x sums
+  // (the offset) and scales. Longer rows go through cols<1> row by row.
+  static void many(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
+    const int64_t n_blocks = n / 32;
+    const auto* y = static_cast<const quant::BlockQ8_0*>(act);
+    if (n_blocks >= 8) {
+      for (int64_t r = 0; r < n_rows; ++r)
+        cols<1>(n, w + static_cast<size_t>(r) * row_bytes, static_cast<const uint8_t*>(act), 0, out + r);
+      return;
+    }
+    const __m512i sixteen = _mm512_set1_epi8(16);
+    const int64_t n_pairs = n_blocks / 2;
+    __m512i a[3], offset[3];
+    float yd[7];
+    for (int64_t b = 0; b < n_blocks; ++b) yd[b] = fp16_to_fp32(y[b].d);
+    for (int64_t p = 0; p < n_pairs; ++p) {
+      a[p] = _mm512_inserti64x4(_mm512_castsi256_si512(load256(y[2 * p].qs)), load256(y[2 * p + 1].qs), 1);
+      offset[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), sixteen, a[p]);
+    }
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const auto* x = reinterpret_cast<const quant::BlockQ5_0*>(w + static_cast<size_t>(r) * row_bytes);
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t p = 0; p < n_pairs; ++p) {
+        const __m512i sums =
+            _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), pair_values(x, 2 * p), a[p]), offset[p]);
+        const float xd0 = fp16_to_fp32(x[2 * p].d), xd1 = fp16_to_fp32(x[2 * p + 1].d);
+        const __m512 scale =
+            _mm512_insertf32x8(_mm512_set1_ps(xd0 * yd[2 * p]), _mm256_set1_ps(xd1 * yd[2 * p + 1]), 1);
+        acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sums), acc);
+      }
+      float tail = 0.0f;
+      if (2 * n_pairs < n_blocks) {
+        const int64_t i = 2 * n_pairs;
+        const auto q = block_weights<Q5Values>(x[i]);
+        tail = fp16_to_fp32(x[i].d) * yd[i] * static_cast<float>(hsum_epi32(q.dot(load256(y[i].qs))));
+      }
+      out[r] = _mm512_reduce_add_ps(acc) + tail;
+    }
+  }
+
   template <int N>
   static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
     const auto* x = static_cast<const quant::BlockQ5_0*>(w);
     const ActRows<quant::BlockQ8_0, N> y(act, stride);
-    const __m512i low4 = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
-    const __m512i shifts = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+    const __m512i sixteen = _mm512_set1_epi8(16);
     __m512 acc[N];
     for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
     // Blocks b and b + 1 against activation row j: 16 int32 lanes, 8 per block.
     auto pair = [&](int64_t b, __m512i(&sums)[N]) {
-      __m512i q = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].qs)));
-      q = _mm512_mask_broadcast_i32x4(q, 0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b + 1].qs)));
-      const __m512i low = _mm512_and_si512(_mm512_srlv_epi64(q, shifts), low4);
-      uint32_t h0, h1;
-      std::memcpy(&h0, x[b].qh, 4);
-      std::memcpy(&h1, x[b + 1].qh, 4);
-      const __m512i u = _mm512_mask_add_epi8(low, _cvtu64_mask64(uint64_t{h1} << 32 | h0), low, sixteen);
+      const __m512i u = pair_values(x, b);
       for (int j = 0; j < N; ++j) {
         const __m512i a = _mm512_inserti64x4(_mm512_castsi256_si512(load256(y[j][b].qs)), load256(y[j][b + 1].qs), 1);
         sums[j] = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, a),
@@ -760,7 +807,7 @@ void install(KernelTable& table) {
   table.vec_dot_many[kernel_slot(GgmlType::Q4_K)] = &dot_many<Q4KZmm>;
   table.vec_dot[kernel_slot(GgmlType::Q5_0)] = &dot_one<Q5PairZmm>;
   table.vec_dot_rows[kernel_slot(GgmlType::Q5_0)] = &dot_rows<Q5PairZmm>;
-  table.vec_dot_many[kernel_slot(GgmlType::Q5_0)] = &dot_many<Q5PairZmm>;
+  table.vec_dot_many[kernel_slot(GgmlType::Q5_0)] = &Q5PairZmm::many;
   table.vec_dot[kernel_slot(GgmlType::Q6_K)] = &dot_one<Q6KZmm>;
   table.vec_dot_rows[kernel_slot(GgmlType::Q6_K)] = &dot_rows<Q6KZmm>;
   table.vec_dot_many[kernel_slot(GgmlType::Q6_K)] = &dot_many<Q6KZmm>;

@@ -190,13 +190,13 @@ TEST(Kernels, MultiRowDotEqualsSingleDotsBitForBit) {
 
 // Consecutive weight rows against one activation (decode's matrices) must give exactly the single dot of each row,
 // on every tier, whatever the number of rows and the stride between them, for rows that end inside the kernels'
-// groups of blocks (3 blocks) and past them (9 blocks).
+// groups of blocks (3 and 4 blocks: attn_k_b has 4) and past them (9 blocks).
 TEST(Kernels, ManyRowDotEqualsSingleDotsBitForBit) {
   for (Isa isa : tiers_present()) {
     const KernelTable table = make_kernel_table(isa);
     for (GgmlType type : kWeightTypes) {
       const int64_t block = quant::type_info(type).block_size;
-      for (int64_t blocks : {3, 9}) {
+      for (int64_t blocks : {3, 4, 9}) {
         const int64_t n = block == 1 ? 97 * blocks / 3 : block * blocks;
         const size_t row_bytes = quant::row_bytes(type, n) + 8;  // rows need not be packed
         constexpr int64_t kRows = 37;
