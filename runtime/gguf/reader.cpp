@@ -262,6 +262,7 @@ HugePages GgufFile::settle_huge_pages(size_t min_bytes) {
     total.sampled_bytes += h.sampled_bytes;
     total.huge_before += h.huge_before;
     total.huge_after += h.huge_after;
+    total.sampled_after += h.sampled_after;
     total.dropped = total.dropped || h.dropped;
   }
   return total;

@@ -70,8 +70,9 @@ void Model::map_huge_pages() {
   if (env && std::string(env) == "0") return;
   // Files below 64 MB gain little and are left as they are.
   const gguf::HugePages h = file_->settle_huge_pages(size_t{64} << 20);
-  // Said when it took: pages still being written back (a file just written) stay cached, and the next load tries again.
-  if (h.dropped && h.huge_after > h.huge_before)
+  // Said when it took (the chunks read again map in 2 MB pages): pages still being written back (a file just written)
+  // stay cached, and the next load tries again.
+  if (h.dropped && h.sampled_after > 0 && h.huge_after * 16 >= h.sampled_after * 15)
     fmt::print(stderr,
                "hetmoe: {} was cached in pages smaller than 2 MB; dropped it from the page cache so that it maps in "
                "2 MB pages (read again from disk, this once; HETMOE_HUGE_PAGES=0 keeps the cache as it is)\n",

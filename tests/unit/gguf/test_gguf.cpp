@@ -1045,16 +1045,20 @@ TEST(GgufShards, BadSetsAreOneLineErrorsNamingTheShard) {
   EXPECT_EQ(error_of(dir.file("c-00002-of-00002.gguf")).find('\n'), std::string::npos);
 }
 
+// A file of `bytes` at `path`, mapped.
+MappedFile written_and_mapped(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  return MappedFile::open(path);
+}
+
 // The mapping starts on a 2 MB boundary (so 2 MB folios of the page cache can map whole), and settling it into huge
 // pages (where the kernel has them: the advice, a look, maybe the cache dropped and read again) leaves every byte as
 // the file has it.
 TEST(MappedFile, AlignedAndUnchangedBySettlingIntoHugePages) {
   TempDir dir;
-  const std::string path = dir.file("big.bin");
   const std::vector<uint8_t> bytes = pattern(size_t{9} << 20, 7);  // 4.5 chunks of 2 MB
-  std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  MappedFile file = MappedFile::open(path);
+  MappedFile file = written_and_mapped(dir.file("big.bin"), bytes);
   ASSERT_EQ(file.bytes().size(), bytes.size());
   EXPECT_EQ(reinterpret_cast<uintptr_t>(file.bytes().data()) % (size_t{2} << 20), 0u);
   // Below its size limit nothing is done.
@@ -1069,6 +1073,26 @@ TEST(MappedFile, AlignedAndUnchangedBySettlingIntoHugePages) {
   }
   EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), file.bytes().begin()));
   EXPECT_LE(file.huge_mapped_bytes(), bytes.size());
+}
+
+// Settling looks at every 2 MB chunk the page cache holds, not at a sample: a file just written is cached whole, so
+// all of its 40 chunks are touched (a sample of 32 missed a cache two thirds of which another reader had filled in
+// small pages).
+TEST(MappedFile, SettlingLooksAtEveryCachedChunk) {
+  TempDir dir;
+  const std::vector<uint8_t> bytes = pattern(size_t{80} << 20, 11);  // 40 chunks of 2 MB
+  MappedFile file = written_and_mapped(dir.file("cached.bin"), bytes);
+  const HugePages h = file.settle_huge_pages(0);
+  if (h.available) {
+    EXPECT_EQ(h.sampled_bytes, bytes.size());
+    EXPECT_LE(h.huge_before, h.sampled_bytes);
+    if (h.dropped) {
+      EXPECT_GE(h.sampled_after, size_t{64} << 20);  // at least the 32 spread chunks, read again
+    } else {
+      EXPECT_EQ(h.sampled_after, h.sampled_bytes);
+    }
+  }
+  EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), file.bytes().begin()));
 }
 
 }  // namespace
