@@ -167,11 +167,7 @@ struct Q5PairZmm {
   static void many(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
     const int64_t n_blocks = n / 32;
     const auto* y = static_cast<const quant::BlockQ8_0*>(act);
-    if (n_blocks >= 8) {
-      for (int64_t r = 0; r < n_rows; ++r)
-        cols<1>(n, w + static_cast<size_t>(r) * row_bytes, static_cast<const uint8_t*>(act), 0, out + r);
-      return;
-    }
+    if (n_blocks >= 8) return dot_many<Q5PairZmm>(n, w, row_bytes, n_rows, act, out);
     const __m512i sixteen = _mm512_set1_epi8(16);
     const int64_t n_pairs = n_blocks / 2;
     __m512i a[3], offset[3];

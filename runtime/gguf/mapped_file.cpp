@@ -38,11 +38,11 @@ uintptr_t page_size() {
 // One read of the first byte of each whole 2 MB chunk that the page cache holds already (its first page; mincore
 // tells without reading), and of up to 32 chunks spread over the mapping: faults them in, so that FilePmdMapped
 // then says how much of what is cached maps in 2 MB pages. Every cached chunk, not a sample of them: a cache
-// filled partly through this mapping (2 MB folios) and partly by another reader (llama.cpp, a copy: smaller folios)
-// looked fine to a fixed sample that the earlier loads had filled themselves, while two thirds of the file mapped in
+// filled partly through this mapping (2 MB folios) and partly by the writes that made the file (small folios)
+// looked fine to a fixed sample that earlier loads had read again themselves, while two thirds of the file mapped in
 // 4 kB pages. Chunks not cached are not read (a 400 GB file is not read at load), besides the spread ones. Returns
 // the bytes of the chunks touched.
-size_t touch_sample(const uint8_t* data, size_t size) {
+size_t touch_cached_chunks(const uint8_t* data, size_t size) {
   const size_t chunks = size / kHugePage, spread = std::min<size_t>(32, chunks);
   const size_t pages_per_chunk = kHugePage / page_size();
   constexpr size_t kBatch = 512;  // chunks per mincore call: 1 GB, a vector of 256 kB with 4 kB pages
@@ -137,7 +137,7 @@ HugePages MappedFile::settle_huge_pages(size_t min_bytes) {
   if (!data_ || size_ < std::max(min_bytes, 2 * kHugePage) || !huge_pages_enabled()) return h;
   if (::madvise(const_cast<uint8_t*>(data_), size_, MADV_HUGEPAGE) != 0) return h;
   h.available = true;
-  h.sampled_bytes = h.sampled_after = touch_sample(data_, size_);
+  h.sampled_bytes = h.sampled_after = touch_cached_chunks(data_, size_);
   h.huge_before = h.huge_after = huge_mapped_bytes();
   if (h.huge_before * 16 >= h.sampled_bytes * 15) return h;
   // Chunks map as smaller pages: the cache holds (part of) the file in small folios, or the file system cannot hold
@@ -165,7 +165,7 @@ HugePages MappedFile::settle_huge_pages(size_t min_bytes) {
     return h;
   }
   h.dropped = true;
-  h.sampled_after = touch_sample(data_, size_);
+  h.sampled_after = touch_cached_chunks(data_, size_);
   h.huge_after = huge_mapped_bytes();
   return h;
 }

@@ -1076,8 +1076,8 @@ TEST(MappedFile, AlignedAndUnchangedBySettlingIntoHugePages) {
 }
 
 // Settling looks at every 2 MB chunk the page cache holds, not at a sample: a file just written is cached whole, so
-// all of its 40 chunks are touched (a sample of 32 missed a cache two thirds of which another reader had filled in
-// small pages).
+// all of its 40 chunks are touched (a sample of 32 fixed chunks missed a cache two thirds of which still held the
+// file's writes in small pages).
 TEST(MappedFile, SettlingLooksAtEveryCachedChunk) {
   TempDir dir;
   const std::vector<uint8_t> bytes = pattern(size_t{80} << 20, 11);  // 40 chunks of 2 MB
