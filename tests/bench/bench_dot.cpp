@@ -33,7 +33,8 @@ std::optional<hetmoe::cpu::KernelTable> table_for(benchmark::State& state, Isa i
 }
 
 // n_act activation rows per weight row through dot_rows, or per 8-row tile through gemm_tile (the prefill paths);
-// GB/s counts each weight byte once per activation row, so it compares with bm_dot directly.
+// GB/s counts each weight byte once per activation row, so it compares with bm_dot directly. n_act 0: all rows
+// against one activation through dot_many (the decode path).
 // `rows` 64: the weights stay in L2 (the compute ceiling); 65536 (150 MB at 4.5 bits): they stream from DRAM, as an
 // expert's rows do in prefill.
 void bm_dot(benchmark::State& state, Isa isa, GgmlType type, int64_t n_act, bool use_tiles = false, int64_t rows = 64) {
@@ -49,7 +50,7 @@ void bm_dot(benchmark::State& state, Isa isa, GgmlType type, int64_t n_act, bool
   const size_t rb = hetmoe::quant::row_bytes(type, kCols);
   const size_t ab = hetmoe::quant::activation_row_bytes(type, kCols);
   // 64-byte aligned rows, as in a GGUF file whose row size is a multiple of the alignment.
-  std::vector<uint8_t> wq_storage(rb * rows + 64), act_storage(ab * n_act + 64);
+  std::vector<uint8_t> wq_storage(rb * rows + 64), act_storage(ab * std::max<int64_t>(1, n_act) + 64);
   uint8_t* wq = wq_storage.data() + (64 - reinterpret_cast<uintptr_t>(wq_storage.data()) % 64) % 64;
   uint8_t* act = act_storage.data() + (64 - reinterpret_cast<uintptr_t>(act_storage.data()) % 64) % 64;
   // 64 rows quantized, repeated (the values do not matter for the speed).
@@ -58,16 +59,18 @@ void bm_dot(benchmark::State& state, Isa isa, GgmlType type, int64_t n_act, bool
       hetmoe::quant::quantize_row(type, &w[r * kCols], wq + r * rb, kCols);
     else
       std::copy(wq + (r % 64) * rb, wq + (r % 64 + 1) * rb, wq + r * rb);
-  for (int64_t j = 0; j < n_act; ++j)
+  for (int64_t j = 0; j < std::max<int64_t>(1, n_act); ++j)
     hetmoe::quant::quantize_activation(hetmoe::quant::type_info(type).vec_dot_type, x.data(), act + j * ab, kCols);
-  std::vector<float> out(n_act * hetmoe::cpu::kTileRows);
+  std::vector<float> out(std::max(rows, n_act * hetmoe::cpu::kTileRows));
   const hetmoe::cpu::GemmTileFn tile = use_tiles ? table.tile_for(type) : nullptr;
   if (use_tiles && !tile) {
     state.SkipWithError("no tile kernel for this format in this tier");
     return;
   }
   for (auto _ : state) {
-    if (tile) {
+    if (n_act == 0) {
+      table.dot_many(type, kCols, wq, rb, rows, act, out.data());
+    } else if (tile) {
       for (int64_t r = 0; r < rows; r += hetmoe::cpu::kTileRows)
         tile(kCols, wq + r * rb, rb, act, ab, n_act, out.data(), hetmoe::cpu::kTileRows);
     } else {
@@ -75,7 +78,7 @@ void bm_dot(benchmark::State& state, Isa isa, GgmlType type, int64_t n_act, bool
     }
     benchmark::DoNotOptimize(out.data());
   }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(rb * rows) * n_act);
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(rb * rows) * std::max<int64_t>(1, n_act));
 }
 
 // One matrix-vector product over a 512 MB matrix (far beyond the last-level cache), so every weight byte comes
@@ -316,6 +319,12 @@ void register_all() {
                                     std::string(hetmoe::quant::type_info(t).name))
                                        .c_str(),
                                    [isa, t](benchmark::State& s) { bm_dot(s, isa, t, 16); });
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q6_K})
+      benchmark::RegisterBenchmark(
+          ("many/" + std::string(hetmoe::cpu::isa_name(isa)) + "/" + std::string(hetmoe::quant::type_info(t).name))
+              .c_str(),
+          [isa, t](benchmark::State& s) { bm_dot(s, isa, t, 0); });
   for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0})
     benchmark::RegisterBenchmark(("rows4/avx512/" + std::string(hetmoe::quant::type_info(t).name)).c_str(),
                                  [t](benchmark::State& s) { bm_dot(s, Isa::kAvx512, t, 4); });

@@ -190,18 +190,21 @@ TEST(Kernels, MultiRowDotEqualsSingleDotsBitForBit) {
 
 // Consecutive weight rows against one activation (decode's matrices) must give exactly the single dot of each row,
 // on every tier, whatever the number of rows and the stride between them, for rows that end inside the kernels'
-// groups of blocks (3 and 4 blocks: attn_k_b has 4) and past them (9 blocks).
+// groups of blocks (3 and 4 blocks: attn_k_b has 4), past them (9 and 11 blocks), and too long for the activation
+// side that a tier prepares once per call on the stack (16640 values; those go row by row).
 TEST(Kernels, ManyRowDotEqualsSingleDotsBitForBit) {
   for (Isa isa : tiers_present()) {
     const KernelTable table = make_kernel_table(isa);
     for (GgmlType type : kWeightTypes) {
       const int64_t block = quant::type_info(type).block_size;
-      for (int64_t blocks : {3, 4, 9}) {
-        const int64_t n = block == 1 ? 97 * blocks / 3 : block * blocks;
+      // 16640 values: longer than the rows whose activation side a tier puts together on the stack.
+      for (int64_t blocks : {int64_t{3}, int64_t{4}, int64_t{9}, int64_t{11}, 16640 / block}) {
+        const bool long_row = blocks * block == 16640;
+        const int64_t n = block == 1 && !long_row ? 97 * blocks / 3 : block * blocks;
         const size_t row_bytes = quant::row_bytes(type, n) + 8;  // rows need not be packed
-        constexpr int64_t kRows = 37;
-        std::vector<uint8_t> wq(row_bytes * kRows);
-        for (int64_t r = 0; r < kRows; ++r) {
+        const int64_t n_quantized = long_row ? 3 : 37;
+        std::vector<uint8_t> wq(row_bytes * n_quantized);
+        for (int64_t r = 0; r < n_quantized; ++r) {
           const std::vector<float> w = random_floats(n, 300 + r, 0.05f);
           quant::quantize_row(type, w.data(), wq.data() + r * row_bytes, n);
         }
@@ -213,6 +216,7 @@ TEST(Kernels, ManyRowDotEqualsSingleDotsBitForBit) {
         else
           quant::quantize_activation(act_type, a.data(), act.data(), n);
         for (int64_t n_rows : {1, 2, 16, 37}) {
+          if (n_rows > n_quantized) continue;
           std::vector<float> got(n_rows + 1, -1.0f);
           table.dot_many(type, n, wq.data(), row_bytes, n_rows, act.data(), got.data());
           for (int64_t r = 0; r < n_rows; ++r)
