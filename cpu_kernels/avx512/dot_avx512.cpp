@@ -94,10 +94,13 @@ struct Q4KZmm {
 
   // The activation rows' side, straight from their Q8_K blocks: the two 64-byte operands of 128-value half c of
   // super-block i (values 0-31 and 64-95 side by side, then 32-63 and 96-127), each put together from two loads.
+  struct Halves {
+    __m512i lo, hi;
+  };
   template <int N>
   struct Blocks {
     ActRows<quant::BlockQ8_K, N> y;
-    std::array<__m512i, 2> halves(int j, int64_t i, int c) const {
+    Halves halves(int j, int64_t i, int c) const {
       const int8_t* a = y[j][i].qs + 128 * c;
       return {_mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(a + 64), 1),
               _mm512_inserti64x4(_mm512_castsi256_si512(load256(a + 32)), load256(a + 96), 1)};
@@ -108,9 +111,7 @@ struct Q4KZmm {
   struct Prepared {
     const quant::BlockQ8_K* y;
     const __m512i* operands;  // 4 per super-block: half 0's two, then half 1's
-    std::array<__m512i, 2> halves(int, int64_t i, int c) const {
-      return {operands[4 * i + 2 * c], operands[4 * i + 2 * c + 1]};
-    }
+    Halves halves(int, int64_t i, int c) const { return {operands[4 * i + 2 * c], operands[4 * i + 2 * c + 1]}; }
     const quant::BlockQ8_K& block(int, int64_t i) const { return y[i]; }
   };
 
@@ -212,7 +213,7 @@ struct Q5PairZmm {
 
   // Rows of fewer than eight blocks (MLA's attn_k_b: 128 values) against one activation, each row the instruction
   // sequence of cols<1> but with the activation's side done once for all rows: its pairs of blocks, their 16x sums
-  // (the offset) and scales. Longer rows go through cols<1> row by row.
+  // (the offset) and scales. Longer rows go through many_long.
   static void many(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
     const int64_t n_blocks = n / 32;
     const auto* y = static_cast<const quant::BlockQ8_0*>(act);

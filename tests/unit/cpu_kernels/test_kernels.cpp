@@ -190,17 +190,20 @@ TEST(Kernels, MultiRowDotEqualsSingleDotsBitForBit) {
 
 // Consecutive weight rows against one activation (decode's matrices) must give exactly the single dot of each row,
 // on every tier, whatever the number of rows and the stride between them, for rows that end inside the kernels'
-// groups of blocks (3 and 4 blocks: attn_k_b has 4), past them (9 and 11 blocks), and too long for the activation
-// side that a tier prepares once per call on the stack (16640 values; those go row by row).
+// groups of blocks (3 and 4 blocks: attn_k_b has 4), past them (9, 11 and 27 blocks: several groups of eight, a
+// pair, an odd block), and at and past the length whose activation side a tier prepares once per call on the stack.
 TEST(Kernels, ManyRowDotEqualsSingleDotsBitForBit) {
   for (Isa isa : tiers_present()) {
     const KernelTable table = make_kernel_table(isa);
     for (GgmlType type : kWeightTypes) {
       const int64_t block = quant::type_info(type).block_size;
-      // 16640 values: longer than the rows whose activation side a tier puts together on the stack.
-      for (int64_t blocks : {int64_t{3}, int64_t{4}, int64_t{9}, int64_t{11}, 16640 / block}) {
-        const bool long_row = blocks * block == 16640;
-        const int64_t n = block == 1 && !long_row ? 97 * blocks / 3 : block * blocks;
+      // Short rows by their blocks; long ones by their values: 8192 and 16384 fill the stack buffers in which a tier
+      // puts the activation's side together (Q5_0: 8192 values, Q4_K and Q8_0: 16384), 16640 overflows them all.
+      std::vector<int64_t> lengths;
+      for (int64_t blocks : {3, 4, 9, 11, 27}) lengths.push_back(block == 1 ? 97 * blocks / 3 : block * blocks);
+      for (int64_t values : {8192, 16384, 16640}) lengths.push_back(values);
+      for (const int64_t n : lengths) {
+        const bool long_row = n >= 8192;
         const size_t row_bytes = quant::row_bytes(type, n) + 8;  // rows need not be packed
         const int64_t n_quantized = long_row ? 3 : 37;
         std::vector<uint8_t> wq(row_bytes * n_quantized);
