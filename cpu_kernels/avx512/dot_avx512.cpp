@@ -211,6 +211,17 @@ struct Q5PairZmm {
     return _mm512_mask_add_epi8(low, _cvtu64_mask64(uint64_t{h1} << 32 | h0), low, sixteen);
   }
 
+  // The activation's blocks b and b + 1 side by side (64 bytes), and 16 x their 4-value sums: the offset that the
+  // unsigned values carry, per int32 lane.
+  static __m512i act_pair(const quant::BlockQ8_0* y, int64_t b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(load256(y[b].qs)), load256(y[b + 1].qs), 1);
+  }
+  static __m512i offset_sums(__m512i a) { return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(16), a); }
+  // A pair's 16 int32 lanes against activation pair a: the values' dots less the offset.
+  static __m512i pair_sums(__m512i u, __m512i a) {
+    return _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, a), offset_sums(a));
+  }
+
   // Rows of fewer than eight blocks (MLA's attn_k_b: 128 values) against one activation, each row the instruction
   // sequence of cols<1> but with the activation's side done once for all rows: its pairs of blocks, their 16x sums
   // (the offset) and scales. Longer rows go through many_long.
@@ -218,14 +229,13 @@ struct Q5PairZmm {
     const int64_t n_blocks = n / 32;
     const auto* y = static_cast<const quant::BlockQ8_0*>(act);
     if (n_blocks >= 8) return many_long(n, w, row_bytes, n_rows, act, out);
-    const __m512i sixteen = _mm512_set1_epi8(16);
     const int64_t n_pairs = n_blocks / 2;
     __m512i a[3], offset[3];
     float yd[7];
     for (int64_t b = 0; b < n_blocks; ++b) yd[b] = fp16_to_fp32(y[b].d);
     for (int64_t p = 0; p < n_pairs; ++p) {
-      a[p] = _mm512_inserti64x4(_mm512_castsi256_si512(load256(y[2 * p].qs)), load256(y[2 * p + 1].qs), 1);
-      offset[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), sixteen, a[p]);
+      a[p] = act_pair(y, 2 * p);
+      offset[p] = offset_sums(a[p]);
     }
     for (int64_t r = 0; r < n_rows; ++r) {
       const auto* x = reinterpret_cast<const quant::BlockQ5_0*>(w + static_cast<size_t>(r) * row_bytes);
@@ -259,14 +269,11 @@ struct Q5PairZmm {
   template <int N>
   static void rest(const quant::BlockQ5_0* x, const ActRows<quant::BlockQ8_0, N>& y, int64_t i, int64_t n_blocks,
                    __m512 (&acc)[N], float (&tail)[N]) {
-    const __m512i sixteen = _mm512_set1_epi8(16);
     for (; i + 2 <= n_blocks; i += 2) {
       const __m512i u = pair_values(x, i);
       const float xd0 = fp16_to_fp32(x[i].d), xd1 = fp16_to_fp32(x[i + 1].d);
       for (int j = 0; j < N; ++j) {
-        const __m512i a = _mm512_inserti64x4(_mm512_castsi256_si512(load256(y[j][i].qs)), load256(y[j][i + 1].qs), 1);
-        const __m512i sums = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, a),
-                                              _mm512_dpbusd_epi32(_mm512_setzero_si512(), sixteen, a));
+        const __m512i sums = pair_sums(u, act_pair(y[j], i));
         const __m512 scale = _mm512_insertf32x8(_mm512_set1_ps(xd0 * fp16_to_fp32(y[j][i].d)),
                                                 _mm256_set1_ps(xd1 * fp16_to_fp32(y[j][i + 1].d)), 1);
         acc[j] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sums), acc[j]);
@@ -287,7 +294,6 @@ struct Q5PairZmm {
   static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
     const auto* x = static_cast<const quant::BlockQ5_0*>(w);
     const ActRows<quant::BlockQ8_0, N> y(act, stride);
-    const __m512i sixteen = _mm512_set1_epi8(16);
     __m512 acc[N];
     for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
     const int64_t n_blocks = n / 32;
@@ -301,9 +307,7 @@ struct Q5PairZmm {
         const int64_t b = i + 2 * p;
         const __m512i u = pair_values(x, b);
         for (int j = 0; j < N; ++j) {
-          const __m512i a = _mm512_inserti64x4(_mm512_castsi256_si512(load256(y[j][b].qs)), load256(y[j][b + 1].qs), 1);
-          const __m512i sums = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, a),
-                                                _mm512_dpbusd_epi32(_mm512_setzero_si512(), sixteen, a));
+          const __m512i sums = pair_sums(u, act_pair(y[j], b));
           acc[j] = _mm512_fmadd_ps(pair_scales(scales8[j], p), _mm512_cvtepi32_ps(sums), acc[j]);
         }
       }
@@ -329,15 +333,13 @@ struct Q5PairZmm {
     if (n_steps > kManyMaxSteps) return dot_many<Q5PairZmm>(n, w, row_bytes, n_rows, act, out);
     __m512i pairs[8 * kManyMaxSteps];
     __m256 scales[kManyMaxSteps];
-    const __m512i sixteen = _mm512_set1_epi8(16);
     for (int64_t s = 0; s < n_steps; ++s) {
       scales[s] = block_scales8(y + 8 * s);
       for (int p = 0; p < 4; ++p) {
         const int64_t b = 8 * s + 2 * p;
-        const __m512i a = _mm512_inserti64x4(_mm512_castsi256_si512(load256(y[b].qs)), load256(y[b + 1].qs), 1);
+        const __m512i a = act_pair(y, b);
         pairs[8 * s + 2 * p] = a;
-        pairs[8 * s + 2 * p + 1] =
-            _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), sixteen, a));
+        pairs[8 * s + 2 * p + 1] = _mm512_sub_epi32(_mm512_setzero_si512(), offset_sums(a));
       }
     }
     const ActRows<quant::BlockQ8_0, 1> y1(static_cast<const uint8_t*>(act), 0);
