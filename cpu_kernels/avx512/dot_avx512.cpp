@@ -230,22 +230,20 @@ struct Q5PairZmm {
     const auto* y = static_cast<const quant::BlockQ8_0*>(act);
     if (n_blocks >= 8) return many_long(n, w, row_bytes, n_rows, act, out);
     const int64_t n_pairs = n_blocks / 2;
-    __m512i a[3], offset[3];
+    __m512i a[3], start[3];
     float yd[7];
     for (int64_t b = 0; b < n_blocks; ++b) yd[b] = fp16_to_fp32(y[b].d);
     for (int64_t p = 0; p < n_pairs; ++p) {
       a[p] = act_pair(y, 2 * p);
-      offset[p] = offset_sums(a[p]);
+      start[p] = _mm512_sub_epi32(_mm512_setzero_si512(), offset_sums(a[p]));  // the negated offset
     }
     for (int64_t r = 0; r < n_rows; ++r) {
       const auto* x = reinterpret_cast<const quant::BlockQ5_0*>(w + static_cast<size_t>(r) * row_bytes);
       __m512 acc = _mm512_setzero_ps();
       for (int64_t p = 0; p < n_pairs; ++p) {
-        const __m512i sums =
-            _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), pair_values(x, 2 * p), a[p]), offset[p]);
+        const __m512i sums = _mm512_dpbusd_epi32(start[p], pair_values(x, 2 * p), a[p]);
         const float xd0 = fp16_to_fp32(x[2 * p].d), xd1 = fp16_to_fp32(x[2 * p + 1].d);
-        const __m512 scale =
-            _mm512_insertf32x8(_mm512_set1_ps(xd0 * yd[2 * p]), _mm256_set1_ps(xd1 * yd[2 * p + 1]), 1);
+        const __m512 scale = rest_scales(xd0, yd[2 * p], xd1, yd[2 * p + 1]);
         acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sums), acc);
       }
       float tail = 0.0f;
@@ -265,6 +263,11 @@ struct Q5PairZmm {
     return _mm512_permutexvar_ps(index, _mm512_castps256_ps512(scales8));
   }
 
+  // A pair's scales outside the steps of eight: lanes 0-7 xd0 x yd0, lanes 8-15 xd1 x yd1.
+  static __m512 rest_scales(float xd0, float yd0, float xd1, float yd1) {
+    return _mm512_insertf32x8(_mm512_set1_ps(xd0 * yd0), _mm256_set1_ps(xd1 * yd1), 1);
+  }
+
   // The pairs of blocks from `i` on that do not make a step of eight, then the last odd block: into acc and tail.
   template <int N>
   static void rest(const quant::BlockQ5_0* x, const ActRows<quant::BlockQ8_0, N>& y, int64_t i, int64_t n_blocks,
@@ -274,11 +277,17 @@ struct Q5PairZmm {
       const float xd0 = fp16_to_fp32(x[i].d), xd1 = fp16_to_fp32(x[i + 1].d);
       for (int j = 0; j < N; ++j) {
         const __m512i sums = pair_sums(u, act_pair(y[j], i));
-        const __m512 scale = _mm512_insertf32x8(_mm512_set1_ps(xd0 * fp16_to_fp32(y[j][i].d)),
-                                                _mm256_set1_ps(xd1 * fp16_to_fp32(y[j][i + 1].d)), 1);
+        const __m512 scale = rest_scales(xd0, fp16_to_fp32(y[j][i].d), xd1, fp16_to_fp32(y[j][i + 1].d));
         acc[j] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sums), acc[j]);
       }
     }
+    odd_block<N>(x, y, i, n_blocks, tail);
+  }
+
+  // Block i alone when it is the row's last (an odd number of blocks), else 0: into tail.
+  template <int N>
+  static void odd_block(const quant::BlockQ5_0* x, const ActRows<quant::BlockQ8_0, N>& y, int64_t i, int64_t n_blocks,
+                        float (&tail)[N]) {
     for (int j = 0; j < N; ++j) tail[j] = 0.0f;
     if (i < n_blocks) {
       const auto q = block_weights<Q5Values>(x[i]);
@@ -322,25 +331,27 @@ struct Q5PairZmm {
   // insert), 16 x its 4-value sums negated as the vpdpbusd's starting value (the integers cols<1> gets from a second
   // vpdpbusd and a subtraction), and each eight blocks' scales as floats. The same integers and float steps as
   // cols<1>, so each row's result is its vec_dot's bit for bit. bench_dot many/avx512/Q5_0 (alternating, one
-  // sitting): 19.6-21.4 -> 24.5-26.5 GB/s.
+  // sitting): 19.6-21.4 -> 24.5-26.5 GB/s. The pairs past the last eight (V2-Lite's expert down rows of 1408 values
+  // end with two) take prepared operands too, not rest<1>'s: rows of 1408 from L2 25.6 -> 29.1 GB/s, from DRAM one
+  // thread 20.8 -> 22.4, two threads 38.6-41.4 -> 43.1-45.0 (harness, alternating).
   static constexpr int64_t kManyMaxSteps = 32;  // rows of up to 8192 values
 
   static void many_long(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
     const auto* y = static_cast<const quant::BlockQ8_0*>(act);
-    const int64_t n_blocks = n / 32, n_steps = n_blocks / 8;
-    // Per pair p: [2p] its 64 activation bytes, [2p + 1] its negated offset sums.
+    const int64_t n_blocks = n / 32, n_steps = n_blocks / 8, n_pairs = n_blocks / 2;
+    // Per pair p: [2p] its 64 activation bytes, [2p + 1] its negated offset sums; the pairs past the last step of
+    // eight too (up to three), with their blocks' scales as floats.
     // On the stack (17 kB at most), as in Q4KZmm::many.
     if (n_steps > kManyMaxSteps) return dot_many<Q5PairZmm>(n, w, row_bytes, n_rows, act, out);
-    __m512i pairs[8 * kManyMaxSteps];
+    __m512i pairs[8 * kManyMaxSteps + 6];
     __m256 scales[kManyMaxSteps];
-    for (int64_t s = 0; s < n_steps; ++s) {
-      scales[s] = block_scales8(y + 8 * s);
-      for (int p = 0; p < 4; ++p) {
-        const int64_t b = 8 * s + 2 * p;
-        const __m512i a = act_pair(y, b);
-        pairs[8 * s + 2 * p] = a;
-        pairs[8 * s + 2 * p + 1] = _mm512_sub_epi32(_mm512_setzero_si512(), offset_sums(a));
-      }
+    float rest_yd[6];
+    for (int64_t s = 0; s < n_steps; ++s) scales[s] = block_scales8(y + 8 * s);
+    for (int64_t b = 8 * n_steps; b < 2 * n_pairs; ++b) rest_yd[b - 8 * n_steps] = fp16_to_fp32(y[b].d);
+    for (int64_t p = 0; p < n_pairs; ++p) {
+      const __m512i a = act_pair(y, 2 * p);
+      pairs[2 * p] = a;
+      pairs[2 * p + 1] = _mm512_sub_epi32(_mm512_setzero_si512(), offset_sums(a));
     }
     const ActRows<quant::BlockQ8_0, 1> y1(static_cast<const uint8_t*>(act), 0);
     for (int64_t r = 0; r < n_rows; ++r) {
@@ -355,8 +366,15 @@ struct Q5PairZmm {
           acc[0] = _mm512_fmadd_ps(pair_scales(scales8, p), _mm512_cvtepi32_ps(sums), acc[0]);
         }
       }
+      // The pairs past the steps as rest<1> takes them (the same integers and float steps), prepared.
+      for (int64_t b = 8 * n_steps; b < 2 * n_pairs; b += 2) {
+        const __m512i sums = _mm512_dpbusd_epi32(pairs[b + 1], pair_values(x, b), pairs[b]);
+        const float* yd = rest_yd + (b - 8 * n_steps);
+        const __m512 scale = rest_scales(fp16_to_fp32(x[b].d), yd[0], fp16_to_fp32(x[b + 1].d), yd[1]);
+        acc[0] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sums), acc[0]);
+      }
       float tail[1];
-      rest<1>(x, y1, 8 * n_steps, n_blocks, acc, tail);
+      odd_block<1>(x, y1, 2 * n_pairs, n_blocks, tail);
       out[r] = _mm512_reduce_add_ps(acc[0]) + tail[0];
     }
   }
