@@ -157,6 +157,53 @@ struct ActLayout {
   size_t offset = 0;
 };
 
+// Where each expert's converted inputs (gate, up), hidden rows and converted hidden rows go.
+struct Plan {
+  ActLayout gate, up, down;
+  ActLayout gate_r, up_r, down_r;  // the residual matrices' inputs, where the expert has them
+  size_t hidden = 0;               // float offset of the expert's [items][n_ff] hidden rows
+  size_t up_products = 0;          // one-token experts: float offset of the up products (n_ff floats)
+};
+
+// Pass 2 for one token whose experts have no residual (decode): each expert's down rows as units of their own,
+// expert after expert, so that a thread streams whole matrices one at a time, each item's weighted rows into a row
+// of their own; the rows are summed in rank order once all are done, as the span path sums them. By blocks of
+// output rows (that path), a thread moved from one expert's rows to the next's every piece it took, a few hundred
+// kB apart.
+void down_one_token(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batch, const uint8_t* down_act,
+                    std::span<const Plan> plan, int64_t n_embd, bool sparse, float* out) {
+  const int64_t n_experts = static_cast<int64_t>(batch.experts.size()), per_token = batch.per_token;
+  NodeUnits units(pool, scratch<Unit, struct DownExpertUnitSite>(n_experts * (n_embd / kDownRows + 66)));
+  for (int64_t node = 0; node < units.n_nodes(); ++node) {
+    units.begin_node(node);
+    for (int64_t e = 0; e < n_experts; ++e) {
+      const WeightMatrix& down = batch.experts[e].down;
+      const auto [begin, end] = units.node_rows(node, n_embd, down.row_bytes);
+      for (int64_t r = begin; r < end; r += kDownRows)
+        units.add({e, r, std::min(end, r + kDownRows), static_cast<double>(std::min(end, r + kDownRows) - r)});
+    }
+  }
+  units.end_nodes();
+  // partial[k * n_embd + r]: the weighted output row of the item in slot k (zeros where a slot has none).
+  std::span<float> partial = scratch<float, struct ExpertOneTokenPartialSite>(per_token * n_embd);
+  if (sparse) std::fill(partial.begin(), partial.end(), 0.0f);
+  units.run(
+      pool, [] {},
+      [&](const Unit& unit) {
+        const ExpertFfn& f = batch.experts[unit.expert];
+        const int64_t i = batch.first[unit.expert];
+        float y[kDownRows];
+        k.dot_many(f.down.type, f.down.n_cols, f.down.row(unit.r0), f.down.row_bytes, unit.r1 - unit.r0,
+                   down_act + plan[unit.expert].down.offset, y);
+        float* dst = &partial[batch.rank[i] * n_embd];
+        for (int64_t r = unit.r0; r < unit.r1; ++r)
+          dst[r] = (f.down_bias ? y[r - unit.r0] + f.down_bias[r] : y[r - unit.r0]) * batch.weight[i];
+      });
+  std::copy_n(partial.data(), n_embd, out);
+  for (int64_t kk = 1; kk < per_token; ++kk)
+    for (int64_t r = 0; r < n_embd; ++r) out[r] += partial[kk * n_embd + r];
+}
+
 }  // namespace
 
 void ExpertBatch::clear(int64_t tokens, int64_t items_per_token) {
@@ -192,13 +239,6 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
   const bool sparse = n_items < n_slots_all;
   if (n_experts == 0) return std::fill(out, out + batch.n_tokens * n_embd, 0.0f);
 
-  // Where each expert's converted inputs (gate, up), hidden rows and converted hidden rows go.
-  struct Plan {
-    ActLayout gate, up, down;
-    ActLayout gate_r, up_r, down_r;  // the residual matrices' inputs, where the expert has them
-    size_t hidden = 0;               // float offset of the expert's [items][n_ff] hidden rows
-    size_t up_products = 0;          // one-token experts: float offset of the up products (n_ff floats)
-  };
   std::span<Plan> plan = scratch<Plan, struct ExpertPlanSite>(n_experts);
   size_t act_bytes = 0, down_bytes = 0, hidden_floats = 0, up_floats = 0;
   int64_t max_units = 0, max_m = 0;
@@ -397,9 +437,14 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
     }
   });
 
+  const int64_t per_token = batch.per_token;
+  bool one_token = batch.n_tokens == 1;
+  for (int64_t e = 0; e < n_experts; ++e)
+    one_token = one_token && one_stream(batch.experts[e], batch.first[e + 1] - batch.first[e]);
+  if (one_token) return down_one_token(k, pool, batch, down_act.data(), plan, n_embd, sparse, out);
+
   // Pass 2: by blocks of output rows, every expert's down rows, then each token's weighted sum in rank order.
   // Output rows go to nodes as the first expert's down rows do (all experts of a layer share a layout).
-  const int64_t per_token = batch.per_token;
   NodeUnits down_units(pool, scratch<Unit, struct DownUnitSite>(n_embd / kDownRows + 66));
   for (int64_t node = 0; node < down_units.n_nodes(); ++node) {
     down_units.begin_node(node);
