@@ -175,6 +175,14 @@ TEST(Experts, BatchedExecutorEqualsPerItemMatmulsAndOrderedSums) {
     run_experts(kernels(), pool, one_item, x.data(), s.n_embd, alone.data());
     EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + s.n_embd), alone);
     EXPECT_EQ(std::vector<float>(out.begin() + s.n_embd, out.end()), std::vector<float>(s.n_embd, 0.0f));
+    // The same for one token alone (decode's expert-by-expert second pass): its empty slots add nothing either.
+    ExpertBatch one_sparse;
+    one_sparse.clear(1, 3);
+    one_sparse.add_expert(ffn(0));
+    one_sparse.add_item(0, 1, 1.0f);
+    std::vector<float> got_sparse(s.n_embd, -1.0f);
+    run_experts(kernels(), pool, one_sparse, x.data(), s.n_embd, got_sparse.data());
+    EXPECT_EQ(got_sparse, alone);
     ExpertBatch empty;  // every expert elsewhere: zeros
     empty.clear(2, 3);
     std::fill(out.begin(), out.end(), -1.0f);
