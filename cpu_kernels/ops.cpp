@@ -17,6 +17,29 @@
 
 namespace hetmoe::cpu {
 
+int64_t first_argmax(const float* x, int64_t n) {
+  // The largest value, in 16 independent lanes (a NaN is never greater, so it never enters).
+  constexpr int64_t kLanes = 16;
+  float lane[kLanes];
+  for (float& v : lane) v = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+  float best = -std::numeric_limits<float>::infinity();
+  for (; i < n; ++i) best = x[i] > best ? x[i] : best;
+  for (const float v : lane) best = v > best ? v : best;
+  if (best == -std::numeric_limits<float>::infinity()) return 0;
+  // Its first place: a block's compares folded into one flag, then the block that has it value by value.
+  for (i = 0; i + kLanes <= n; i += kLanes) {
+    int hit = 0;
+    for (int64_t j = 0; j < kLanes; ++j) hit |= x[i + j] == best ? 1 : 0;
+    if (hit) break;
+  }
+  for (; i < n; ++i)
+    if (x[i] == best) return i;
+  return 0;  // not reached: best is one of the values
+}
+
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i] * x[i]);

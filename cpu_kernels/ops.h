@@ -27,6 +27,10 @@ inline float silu_times(float g, float u) { return (g / (1.0f + std::exp(-g))) *
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 // Whether x[0, n) holds no NaN and no infinity.
 bool all_finite(const float* x, int64_t n);
+// The index of the first largest of x[0, n) with NaN taken as -inf (so 0 when none is above -inf); n > 0. Greedy
+// sampling's pick, in two passes the compiler vectorises: std::max_element over a 102400-logit vocabulary took
+// 0.37 ms here, a few percent of a decode step, with one core while the other waited.
+int64_t first_argmax(const float* x, int64_t n);
 
 // The router's choice for one token, in llama.cpp's order of operations: probabilities from the logits (softmax or
 // sigmoid), selection scores = probabilities + bias, group-limited masking (DeepSeek-V3: a group scores the sum of

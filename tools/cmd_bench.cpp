@@ -17,6 +17,7 @@
 
 #include "cpu_kernels/bandwidth.h"
 #include "cpu_kernels/kernel_table.h"
+#include "cpu_kernels/ops.h"
 #include "runtime/device/device.h"
 #include "runtime/device/energy.h"
 #include "runtime/engine/draft.h"
@@ -123,7 +124,7 @@ Run run_cpu(model::Model& m, const BenchOptions& opt, double bytes_per_token, En
   } else {
     for (int i = 0; i < opt.gen; ++i) {
       if (i % 8 == 0) fmt::print(stderr, "\r  {}: decode {}/{}               ", label, i, opt.gen);
-      const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      const auto next = static_cast<int32_t>(cpu::first_argmax(logits.data(), static_cast<int64_t>(logits.size())));
       const int32_t one[1] = {next};
       logits = session.eval(one);
     }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "cpu_kernels/ops.h"
 #include "runtime/error.h"
 
 namespace hetmoe::engine {
@@ -200,7 +201,7 @@ void MtpDrafter::propose(std::span<const int32_t> history, int32_t next, int max
   state_ = last_state_;
   const auto n_vocab = static_cast<int64_t>(last_logits_.size());
   for (int64_t pos = P;; ++pos) {
-    const auto best = std::max_element(logits->begin(), logits->end()) - logits->begin();
+    const int64_t best = cpu::first_argmax(logits->data(), n_vocab);
     out.push_back(static_cast<int32_t>(std::clamp<int64_t>(best, 0, n_vocab - 1)));
     if (static_cast<int>(out.size()) == max || pos >= cache_.n_ctx()) break;
     next_.assign(1, out.back());

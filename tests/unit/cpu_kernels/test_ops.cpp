@@ -138,6 +138,41 @@ TEST(Ops, DecodeAttentionSplitByKeysEqualsTheHeadSlices) {
   }
 }
 
+TEST(Ops, FirstArgmaxIsTheFirstLargestWithNanAsMinusInfinity) {
+  // The definition: NaN as -inf, the highest value, ties to the lower index.
+  auto reference = [](const std::vector<float>& x) {
+    int64_t best = 0;
+    auto value = [&](int64_t i) { return std::isnan(x[i]) ? -INFINITY : x[i]; };
+    for (int64_t i = 1; i < static_cast<int64_t>(x.size()); ++i)
+      if (value(i) > value(best)) best = i;
+    return best;
+  };
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int64_t n : {1, 2, 15, 16, 17, 31, 33, 1000, 102403}) {
+    std::vector<float> x(n);
+    for (float& v : x) v = normal(rng);
+    EXPECT_EQ(first_argmax(x.data(), n), reference(x)) << n;
+    // Ties: the largest twice, the first one wins wherever the two fall (same block of 16, or not).
+    const int64_t a = n / 3, b = n - 1;
+    const float top = *std::max_element(x.begin(), x.end()) + 1.0f;
+    x[b] = top;
+    EXPECT_EQ(first_argmax(x.data(), n), b) << n;
+    x[a] = top;
+    EXPECT_EQ(first_argmax(x.data(), n), a) << n;
+    // NaN is never the largest, also before or beside it.
+    x[0] = NAN;
+    if (n > 1) x[n / 2] = NAN;
+    EXPECT_EQ(first_argmax(x.data(), n), reference(x)) << n;
+    // Nothing above -inf (all -inf or NaN): 0, as the sampler's argmax of its candidates gives.
+    std::fill(x.begin(), x.end(), -INFINITY);
+    x[n - 1] = NAN;
+    EXPECT_EQ(first_argmax(x.data(), n), 0) << n;
+    std::fill(x.begin(), x.end(), NAN);
+    EXPECT_EQ(first_argmax(x.data(), n), 0) << n;
+  }
+}
+
 TEST(Ops, LayerNormMatchesTheFormula) {
   const std::vector<float> x = normal(37, 5), w = normal(37, 6), b = normal(37, 7);
   std::vector<float> y(37);
