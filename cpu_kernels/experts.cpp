@@ -71,6 +71,14 @@ class NodeUnits {
   // Units must be added node by node: all of node 0's, then node 1's, ...
   void begin_node(int64_t k) { node_first_[k] = size_; }
   void add(const Unit& u) { storage_[size_++] = u; }
+  // Rows [rows.first, rows.second) of `expert` in units of `block` rows, each costing its rows x `tokens`.
+  void add_rows(int64_t expert, std::pair<int64_t, int64_t> rows, int64_t block, int64_t tokens,
+                Part part = Part::kGateAndUp) {
+    for (int64_t r = rows.first; r < rows.second; r += block) {
+      const int64_t r1 = std::min(rows.second, r + block);
+      add({expert, r, r1, static_cast<double>(tokens * (r1 - r)), part});
+    }
+  }
   void end_nodes() {
     node_first_[n_nodes_] = size_;
     double c = 0;
@@ -177,10 +185,7 @@ void down_one_token(const KernelTable& k, ThreadPool& pool, const ExpertBatch& b
   for (int64_t node = 0; node < units.n_nodes(); ++node) {
     units.begin_node(node);
     for (int64_t e = 0; e < n_experts; ++e) {
-      const WeightMatrix& down = batch.experts[e].down;
-      const auto [begin, end] = units.node_rows(node, n_embd, down.row_bytes);
-      for (int64_t r = begin; r < end; r += kDownRows)
-        units.add({e, r, std::min(end, r + kDownRows), static_cast<double>(std::min(end, r + kDownRows) - r)});
+      units.add_rows(e, units.node_rows(node, n_embd, batch.experts[e].down.row_bytes), kDownRows, 1);
     }
   }
   units.end_nodes();
@@ -283,10 +288,7 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
       const ExpertFfn& f = batch.experts[e];
       if (m == 0) continue;
       auto add_units = [&](const WeightMatrix& w, Part part) {
-        const auto [begin, end] = gate_units.node_rows(node, w.n_rows, w.row_bytes);
-        for (int64_t r = begin; r < end; r += kGateRows)
-          gate_units.add(
-              {e, r, std::min(end, r + kGateRows), static_cast<double>(m * (std::min(end, r + kGateRows) - r)), part});
+        gate_units.add_rows(e, gate_units.node_rows(node, w.n_rows, w.row_bytes), kGateRows, m, part);
       };
       if (one_stream(f, m)) {
         add_units(f.gate, Part::kGate);
@@ -448,9 +450,8 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
   NodeUnits down_units(pool, scratch<Unit, struct DownUnitSite>(n_embd / kDownRows + 66));
   for (int64_t node = 0; node < down_units.n_nodes(); ++node) {
     down_units.begin_node(node);
-    const auto [begin, end] = down_units.node_rows(node, n_embd, n_experts > 0 ? batch.experts[0].down.row_bytes : 0);
-    for (int64_t r = begin; r < end; r += kDownRows)
-      down_units.add({0, r, std::min(end, r + kDownRows), static_cast<double>(std::min(end, r + kDownRows) - r)});
+    down_units.add_rows(0, down_units.node_rows(node, n_embd, n_experts > 0 ? batch.experts[0].down.row_bytes : 0),
+                        kDownRows, 1);
   }
   down_units.end_nodes();
   auto down_span = [&](int64_t r0, int64_t r1) {

@@ -217,6 +217,8 @@ struct Q5PairZmm {
     return _mm512_inserti64x4(_mm512_castsi256_si512(load256(y[b].qs)), load256(y[b + 1].qs), 1);
   }
   static __m512i offset_sums(__m512i a) { return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(16), a); }
+  // The offset negated: the starting value of a vpdpbusd that then gives a pair's lanes less the offset.
+  static __m512i negated_offset(__m512i a) { return _mm512_sub_epi32(_mm512_setzero_si512(), offset_sums(a)); }
   // A pair's 16 int32 lanes against activation pair a: the values' dots less the offset.
   static __m512i pair_sums(__m512i u, __m512i a) {
     return _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, a), offset_sums(a));
@@ -235,7 +237,7 @@ struct Q5PairZmm {
     for (int64_t b = 0; b < n_blocks; ++b) yd[b] = fp16_to_fp32(y[b].d);
     for (int64_t p = 0; p < n_pairs; ++p) {
       a[p] = act_pair(y, 2 * p);
-      start[p] = _mm512_sub_epi32(_mm512_setzero_si512(), offset_sums(a[p]));  // the negated offset
+      start[p] = negated_offset(a[p]);
     }
     for (int64_t r = 0; r < n_rows; ++r) {
       const auto* x = reinterpret_cast<const quant::BlockQ5_0*>(w + static_cast<size_t>(r) * row_bytes);
@@ -351,7 +353,7 @@ struct Q5PairZmm {
     for (int64_t p = 0; p < n_pairs; ++p) {
       const __m512i a = act_pair(y, 2 * p);
       pairs[2 * p] = a;
-      pairs[2 * p + 1] = _mm512_sub_epi32(_mm512_setzero_si512(), offset_sums(a));
+      pairs[2 * p + 1] = negated_offset(a);
     }
     const ActRows<quant::BlockQ8_0, 1> y1(static_cast<const uint8_t*>(act), 0);
     for (int64_t r = 0; r < n_rows; ++r) {
