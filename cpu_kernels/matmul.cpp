@@ -38,6 +38,9 @@ bool uses_onednn(const KernelTable& k, const WeightMatrix& w, int64_t n_tokens) 
 // Tokens per dot_rows call: the activation rows of one chunk stay in L1/L2 while a tile of weight rows passes.
 constexpr int64_t kTokenChunk = 16;
 
+// Rows of gate (then of up) per dot_many call in a decode step's SwiGLU: a few hundred kB of each matrix in turn.
+constexpr int64_t kDecodeSpan = 256;
+
 // Runs rows [0, n_rows) over the pool in blocks of kTileRows: a full block goes to tile_fn(first row) when `tiles`,
 // any other block to rows_fn(first row, end row). Block boundaries are fixed multiples of kTileRows, so which rows
 // take the tile path depends on the matrix alone, never on how the threads split it: results do not change with the
@@ -132,6 +135,22 @@ void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& g
     swiglu(g.data(), u.data(), out, n_tokens * n_rows);
     return;
   }
+  if (n_tokens == 1) {
+    // Decode: each piece a thread takes reads its gate rows, then its up rows, kDecodeSpan rows at a time, so that a
+    // thread streams one matrix for hundreds of kB before it turns to the other (by blocks of kTileRows it turned every
+    // 18 kB). Each row is its own dot_many result whatever the grouping.
+    pool.parallel_for_balanced((n_rows + kTileRows - 1) / kTileRows, 2, [&](int64_t b0, int64_t b1) {
+      const int64_t r_end = std::min(n_rows, b1 * kTileRows);
+      for (int64_t r0 = b0 * kTileRows; r0 < r_end; r0 += kDecodeSpan) {
+        const int64_t rows = std::min(kDecodeSpan, r_end - r0);
+        float g[kDecodeSpan], u[kDecodeSpan];
+        k.dot_many(gate.type, gate.n_cols, gate.row(r0), gate.row_bytes, rows, gate_act, g);
+        k.dot_many(up.type, up.n_cols, up.row(r0), up.row_bytes, rows, up_act, u);
+        for (int64_t i = 0; i < rows; ++i) out[r0 + i] = silu_times(g[i], u[i]);
+      }
+    });
+    return;
+  }
   const GemmTileFn gate_tile = n_tokens >= kTileMinActs ? k.tile_for(gate.type) : nullptr;
   const GemmTileFn up_tile = n_tokens >= kTileMinActs ? k.tile_for(up.type) : nullptr;
   // A matrix with a tile kernel takes it for every full block (whatever the other one does), so each of gate and up
@@ -149,13 +168,6 @@ void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& g
             out[t * n_rows + r + i] = silu_times(g[t * kTileRows + i], u[t * kTileRows + i]);
       },
       [&](int64_t r0, int64_t r1) {
-        if (n_tokens == 1) {  // decode: the block's gate rows in one call, then its up rows
-          float g[kTileRows], u[kTileRows];
-          k.dot_many(gate.type, gate.n_cols, gate.row(r0), gate.row_bytes, r1 - r0, gate_act, g);
-          k.dot_many(up.type, up.n_cols, up.row(r0), up.row_bytes, r1 - r0, up_act, u);
-          for (int64_t r = r0; r < r1; ++r) out[r] = silu_times(g[r - r0], u[r - r0]);
-          return;
-        }
         float g[kTokenChunk], u[kTokenChunk];
         for (int64_t r = r0; r < r1; ++r)
           for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
