@@ -505,7 +505,11 @@ struct Q5PairZmm {
 // operations, and the same integers and float steps, so each row's result is its vec_dot's bit for bit. bench_dot
 // many/avx512/Q8_0 (alternating, one sitting, the VM in a slow phase): 19.7-25.6 -> 26.7-32.7 GB/s.
 struct Q8ZeroMany {
-  static constexpr int64_t kMaxBlocks = 512;  // rows of up to 16384 values (16 kB of offsets on the stack)
+  // Rows of up to 4096 values (4 kB of offsets on the stack). Longer rows go through cols<1> row by row: their offsets
+  // and activation (22.5 kB for V2-Lite's dense ffn_down, 10944 values) no longer stay in L1 beside the weights
+  // streaming through it, and from DRAM such rows ran at 28-33 GB/s this way against 36-37 row by row (harness: 22
+  // matrices of 2048 x 10944 in 2 MB pages, two threads, alternating, probe 32-40 GB/s).
+  static constexpr int64_t kMaxBlocks = 128;
   using Rows = Blocks32<quant::BlockQ8_0, Q8Values>;
 
   static void many(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {

@@ -197,14 +197,15 @@ TEST(Kernels, ManyRowDotEqualsSingleDotsBitForBit) {
     const KernelTable table = make_kernel_table(isa);
     for (GgmlType type : kWeightTypes) {
       const int64_t block = quant::type_info(type).block_size;
-      // Short rows by their blocks; long ones by their values: 8192 and 16384 fill the stack buffers in which a tier
-      // puts the activation's side together (Q5_0: 8192 values, Q4_K and Q8_0: 16384), 16640 overflows them all.
+      // Short rows by their blocks; long ones by their values: 4096, 8192 and 16384 fill the stack buffers in which a
+      // tier puts the activation's side together (Q8_0: 4096 values, Q5_0: 8192, Q4_K: 16384), 16640 overflows them
+      // all.
       // 14, 15 and 44 blocks leave three pairs of blocks past the last eight (and an odd one), and two (V2-Lite's
       // expert down rows of 1408 values).
       std::vector<int64_t> lengths;
       for (int64_t blocks : {3, 4, 9, 11, 14, 15, 27, 44})
         lengths.push_back(block == 1 ? 97 * blocks / 3 : block * blocks);
-      for (int64_t values : {8192, 16384, 16640}) lengths.push_back(values);
+      for (int64_t values : {4096, 8192, 16384, 16640}) lengths.push_back(values);
       for (const int64_t n : lengths) {
         const bool long_row = n >= 8192;
         const size_t row_bytes = quant::row_bytes(type, n) + 8;  // rows need not be packed
