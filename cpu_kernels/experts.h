@@ -28,6 +28,9 @@ struct ExpertFfn {
   float swiglu_limit = 0.0f;
 
   bool has_residual() const { return gate_r.data != nullptr; }
+  // Whether hidden() is silu_times(g, u) itself (no biases, no limit, not gpt-oss's clamp): KernelTable::swiglu then
+  // gives the same floats for a run of rows at once.
+  bool plain_swiglu() const { return !gate_bias && swiglu_limit <= 0.0f && !clamped_swiglu; }
   // Hidden value r of the expert from its gate and up products.
   float hidden(int64_t r, float g, float u) const {
     if (gate_bias) {

@@ -49,6 +49,10 @@ void ref_sum_heads(int64_t n, int n_heads, int64_t n_keys, const float* p, int64
   }
 }
 
+void ref_swiglu(int64_t n, const float* gate, const float* up, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = silu_times(gate[i], up[i]);
+}
+
 KernelTable make_ref_table() {
   KernelTable t;
   t.isa = Isa::kRef;
@@ -56,6 +60,7 @@ KernelTable make_ref_table() {
   t.dot_heads = &ref_dot_heads;
   t.sum_heads = &ref_sum_heads;
   t.attention_softmax = &softmax_with_sink;
+  t.swiglu = &ref_swiglu;
   set_ref<GgmlType::F32>(t);
   set_ref<GgmlType::F16>(t);
   set_ref<GgmlType::BF16>(t);
@@ -133,7 +138,10 @@ void KernelTable::dequantize_row(GgmlType type, const void* src, float* dst, int
 KernelTable make_kernel_table(Isa isa) {
   KernelTable t = make_ref_table();
   // Each tier starts from the one below: formats without a kernel of their own keep the lower tier's.
-  if (isa >= Isa::kAvx2) avx2::install(t);
+  if (isa >= Isa::kAvx2) {
+    avx2::install(t);
+    avx2::install_swiglu(t);
+  }
   if (isa >= Isa::kAvx512) {
     avx512::install(t);
     avx512::install_attention(t);

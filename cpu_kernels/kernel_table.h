@@ -42,6 +42,8 @@ using SumHeadsFn = void (*)(int64_t n, int n_heads, int64_t n_keys, const float*
 // cpu::softmax_with_sink's rule (sums in double). The SIMD tiers take e^x from a polynomial within a few ulp of expf,
 // as ggml's own softmax does; the reference tier is softmax_with_sink itself.
 using SoftmaxFn = void (*)(float* x, int64_t n, float sink);
+// out[i] = cpu::silu_times(gate[i], up[i]) for i < n, bit for bit; out may alias gate or up.
+using SwigluFn = void (*)(int64_t n, const float* gate, const float* up, float* out);
 // n activation floats to a vec_dot_type.
 using QuantizeActivationFn = void (*)(const float* src, void* dst, int64_t n);
 // A row of n floats to a weight type, byte for byte quant::quantize_row's (model conversion: hetmoe split).
@@ -71,6 +73,7 @@ struct KernelTable {
   DotHeadsFn dot_heads = nullptr;
   SumHeadsFn sum_heads = nullptr;
   SoftmaxFn attention_softmax = nullptr;
+  SwigluFn swiglu = nullptr;
 
   VecDotFn dot_for(quant::GgmlType t) const { return vec_dot[kernel_slot(t)]; }
   // vec_dot_rows where the tier has it (the weight row is unpacked once for all activations), else vec_dot.

@@ -146,7 +146,7 @@ void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& g
         float g[kDecodeSpan], u[kDecodeSpan];
         k.dot_many(gate.type, gate.n_cols, gate.row(r0), gate.row_bytes, rows, gate_act, g);
         k.dot_many(up.type, up.n_cols, up.row(r0), up.row_bytes, rows, up_act, u);
-        for (int64_t i = 0; i < rows; ++i) out[r0 + i] = silu_times(g[i], u[i]);
+        k.swiglu(rows, g, u, out + r0);
       }
     });
     return;
@@ -164,8 +164,7 @@ void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& g
         block_dots(k, gate_tile, gate, r, gate_act, gate_row, n_tokens, g.data());
         block_dots(k, up_tile, up, r, up_act, up_row, n_tokens, u.data());
         for (int64_t t = 0; t < n_tokens; ++t)
-          for (int64_t i = 0; i < kTileRows; ++i)
-            out[t * n_rows + r + i] = silu_times(g[t * kTileRows + i], u[t * kTileRows + i]);
+          k.swiglu(kTileRows, g.data() + t * kTileRows, u.data() + t * kTileRows, out + t * n_rows + r);
       },
       [&](int64_t r0, int64_t r1) {
         float g[kTokenChunk], u[kTokenChunk];

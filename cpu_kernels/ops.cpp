@@ -85,9 +85,29 @@ bool all_finite(const float* x, int64_t n) {
   return bad == 0;
 }
 
-void swiglu(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = silu_times(gate[i], up[i]);
+float silu_exp(float x) {
+  using E = SiluExp;
+  x = std::min(std::max(x, E::kLow), E::kHigh);  // a NaN stays NaN
+  // t rounded to an integer k sits in the low mantissa bits of t + kRound; k's bits are read from there (no float to
+  // int conversion, which a NaN would make undefined).
+  const float shifted = x * E::kLog2e + E::kRound;
+  const float k = shifted - E::kRound;
+  const uint32_t k_bits = std::bit_cast<uint32_t>(shifted) - std::bit_cast<uint32_t>(E::kRound);
+  float r = x - k * E::kLn2Hi;
+  r = r - k * E::kLn2Lo;
+  float p = E::kP0;
+  p = p * r + E::kP1;
+  p = p * r + E::kP2;
+  p = p * r + E::kP3;
+  p = p * r + E::kP4;
+  p = p * r + E::kP5;
+  p = p * (r * r) + (r + 1.0f);
+  return p * std::bit_cast<float>((k_bits + 127u) << 23);
 }
+
+float silu_times(float g, float u) { return (g / (1.0f + silu_exp(-g))) * u; }
+
+void swiglu(const float* gate, const float* up, float* out, int64_t n) { kernels().swiglu(n, gate, up, out); }
 
 namespace {
 

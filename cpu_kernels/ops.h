@@ -21,9 +21,23 @@ void softmax_with_sink(float* x, int64_t n, float sink);
 void sigmoid(float* x, int64_t n);
 // ggml's softplus: x above 20, else log(1 + exp(x)).
 inline float softplus(float x) { return x > 20.0f ? x : std::log(1.0f + std::exp(x)); }
-// silu(g) * u, the one expression every SwiGLU path uses (so fused and unfused paths agree bit for bit).
-inline float silu_times(float g, float u) { return (g / (1.0f + std::exp(-g))) * u; }
-// out[i] = silu(gate[i]) * up[i]; out may alias gate.
+// The e^x of SiLU: Cephes' expf (x clamped to [kLow, kHigh] so that 2^k stays a normal float, k = round(x log2 e),
+// Cody-Waite reduction by ln 2 in two parts, a degree-5 polynomial), in float multiplies and adds only, each rounded
+// once as IEEE says: no fused multiply-add anywhere, so the tiers' SIMD versions (KernelTable::swiglu) compute the
+// same floats lane by lane. Within 2 ulp of e^x over the clamped range (the ops test measures it).
+struct SiluExp {
+  static constexpr float kLow = -87.3f, kHigh = 88.3f;
+  static constexpr float kLog2e = 1.44269504088896341f;
+  static constexpr float kRound = 12582912.0f;  // 1.5 x 2^23: (t + kRound) - kRound is t rounded to an integer
+  static constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+  static constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f, kP3 = 4.1665795894e-2f,
+                         kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
+};
+float silu_exp(float x);
+// silu(g) * u = g / (1 + e^-g) * u with silu_exp: the one expression every SwiGLU path uses, scalar here and SIMD in
+// KernelTable::swiglu, so that fused and unfused paths, and decode and batch paths, agree bit for bit.
+float silu_times(float g, float u);
+// out[i] = silu(gate[i]) * up[i] through the selected tier's KernelTable::swiglu; out may alias gate.
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
 // Whether x[0, n) holds no NaN and no infinity.
 bool all_finite(const float* x, int64_t n);

@@ -559,6 +559,62 @@ TEST(Ops, RmsNormSoftmaxSwiglu) {
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(o[i], g[i] / (1 + std::exp(-g[i])) * u[i], 1e-6);
 }
 
+// silu_times against g / (1 + e^-g) * u in double: within 4 ulp where e^-g is inside silu_exp's clamp, and the
+// tiny values past it within 1e-30 of the exact ones; NaN stays NaN, a large positive g gives g * u.
+TEST(Ops, SiluTimesIsWithinUlpsOfTheExactValue) {
+  int64_t checked = 0;
+  auto exact = [](float g, float u) { return static_cast<double>(g) / (1.0 + std::exp(-static_cast<double>(g))) * u; };
+  std::mt19937_64 rng(21);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (float g = -100.0f; g <= 100.0f; g += 0.0137f) {
+    const float u = uniform(rng) * 3.0f;
+    const double want = exact(g, u);
+    const float got = silu_times(g, u);
+    if (std::abs(g) < 87.0f) {
+      const double ulp = std::ldexp(1.0, std::ilogb(static_cast<float>(want)) - 23);
+      ASSERT_LE(std::abs(got - want), 4 * ulp) << "g " << g << " u " << u;
+    } else {
+      ASSERT_NEAR(got, want, 1e-30 + 1e-6 * std::abs(want)) << "g " << g << " u " << u;
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 14000);
+  EXPECT_TRUE(std::isnan(silu_times(NAN, 1.0f)));
+  EXPECT_EQ(silu_times(1e30f, 2.0f), 2e30f);
+  EXPECT_EQ(silu_times(0.0f, 5.0f), 0.0f);
+}
+
+// Every tier's swiglu gives silu_times's float in every lane, bit for bit (NaN for NaN), whatever the length (its
+// 8-lane steps and the tail) and the values: ordinary ones, zeros of both signs, tiny and huge ones, the clamp's
+// edges, infinities and NaN; also in place (out = gate).
+TEST(Kernels, SwigluEqualsSiluTimesBitForBit) {
+  std::vector<float> g = random_floats(1000, 41, 6.0f), u = random_floats(1000, 42, 2.0f);
+  const float specials[] = {0.0f,  -0.0f,  1e-30f,   -1e-30f,   87.2f, -87.2f, 88.4f, -88.4f, 89.0f, -89.0f,
+                            1e30f, -1e30f, INFINITY, -INFINITY, NAN,   0.5f,   -0.5f, 20.0f,  -20.0f};
+  for (size_t i = 0; i < std::size(specials); ++i) g[3 * i + 1] = specials[i];
+  for (Isa isa : tiers_present()) {
+    const KernelTable table = make_kernel_table(isa);
+    for (int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 37, 1000}) {
+      std::vector<float> got(n + 1, -7.0f);
+      table.swiglu(n, g.data(), u.data(), got.data());
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = silu_times(g[i], u[i]);
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(got[i])) << isa_name(isa) << " n " << n << " i " << i;
+        } else {
+          ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want))
+              << isa_name(isa) << " n " << n << " i " << i << " g " << g[i] << " u " << u[i];
+        }
+      }
+      EXPECT_EQ(got[n], -7.0f) << "nothing written past n";
+      std::vector<float> in_place(g.begin(), g.begin() + n);
+      table.swiglu(n, in_place.data(), u.data(), in_place.data());
+      for (int64_t i = 0; i < n; ++i)
+        if (!std::isnan(got[i])) ASSERT_EQ(in_place[i], got[i]) << isa_name(isa) << " in place, i " << i;
+    }
+  }
+}
+
 TEST(Ops, RopeRotatesPairsByPositionTimesFrequency) {
   for (bool neox : {false, true}) {
     RopeParams p{.n_dims = 8, .neox = neox, .freq_base = 10000.0f};
