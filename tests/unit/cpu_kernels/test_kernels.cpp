@@ -609,8 +609,11 @@ TEST(Kernels, SwigluEqualsSiluTimesBitForBit) {
       EXPECT_EQ(got[n], -7.0f) << "nothing written past n";
       std::vector<float> in_place(g.begin(), g.begin() + n);
       table.swiglu(n, in_place.data(), u.data(), in_place.data());
-      for (int64_t i = 0; i < n; ++i)
-        if (!std::isnan(got[i])) ASSERT_EQ(in_place[i], got[i]) << isa_name(isa) << " in place, i " << i;
+      for (int64_t i = 0; i < n; ++i) {
+        if (!std::isnan(got[i])) {
+          ASSERT_EQ(in_place[i], got[i]) << isa_name(isa) << " in place, i " << i;
+        }
+      }
     }
   }
 }
