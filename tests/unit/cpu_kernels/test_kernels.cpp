@@ -98,8 +98,8 @@ TEST(Kernels, HeadGroupAttentionKernels) {
   for (Isa isa : tiers_present()) {
     const KernelTable table = make_kernel_table(isa);
     for (int64_t n : {8, 37, 64, 576}) {
-      for (int heads : {1, 3, 6, 8}) {
-        for (int64_t keys : {1, 5, 9, 37}) {
+      for (int heads : {1, 3, 6, 8, 12}) {
+        for (int64_t keys : {1, 5, 9, 10, 37}) {
           SCOPED_TRACE(testing::Message() << isa_name(isa) << " n=" << n << " heads=" << heads << " keys=" << keys);
           const int64_t q_stride = n + 3, k_stride = n + 5, stride = keys + 2;
           const std::vector<float> q = random_floats(heads * q_stride, 11 + n), k = random_floats(keys * k_stride, 12);
