@@ -51,14 +51,18 @@ inline void reduce16x16(const __m512* x, float* out) {
 // H heads' scores against K keys: one accumulator per score over the 16-float steps, each key's step loaded once for
 // the H heads and each head's once for the K keys (4 x 6: 10 loads for 24 multiply-adds), then the tree, then the
 // n % 16 tail added in order.
+// With `next`, the tile also prefetches the same 64 bytes of the next n_next key rows at each step, so the next keys
+// are on their way from memory while these are multiplied.
 template <int H, int K>
 inline void dot_heads_tile(int64_t n, const float* q, int64_t q_stride, const float* k, int64_t k_stride, float* scores,
-                           int64_t scores_stride) {
+                           int64_t scores_stride, const float* next = nullptr, int64_t n_next = 0) {
   __m512 acc[H * K];
 #pragma GCC unroll 32
   for (int r = 0; r < H * K; ++r) acc[r] = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    for (int64_t j = 0; j < n_next; ++j)
+      _mm_prefetch(reinterpret_cast<const char*>(next + j * k_stride + i), _MM_HINT_T0);
     __m512 kv[K];
 #pragma GCC unroll 8
     for (int j = 0; j < K; ++j) kv[j] = _mm512_loadu_ps(k + j * k_stride + i);
@@ -89,13 +93,15 @@ inline void dot_heads_tile(int64_t n, const float* q, int64_t q_stride, const fl
 void dot_heads_zmm(int64_t n, int n_heads, const float* q, int64_t q_stride, int64_t n_keys, const float* k,
                    int64_t k_stride, float* scores, int64_t scores_stride) {
   auto heads = [&]<int K>(int64_t j) {
+    // The first tile of these keys prefetches the next keys (up to six rows).
+    const int64_t n_next = std::min<int64_t>(6, n_keys - j - K);
     int h = 0;
     for (; h + 4 <= n_heads; h += 4)
       dot_heads_tile<4, K>(n, q + h * q_stride, q_stride, k + j * k_stride, k_stride, scores + h * scores_stride + j,
-                           scores_stride);
+                           scores_stride, k + (j + K) * k_stride, h == 0 ? n_next : 0);
     for (; h < n_heads; ++h)
       dot_heads_tile<1, K>(n, q + h * q_stride, q_stride, k + j * k_stride, k_stride, scores + h * scores_stride + j,
-                           scores_stride);
+                           scores_stride, k + (j + K) * k_stride, h == 0 ? n_next : 0);
   };
   int64_t j = 0;
   for (; j + 6 <= n_keys; j += 6) heads.template operator()<6>(j);
@@ -106,11 +112,17 @@ void dot_heads_zmm(int64_t n, int n_heads, const float* q, int64_t q_stride, int
 // H heads' weighted sums over the value rows j0..j1 into out, 32 floats (then 16, then the masked rest) at a time:
 // from zero for the first block of keys, else from what out holds. Each output float is one multiply-add per key in
 // key order whatever the blocks are, as axpy key by key gives it.
+// With n_next, the 32-float steps also prefetch the same 128 bytes of the next block's first n_next value rows.
 template <int H>
 inline void sum_heads_keys(int64_t n, int64_t j0, int64_t j1, bool first, const float* p, int64_t p_stride,
-                           const float* v, int64_t v_stride, float* out, int64_t out_stride) {
+                           const float* v, int64_t v_stride, float* out, int64_t out_stride, int64_t n_next = 0) {
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
+    for (int64_t j = 0; j < n_next; ++j) {
+      const char* row = reinterpret_cast<const char*>(v + (j1 + j) * v_stride + i);
+      _mm_prefetch(row, _MM_HINT_T0);
+      _mm_prefetch(row + 64, _MM_HINT_T0);
+    }
     __m512 acc[H][2];
 #pragma GCC unroll 8
     for (int h = 0; h < H; ++h) {
@@ -160,13 +172,18 @@ void sum_heads_zmm(int64_t n, int n_heads, int64_t n_keys, const float* p, int64
   // No keys: zeros (the first block, empty).
   for (int64_t j0 = 0; j0 == 0 || j0 < n_keys; j0 += kKeyBlock) {
     const int64_t j1 = std::min(n_keys, j0 + kKeyBlock);
+    // The first heads' pass over this block prefetches the next block's rows.
+    const int64_t n_next = std::min(kKeyBlock, n_keys - j1);
     int h = 0;
     for (; h + 8 <= n_heads; h += 8)
-      sum_heads_keys<8>(n, j0, j1, j0 == 0, p + h * p_stride, p_stride, v, v_stride, out + h * out_stride, out_stride);
+      sum_heads_keys<8>(n, j0, j1, j0 == 0, p + h * p_stride, p_stride, v, v_stride, out + h * out_stride, out_stride,
+                        h == 0 ? n_next : 0);
     for (; h + 4 <= n_heads; h += 4)
-      sum_heads_keys<4>(n, j0, j1, j0 == 0, p + h * p_stride, p_stride, v, v_stride, out + h * out_stride, out_stride);
+      sum_heads_keys<4>(n, j0, j1, j0 == 0, p + h * p_stride, p_stride, v, v_stride, out + h * out_stride, out_stride,
+                        h == 0 ? n_next : 0);
     for (; h < n_heads; ++h)
-      sum_heads_keys<1>(n, j0, j1, j0 == 0, p + h * p_stride, p_stride, v, v_stride, out + h * out_stride, out_stride);
+      sum_heads_keys<1>(n, j0, j1, j0 == 0, p + h * p_stride, p_stride, v, v_stride, out + h * out_stride, out_stride,
+                        h == 0 ? n_next : 0);
   }
 }
 
