@@ -384,14 +384,8 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
         const int64_t r = first_rest;
         block_dots(k, gate_tile, f.gate, r, act.data() + p.gate.offset, p.gate.row_bytes, m, g.data());
         block_dots(k, up_tile, f.up, r, act.data() + p.up.offset, p.up.row_bytes, m, u.data());
-        for (int64_t j = 0; j < m; ++j) {
-          if (f.plain_swiglu()) {
-            k.swiglu(kTileRows, &g[j * kTileRows], &u[j * kTileRows], &h[j * n_ff + r]);
-            continue;
-          }
-          for (int64_t i = 0; i < kTileRows; ++i)
-            h[j * n_ff + r + i] = f.hidden(r + i, g[j * kTileRows + i], u[j * kTileRows + i]);
-        }
+        for (int64_t j = 0; j < m; ++j)
+          f.hidden_run(k, r, kTileRows, &g[j * kTileRows], &u[j * kTileRows], &h[j * n_ff + r]);
       }
     }
     if (unit.part != Part::kGateAndUp) {
@@ -438,11 +432,7 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
       if (one_stream(f, m)) {
         float* h = hidden.data() + p.hidden;
         const float* u = up_products.data() + p.up_products;
-        if (f.plain_swiglu()) {
-          k.swiglu(n_ff, h, u, h);
-        } else {
-          for (int64_t r = 0; r < n_ff; ++r) h[r] = f.hidden(r, h[r], u[r]);
-        }
+        f.hidden_run(k, 0, n_ff, h, u, h);
       }
       for (int64_t j = 0; j < m; ++j)
         k.to_activation(f.down.type, hidden.data() + p.hidden + j * n_ff,

@@ -28,9 +28,12 @@ struct ExpertFfn {
   float swiglu_limit = 0.0f;
 
   bool has_residual() const { return gate_r.data != nullptr; }
-  // Whether hidden() is silu_times(g, u) itself (no biases, no limit, not gpt-oss's clamp): KernelTable::swiglu then
-  // gives the same floats for a run of rows at once.
-  bool plain_swiglu() const { return !gate_bias && swiglu_limit <= 0.0f && !clamped_swiglu; }
+  // h[i] = hidden(r0 + i, g[i], u[i]) for i < n; h may alias g. Where hidden() is silu_times(g, u) itself (no biases,
+  // no limit, not gpt-oss's clamp), k.swiglu gives the same floats for the whole run at once.
+  void hidden_run(const KernelTable& k, int64_t r0, int64_t n, const float* g, const float* u, float* h) const {
+    if (!gate_bias && swiglu_limit <= 0.0f && !clamped_swiglu) return k.swiglu(n, g, u, h);
+    for (int64_t i = 0; i < n; ++i) h[i] = hidden(r0 + i, g[i], u[i]);
+  }
   // Hidden value r of the expert from its gate and up products.
   float hidden(int64_t r, float g, float u) const {
     if (gate_bias) {

@@ -132,7 +132,7 @@ void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& g
     std::span<float> u = scratch<float, struct SwigluOnednnUpSite>(n_tokens * n_rows);
     matmul(k, pool, gate, x, n_tokens, g.data(), n_rows);
     matmul(k, pool, up, x, n_tokens, u.data(), n_rows);
-    swiglu(g.data(), u.data(), out, n_tokens * n_rows);
+    k.swiglu(n_tokens * n_rows, g.data(), u.data(), out);
     return;
   }
   if (n_tokens == 1) {

@@ -74,22 +74,22 @@ constexpr std::array<int8_t, 64> scale_pattern(Group group) {
   return b;
 }
 
-// The scales (a half at byte 0 of each block) of eight consecutive blocks of Block as floats: word permutes over four
-// loads of the blocks' bytes (those past the eighth block masked off), then one conversion. The same floats as
-// block_scales8, in 7 instructions where its 8 loads and inserts take about 20: bench_dot many/avx512/Q5_0 (rows of
-// 2048 in L2, one thread, alternating, one sitting) 23.8-24.3 -> 26.9-27.4 GB/s. Q8_0's many measured slower this way
-// (41.1-41.5 -> 35.7-38.7; its eight blocks span 272 bytes) and keeps block_scales8.
-template <typename Block>
-inline __m256 eight_scales(const Block* x) {
-  constexpr int kWords = sizeof(Block) / 2;  // a block's length in words (Q5_0: 11, Q8_0: 17)
-  constexpr int kEnd = 7 * kWords + 1;       // the words read: up to the eighth block's half
-  static_assert(sizeof(Block) % 2 == 0 && offsetof(Block, d) == 0 && kEnd > 64 && kEnd <= 128);
+// The scales of eight consecutive Q5_0 blocks as floats: the halves at byte 0 of each 22-byte block (words 0, 11, ...,
+// 77) gathered by word permutes from three loads of the blocks' bytes (the last masked to the words up to the eighth
+// half), then one conversion. The same floats as block_scales8, in 6 instructions where its 8 loads and inserts take
+// about 20: bench_dot many/avx512/Q5_0 (rows of 2048 in L2, one thread, alternating, one sitting) 23.8-24.3 ->
+// 26.9-27.4 GB/s. Q8_0's many measured slower this way (41.1-41.5 -> 35.7-38.7; its eight blocks span 272 bytes, four
+// loads) and keeps block_scales8.
+inline __m256 eight_scales(const quant::BlockQ5_0* x) {
+  constexpr int kWords = sizeof(quant::BlockQ5_0) / 2;  // 11
+  constexpr int kTail = 7 * kWords + 1 - 64;            // the words read past the first 128 bytes
+  static_assert(sizeof(quant::BlockQ5_0) % 2 == 0 && offsetof(quant::BlockQ5_0, d) == 0 && kTail > 0 && kTail <= 32);
   static constexpr auto kLow = [] {  // lanes whose half lies in words 0-63, from the first two loads
     std::array<int16_t, 32> w{};
     for (int b = 0; b < 8; ++b) w[b] = static_cast<int16_t>(b * kWords < 64 ? b * kWords : 0);
     return w;
   }();
-  static constexpr auto kHigh = [] {  // the others, from the last two
+  static constexpr auto kHigh = [] {  // the others, from the third
     std::array<int16_t, 32> w{};
     for (int b = 0; b < 8; ++b) w[b] = static_cast<int16_t>(b * kWords >= 64 ? b * kWords - 64 : 0);
     return w;
@@ -100,16 +100,11 @@ inline __m256 eight_scales(const Block* x) {
       if (b * kWords >= 64) m |= __mmask32{1} << b;
     return m;
   }();
-  constexpr int kTailWords = kEnd - 64;  // the words read past the first 128 bytes (up to 64)
   const auto* bytes = reinterpret_cast<const uint8_t*>(x);
   const __m512i w0 = load512(bytes), w1 = load512(bytes + 64);
-  const __m512i w2 =
-      _mm512_maskz_loadu_epi16(kTailWords >= 32 ? ~__mmask32{0} : (__mmask32{1} << kTailWords) - 1, bytes + 128);
-  const __m512i w3 =
-      _mm512_maskz_loadu_epi16(kTailWords <= 32 ? __mmask32{0} : (__mmask32{1} << (kTailWords - 32)) - 1, bytes + 192);
+  const __m512i w2 = _mm512_maskz_loadu_epi16(kTail == 32 ? ~__mmask32{0} : (__mmask32{1} << kTail) - 1, bytes + 128);
   const __m512i low = _mm512_permutex2var_epi16(w0, load512(kLow.data()), w1);
-  const __m512i halves =
-      _mm512_mask_mov_epi16(low, kHighLanes, _mm512_permutex2var_epi16(w2, load512(kHigh.data()), w3));
+  const __m512i halves = _mm512_mask_permutexvar_epi16(low, kHighLanes, load512(kHigh.data()), w2);
   return _mm256_cvtph_ps(_mm512_castsi512_si128(halves));
 }
 
