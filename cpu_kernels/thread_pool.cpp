@@ -72,9 +72,14 @@ void ThreadPool::run_chunk(int index) {
   } catch (...) {
     std::lock_guard lock(mutex_);
     if (!error_) error_ = std::current_exception();
+    failed_.store(true, std::memory_order_release);
   }
 }
 
+// Sleeping and waking without a lost wake-up, and without the mutex while both sides spin: a sleeper announces
+// itself (sleeping_workers_, caller_sleeping_) under the mutex and then checks its condition; the other side changes
+// the condition and then reads the announcement, all sequentially consistent, so at least one of them sees the
+// other's store: either the sleeper finds its condition true, or the other side takes the mutex and notifies.
 void ThreadPool::worker(int index, int pu) {
   if (pu >= 0) pin_current_thread(pu);  // refused pinning leaves the thread free, which still works
   uint64_t seen = 0;
@@ -85,19 +90,17 @@ void ThreadPool::worker(int index, int pu) {
     uint64_t now = generation_.load(std::memory_order_acquire);
     if (now == seen) {
       std::unique_lock lock(mutex_);
-      ++sleeping_workers_;
-      start_cv_.wait(lock, [&] {
-        return stop_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_acquire) != seen;
-      });
-      --sleeping_workers_;
+      sleeping_workers_.fetch_add(1);
+      start_cv_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
+      sleeping_workers_.fetch_sub(1);
       now = generation_.load(std::memory_order_acquire);
     }
     if (stop_.load(std::memory_order_acquire) && now == seen) return;
     seen = now;
     run_chunk(index);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    if (pending_.fetch_sub(1) == 1 && caller_sleeping_.load()) {
       std::lock_guard lock(mutex_);
-      if (caller_sleeping_) done_cv_.notify_one();
+      done_cv_.notify_one();
     }
   }
 }
@@ -113,12 +116,11 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, RangeFn fn) {
   job_ = &fn;
   job_n_ = n;
   job_chunks_ = chunks;
-  error_ = nullptr;
   pending_.store(n_threads_ - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
-  {
+  generation_.fetch_add(1);
+  if (sleeping_workers_.load() > 0) {
     std::lock_guard lock(mutex_);
-    if (sleeping_workers_ > 0) start_cv_.notify_all();
+    start_cv_.notify_all();
   }
 
   std::exception_ptr own_error;
@@ -129,14 +131,20 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, RangeFn fn) {
   }
   if (!spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
     std::unique_lock lock(mutex_);
-    caller_sleeping_ = true;
-    done_cv_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
-    caller_sleeping_ = false;
+    caller_sleeping_.store(true);
+    done_cv_.wait(lock, [&] { return pending_.load() == 0; });
+    caller_sleeping_.store(false);
   }
-  job_ = nullptr;
-  if (own_error) std::rethrow_exception(own_error);
-  std::lock_guard lock(mutex_);
-  if (error_) std::rethrow_exception(error_);
+  // A worker's error_ and failed_ were stored before its pending_ decrement, which the load above acquired.
+  if (!own_error && !failed_.load(std::memory_order_acquire)) return;
+  std::exception_ptr error;
+  {
+    std::lock_guard lock(mutex_);
+    error = own_error ? own_error : error_;
+    error_ = nullptr;
+    failed_.store(false, std::memory_order_relaxed);
+  }
+  std::rethrow_exception(error);
 }
 
 void ThreadPool::parallel_for_balanced(int64_t n, int64_t grain, RangeFn fn) {
