@@ -27,6 +27,9 @@ constexpr int64_t kOneStreamRows = 128;
 constexpr int64_t kPartialFloats = 16384;
 // Activation rows per dot_rows call (the weight row is unpacked once for them).
 constexpr int64_t kItemChunk = 16;
+// Items (expert, token) whose activation rows one thread copies into place: a decode step's 6-9 rows of a few kB
+// take under a microsecond, less than handing a loop to another core.
+constexpr int64_t kSerialFillItems = 16;
 
 // Per-thread scratch that the passes' prepare steps size before any unit runs: each site is one type for the whole
 // function (a site named first inside a lambda would be a type, and so a buffer, of that lambda's own).
@@ -328,7 +331,9 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
       for (int s = 0; s < n_slots; ++s)
         k.to_activation(slot_weight[s], x + t * n_embd, converted.data() + slot_base[s] + t * slot_row[s], n_embd);
   });
-  pool.parallel_for(n_experts, 1, [&](int64_t e0, int64_t e1) {
+  // A decode step's few rows (copies of one converted row) on this thread: a parallel loop would cost more.
+  const int64_t fill_grain = n_items <= kSerialFillItems ? n_experts : 1;
+  pool.parallel_for(n_experts, fill_grain, [&](int64_t e0, int64_t e1) {
     for (int64_t e = e0; e < e1; ++e) {
       const ExpertFfn& f = batch.experts[e];
       const Plan& p = plan[e];

@@ -1,6 +1,7 @@
 #include "cpu_kernels/matmul.h"
 
 #include <algorithm>
+#include <array>
 
 #include "cpu_kernels/onednn.h"
 #include "cpu_kernels/ops.h"
@@ -10,6 +11,9 @@
 namespace hetmoe::cpu {
 
 namespace {
+
+// Values one thread converts at least before a conversion is shared out (16 rows of 2048: a few microseconds).
+constexpr int64_t kMinParallelValues = 16 * 2048;
 
 // The activation rows converted to the vec_dot_type of `w`: a view of x itself for F32 weights, else a per-thread
 // scratch buffer of the call site `Site` (kept between calls, so decode does not allocate).
@@ -24,7 +28,10 @@ const uint8_t* convert_activation(const KernelTable& k, ThreadPool& pool, const 
   *row_bytes = quant::activation_row_bytes(w.type, w.n_cols);
   std::span<uint8_t> storage = scratch<uint8_t, Site>(*row_bytes * static_cast<size_t>(n_tokens));
   const size_t rb = *row_bytes;
-  pool.parallel_for(n_tokens, 4, [&](int64_t t0, int64_t t1) {
+  // Shared out only when each thread gets enough to convert: a parallel loop costs a hand-over (about a microsecond
+  // between two cores here), more than converting a decode step's 16 short rows of attn_k_b takes.
+  const int64_t grain = std::max<int64_t>(4, (kMinParallelValues + w.n_cols - 1) / std::max<int64_t>(1, w.n_cols));
+  pool.parallel_for(n_tokens, grain, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) k.to_activation(w.type, x + t * w.n_cols, storage.data() + t * rb, w.n_cols);
   });
   return storage.data();
@@ -41,24 +48,35 @@ constexpr int64_t kTokenChunk = 16;
 // Rows of gate (then of up) per dot_many call in a decode step's SwiGLU: a few hundred kB of each matrix in turn.
 constexpr int64_t kDecodeSpan = 256;
 
-// Runs rows [0, n_rows) over the pool in blocks of kTileRows: a full block goes to tile_fn(first row) when `tiles`,
-// any other block to rows_fn(first row, end row). Block boundaries are fixed multiples of kTileRows, so which rows
-// take the tile path depends on the matrix alone, never on how the threads split it: results do not change with the
-// thread count.
+// Blocks [b0, b1) of kTileRows rows of a matrix of n_rows rows: a full block goes to tile_fn(first row) when `tiles`,
+// the other rows to rows_fn(first row, end row) in runs of consecutive blocks (a decode step's dot_many then puts the
+// activation's side together once per run, not once per block). Block boundaries are fixed multiples of kTileRows,
+// so which rows take the tile path depends on the matrix alone, never on how the threads split it: results do not
+// change with the thread count.
+template <typename TileFn, typename RowsFn>
+void run_blocks(int64_t b0, int64_t b1, int64_t n_rows, bool tiles, TileFn& tile_fn, RowsFn& rows_fn) {
+  int64_t run = b0 * kTileRows;  // the first row not yet done
+  for (int64_t b = b0; tiles && b < b1; ++b) {
+    const int64_t r0 = b * kTileRows;
+    if (r0 + kTileRows > n_rows) break;
+    if (run < r0) rows_fn(run, r0);
+    tile_fn(r0);
+    run = r0 + kTileRows;
+  }
+  const int64_t end = std::min(n_rows, b1 * kTileRows);
+  if (run < end) rows_fn(run, end);
+}
+
+// Rows [0, n_rows) over the pool in blocks of kTileRows, as run_blocks takes them.
 template <typename TileFn, typename RowsFn>
 void for_row_blocks(ThreadPool& pool, int64_t n_rows, bool tiles, TileFn&& tile_fn, RowsFn&& rows_fn) {
   const int64_t blocks = (n_rows + kTileRows - 1) / kTileRows;
-  pool.parallel_for_balanced(blocks, 2, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t r0 = b * kTileRows, r1 = std::min(n_rows, r0 + kTileRows);
-      if (tiles && r1 - r0 == kTileRows) {
-        tile_fn(r0);
-      } else {
-        rows_fn(r0, r1);
-      }
-    }
-  });
+  pool.parallel_for_balanced(blocks, 2,
+                             [&](int64_t b0, int64_t b1) { run_blocks(b0, b1, n_rows, tiles, tile_fn, rows_fn); });
 }
+
+// Matrices one matmuls call shares a loop between; more go one call each.
+constexpr size_t kMaxFused = 4;
 
 }  // namespace
 
@@ -181,9 +199,6 @@ void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& g
 void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
             int64_t ldy) {
   if (n_tokens <= 0 || w.n_rows <= 0) return;
-  size_t act_row = 0;
-  const uint8_t* act = convert_activation<struct MatmulActSite>(k, pool, w, x, n_tokens, &act_row);
-
   // F32 weights in batches: oneDNN's f32 matmul on the rows in place, by fixed blocks of rows (the blocks, not the
   // thread count, decide each call's shape, so results do not change with the threads).
   if (uses_onednn(k, w, n_tokens)) {
@@ -199,22 +214,55 @@ void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const
     });
     return;
   }
+  const MatmulOutput out{w, y, ldy};
+  matmuls(k, pool, {&out, 1}, x, n_tokens);
+}
+
+void matmuls(const KernelTable& k, ThreadPool& pool, std::span<const MatmulOutput> outs, const float* x,
+             int64_t n_tokens) {
+  if (n_tokens <= 0 || outs.empty()) return;
+  const WeightMatrix& w0 = outs[0].w;
+  bool fused = outs.size() <= kMaxFused && !uses_onednn(k, w0, n_tokens);
+  for (const MatmulOutput& o : outs)
+    fused = fused && o.w.n_cols == w0.n_cols && quant::same_vec_dot_type(o.w.type, w0.type) &&
+            !uses_onednn(k, o.w, n_tokens);
+  if (!fused) {
+    for (const MatmulOutput& o : outs) matmul(k, pool, o.w, x, n_tokens, o.y, o.ldy);
+    return;
+  }
+  size_t act_row = 0;
+  const uint8_t* act = convert_activation<struct MatmulActSite>(k, pool, w0, x, n_tokens, &act_row);
   // Batches of kTileMinActs tokens or more go through the tier's tile kernel where it has one (kTileRows rows unpacked
   // once for all tokens); otherwise each weight row is unpacked once per chunk of tokens (dot_rows) and stays in L1.
-  const GemmTileFn tile = n_tokens >= kTileMinActs ? k.tile_for(w.type) : nullptr;
-  for_row_blocks(
-      pool, w.n_rows, tile != nullptr,
-      [&](int64_t r) { tile(w.n_cols, w.row(r), w.row_bytes, act, act_row, n_tokens, y + r, ldy); },
-      [&](int64_t r0, int64_t r1) {
+  // The matrices' blocks are numbered one after another, so one loop shares all of them out.
+  std::array<GemmTileFn, kMaxFused> tile{};
+  std::array<int64_t, kMaxFused + 1> first{};
+  for (size_t i = 0; i < outs.size(); ++i) {
+    tile[i] = n_tokens >= kTileMinActs ? k.tile_for(outs[i].w.type) : nullptr;
+    first[i + 1] = first[i] + (std::max<int64_t>(0, outs[i].w.n_rows) + kTileRows - 1) / kTileRows;
+  }
+  pool.parallel_for_balanced(first[outs.size()], 2, [&](int64_t b0, int64_t b1) {
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const int64_t lo = std::max(b0, first[i]), hi = std::min(b1, first[i + 1]);
+      if (lo >= hi) continue;
+      const WeightMatrix& w = outs[i].w;
+      float* y = outs[i].y;
+      const int64_t ldy = outs[i].ldy;
+      const GemmTileFn t = tile[i];
+      auto tile_fn = [&](int64_t r) { t(w.n_cols, w.row(r), w.row_bytes, act, act_row, n_tokens, y + r, ldy); };
+      auto rows_fn = [&](int64_t r0, int64_t r1) {
         if (n_tokens == 1) return k.dot_many(w.type, w.n_cols, w.row(r0), w.row_bytes, r1 - r0, act, y + r0);
         float out[kTokenChunk];
         for (int64_t r = r0; r < r1; ++r)
           for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
             const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
             k.dot_rows(w.type, w.n_cols, w.row(r), act + t0 * act_row, act_row, nt, out);
-            for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * ldy + r] = out[t];
+            for (int64_t j = 0; j < nt; ++j) y[(t0 + j) * ldy + r] = out[j];
           }
-      });
+      };
+      run_blocks(lo - first[i], hi - first[i], w.n_rows, t != nullptr, tile_fn, rows_fn);
+    }
+  });
 }
 
 }  // namespace hetmoe::cpu

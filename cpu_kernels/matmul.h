@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "cpu_kernels/kernel_table.h"
 #include "cpu_kernels/thread_pool.h"
@@ -30,6 +31,19 @@ struct WeightMatrix {
 // take oneDNN where the build has it: equal to the token-by-token result to rounding, not bit for bit.
 void matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
             int64_t ldy);
+
+// One output of matmuls: y[t * ldy + r] = w.row(r) . x_t.
+struct MatmulOutput {
+  WeightMatrix w;
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+// Matrices with the same input rows (MLA's q and kv_a, GQA's q, k and v), each output as matmul computes it, bit for
+// bit, in one parallel loop over all their rows with the activation converted once: a decode step pays one hand-over
+// and one conversion where a matmul per matrix pays each per matrix (and the last pieces of the small ones). Matrices
+// of different widths or activation types, and F32 ones that a batch sends to oneDNN, go one matmul each.
+void matmuls(const KernelTable& k, ThreadPool& pool, std::span<const MatmulOutput> outs, const float* x,
+             int64_t n_tokens);
 
 // Rows r .. r + kTileRows of w against n_act activation rows (act + j * act_row) into dst[j * kTileRows + i]: through
 // `tile` when given, else row by row (dot_rows), i.e. the path matmul takes for those rows.

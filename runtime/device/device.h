@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "cpu_kernels/hyper_connection.h"
@@ -81,6 +82,15 @@ class Device {
   // say).
   virtual void matmul(int stream, const DeviceMatrix& w, const float* x, int64_t ldx, int64_t n, float* y,
                       int64_t ldy) = 0;
+  // Matrices over the same n rows of x (each row w.n_cols floats, all widths equal): outs[i].y gets
+  // outs[i].w's matmul (ldy = its n_rows). By default one matmul each; the host shares one loop between them.
+  struct MatmulOutput {
+    DeviceMatrix w;
+    float* y = nullptr;
+  };
+  virtual void matmuls(int stream, std::span<const MatmulOutput> outs, const float* x, int64_t n) {
+    for (const MatmulOutput& o : outs) matmul(stream, o.w, x, n, o.y);
+  }
   // Per-head matrices in one call (MLA's attn_k_b / attn_v_b), as cpu::matmul_heads defines it: w holds
   // layout.n_heads blocks of w.n_rows / n_heads rows, head h of token t reads x + t * x_token_stride + h *
   // x_head_stride and writes y + t * y_token_stride + h * y_head_stride. By default one strided matmul per head.

@@ -61,6 +61,9 @@ class HostDevice final : public Device {
   void matmul(int, const DeviceMatrix& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy) override {
     host_ops::matmul(pool_, w, x, ldx, n, y, ldy);
   }
+  void matmuls(int, std::span<const MatmulOutput> outs, const float* x, int64_t n) override {
+    host_ops::matmuls(pool_, outs, x, n);
+  }
   void matmul_heads(int, const DeviceMatrix& w, const cpu::HeadsLayout& layout, const float* x, int64_t n,
                     float* y) override {
     host_ops::matmul_heads(pool_, w, layout, x, n, y);

@@ -1,6 +1,7 @@
 #include "runtime/device/host_ops.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -19,6 +20,17 @@ void matmul(cpu::ThreadPool& pool, const DeviceMatrix& w, const float* x, int64_
 void matmul_heads(cpu::ThreadPool& pool, const DeviceMatrix& w, const cpu::HeadsLayout& layout, const float* x,
                   int64_t n, float* y) {
   cpu::matmul_heads(cpu::kernels(), pool, as_weights(w), layout, x, n, y);
+}
+
+void matmuls(cpu::ThreadPool& pool, std::span<const Device::MatmulOutput> outs, const float* x, int64_t n) {
+  constexpr size_t kMax = 4;  // a layer's projections of one input; more go one by one
+  if (outs.size() > kMax) {
+    for (const Device::MatmulOutput& o : outs) matmul(pool, o.w, x, o.w.n_cols, n, o.y, o.w.n_rows);
+    return;
+  }
+  std::array<cpu::MatmulOutput, kMax> cpu_outs;
+  for (size_t i = 0; i < outs.size(); ++i) cpu_outs[i] = {as_weights(outs[i].w), outs[i].y, outs[i].w.n_rows};
+  cpu::matmuls(cpu::kernels(), pool, {cpu_outs.data(), outs.size()}, x, n);
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, float* out) { cpu::swiglu(gate, up, out, n); }

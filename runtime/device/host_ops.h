@@ -5,6 +5,7 @@
 // the two devices cannot drift apart.
 
 #include <cstdint>
+#include <span>
 
 #include "cpu_kernels/linear_attention.h"
 #include "cpu_kernels/matmul.h"
@@ -24,6 +25,8 @@ void matmul(cpu::ThreadPool& pool, const DeviceMatrix& w, const float* x, int64_
             int64_t ldy);
 void matmul_heads(cpu::ThreadPool& pool, const DeviceMatrix& w, const cpu::HeadsLayout& layout, const float* x,
                   int64_t n, float* y);
+// Device::matmuls as cpu::matmuls computes it: one loop for all the matrices.
+void matmuls(cpu::ThreadPool& pool, std::span<const Device::MatmulOutput> outs, const float* x, int64_t n);
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 void add(const float* x, int64_t n, float* y);
 void add_bias(const float* bias, int64_t width, int64_t n_rows, float* y, int64_t ldy);

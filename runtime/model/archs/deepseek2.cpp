@@ -171,18 +171,20 @@ class Deepseek2 final : public Model {
     // Queries: [n][H][nope | rope].
     float* q = pass.scratch(slot, n * H * qk);
     const int32_t* selected = nullptr;
+    // Compressed key/value: [n][kv_lora | rope]; only the latent part is normalised, k_pe is shared by all heads.
+    // The projections of x (q or q_a, and kv_a) in one call.
+    float* kv = pass.scratch(slot + 2, n * width);
     if (L.q_lora) {
       float* qa = pass.scratch(slot + 1, n * L.q_rank);
-      d.matmul(s, pass.matrix(L.q_a), x, n, qa);
+      const device::Device::MatmulOutput outs[] = {{pass.matrix(L.q_a), qa}, {pass.matrix(L.kv_a), kv}};
+      d.matmuls(s, outs, x, n);
       d.rms_norm(s, qa, L.q_rank, pass.vector(L.q_a_norm), n, L.q_rank, c.rms_eps, qa, L.q_rank);
       d.matmul(s, pass.matrix(L.q_b), qa, n, q);
       if (L.ix_q) selected = select_keys(pass, layer, x, qa, n);
     } else {
-      d.matmul(s, pass.matrix(L.q), x, n, q);
+      const device::Device::MatmulOutput outs[] = {{pass.matrix(L.q), q}, {pass.matrix(L.kv_a), kv}};
+      d.matmuls(s, outs, x, n);
     }
-    // Compressed key/value: [n][kv_lora | rope]; only the latent part is normalised, k_pe is shared by all heads.
-    float* kv = pass.scratch(slot + 2, n * width);
-    d.matmul(s, pass.matrix(L.kv_a), x, n, kv);
     d.rms_norm(s, kv, width, pass.vector(L.kv_a_norm), n, kvl, c.rms_eps, kv, width);
     d.rope(s, pass.rope_table, kv + kvl, n, 1, width, 0, c.rope.n_dims, c.rope.neox);
     d.rope(s, pass.rope_table, q + nope, n, H, H * qk, qk, c.rope.n_dims, c.rope.neox);

@@ -71,9 +71,9 @@ class GqaModel final : public Model {
     float* k = pass.scratch(slot + 1, n * KV * D);
     float* v = pass.scratch(slot + 2, n * KV * Dv);
     float* heads = pass.scratch(slot + 3, n * H * Dv);
-    d.matmul(s, pass.matrix(L.q), x, n, q);
-    d.matmul(s, pass.matrix(L.k), x, n, k);
-    d.matmul(s, pass.matrix(L.v), x, n, v);
+    const device::Device::MatmulOutput projections[] = {
+        {pass.matrix(L.q), q}, {pass.matrix(L.k), k}, {pass.matrix(L.v), v}};
+    d.matmuls(s, projections, x, n);
     if (L.q_bias) {
       d.add_bias(s, pass.vector(L.q_bias), H * D, n, q, H * D);
       d.add_bias(s, pass.vector(L.k_bias), KV * D, n, k, KV * D);

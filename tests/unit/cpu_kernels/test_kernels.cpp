@@ -451,6 +451,58 @@ TEST(Kernels, FusedSwigluEqualsTwoMatmulsAndSilu) {
     }
 }
 
+// Projections of one input in one loop (MLA's q and kv_a, GQA's q, k and v): each output equals its own matmul bit for
+// bit, for one token (dot_many), a few (dot_rows) and a batch past the tile threshold, with row counts that end in a
+// partial block; matrices of another activation type or width, or more than one loop takes, go one by one.
+TEST(Kernels, MatmulsOfOneInputEqualOneMatmulEach) {
+  const int64_t cols = 256;
+  struct Spec {
+    GgmlType type;
+    int64_t rows;
+  };
+  const std::vector<std::vector<Spec>> sets = {
+      {{GgmlType::Q4_K, 200}, {GgmlType::Q4_K, 37}},                       // MLA: q, kv_a
+      {{GgmlType::Q8_0, 64}, {GgmlType::Q8_0, 16}, {GgmlType::Q8_0, 33}},  // GQA: q, k, v
+      {{GgmlType::Q4_K, 48}, {GgmlType::Q6_K, 20}},                        // one activation type (Q8_K)
+      {{GgmlType::Q4_K, 40}, {GgmlType::Q8_0, 24}},                        // two types: one matmul each
+      {{GgmlType::F32, 30}, {GgmlType::F32, 17}},                          // oneDNN in a batch
+      {{GgmlType::Q8_0, 8}, {GgmlType::Q8_0, 8}, {GgmlType::Q8_0, 8}, {GgmlType::Q8_0, 8}, {GgmlType::Q8_0, 8}}};
+  ThreadPool pool(2);
+  int set_index = 0;
+  for (const std::vector<Spec>& set : sets) {
+    std::vector<std::vector<uint8_t>> bytes(set.size());
+    std::vector<MatmulOutput> outs;
+    std::vector<std::vector<float>> got(set.size());
+    for (int64_t n_tokens : {1, 3, 40}) {
+      const std::vector<float> x = random_floats(n_tokens * cols, 70 + n_tokens);
+      outs.clear();
+      for (size_t i = 0; i < set.size(); ++i) {
+        const size_t rb = quant::row_bytes(set[i].type, cols);
+        const std::vector<float> w = random_floats(set[i].rows * cols, 80 + i, 0.05f);
+        bytes[i].resize(rb * set[i].rows);
+        for (int64_t r = 0; r < set[i].rows; ++r)
+          quant::quantize_row(set[i].type, &w[r * cols], bytes[i].data() + r * rb, cols);
+        got[i].assign(n_tokens * set[i].rows + 1, -1.0f);
+        outs.push_back({{set[i].type, cols, set[i].rows, rb, bytes[i].data()}, got[i].data(), set[i].rows});
+      }
+      matmuls(kernels(), pool, outs, x.data(), n_tokens);
+      for (size_t i = 0; i < set.size(); ++i) {
+        std::vector<float> want(n_tokens * set[i].rows + 1, -1.0f);
+        matmul(kernels(), pool, outs[i].w, x.data(), n_tokens, want.data(), set[i].rows);
+        EXPECT_EQ(got[i], want) << "set " << set_index << " matrix " << i << " tokens " << n_tokens;
+        if (n_tokens == 1) {  // and matmul is the row's own dot
+          const KernelTable& k = kernels();
+          std::vector<uint8_t> act(quant::activation_row_bytes(set[i].type, cols));
+          k.to_activation(set[i].type, x.data(), act.data(), cols);
+          for (int64_t r = 0; r < set[i].rows; ++r)
+            ASSERT_EQ(got[i][r], k.dot_for(set[i].type)(cols, outs[i].w.row(r), act.data())) << "row " << r;
+        }
+      }
+    }
+    ++set_index;
+  }
+}
+
 TEST(Kernels, PerHeadMatmulInOnePassEqualsOneMatmulPerHead) {
   // MLA's attn_k_b shape in small: 4 heads of 37 rows of 64 (Q5_0, as real files store it), 3 tokens, strided input.
   const int64_t heads = 4, rows = 37, cols = 64, n_tokens = 3, x_head = 96, y_head = 40;
@@ -494,6 +546,15 @@ TEST(ThreadPool, CoversEveryIndexOnceAndRethrows) {
                                      if (b == 0) throw std::runtime_error("boom");
                                    }),
                  std::runtime_error);
+    // A worker's exception (the chunks past the caller's) reaches the caller too, once.
+    if (threads > 1) {
+      EXPECT_THROW(pool.parallel_for(100, 1,
+                                     [](int64_t b, int64_t) {
+                                       if (b > 0) throw std::out_of_range("worker");
+                                     }),
+                   std::out_of_range);
+      EXPECT_NO_THROW(pool.parallel_for(100, 1, [](int64_t, int64_t) {}));
+    }
     // The pool stays usable after an exception.
     std::atomic<int64_t> sum = 0;
     pool.parallel_for(10, 1, [&](int64_t b, int64_t e) {
