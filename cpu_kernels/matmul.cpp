@@ -109,6 +109,18 @@ void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w,
   const int64_t units_per_head = (rows + kTileRows - 1) / kTileRows;
   pool.parallel_for_balanced(heads * units_per_head, 2, [&](int64_t u0, int64_t u1) {
     float out[kTokenChunk];
+    if (n_tokens == 1) {
+      // Decode: each head's rows of the piece in one dot_many call, without dot_rows' chunking (short rows feel it),
+      // the activation's side put together once per head and piece rather than once per unit of 16 rows.
+      for (int64_t u = u0; u < u1;) {
+        const int64_t h = u / units_per_head, end = std::min(u1, (h + 1) * units_per_head);
+        const int64_t r0 = u % units_per_head * kTileRows, r1 = std::min(rows, (end - h * units_per_head) * kTileRows);
+        k.dot_many(w.type, cols, w.row(h * rows + r0), w.row_bytes, r1 - r0, act + static_cast<size_t>(h) * act_row,
+                   y + h * layout.y_head_stride + r0);
+        u = end;
+      }
+      return;
+    }
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t h = u / units_per_head, r0 = u % units_per_head * kTileRows;
       const int64_t r1 = std::min(rows, r0 + kTileRows);
@@ -117,10 +129,6 @@ void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w,
       if (tile && r1 - r0 == kTileRows) {
         tile(cols, w.row(h * rows + r0), w.row_bytes, head_act, heads * act_row, n_tokens, head_y + r0,
              layout.y_token_stride);
-        continue;
-      }
-      if (n_tokens == 1) {  // decode: the unit's rows in one call, without dot_rows' chunking (short rows feel it)
-        k.dot_many(w.type, cols, w.row(h * rows + r0), w.row_bytes, r1 - r0, head_act, head_y + r0);
         continue;
       }
       for (int64_t r = r0; r < r1; ++r)

@@ -504,30 +504,34 @@ TEST(Kernels, MatmulsOfOneInputEqualOneMatmulEach) {
 }
 
 TEST(Kernels, PerHeadMatmulInOnePassEqualsOneMatmulPerHead) {
-  // MLA's attn_k_b shape in small: 4 heads of 37 rows of 64 (Q5_0, as real files store it), 3 tokens, strided input.
-  const int64_t heads = 4, rows = 37, cols = 64, n_tokens = 3, x_head = 96, y_head = 40;
+  // MLA's attn_k_b shape in small: 6 heads of 37 rows of 64 (Q5_0, as real files store it), strided input; one token
+  // (decode: a head's rows of a piece in one call, pieces that end inside a head) and three.
+  const int64_t heads = 6, rows = 37, cols = 64, x_head = 96, y_head = 40;
   const std::vector<float> w = random_floats(heads * rows * cols, 31, 0.05f);
-  const std::vector<float> x = random_floats(n_tokens * heads * x_head, 32);
-  for (GgmlType t : {GgmlType::Q5_0, GgmlType::F32, GgmlType::Q8_0}) {
-    const size_t rb = quant::row_bytes(t, cols);
-    std::vector<uint8_t> wq(rb * heads * rows);
-    for (int64_t r = 0; r < heads * rows; ++r) quant::quantize_row(t, &w[r * cols], wq.data() + r * rb, cols);
-    const WeightMatrix m{t, cols, heads * rows, rb, wq.data()};
-    ThreadPool pool(2);
-    std::vector<float> got(n_tokens * heads * y_head, -1.0f), want = got;
-    matmul_heads(kernels(), pool, m,
-                 {.n_heads = heads,
-                  .x_token_stride = heads * x_head,
-                  .x_head_stride = x_head,
-                  .y_token_stride = heads * y_head,
-                  .y_head_stride = y_head},
-                 x.data(), n_tokens, got.data());
-    for (int64_t h = 0; h < heads; ++h) {
-      std::vector<float> xh(n_tokens * cols);
-      for (int64_t tk = 0; tk < n_tokens; ++tk) std::copy_n(&x[tk * heads * x_head + h * x_head], cols, &xh[tk * cols]);
-      matmul(kernels(), pool, m.rows(h * rows, rows), xh.data(), n_tokens, &want[h * y_head], heads * y_head);
+  for (int64_t n_tokens : {1, 3}) {
+    const std::vector<float> x = random_floats(n_tokens * heads * x_head, 32);
+    for (GgmlType t : {GgmlType::Q5_0, GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4_0}) {
+      const size_t rb = quant::row_bytes(t, cols);
+      std::vector<uint8_t> wq(rb * heads * rows);
+      for (int64_t r = 0; r < heads * rows; ++r) quant::quantize_row(t, &w[r * cols], wq.data() + r * rb, cols);
+      const WeightMatrix m{t, cols, heads * rows, rb, wq.data()};
+      ThreadPool pool(2);
+      std::vector<float> got(n_tokens * heads * y_head, -1.0f), want = got;
+      matmul_heads(kernels(), pool, m,
+                   {.n_heads = heads,
+                    .x_token_stride = heads * x_head,
+                    .x_head_stride = x_head,
+                    .y_token_stride = heads * y_head,
+                    .y_head_stride = y_head},
+                   x.data(), n_tokens, got.data());
+      for (int64_t h = 0; h < heads; ++h) {
+        std::vector<float> xh(n_tokens * cols);
+        for (int64_t tk = 0; tk < n_tokens; ++tk)
+          std::copy_n(&x[tk * heads * x_head + h * x_head], cols, &xh[tk * cols]);
+        matmul(kernels(), pool, m.rows(h * rows, rows), xh.data(), n_tokens, &want[h * y_head], heads * y_head);
+      }
+      EXPECT_EQ(got, want) << quant::type_info(t).name << " tokens " << n_tokens;
     }
-    EXPECT_EQ(got, want) << quant::type_info(t).name;
   }
 }
 
