@@ -308,9 +308,9 @@ struct Q4KZmm {
 // blocks' scales), and the 16 float lanes are summed once at the end of the row. Blocks past the last eight go in
 // pairs, then one. The pairs of a step of eight alternate between two accumulators (added before the final sum), which
 // halves the chain of dependent FMAs: bench_dot many/avx512/Q5_0 (L2, one thread, alternating, 4 rounds) 26.9-27.6 ->
-// 28.2-28.5 GB/s in three of them. bench_dot (one thread, Zen 4, alternating, one sitting): L2-resident rows of 2048 21.1-21.3
-// against 17.8-18.0 GB/s for the 256-bit kernel with eight-block totals; streamed from DRAM 18.2-19.2 against
-// 15.6-16.6 (one thread) and 36.2-36.4 against 30.9-31.2 (two).
+// 28.2-28.5 GB/s in three of them. bench_dot (one thread, Zen 4, alternating, one sitting): L2-resident rows of
+// 2048 21.1-21.3 against 17.8-18.0 GB/s for the 256-bit kernel with eight-block totals; streamed from DRAM 18.2-19.2
+// against 15.6-16.6 (one thread) and 36.2-36.4 against 30.9-31.2 (two).
 struct Q5PairZmm {
   // The unsigned values (0..31) of blocks b and b + 1: 32 of each, in order.
   static __m512i pair_values(const quant::BlockQ5_0* x, int64_t b) {
