@@ -6,6 +6,11 @@
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
+#include <thread>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "cpu_kernels/numa/memory.h"
 #include "cpu_kernels/ops.h"
@@ -37,6 +42,15 @@ struct ExpertTileGateSite;
 struct ExpertTileUpSite;
 struct ExpertTileDownSite;
 struct ExpertPartialSite;
+
+// A pause in a wait on another thread (the spin-wait hint where the CPU has one).
+inline void spin_pause() {
+#if defined(__x86_64__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
 
 // Which of an expert's pass-1 matrices a unit reads: both (several tokens: each weight row is unpacked once for the
 // gate and the up of all of them), or one (a single token: gate and up as separate units).
@@ -110,9 +124,19 @@ class NodeUnits {
   // warm decode loop allocates nothing whoever takes what.
   template <typename Prepare, typename Fn>
   void run_ranges(ThreadPool& pool, Prepare&& prepare, Fn&& fn) const {
+    std::span<RangeClaim> claims = scratch<RangeClaim, struct UnitClaimSite>(static_cast<size_t>(pool.size()));
+    claim_ranges(pool, claims);
+    pool.parallel_for(pool.size(), 1, [&](int64_t thread, int64_t) {
+      prepare();
+      run_claims(claims, thread, piece,
+                 [&](int64_t begin, int64_t end) { fn(storage_.data() + begin, storage_.data() + end); });
+    });
+  }
+
+  // Each thread's contiguous range of its node's units, of about equal cost, into claims (one per pool thread).
+  void claim_ranges(const ThreadPool& pool, std::span<RangeClaim> claims) const {
     const ThreadPlacement* p = pool.placement();
     const int64_t n_pool = pool.size();
-    std::span<RangeClaim> claims = scratch<RangeClaim, struct UnitClaimSite>(static_cast<size_t>(n_pool));
     for (int64_t thread = 0; thread < n_pool; ++thread) {
       int64_t node = 0, rank = thread, n_threads = n_pool;
       if (p) {
@@ -140,16 +164,12 @@ class NodeUnits {
       };
       c.reset(boundary(rank), boundary(rank + 1), node);
     }
-    // The owner takes a quarter of what is left (at least kOwnPiece units), another thread half of it.
-    const auto piece = [](int64_t left, bool from_back) {
-      return from_back ? left / 2 : std::max(kOwnPiece, left / 4);
-    };
-    pool.parallel_for(n_pool, 1, [&](int64_t thread, int64_t) {
-      prepare();
-      run_claims(claims, thread, piece,
-                 [&](int64_t begin, int64_t end) { fn(storage_.data() + begin, storage_.data() + end); });
-    });
   }
+
+  // The owner takes a quarter of what is left (at least kOwnPiece units), another thread half of it.
+  static int64_t piece(int64_t left, bool from_back) { return from_back ? left / 2 : std::max(kOwnPiece, left / 4); }
+
+  std::span<const Unit> units() const { return storage_.first(static_cast<size_t>(size_)); }
 
  private:
   static constexpr int64_t kOwnPiece = 2;
@@ -180,37 +200,109 @@ struct Plan {
   size_t up_products = 0;          // one-token experts: float offset of the up products (n_ff floats)
 };
 
-// Pass 2 for one token whose experts have no residual (decode): each expert's down rows as units of their own,
-// expert after expert, so that a thread streams whole matrices one at a time, each item's weighted rows into a row
-// of their own; the rows are summed in rank order once all are done, as the span path sums them. By blocks of
-// output rows (that path), a thread moved from one expert's rows to the next's every piece it took, a few hundred
-// kB apart.
-void down_one_token(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batch, const uint8_t* down_act,
-                    std::span<const Plan> plan, int64_t n_embd, bool sparse, float* out) {
-  const int64_t n_experts = static_cast<int64_t>(batch.experts.size()), per_token = batch.per_token;
-  NodeUnits units(pool, scratch<Unit, struct DownExpertUnitSite>(n_experts * (n_embd / kDownRows + 66)));
-  for (int64_t node = 0; node < units.n_nodes(); ++node) {
-    units.begin_node(node);
-    for (int64_t e = 0; e < n_experts; ++e) {
-      units.add_rows(e, units.node_rows(node, n_embd, batch.experts[e].down.row_bytes), kOneStreamRows, 1);
-    }
+// Pass 1's unit of one matrix of a one-token expert (one_stream): its rows in one dot_many call, the gate's products
+// into the hidden row and the up's beside it (the expert's conversion takes their SiLU product).
+void one_stream_unit(const KernelTable& k, const ExpertFfn& f, const Plan& p, const Unit& unit, const uint8_t* act,
+                     float* hidden, float* up_products) {
+  const bool gate = unit.part == Part::kGate;
+  const WeightMatrix& w = gate ? f.gate : f.up;
+  float* dst = gate ? hidden + p.hidden : up_products + p.up_products;
+  k.dot_many(w.type, w.n_cols, w.row(unit.r0), w.row_bytes, unit.r1 - unit.r0, act + (gate ? p.gate : p.up).offset,
+             dst + unit.r0);
+}
+
+// An expert's hidden rows (m of them) in its down projection's activation types; for a one-token expert, first the
+// SiLU product of its gate and up products.
+void convert_hidden(const KernelTable& k, const ExpertFfn& f, const Plan& p, int64_t m, float* hidden,
+                    const float* up_products, uint8_t* down_act) {
+  const int64_t n_ff = f.gate.n_rows;
+  if (one_stream(f, m)) {
+    float* h = hidden + p.hidden;
+    f.hidden_run(k, 0, n_ff, h, up_products + p.up_products, h);
   }
-  units.end_nodes();
+  for (int64_t j = 0; j < m; ++j)
+    k.to_activation(f.down.type, hidden + p.hidden + j * n_ff, down_act + p.down.offset + j * p.down.row_bytes, n_ff);
+  if (f.has_residual() && p.down_r.offset != p.down.offset)
+    for (int64_t j = 0; j < m; ++j)
+      k.to_activation(f.down_r.type, hidden + p.hidden + j * n_ff, down_act + p.down_r.offset + j * p.down_r.row_bytes,
+                      n_ff);
+}
+
+// How far an expert is in the one-token loop: its gate and up units not yet done, then whether its hidden row is
+// converted (both through std::atomic_ref); a cache line each, as the threads update them.
+struct alignas(64) ExpertProgress {
+  int64_t left = 0;
+  uint32_t ready = 0;
+};
+
+// One token whose experts have no residual (decode): pass 1, each expert's conversion and pass 2 in one parallel
+// loop. Each thread takes its range of the gate and up units, then its range of the down units (each expert's down
+// rows as units of their own, expert after expert, so that a thread streams whole matrices one at a time; both split
+// by cost, so a thread's down units are mostly those of the experts whose gate and up it read). The thread that
+// finishes an expert's last gate or up unit converts its hidden row; a down unit whose expert is not converted yet
+// waits for it. So a thread done with its part of pass 1 streams down rows while the other finishes, where two
+// barriers and a loop for the conversions stood between the passes. Each item's weighted rows go into a row of their
+// own, summed in rank order once all are done, as the span path sums them: the same floats as the passes apart.
+void one_token_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batch, const NodeUnits& gate_units,
+                       std::span<const Plan> plan, const uint8_t* act, float* hidden, float* up_products,
+                       uint8_t* down_act, int64_t n_embd, bool sparse, float* out) {
+  const int64_t n_experts = static_cast<int64_t>(batch.experts.size()), per_token = batch.per_token;
+  NodeUnits down_units(pool, scratch<Unit, struct DownExpertUnitSite>(n_experts * (n_embd / kDownRows + 66)));
+  for (int64_t node = 0; node < down_units.n_nodes(); ++node) {
+    down_units.begin_node(node);
+    for (int64_t e = 0; e < n_experts; ++e)
+      down_units.add_rows(e, down_units.node_rows(node, n_embd, batch.experts[e].down.row_bytes), kOneStreamRows, 1);
+  }
+  down_units.end_nodes();
+  std::span<ExpertProgress> progress = scratch<ExpertProgress, struct ExpertProgressSite>(n_experts);
+  for (ExpertProgress& e : progress) e = {};
+  for (const Unit& u : gate_units.units()) ++progress[u.expert].left;
+  const auto n_pool = static_cast<size_t>(pool.size());
+  std::span<RangeClaim> gate_claims = scratch<RangeClaim, struct OneTokenGateClaimSite>(n_pool);
+  std::span<RangeClaim> down_claims = scratch<RangeClaim, struct OneTokenDownClaimSite>(n_pool);
+  gate_units.claim_ranges(pool, gate_claims);
+  down_units.claim_ranges(pool, down_claims);
   // partial[k * n_embd + r]: the weighted output row of the item in slot k (zeros where a slot has none).
   std::span<float> partial = scratch<float, struct ExpertOneTokenPartialSite>(per_token * n_embd);
   if (sparse) std::fill(partial.begin(), partial.end(), 0.0f);
-  units.run(
-      pool, [] {},
-      [&](const Unit& unit) {
-        const ExpertFfn& f = batch.experts[unit.expert];
-        const int64_t i = batch.first[unit.expert];
-        float y[kOneStreamRows];
-        k.dot_many(f.down.type, f.down.n_cols, f.down.row(unit.r0), f.down.row_bytes, unit.r1 - unit.r0,
-                   down_act + plan[unit.expert].down.offset, y);
-        float* dst = &partial[batch.rank[i] * n_embd];
-        for (int64_t r = unit.r0; r < unit.r1; ++r)
-          dst[r] = (f.down_bias ? y[r - unit.r0] + f.down_bias[r] : y[r - unit.r0]) * batch.weight[i];
-      });
+  std::atomic<bool> failed{false};  // a unit threw: whoever waits for an expert stops waiting
+
+  auto gate_part = [&](int64_t begin, int64_t end) {
+    for (const Unit& unit : gate_units.units().subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin))) {
+      const int64_t e = unit.expert;
+      one_stream_unit(k, batch.experts[e], plan[e], unit, act, hidden, up_products);
+      // The last unit's thread sees every unit's rows: each decrement releases them and the last one acquires all.
+      if (std::atomic_ref<int64_t>(progress[e].left).fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
+      convert_hidden(k, batch.experts[e], plan[e], 1, hidden, up_products, down_act);
+      std::atomic_ref<uint32_t>(progress[e].ready).store(1, std::memory_order_release);
+    }
+  };
+  auto down_part = [&](int64_t begin, int64_t end) {
+    for (const Unit& unit : down_units.units().subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin))) {
+      const int64_t e = unit.expert;
+      while (std::atomic_ref<uint32_t>(progress[e].ready).load(std::memory_order_acquire) == 0) {
+        if (failed.load(std::memory_order_relaxed)) return;
+        spin_pause();
+      }
+      const ExpertFfn& f = batch.experts[e];
+      const int64_t i = batch.first[e];
+      float y[kOneStreamRows];
+      k.dot_many(f.down.type, f.down.n_cols, f.down.row(unit.r0), f.down.row_bytes, unit.r1 - unit.r0,
+                 down_act + plan[e].down.offset, y);
+      float* dst = &partial[batch.rank[i] * n_embd];
+      for (int64_t r = unit.r0; r < unit.r1; ++r)
+        dst[r] = (f.down_bias ? y[r - unit.r0] + f.down_bias[r] : y[r - unit.r0]) * batch.weight[i];
+    }
+  };
+  pool.parallel_for(pool.size(), 1, [&](int64_t thread, int64_t) {
+    try {
+      run_claims(gate_claims, thread, NodeUnits::piece, gate_part);
+      run_claims(down_claims, thread, NodeUnits::piece, down_part);
+    } catch (...) {
+      failed.store(true, std::memory_order_relaxed);
+      throw;
+    }
+  });
   // In rank order, a row at a time through the tier's axpy (a multiply by 1 is exact, so each add is the plain add's):
   // the scalar loop took 6 us a layer.
   std::copy_n(partial.data(), n_embd, out);
@@ -360,6 +452,14 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
     }
   });
 
+  // One token whose experts have no residual (decode): the passes and the conversions in one loop.
+  bool one_token = batch.n_tokens == 1;
+  for (int64_t e = 0; e < n_experts; ++e)
+    one_token = one_token && one_stream(batch.experts[e], batch.first[e + 1] - batch.first[e]);
+  if (one_token)
+    return one_token_experts(k, pool, batch, gate_units, plan, act.data(), hidden.data(), up_products.data(),
+                             down_act.data(), n_embd, sparse, out);
+
   // Pass 1: hidden = silu(gate x) * up x, by units of kGateRows rows of one expert (of one of its two matrices for a
   // one-token expert, whose SiLU product the conversion after this pass takes). The tile path's per-thread blocks
   // hold [token][kTileRows] of the expert with the most tokens.
@@ -393,16 +493,8 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
           f.hidden_run(k, r, kTileRows, &g[j * kTileRows], &u[j * kTileRows], &h[j * n_ff + r]);
       }
     }
-    if (unit.part != Part::kGateAndUp) {
-      // One token (decode): the unit's rows of one matrix in one call, the gate's products into the hidden row and
-      // the up's beside it; the conversion below takes their SiLU product.
-      const bool gate = unit.part == Part::kGate;
-      const WeightMatrix& w = gate ? f.gate : f.up;
-      float* dst = gate ? hidden.data() + p.hidden : up_products.data() + p.up_products;
-      k.dot_many(w.type, w.n_cols, w.row(r0), w.row_bytes, r1 - r0, act.data() + (gate ? p.gate : p.up).offset,
-                 dst + r0);
-      return;
-    }
+    if (unit.part != Part::kGateAndUp)  // an expert with one token among experts with more (prefill)
+      return one_stream_unit(k, f, p, unit, act.data(), hidden.data(), up_products.data());
     float g[kItemChunk], up[kItemChunk];
     for (int64_t c0 = 0; c0 < m; c0 += kItemChunk) {
       const int64_t nc = std::min(kItemChunk, m - c0);
@@ -430,31 +522,12 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
 
   // One-token experts' SiLU products, then the hidden rows in the down projections' activation types.
   pool.parallel_for(n_experts, 1, [&](int64_t e0, int64_t e1) {
-    for (int64_t e = e0; e < e1; ++e) {
-      const ExpertFfn& f = batch.experts[e];
-      const Plan& p = plan[e];
-      const int64_t m = batch.first[e + 1] - batch.first[e], n_ff = f.gate.n_rows;
-      if (one_stream(f, m)) {
-        float* h = hidden.data() + p.hidden;
-        const float* u = up_products.data() + p.up_products;
-        f.hidden_run(k, 0, n_ff, h, u, h);
-      }
-      for (int64_t j = 0; j < m; ++j)
-        k.to_activation(f.down.type, hidden.data() + p.hidden + j * n_ff,
-                        down_act.data() + p.down.offset + j * p.down.row_bytes, n_ff);
-      if (f.has_residual() && p.down_r.offset != p.down.offset)
-        for (int64_t j = 0; j < m; ++j)
-          k.to_activation(f.down_r.type, hidden.data() + p.hidden + j * n_ff,
-                          down_act.data() + p.down_r.offset + j * p.down_r.row_bytes, n_ff);
-    }
+    for (int64_t e = e0; e < e1; ++e)
+      convert_hidden(k, batch.experts[e], plan[e], batch.first[e + 1] - batch.first[e], hidden.data(),
+                     up_products.data(), down_act.data());
   });
 
   const int64_t per_token = batch.per_token;
-  bool one_token = batch.n_tokens == 1;
-  for (int64_t e = 0; e < n_experts; ++e)
-    one_token = one_token && one_stream(batch.experts[e], batch.first[e + 1] - batch.first[e]);
-  if (one_token) return down_one_token(k, pool, batch, down_act.data(), plan, n_embd, sparse, out);
-
   // Pass 2: by blocks of output rows, every expert's down rows, then each token's weighted sum in rank order.
   // Output rows go to nodes as the first expert's down rows do (all experts of a layer share a layout).
   NodeUnits down_units(pool, scratch<Unit, struct DownUnitSite>(n_embd / kDownRows + 66));
