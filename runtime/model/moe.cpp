@@ -65,6 +65,7 @@ RoutedItems group_items(const MoeWeights& w, const Routing& r, int64_t n, int64_
 
 void add_routed_expert(cpu::ExpertBatch& batch, const MoeWeights& w, const RoutedItems& items, const Routing& r,
                        int64_t e, int64_t nu, int64_t n_embd, bool critical_only) {
+  if (items.begin(e) == items.end[e]) return;  // no item: nothing to add (most of a decode step's experts)
   const cpu::ExpertFfn q{.gate = w.gate_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
                          .up = w.up_exps.rows(e * w.n_ff_exp, w.n_ff_exp),
                          .down = w.down_exps.rows(e * n_embd, n_embd),
