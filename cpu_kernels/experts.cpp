@@ -6,11 +6,6 @@
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
-#include <thread>
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #include "cpu_kernels/numa/memory.h"
 #include "cpu_kernels/ops.h"
@@ -42,15 +37,6 @@ struct ExpertTileGateSite;
 struct ExpertTileUpSite;
 struct ExpertTileDownSite;
 struct ExpertPartialSite;
-
-// A pause in a wait on another thread (the spin-wait hint where the CPU has one).
-inline void spin_pause() {
-#if defined(__x86_64__)
-  _mm_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
 
 // Which of an expert's pass-1 matrices a unit reads: both (several tokens: each weight row is unpacked once for the
 // gate and the up of all of them), or one (a single token: gate and up as separate units).
@@ -282,7 +268,7 @@ void one_token_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch
       const int64_t e = unit.expert;
       while (std::atomic_ref<uint32_t>(progress[e].ready).load(std::memory_order_acquire) == 0) {
         if (failed.load(std::memory_order_relaxed)) return;
-        spin_pause();
+        cpu_relax();
       }
       const ExpertFfn& f = batch.experts[e];
       const int64_t i = batch.first[e];

@@ -75,9 +75,6 @@ void for_row_blocks(ThreadPool& pool, int64_t n_rows, bool tiles, TileFn&& tile_
                              [&](int64_t b0, int64_t b1) { run_blocks(b0, b1, n_rows, tiles, tile_fn, rows_fn); });
 }
 
-// Matrices one matmuls call shares a loop between; more go one call each.
-constexpr size_t kMaxFused = 4;
-
 }  // namespace
 
 void block_dots(const KernelTable& k, GemmTileFn tile, const WeightMatrix& w, int64_t r, const uint8_t* act,
@@ -230,7 +227,7 @@ void matmuls(const KernelTable& k, ThreadPool& pool, std::span<const MatmulOutpu
              int64_t n_tokens) {
   if (n_tokens <= 0 || outs.empty()) return;
   const WeightMatrix& w0 = outs[0].w;
-  bool fused = outs.size() <= kMaxFused && !uses_onednn(k, w0, n_tokens);
+  bool fused = outs.size() <= kMaxFused;
   for (const MatmulOutput& o : outs)
     fused = fused && o.w.n_cols == w0.n_cols && quant::same_vec_dot_type(o.w.type, w0.type) &&
             !uses_onednn(k, o.w, n_tokens);

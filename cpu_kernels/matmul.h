@@ -40,8 +40,10 @@ struct MatmulOutput {
 };
 // Matrices with the same input rows (MLA's q and kv_a, GQA's q, k and v), each output as matmul computes it, bit for
 // bit, in one parallel loop over all their rows with the activation converted once: a decode step pays one hand-over
-// and one conversion where a matmul per matrix pays each per matrix (and the last pieces of the small ones). Matrices
-// of different widths or activation types, and F32 ones that a batch sends to oneDNN, go one matmul each.
+// and one conversion where a matmul per matrix pays each per matrix (and the last pieces of the small ones). More
+// than kMaxFused matrices, matrices of different widths or activation types, and F32 ones that a batch sends to
+// oneDNN go one matmul each.
+constexpr size_t kMaxFused = 4;
 void matmuls(const KernelTable& k, ThreadPool& pool, std::span<const MatmulOutput> outs, const float* x,
              int64_t n_tokens);
 

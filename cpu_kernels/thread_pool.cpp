@@ -16,14 +16,6 @@ namespace {
 // decode step, far shorter than a step.
 constexpr auto kSpinTime = std::chrono::microseconds(100);
 
-inline void cpu_relax() {
-#if defined(__x86_64__)
-  _mm_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
-
 // Spins until done() or the spin time is over; returns done().
 template <typename Done>
 bool spin_until(Done done) {
@@ -42,6 +34,14 @@ void chunk_range(int64_t n, int chunks, int index, int64_t* begin, int64_t* end)
 }
 
 }  // namespace
+
+void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
 
 ThreadPool::ThreadPool(int n_threads, std::vector<int> pus) : n_threads_(std::max(1, n_threads)) {
   for (int i = 1; i < n_threads_; ++i) {

@@ -144,6 +144,9 @@ class ThreadPool {
   std::exception_ptr error_;
 };
 
+// One step of a wait on another thread: the CPU's spin-wait hint (PAUSE on x86), else a yield.
+void cpu_relax();
+
 // A thread count: `requested` when at least 1, else one per hardware thread the OS reports (at least 1).
 int resolve_threads(int requested);
 

@@ -23,14 +23,16 @@ void matmul_heads(cpu::ThreadPool& pool, const DeviceMatrix& w, const cpu::Heads
 }
 
 void matmuls(cpu::ThreadPool& pool, std::span<const Device::MatmulOutput> outs, const float* x, int64_t n) {
-  constexpr size_t kMax = 4;  // a layer's projections of one input; more go one by one
-  if (outs.size() > kMax) {
-    for (const Device::MatmulOutput& o : outs) matmul(pool, o.w, x, o.w.n_cols, n, o.y, o.w.n_rows);
-    return;
+  // As cpu matrices, as many at a time as one cpu::matmuls loop takes (a layer's projections: all of them).
+  std::array<cpu::MatmulOutput, cpu::kMaxFused> cpu_outs;
+  for (size_t first = 0; first < outs.size(); first += cpu::kMaxFused) {
+    const size_t count = std::min(cpu::kMaxFused, outs.size() - first);
+    for (size_t i = 0; i < count; ++i) {
+      const Device::MatmulOutput& o = outs[first + i];
+      cpu_outs[i] = {as_weights(o.w), o.y, o.w.n_rows};
+    }
+    cpu::matmuls(cpu::kernels(), pool, {cpu_outs.data(), count}, x, n);
   }
-  std::array<cpu::MatmulOutput, kMax> cpu_outs;
-  for (size_t i = 0; i < outs.size(); ++i) cpu_outs[i] = {as_weights(outs[i].w), outs[i].y, outs[i].w.n_rows};
-  cpu::matmuls(cpu::kernels(), pool, {cpu_outs.data(), outs.size()}, x, n);
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, float* out) { cpu::swiglu(gate, up, out, n); }
