@@ -191,7 +191,8 @@ TEST(Kernels, MultiRowDotEqualsSingleDotsBitForBit) {
 // Consecutive weight rows against one activation (decode's matrices) must give exactly the single dot of each row,
 // on every tier, whatever the number of rows and the stride between them, for rows that end inside the kernels'
 // groups of blocks (3 and 4 blocks: attn_k_b has 4), past them (9, 11 and 27 blocks: several groups of eight, a
-// pair, an odd block), and at and past the length whose activation side a tier prepares once per call on the stack.
+// pair, an odd block), and at and past the length whose activation side a tier prepares once per call on the stack;
+// rows packed (a tier may read several rows' fields at once) and with bytes between them.
 TEST(Kernels, ManyRowDotEqualsSingleDotsBitForBit) {
   for (Isa isa : tiers_present()) {
     const KernelTable table = make_kernel_table(isa);
@@ -206,33 +207,34 @@ TEST(Kernels, ManyRowDotEqualsSingleDotsBitForBit) {
       for (int64_t blocks : {3, 4, 9, 11, 14, 15, 27, 44})
         lengths.push_back(block == 1 ? 97 * blocks / 3 : block * blocks);
       for (int64_t values : {4096, 8192, 16384, 16640}) lengths.push_back(values);
-      for (const int64_t n : lengths) {
-        const bool long_row = n >= 8192;
-        const size_t row_bytes = quant::row_bytes(type, n) + 8;  // rows need not be packed
-        const int64_t n_quantized = long_row ? 3 : 37;
-        std::vector<uint8_t> wq(row_bytes * n_quantized);
-        for (int64_t r = 0; r < n_quantized; ++r) {
-          const std::vector<float> w = random_floats(n, 300 + r, 0.05f);
-          quant::quantize_row(type, w.data(), wq.data() + r * row_bytes, n);
+      for (const int64_t n : lengths)
+        for (const size_t padding : {size_t{0}, size_t{8}}) {
+          const bool long_row = n >= 8192;
+          const size_t row_bytes = quant::row_bytes(type, n) + padding;  // rows packed, and not
+          const int64_t n_quantized = long_row ? 3 : 37;
+          std::vector<uint8_t> wq(row_bytes * n_quantized);
+          for (int64_t r = 0; r < n_quantized; ++r) {
+            const std::vector<float> w = random_floats(n, 300 + r, 0.05f);
+            quant::quantize_row(type, w.data(), wq.data() + r * row_bytes, n);
+          }
+          const GgmlType act_type = quant::type_info(type).vec_dot_type;
+          const std::vector<float> a = random_floats(n, 77);
+          std::vector<uint8_t> act(quant::activation_row_bytes(type, n));
+          if (act_type == GgmlType::F32)
+            std::memcpy(act.data(), a.data(), n * sizeof(float));
+          else
+            quant::quantize_activation(act_type, a.data(), act.data(), n);
+          for (int64_t n_rows : {1, 2, 16, 37}) {
+            if (n_rows > n_quantized) continue;
+            std::vector<float> got(n_rows + 1, -1.0f);
+            table.dot_many(type, n, wq.data(), row_bytes, n_rows, act.data(), got.data());
+            for (int64_t r = 0; r < n_rows; ++r)
+              ASSERT_EQ(got[r], table.dot_for(type)(n, wq.data() + r * row_bytes, act.data()))
+                  << isa_name(isa) << " " << quant::type_info(type).name << " n " << n << " padding " << padding
+                  << " rows " << n_rows << " r " << r;
+            EXPECT_EQ(got[n_rows], -1.0f) << "nothing written past the rows";
+          }
         }
-        const GgmlType act_type = quant::type_info(type).vec_dot_type;
-        const std::vector<float> a = random_floats(n, 77);
-        std::vector<uint8_t> act(quant::activation_row_bytes(type, n));
-        if (act_type == GgmlType::F32)
-          std::memcpy(act.data(), a.data(), n * sizeof(float));
-        else
-          quant::quantize_activation(act_type, a.data(), act.data(), n);
-        for (int64_t n_rows : {1, 2, 16, 37}) {
-          if (n_rows > n_quantized) continue;
-          std::vector<float> got(n_rows + 1, -1.0f);
-          table.dot_many(type, n, wq.data(), row_bytes, n_rows, act.data(), got.data());
-          for (int64_t r = 0; r < n_rows; ++r)
-            ASSERT_EQ(got[r], table.dot_for(type)(n, wq.data() + r * row_bytes, act.data()))
-                << isa_name(isa) << " " << quant::type_info(type).name << " n " << n << " rows " << n_rows << " r "
-                << r;
-          EXPECT_EQ(got[n_rows], -1.0f) << "nothing written past the rows";
-        }
-      }
     }
   }
 }
