@@ -51,13 +51,10 @@ inline int32_t hsum_epi32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-// The sum of v's 16 float lanes in a fixed order: lane i + lane i + 8, then + 4, + 2, + 1 (the pairs GCC's
+// The sum of v's 16 float lanes in a fixed order: lane i + lane i + 8, then hsum's + 4, + 2, + 1 (the pairs GCC's
 // _mm512_reduce_add_ps adds), so that a kernel's per-row and four-row paths, on any compiler, give the same floats.
 inline float reduce_add(__m512 v) {
-  const __m256 t3 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  const __m128 t6 = _mm_add_ps(_mm256_castps256_ps128(t3), _mm256_extractf128_ps(t3, 1));
-  const __m128 t8 = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
-  return _mm_cvtss_f32(_mm_add_ss(t8, _mm_movehdup_ps(t8)));
+  return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
 }
 
 // reduce_add of four vectors at once, [a, b, c, d]: the same pairs added (each bit for bit its reduce_add) in 14
@@ -394,16 +391,13 @@ struct Q5PairZmm {
     const __m512i start[2] = {negated_offset(a[0]), negated_offset(a[1])};
     const __m128 yd =
         _mm_setr_ps(fp16_to_fp32(y[0].d), fp16_to_fp32(y[1].d), fp16_to_fp32(y[2].d), fp16_to_fp32(y[3].d));
-    const __m512i lanes[2] = {
-        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(0)), _mm256_set1_epi32(1), 1),
-        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(2)), _mm256_set1_epi32(3), 1)};
     auto row_sums = [&](int64_t r) {
       const auto* x = reinterpret_cast<const quant::BlockQ5_0*>(w + static_cast<size_t>(r) * row_bytes);
-      const __m512 scales = _mm512_castps128_ps512(_mm_mul_ps(four_scales(x), yd));
+      const __m256 scales = _mm256_castps128_ps256(_mm_mul_ps(four_scales(x), yd));  // lanes 4-7 unused
       __m512 acc = _mm512_setzero_ps();
       for (int p = 0; p < 2; ++p) {
         const __m512i sums = _mm512_dpbusd_epi32(start[p], pair_values(x, 2 * p), a[p]);
-        acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(lanes[p], scales), _mm512_cvtepi32_ps(sums), acc);
+        acc = _mm512_fmadd_ps(pair_scales(scales, p), _mm512_cvtepi32_ps(sums), acc);
       }
       return acc;
     };
