@@ -69,6 +69,32 @@ TEST(Ops, AttentionWithSinksAndSlidingWindowMatchesTheFormula) {
     }
 }
 
+// out against the formula (scores and softmax in double) for case c, values v with v_stride between positions.
+void expect_formula(const AttentionCase& c, const std::vector<float>& q, const std::vector<float>& k, const float* v,
+                    int64_t v_stride, const std::vector<float>& sinks, float scale, const std::vector<float>& out) {
+  for (int64_t t = 0; t < c.n; ++t)
+    for (int h = 0; h < c.H; ++h) {
+      const int g = h / (c.H / c.KV);
+      const int64_t p = c.pos0 + t;
+      std::vector<double> s;
+      double top = c.sinks ? sinks[h] : -INFINITY;
+      for (int64_t j = 0; j <= p; ++j) {
+        double dot = 0;
+        for (int i = 0; i < c.dk; ++i)
+          dot += static_cast<double>(q[(t * c.H + h) * c.dk + i]) * k[(j * c.KV + g) * c.dk + i];
+        s.push_back(dot * scale);
+        top = std::max(top, s.back());
+      }
+      double sum = c.sinks ? std::exp(sinks[h] - top) : 0.0;
+      for (double& x : s) sum += (x = std::exp(x - top));
+      for (int i = 0; i < c.dv; ++i) {
+        double want = 0;
+        for (size_t j = 0; j < s.size(); ++j) want += s[j] / sum * v[static_cast<int64_t>(j) * v_stride + g * c.dv + i];
+        ASSERT_NEAR(out[(t * c.H + h) * c.dv + i], want, 2e-5) << "token " << t << " head " << h << " value " << i;
+      }
+    }
+}
+
 // A prompt's attention (16 tokens or more) runs as matrix products over blocks of queries: it must give what the
 // formula gives, for GQA groups, sinks, a batch after cached positions (blocks of every key count, a last block cut
 // short), and MLA's layout (one key head whose values are the first floats of the key rows, longer keys than values).
@@ -89,34 +115,15 @@ TEST(Ops, PromptAttentionAsMatrixProductsMatchesTheFormula) {
     std::vector<float> out(c.n * c.H * c.dv);
     causal_attention(shape, {q.data(), c.H * c.dk, c.dk, k.data(), c.KV * c.dk, v, v_stride}, c.n, c.pos0, out.data(),
                      pool);
-    for (int64_t t = 0; t < c.n; ++t)
-      for (int h = 0; h < c.H; ++h) {
-        const int g = h / (c.H / c.KV);
-        const int64_t p = c.pos0 + t;
-        std::vector<double> s;
-        double top = c.sinks ? sinks[h] : -INFINITY;
-        for (int64_t j = 0; j <= p; ++j) {
-          double dot = 0;
-          for (int i = 0; i < c.dk; ++i)
-            dot += static_cast<double>(q[(t * c.H + h) * c.dk + i]) * k[(j * c.KV + g) * c.dk + i];
-          s.push_back(dot * 0.2);
-          top = std::max(top, s.back());
-        }
-        double sum = c.sinks ? std::exp(sinks[h] - top) : 0.0;
-        for (double& x : s) sum += (x = std::exp(x - top));
-        for (int i = 0; i < c.dv; ++i) {
-          double want = 0;
-          for (size_t j = 0; j < s.size(); ++j)
-            want += s[j] / sum * v[static_cast<int64_t>(j) * v_stride + g * c.dv + i];
-          ASSERT_NEAR(out[(t * c.H + h) * c.dv + i], want, 2e-5) << "token " << t << " head " << h << " value " << i;
-        }
-      }
+    expect_formula(c, q, k, v, v_stride, sinks, 0.2f, out);
   }
 }
 
-// Decode over a long cache with fewer query groups than threads takes three passes (scores by keys, softmax by heads,
-// sums by columns) instead of head slices: bit for bit the same output as the one-thread path, for MLA's one latent
-// key head (values inside the keys), GQA groups with sinks, and a short cache (below the split's threshold) alike.
+// Decode over a long cache with fewer query groups than threads takes passes split by keys (scores and weighted sums
+// by key pieces, softmax by heads, the pieces added in order) instead of head slices: bit for bit the same output as
+// the one-thread path, and what the formula gives, for MLA's one latent key head (values inside the keys), GQA groups
+// with sinks, and a short cache (below the split's threshold) alike; runs of 301 to 602 keys (eight pieces, a last
+// one longer than the others).
 TEST(Ops, DecodeAttentionSplitByKeysEqualsTheHeadSlices) {
   ThreadPool one(1), three(3);
   for (const AttentionCase& c :
@@ -135,6 +142,7 @@ TEST(Ops, DecodeAttentionSplitByKeysEqualsTheHeadSlices) {
     causal_attention(shape, in, c.n, c.pos0, want.data(), one);
     causal_attention(shape, in, c.n, c.pos0, got.data(), three);
     EXPECT_EQ(got, want);
+    expect_formula(c, q, k, v, v_stride, sinks, 0.1f, got);
   }
 }
 
