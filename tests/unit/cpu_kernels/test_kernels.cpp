@@ -194,47 +194,53 @@ TEST(Kernels, MultiRowDotEqualsSingleDotsBitForBit) {
 // pair, an odd block), and at and past the length whose activation side a tier prepares once per call on the stack;
 // rows packed (a tier may read several rows' fields at once) and with bytes between them.
 TEST(Kernels, ManyRowDotEqualsSingleDotsBitForBit) {
-  for (Isa isa : tiers_present()) {
-    const KernelTable table = make_kernel_table(isa);
-    for (GgmlType type : kWeightTypes) {
-      const int64_t block = quant::type_info(type).block_size;
-      // Short rows by their blocks; long ones by their values: 4096, 8192 and 16384 fill the stack buffers in which a
-      // tier puts the activation's side together (Q8_0: 4096 values, Q5_0: 8192, Q4_K: 16384), 16640 overflows them
-      // all.
-      // 14, 15 and 44 blocks leave three pairs of blocks past the last eight (and an odd one), and two (V2-Lite's
-      // expert down rows of 1408 values).
-      std::vector<int64_t> lengths;
-      for (int64_t blocks : {3, 4, 9, 11, 14, 15, 27, 44})
-        lengths.push_back(block == 1 ? 97 * blocks / 3 : block * blocks);
-      for (int64_t values : {4096, 8192, 16384, 16640}) lengths.push_back(values);
-      for (const int64_t n : lengths)
-        for (const size_t padding : {size_t{0}, size_t{8}}) {
-          const bool long_row = n >= 8192;
-          const size_t row_bytes = quant::row_bytes(type, n) + padding;  // rows packed, and not
-          const int64_t n_quantized = long_row ? 3 : 37;
-          std::vector<uint8_t> wq(row_bytes * n_quantized);
-          for (int64_t r = 0; r < n_quantized; ++r) {
-            const std::vector<float> w = random_floats(n, 300 + r, 0.05f);
-            quant::quantize_row(type, w.data(), wq.data() + r * row_bytes, n);
-          }
-          const GgmlType act_type = quant::type_info(type).vec_dot_type;
-          const std::vector<float> a = random_floats(n, 77);
-          std::vector<uint8_t> act(quant::activation_row_bytes(type, n));
-          if (act_type == GgmlType::F32)
-            std::memcpy(act.data(), a.data(), n * sizeof(float));
-          else
-            quant::quantize_activation(act_type, a.data(), act.data(), n);
+  std::vector<KernelTable> tables;
+  for (Isa isa : tiers_present()) tables.push_back(make_kernel_table(isa));
+  for (GgmlType type : kWeightTypes) {
+    const int64_t block = quant::type_info(type).block_size;
+    // Short rows by their blocks; long ones by their values: 4096, 8192 and 16384 fill the stack buffers in which a
+    // tier puts the activation's side together (Q8_0: 4096 values, Q5_0: 8192, Q4_K: 16384), 16640 overflows them
+    // all.
+    // 14, 15 and 44 blocks leave three pairs of blocks past the last eight (and an odd one), and two (V2-Lite's
+    // expert down rows of 1408 values).
+    std::vector<int64_t> lengths;
+    for (int64_t blocks : {3, 4, 9, 11, 14, 15, 27, 44})
+      lengths.push_back(block == 1 ? 97 * blocks / 3 : block * blocks);
+    for (int64_t values : {4096, 8192, 16384, 16640}) lengths.push_back(values);
+    for (const int64_t n : lengths) {
+      // The rows are quantized once (the IQ types' search is slow, under the sanitizers most of all), then laid out
+      // packed and with padding for every tier.
+      const int64_t n_quantized = n >= 8192 ? 3 : 37;
+      const size_t packed = quant::row_bytes(type, n);
+      std::vector<uint8_t> rows(packed * n_quantized);
+      for (int64_t r = 0; r < n_quantized; ++r) {
+        const std::vector<float> w = random_floats(n, 300 + r, 0.05f);
+        quant::quantize_row(type, w.data(), rows.data() + r * packed, n);
+      }
+      const GgmlType act_type = quant::type_info(type).vec_dot_type;
+      const std::vector<float> a = random_floats(n, 77);
+      std::vector<uint8_t> act(quant::activation_row_bytes(type, n));
+      if (act_type == GgmlType::F32)
+        std::memcpy(act.data(), a.data(), n * sizeof(float));
+      else
+        quant::quantize_activation(act_type, a.data(), act.data(), n);
+      for (const size_t padding : {size_t{0}, size_t{8}}) {
+        const size_t row_bytes = packed + padding;  // rows packed, and not
+        std::vector<uint8_t> wq(row_bytes * n_quantized);
+        for (int64_t r = 0; r < n_quantized; ++r)
+          std::memcpy(wq.data() + r * row_bytes, rows.data() + r * packed, packed);
+        for (const KernelTable& table : tables)
           for (int64_t n_rows : {1, 2, 16, 37}) {
             if (n_rows > n_quantized) continue;
             std::vector<float> got(n_rows + 1, -1.0f);
             table.dot_many(type, n, wq.data(), row_bytes, n_rows, act.data(), got.data());
             for (int64_t r = 0; r < n_rows; ++r)
               ASSERT_EQ(got[r], table.dot_for(type)(n, wq.data() + r * row_bytes, act.data()))
-                  << isa_name(isa) << " " << quant::type_info(type).name << " n " << n << " padding " << padding
+                  << isa_name(table.isa) << " " << quant::type_info(type).name << " n " << n << " padding " << padding
                   << " rows " << n_rows << " r " << r;
             EXPECT_EQ(got[n_rows], -1.0f) << "nothing written past the rows";
           }
-        }
+      }
     }
   }
 }
