@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <limits>
 
 #include "quant/blocks.h"
 #include "quant/half.h"
@@ -15,8 +16,12 @@ namespace {
 
 constexpr int kHalf = 16;  // the two halves of a 32-block share a byte: element j low nibble, j + 16 high
 
-// ggml writes (int8_t)(v) for these: truncation toward zero. v is in [0, 32] for finite input.
-int truncate(float v) { return static_cast<int>(v); }
+// ggml writes (int8_t)(v) for these: truncation toward zero. v is in [0, 32] for finite input; a block of
+// subnormals makes 1/d infinite and v infinite or NaN, which x86's conversion (and so ggml) turns into INT_MIN. The
+// same here, without the cast that would be undefined.
+int truncate(float v) {
+  return v > -2147483648.0f && v < 2147483648.0f ? static_cast<int>(v) : std::numeric_limits<int>::min();
+}
 
 // The signed value with the largest magnitude, the first one on ties (ggml's scan with a strict '<').
 float signed_absmax(const float* x, int n) {

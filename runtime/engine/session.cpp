@@ -124,7 +124,9 @@ void Session::eval_batch(std::span<const BatchPart> parts, const std::atomic<boo
     }
     session.account(part.tokens, seconds);
   }
-  // The observers last: every session holds its tokens whatever one of them throws.
+  // The observers last: every session holds its tokens whatever one of them throws. The hidden states hold every
+  // row when a part asked for them, and nothing when none did (no observer to notify).
+  if (hidden.empty()) return;
   size_t first_row = 0;
   for (const BatchPart& part : parts) {
     const int64_t pos0 = part.session->n_past() - static_cast<int64_t>(part.tokens.size());
