@@ -279,10 +279,11 @@ void register_all() {
           [isa, keys](benchmark::State& s) { bm_attention(s, isa, keys); });
   for (Isa isa : {Isa::kRef, Isa::kAvx2, Isa::kAvx512})
     for (const auto& [act, weight] : {std::pair{GgmlType::Q8_0, GgmlType::Q8_0}, {GgmlType::Q8_K, GgmlType::Q4_K}})
-      benchmark::RegisterBenchmark((std::string("convert/") + std::string(hetmoe::cpu::isa_name(isa)) + "/" +
-                                    std::string(hetmoe::quant::type_info(act).name))
-                                       .c_str(),
-                                   [isa, act, weight](benchmark::State& s) { bm_convert(s, isa, act, weight); });
+      benchmark::RegisterBenchmark(
+          (std::string("convert/") + std::string(hetmoe::cpu::isa_name(isa)) + "/" +
+           std::string(hetmoe::quant::type_info(act).name))
+              .c_str(),
+          [isa, act = act, weight = weight](benchmark::State& s) { bm_convert(s, isa, act, weight); });
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
     benchmark::RegisterBenchmark(("heads/" + std::string(hetmoe::cpu::isa_name(isa)) + "/kb").c_str(),
                                  [isa](benchmark::State& s) { bm_heads(s, isa); })

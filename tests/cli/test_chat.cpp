@@ -142,7 +142,8 @@ TEST(ChatPiped, UndoSaveAndLoadContinueAsTheUninterruptedRun) {
                                     {data / "tiny-qwen35moe-Q4_K_M.gguf", "--temp 0 -n 6"},
                                     {data / "tiny-deepseek4-Q4_K_M.gguf", "--temp 0 -n 6"}}) {
     SCOPED_TRACE(model.filename().string());
-    auto run = [&](const std::string& input) {
+    // clang 14 (the sanitizer build's compiler) captures no structured binding.
+    auto run = [&, &model = model, &args = args](const std::string& input) {
       const Piped r = chat_piped(args, input, model.string());
       EXPECT_EQ(r.status, 0) << r.err;
       return r.out;

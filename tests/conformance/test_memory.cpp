@@ -26,7 +26,7 @@ int64_t rss_anon() {
 class Memory : public testing::TestWithParam<std::string> {};
 
 TEST_P(Memory, LoadDoesNotCopyWeights) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(HETMOE_SANITIZED)
   GTEST_SKIP() << "skipped under AddressSanitizer: its shadow memory and quarantine make RssAnon meaningless";
 #endif
   fs::path path;

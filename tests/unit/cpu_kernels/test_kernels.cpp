@@ -773,12 +773,15 @@ TEST(OneDnn, MatmulsInterruptedBySignalsLeaveTheHeapIntact) {
   ASSERT_EQ(setitimer(ITIMER_REAL, &every, nullptr), 0);
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  constexpr int64_t kMaxKeys = 1200 + 64 * 8, rows = 256, dv = 256, stride = 3 * dv;
+  // Drawn once: each run reads the first n_keys of them (as its own layout), and the test's time goes to the
+  // interrupted matmuls rather than to drawing numbers (which took a minute in the unoptimized sanitizer build).
+  std::vector<float> p(rows * kMaxKeys), v(kMaxKeys * stride), o(rows * dv);
+  for (float& f : p) f = u(rng) * 1e-3f;
+  for (float& f : v) f = u(rng);
   bool same = true;
   for (int it = 0; it < 40 && same; ++it) {
-    const int64_t n_keys = 1200 + 64 * (it % 9), rows = 256, dv = 256, stride = 3 * dv;
-    std::vector<float> p(rows * n_keys), v(n_keys * stride), o(rows * dv);
-    for (float& f : p) f = u(rng) * 1e-3f;
-    for (float& f : v) f = u(rng);
+    const int64_t n_keys = 1200 + 64 * (it % 9);
     onednn_matmul_f32_kn(v.data(), dv, n_keys, stride, p.data(), n_keys, rows, o.data(), dv);
     std::vector<char> churn(size_t{1} << 16, static_cast<char>(it));  // allocations next to oneDNN's own
     for (int c = 0; c < 8; ++c) {
