@@ -5,8 +5,10 @@
 #   scripts/dev.sh test   build everything, run the whole test suite, check format, naming and that no plain code
 #                         uses a tier's instructions (scripts/check_isa.sh), then the unit and
 #                         conformance tests again under ASan + UBSan, then each fuzz target for a short while
+#   scripts/dev.sh tsan   the unit and conformance tests under ThreadSanitizer (clang; about ten minutes on 2 cores,
+#                         so not part of `test`)
 #
-# Build folders: build/ (RelWithDebInfo, GCC), build-asan/ and build-fuzz/ (clang). Generated models go to out/.
+# Build folders: build/ (RelWithDebInfo, GCC), build-asan/, build-tsan/ and build-fuzz/ (clang). Generated models go to out/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
@@ -83,11 +85,23 @@ test_all() {
   done
 }
 
+# The thread pool's hand-overs, the server's batcher and connections, the devices' streams: every unit and
+# conformance test again with ThreadSanitizer, a report failing the test. tests/tsan.supp leaves out what it reports
+# inside Debian's uninstrumented oneDNN and OpenMP runtime.
+tsan() {
+  configure build-tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DHETMOE_SANITIZE_THREAD=ON \
+    -DHETMOE_TESTS=ON -DHETMOE_CUDA=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
+  ninja -C build-tsan -j "$JOBS"
+  (cd build-tsan && TSAN_OPTIONS="exitcode=66 ignore_noninstrumented_modules=1 suppressions=$PWD/../tests/tsan.supp" \
+    ctest -j "$JOBS" --output-on-failure -L "unit|conformance" $(ctest_filter))
+}
+
 case "${1:-}" in
   demo) scripts/deps.sh && demo ;;
   test) scripts/deps.sh && test_all ;;
+  tsan) scripts/deps.sh && tsan ;;
   *)
-    echo "usage: scripts/dev.sh demo|test" >&2
+    echo "usage: scripts/dev.sh demo|test|tsan" >&2
     exit 2
     ;;
 esac
