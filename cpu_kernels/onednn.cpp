@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 #endif
@@ -43,6 +44,13 @@ PerThread& per_thread() {
   thread_local PerThread state;
   return state;
 }
+
+// hetmoe pins its own threads (ThreadPool), and oneDNN runs one OpenMP thread per calling thread. LLVM's libomp (a
+// clang build links it) binds every thread that calls it to the mask of the first thread that did: a pinned pool
+// worker calling first left the main thread pinned to the worker's core (decode at 31 instead of 79 tok/s, one bench
+// run in four), and the main thread calling first unpinned the workers. Its binding is switched off before it starts
+// (a KMP_AFFINITY the user set stays); GCC's libgomp binds nothing unless asked.
+[[maybe_unused]] const int openmp_binding_off = setenv("KMP_AFFINITY", "disabled", 0);
 
 // oneDNN's JIT f32 GEMM kernels of the 2.x releases (Debian 12 ships 2.7; fixed upstream in 2026) point rsp at a heap
 // buffer while they run, so a signal handled meanwhile writes its frame into the heap (chat's Ctrl-C during a long

@@ -1,6 +1,7 @@
 // Every ISA tier this CPU has against the scalar reference: dot products per weight type on awkward sizes,
 // the threaded matmul, the thread pool and the F32 operations.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/time.h>
 
 #include <atomic>
@@ -798,6 +799,38 @@ TEST(OneDnn, MatmulsInterruptedBySignalsLeaveTheHeapIntact) {
   sigaction(SIGALRM, &before, nullptr);
   EXPECT_TRUE(same);
   EXPECT_GT(g_timer_signals.load(), 0);  // the timer did fire
+}
+
+// oneDNN's OpenMP runtime leaves the threads' CPU masks alone: a pinned thread that calls it first keeps its pin, and
+// a thread that calls it later keeps its mask (LLVM's libomp, which a clang build links, bound every later caller to
+// the first caller's mask: the main thread ended up on a pool worker's core).
+TEST(OneDnn, CallsLeaveTheThreadsCpuMasksAlone) {
+  if (!onednn_available()) GTEST_SKIP() << "built without oneDNN";
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof before, &before), 0);
+  if (CPU_COUNT(&before) < 2) GTEST_SKIP() << "one CPU to run on";
+  int last = 0;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &before)) last = c;
+  const std::vector<float> w(64 * 64, 0.5f), x(4 * 64, 1.0f);
+  std::vector<float> y(4 * 64, 0.0f);
+  bool pin_kept = false;
+  std::thread first([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(last, &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0) return;
+    onednn_matmul_f32(w.data(), 64, 64, 64, x.data(), 4, y.data(), 64);
+    cpu_set_t after;
+    pin_kept = sched_getaffinity(0, sizeof after, &after) == 0 && CPU_EQUAL(&after, &one);
+  });
+  first.join();
+  EXPECT_TRUE(pin_kept);
+  onednn_matmul_f32(w.data(), 64, 64, 64, x.data(), 4, y.data(), 64);
+  cpu_set_t after;
+  ASSERT_EQ(sched_getaffinity(0, sizeof after, &after), 0);
+  EXPECT_TRUE(CPU_EQUAL(&after, &before)) << CPU_COUNT(&after) << " CPUs left of " << CPU_COUNT(&before);
+  EXPECT_EQ(y[0], 32.0f);
 }
 
 }  // namespace
