@@ -72,7 +72,7 @@ test_all() {
     -DHETMOE_CUDA=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
   ninja -C build-asan -j "$JOBS"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest -j "$JOBS" --output-on-failure -L "unit|conformance" $(ctest_filter))
+    LSAN_OPTIONS="suppressions=$PWD/../tests/lsan.supp:print_suppressions=0" ctest -j "$JOBS" --output-on-failure -L "unit|conformance" $(ctest_filter))
 
   # Third: every fuzz target for a short while, on its committed corpus and what it found before, as a smoke test;
   # a crash fails the stage (scripts/fuzz.sh runs a target for longer, docs/fuzzing.md has the long campaign). The
