@@ -8,7 +8,8 @@
 #   scripts/dev.sh tsan   the unit and conformance tests under ThreadSanitizer (clang; about ten minutes on 2 cores,
 #                         so not part of `test`)
 #
-# Build folders: build/ (RelWithDebInfo, GCC), build-asan/, build-tsan/ and build-fuzz/ (clang). Generated models go to out/.
+# Build folders: build/ (RelWithDebInfo, GCC), build-asan/, build-tsan/ and build-fuzz/ (clang).
+# Generated models go to out/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
@@ -68,11 +69,12 @@ test_all() {
   # conversion), and a build in half GCC's time (the tests and the command-line front end unoptimized, see
   # CMakeLists.txt). CUDA stays out of it: ASan and the CUDA runtime do not share an address space layout.
   # Line tables only (-g1): the sanitizers' reports still name file and line, and the build takes half the time.
-  configure build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DHETMOE_SANITIZE=ON -DHETMOE_TESTS=ON \
-    -DHETMOE_CUDA=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
+  configure build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DHETMOE_SANITIZE=ON \
+    -DHETMOE_TESTS=ON -DHETMOE_CUDA=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
   ninja -C build-asan -j "$JOBS"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    LSAN_OPTIONS="suppressions=$PWD/../tests/lsan.supp:print_suppressions=0" ctest -j "$JOBS" --output-on-failure -L "unit|conformance" $(ctest_filter))
+    LSAN_OPTIONS="suppressions=$PWD/../tests/lsan.supp:print_suppressions=0" \
+    ctest -j "$JOBS" --output-on-failure -L "unit|conformance" $(ctest_filter))
 
   # Third: every fuzz target for a short while, on its committed corpus and what it found before, as a smoke test;
   # a crash fails the stage (scripts/fuzz.sh runs a target for longer, docs/fuzzing.md has the long campaign). The

@@ -758,7 +758,7 @@ TEST_F(Cli, CudaIsLoadedOnlyWhenUsed) {
   struct rusage usage {};
   ASSERT_EQ(wait4(pid, &status, 0, &usage), pid);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-#if !defined(HETMOE_SANITIZED)  // AddressSanitizer's shadow memory makes the resident size meaningless
+#if !defined(HETMOE_SANITIZED)  // a sanitizer's shadow memory makes the resident size meaningless
   EXPECT_LT(usage.ru_maxrss, 50 * 1024) << "hetmoe --version peaked at " << usage.ru_maxrss / 1024 << " MB";
 #endif
 

@@ -27,7 +27,7 @@ class Memory : public testing::TestWithParam<std::string> {};
 
 TEST_P(Memory, LoadDoesNotCopyWeights) {
 #if defined(HETMOE_SANITIZED)
-  GTEST_SKIP() << "skipped under AddressSanitizer: its shadow memory and quarantine make RssAnon meaningless";
+  GTEST_SKIP() << "skipped under a sanitizer: its shadow memory (and ASan's quarantine) make RssAnon meaningless";
 #endif
   fs::path path;
   for (const fs::path& root : {fs::path(HETMOE_TEST_DATA_DIR), fs::path(HETMOE_SHARED_REF)})
