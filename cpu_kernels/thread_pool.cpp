@@ -159,12 +159,13 @@ void ThreadPool::parallel_for_balanced(int64_t n, int64_t grain, RangeFn fn) {
     claims_[t].reset(begin, end,
                      static_cast<size_t>(t) < placement_.nodes.size() ? placement_.nodes[static_cast<size_t>(t)] : 0);
   }
-  // Pieces of an eighth of a chunk: few enough that taking them costs nothing next to the work.
-  const int64_t piece = std::max<int64_t>(grain, n / chunks / 8);
+  // Pieces shrink with what is left of a chunk: its owner takes a quarter of it, a thread done with its own half
+  // (at least `grain` either way), so the threads end within a small piece of each other.
   const std::span<RangeClaim> claims(claims_.get(), static_cast<size_t>(n_threads_));
   parallel_for(n_threads_, 1, [&](int64_t thread, int64_t) {
     run_claims(
-        claims, thread, [piece](int64_t, bool) { return piece; }, fn);
+        claims, thread,
+        [grain](int64_t left, bool from_back) { return std::max(grain, from_back ? left / 2 : left / 4); }, fn);
   });
 }
 
