@@ -112,7 +112,9 @@ class ThreadPool {
   // As parallel_for, for loops whose items are independent of each other (the result may not depend on the split):
   // each thread takes its chunk in pieces from the front, and a thread done with its own takes pieces from the back
   // of the other chunks of its NUMA node, so the loop ends together when threads run at different speeds (a VM's
-  // vCPUs, a core busy with something else) and a chunk's items stay on their node. Every item runs exactly once.
+  // vCPUs, a core busy with something else) and a chunk's items stay on their node. Pieces shrink with what is left
+  // (a quarter of it for the owner, half for another thread, at least `grain` items), so the threads end within a
+  // small piece of each other. Every item runs exactly once.
   void parallel_for_balanced(int64_t n, int64_t grain, RangeFn fn);
 
  private:
