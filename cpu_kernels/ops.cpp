@@ -40,16 +40,33 @@ int64_t first_argmax(const float* x, int64_t n) {
   return 0;  // not reached: best is one of the values
 }
 
+// The squares are summed in double, as llama.cpp does, but in eight running sums added at the end rather than one
+// chain, and the scaling goes eight values at a time: a row of 2048 took 2.0-2.6 us as one chain of dependent double
+// adds and scalar products, 0.66-0.8 us now (one thread, alternating). It runs on the calling thread between two
+// loops, about 25 times a decode step (`HETMOE_PROFILE`'s rest, the norms and residual adds: 0.09-0.12 -> 0.07 ms a
+// step). The order moves the double sum by a rounding or two, which the float mean almost never shows.
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  constexpr int64_t kSums = 8;
+  double sums[kSums] = {};
+  int64_t i = 0;
+  for (; i + kSums <= n; i += kSums)
+#pragma GCC unroll 8
+    for (int64_t k = 0; k < kSums; ++k) sums[k] += static_cast<double>(x[i + k] * x[i + k]);
   double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i] * x[i]);
+  for (const double part : sums) sum += part;
+  for (; i < n; ++i) sum += static_cast<double>(x[i] * x[i]);
   const float mean = static_cast<float>(sum / static_cast<double>(n));
   const float scale = 1.0f / std::sqrt(mean + eps);
-  if (w) {
-    for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
-  } else {
-    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale;
+  // Eight values at a time through a local copy: y may alias x, which otherwise keeps the compiler to one at a time.
+  int64_t j = 0;
+  for (; j + kSums <= n; j += kSums) {
+    float scaled[kSums];
+#pragma GCC unroll 8
+    for (int64_t k = 0; k < kSums; ++k) scaled[k] = w ? (x[j + k] * scale) * w[j + k] : x[j + k] * scale;
+#pragma GCC unroll 8
+    for (int64_t k = 0; k < kSums; ++k) y[j + k] = scaled[k];
   }
+  for (; j < n; ++j) y[j] = w ? (x[j] * scale) * w[j] : x[j] * scale;
 }
 
 // A sink of -inf adds exp(-inf) = 0 to the sum: the plain softmax, to the bit.
