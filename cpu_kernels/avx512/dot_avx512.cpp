@@ -587,16 +587,18 @@ struct Q5PairZmm {
 };
 
 // Q8_0 rows against one activation (decode), as the 256-bit Blocks32 kernel but with the weights made unsigned
-// (xor 0x80: w + 128) so that one vpdpbusd takes them as they are, starting from -128 x the activation's 4-value sums
-// (worked out once per call, with the activation's eight-block scales): per block an xor where cols<1> takes two sign
-// operations, and the same integers and float steps, so each row's result is its vec_dot's bit for bit. bench_dot
-// many/avx512/Q8_0 (alternating, one sitting, the VM in a slow phase): 19.7-25.6 -> 26.7-32.7 GB/s.
+// (xor 0x80: w + 128) so that one vpdpbusd takes them as they are, and each block's total less 128 x the activation's
+// sum over the block (worked out once per call, eight blocks to a vector, with the activation's eight-block scales):
+// per block an xor where cols<1> takes two sign operations, and the same integers and float steps, so each row's
+// result is its vec_dot's bit for bit. bench_dot many/avx512/Q8_0 (alternating, one sitting, the VM in a slow phase):
+// 19.7-25.6 -> 26.7-32.7 GB/s. The offsets were once -128 x the 4-value sums per lane, 32 bytes a block, which kept
+// rows past 4096 values (V2-Lite's dense ffn_down: 10944) on cols<1> so as to leave L1 to the weights; as one int32 a
+// block they take 4 bytes, and such rows come here too. In a harness (old and new kernels in one process, 21 rounds
+// alternating, one thread): 64 rows in L2 of 10944 values 39.2 -> 52.5 GB/s, of 1408 values 47.4 -> 55.2; from DRAM
+// (384 MB in 2 MB pages, 15 rounds) 34.8 -> 35.6 (two threads), 25.9 -> 26.1 (one).
 struct Q8ZeroMany {
-  // Rows of up to 4096 values (4 kB of offsets on the stack). Longer rows go through cols<1> row by row: their offsets
-  // and activation (22.5 kB for V2-Lite's dense ffn_down, 10944 values) no longer stay in L1 beside the weights
-  // streaming through it, and from DRAM such rows ran at 28-33 GB/s this way against 36-37 row by row (harness: 22
-  // matrices of 2048 x 10944 in 2 MB pages, two threads, alternating, probe 32-40 GB/s).
-  static constexpr int64_t kMaxBlocks = 128;
+  // Rows of up to 32768 values (4 kB of offsets and 4 kB of scales on the stack); longer rows go through cols<1>.
+  static constexpr int64_t kMaxBlocks = 1024;
   using Rows = Blocks32<quant::BlockQ8_0, Q8Values>;
 
   static void many(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
@@ -604,15 +606,25 @@ struct Q8ZeroMany {
     if (n_blocks > kMaxBlocks) return dot_many<Rows>(n, w, row_bytes, n_rows, act, out);
     const auto* y = static_cast<const quant::BlockQ8_0*>(act);
     const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
-    __m256i start[kMaxBlocks];
-    __m256 scales[kMaxBlocks / 8];
-    for (int64_t b = 0; b < n_blocks; ++b)
-      start[b] =
-          _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, load256(y[b].qs)));
-    for (int64_t i = 0; i < n_full; i += 8) scales[i / 8] = block_scales8(y + i);
-    auto block_dot = [&](const quant::BlockQ8_0& x, int64_t b) {
-      return _mm256_dpbusd_epi32(start[b], _mm256_xor_si256(load256(x.qs), bias), load256(y[b].qs));
+    auto biased_dot = [&](__m256i from, const quant::BlockQ8_0& x, int64_t b) {
+      return _mm256_dpbusd_epi32(from, _mm256_xor_si256(load256(x.qs), bias), load256(y[b].qs));
     };
+    // Per step of eight blocks, 128 x each block's activation sum (what the weights' +128 adds to its total) and
+    // the activation's scales; per block past the last step, -128 x its 4-value sums, lane by lane.
+    __m256i offsets[kMaxBlocks / 8];
+    __m256 scales[kMaxBlocks / 8];
+    __m256i tail_start[8];
+    for (int64_t i = 0; i < n_full; i += 8) {
+      __m256i sums[4];
+      for (int b = 0; b < 8; b += 2)
+        sums[b / 2] = _mm256_hadd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, load256(y[i + b].qs)),
+                                        _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, load256(y[i + b + 1].qs)));
+      offsets[i / 8] = lane_totals8(sums);
+      scales[i / 8] = block_scales8(y + i);
+    }
+    for (int64_t i = n_full; i < n_blocks; ++i)
+      tail_start[i - n_full] =
+          _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, load256(y[i].qs)));
     for (int64_t r = 0; r < n_rows; ++r) {
       const auto* x = reinterpret_cast<const quant::BlockQ8_0*>(w + static_cast<size_t>(r) * row_bytes);
       __m256 acc = _mm256_setzero_ps();
@@ -620,14 +632,15 @@ struct Q8ZeroMany {
         __m256i sums[4];
 #pragma GCC unroll 4
         for (int b = 0; b < 8; b += 2)
-          sums[b / 2] = _mm256_hadd_epi32(block_dot(x[i + b], i + b), block_dot(x[i + b + 1], i + b + 1));
+          sums[b / 2] = _mm256_hadd_epi32(biased_dot(_mm256_setzero_si256(), x[i + b], i + b),
+                                          biased_dot(_mm256_setzero_si256(), x[i + b + 1], i + b + 1));
         acc = _mm256_fmadd_ps(_mm256_mul_ps(block_scales8(x + i), scales[i / 8]),
-                              _mm256_cvtepi32_ps(lane_totals8(sums)), acc);
+                              _mm256_cvtepi32_ps(_mm256_sub_epi32(lane_totals8(sums), offsets[i / 8])), acc);
       }
       __m256 tail = _mm256_setzero_ps();
       for (int64_t i = n_full; i < n_blocks; ++i)
         tail = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(x[i].d) * fp16_to_fp32(y[i].d)),
-                               _mm256_cvtepi32_ps(block_dot(x[i], i)), tail);
+                               _mm256_cvtepi32_ps(biased_dot(tail_start[i - n_full], x[i], i)), tail);
       out[r] = hsum(_mm256_add_ps(acc, tail));
     }
   }

@@ -199,15 +199,17 @@ TEST(Kernels, ManyRowDotEqualsSingleDotsBitForBit) {
   for (Isa isa : tiers_present()) tables.push_back(make_kernel_table(isa));
   for (GgmlType type : kWeightTypes) {
     const int64_t block = quant::type_info(type).block_size;
-    // Short rows by their blocks; long ones by their values: 4096, 8192 and 16384 fill the stack buffers in which a
-    // tier puts the activation's side together (Q8_0: 4096 values, Q5_0: 8192, Q4_K: 16384), 16640 overflows them
-    // all.
+    // Short rows by their blocks; long ones by their values: 8192, 16384 and 32768 fill the stack buffers in which a
+    // tier puts the activation's side together (Q5_0: 8192 values, Q4_K: 16384, Q8_0: 32768), 16640 overflows the
+    // first two and 33024 (blocks of 32 only: the slow searches of other formats stay shorter) the third; 10944
+    // (V2-Lite's dense ffn_down rows) ends with six blocks past the last eight.
     // 14, 15 and 44 blocks leave three pairs of blocks past the last eight (and an odd one), and two (V2-Lite's
     // expert down rows of 1408 values).
     std::vector<int64_t> lengths;
     for (int64_t blocks : {3, 4, 9, 11, 14, 15, 27, 44})
       lengths.push_back(block == 1 ? 97 * blocks / 3 : block * blocks);
-    for (int64_t values : {4096, 8192, 16384, 16640}) lengths.push_back(values);
+    for (int64_t values : {4096, 8192, 10944, 16384, 16640, 32768, 33024})
+      if (values % block == 0 && (values <= 16640 || block == 32)) lengths.push_back(values);
     for (const int64_t n : lengths) {
       // The rows are quantized once (the IQ types' search is slow, under the sanitizers most of all), then laid out
       // packed and with padding for every tier.
