@@ -611,20 +611,20 @@ struct Q8ZeroMany {
     };
     // Per step of eight blocks, 128 x each block's activation sum (what the weights' +128 adds to its total) and
     // the activation's scales; per block past the last step, -128 x its 4-value sums, lane by lane.
+    auto sums_x128 = [&](int64_t b) {  // 128 x block b's 4-value activation sums, lane by lane
+      return _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, load256(y[b].qs));
+    };
     __m256i offsets[kMaxBlocks / 8];
     __m256 scales[kMaxBlocks / 8];
     __m256i tail_start[8];
     for (int64_t i = 0; i < n_full; i += 8) {
       __m256i sums[4];
-      for (int b = 0; b < 8; b += 2)
-        sums[b / 2] = _mm256_hadd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, load256(y[i + b].qs)),
-                                        _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, load256(y[i + b + 1].qs)));
+      for (int b = 0; b < 8; b += 2) sums[b / 2] = _mm256_hadd_epi32(sums_x128(i + b), sums_x128(i + b + 1));
       offsets[i / 8] = lane_totals8(sums);
       scales[i / 8] = block_scales8(y + i);
     }
     for (int64_t i = n_full; i < n_blocks; ++i)
-      tail_start[i - n_full] =
-          _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, load256(y[i].qs)));
+      tail_start[i - n_full] = _mm256_sub_epi32(_mm256_setzero_si256(), sums_x128(i));
     for (int64_t r = 0; r < n_rows; ++r) {
       const auto* x = reinterpret_cast<const quant::BlockQ8_0*>(w + static_cast<size_t>(r) * row_bytes);
       __m256 acc = _mm256_setzero_ps();
