@@ -499,6 +499,34 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
     }
     if (unit.part != Part::kGateAndUp)  // an expert with one token among experts with more (prefill)
       return one_stream_rows(k, f, p, unit.part, unit.r0, unit.r1, act.data(), hidden.data(), up_products.data());
+    if (m < kTileMinActs) {
+      // A few tokens (a verification step, a few sequences decoded together): the unit's gate rows, then its up rows,
+      // for all of them in one dot_few call each, each row unpacked once for the tokens.
+      float g[kTileMinActs * kGateRows], up[kTileMinActs * kGateRows];
+      float gr[kTileMinActs * kGateRows], ur[kTileMinActs * kGateRows];
+      float* h = hidden.data() + p.hidden;
+      for (int64_t s0 = first_rest; s0 < r1; s0 += kGateRows) {
+        const int64_t rows = std::min(kGateRows, r1 - s0);
+        auto dots = [&](const WeightMatrix& w, const ActLayout& layout, float* dst) {
+          k.dot_few(w.type, w.n_cols, w.row(s0), w.row_bytes, rows, act.data() + layout.offset, layout.row_bytes, m,
+                    dst, kGateRows);
+        };
+        dots(f.gate, p.gate, g);
+        dots(f.up, p.up, up);
+        if (f.has_residual()) {
+          dots(f.gate_r, p.gate_r, gr);
+          dots(f.up_r, p.up_r, ur);
+          for (int64_t q = 0; q < m * kGateRows; ++q) {
+            g[q] += gr[q];
+            up[q] += ur[q];
+          }
+        }
+        for (int64_t j = 0; j < m; ++j)
+          for (int64_t r = 0; r < rows; ++r)
+            h[j * n_ff + s0 + r] = f.hidden(s0 + r, g[j * kGateRows + r], up[j * kGateRows + r]);
+      }
+      return;
+    }
     float g[kItemChunk], up[kItemChunk];
     for (int64_t c0 = 0; c0 < m; c0 += kItemChunk) {
       const int64_t nc = std::min(kItemChunk, m - c0);
@@ -580,6 +608,29 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
                      y1);
           for (int64_t r = c0; r < c0 + nr; ++r)
             dst[r - r0] = (f.down_bias ? y1[r - c0] + f.down_bias[r] : y1[r - c0]) * batch.weight[i];
+        }
+        continue;
+      }
+      if (m < kTileMinActs) {
+        // A few tokens: the expert's rows of this span for all of them in one dot_few call (per part).
+        float yf[kTileMinActs * kDownRows], yr[kTileMinActs * kDownRows];
+        for (int64_t c0 = first_rest; c0 < r1; c0 += kDownRows) {
+          const int64_t nr = std::min(kDownRows, r1 - c0);
+          k.dot_few(f.down.type, f.down.n_cols, f.down.row(c0), f.down.row_bytes, nr, down_act.data() + p.down.offset,
+                    p.down.row_bytes, m, yf, kDownRows);
+          if (f.has_residual()) {
+            k.dot_few(f.down_r.type, f.down_r.n_cols, f.down_r.row(c0), f.down_r.row_bytes, nr,
+                      down_act.data() + p.down_r.offset, p.down_r.row_bytes, m, yr, kDownRows);
+            for (int64_t q = 0; q < m * kDownRows; ++q) yf[q] += yr[q];
+          }
+          for (int64_t j = 0; j < m; ++j) {
+            const int64_t i = i0 + j;
+            float* dst = &partial[(batch.token[i] * per_token + batch.rank[i]) * span_rows];
+            for (int64_t r = c0; r < c0 + nr; ++r) {
+              const float v = f.down_bias ? yf[j * kDownRows + r - c0] + f.down_bias[r] : yf[j * kDownRows + r - c0];
+              dst[r - r0] = v * batch.weight[i];
+            }
+          }
         }
         continue;
       }

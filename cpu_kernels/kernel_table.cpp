@@ -121,6 +121,22 @@ KernelTable make_ref_table() {
 
 }  // namespace
 
+void KernelTable::dot_few(GgmlType t, int64_t n, const uint8_t* weight, size_t row_bytes, int64_t n_rows,
+                          const uint8_t* act, size_t act_stride, int64_t n_act, float* out, size_t ldo) const {
+  if (n_act == 1) return dot_many(t, n, weight, row_bytes, n_rows, act, out);
+  const VecDotFewFn few = vec_dot_few[kernel_slot(t)];
+  if (few && n_act < kTileMinActs) return few(n, weight, row_bytes, n_rows, act, act_stride, n_act, out, ldo);
+  constexpr int64_t kChunk = 16;
+  float col[kChunk];
+  for (int64_t r = 0; r < n_rows; ++r)
+    for (int64_t j0 = 0; j0 < n_act; j0 += kChunk) {
+      const int64_t nj = std::min(kChunk, n_act - j0);
+      dot_rows(t, n, weight + static_cast<size_t>(r) * row_bytes, act + static_cast<size_t>(j0) * act_stride,
+               act_stride, nj, col);
+      for (int64_t j = 0; j < nj; ++j) out[static_cast<size_t>(j0 + j) * ldo + static_cast<size_t>(r)] = col[j];
+    }
+}
+
 void KernelTable::quantize_row(GgmlType type, const float* src, void* dst, int64_t n) const {
   const QuantizeRowFn fn = quantize_weights[kernel_slot(type)];
   if (!fn) return quant::quantize_row(type, src, dst, n);  // which checks n itself

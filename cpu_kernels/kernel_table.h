@@ -19,13 +19,21 @@ using VecDotRowsFn = void (*)(int64_t n, const void* weight_row, const uint8_t* 
 // per row, the kernel's setup and its call done once for the block.
 using VecDotManyFn = void (*)(int64_t n, const uint8_t* weight, size_t row_bytes, int64_t n_rows, const void* act,
                               float* out);
+// n_rows consecutive weight rows against a few activation rows (act + j * act_stride, n_act of them: a verification
+// step's k + 1 tokens, a few sequences decoded together), into out[j * ldo + r]; each equals, bit for bit, the table's
+// vec_dot of that row and activation. One call per block of rows, as VecDotManyFn, each row unpacked once for all
+// the activations.
+using VecDotFewFn = void (*)(int64_t n, const uint8_t* weight, size_t row_bytes, int64_t n_rows, const uint8_t* act,
+                             size_t act_stride, int64_t n_act, float* out, size_t ldo);
 // A tile of kTileRows weight rows (weight + r * row_bytes) against n_act activation rows: out[j * ldo + r]. Agrees
 // with vec_dot to float rounding, not bit for bit (the sums run in another order), so callers use it only for
-// batches of at least kTileMinActs activation rows: decode and small batches stay on vec_dot / vec_dot_rows.
+// batches of at least kTileMinActs activation rows: decode and small batches stay on vec_dot / dot_few.
 using GemmTileFn = void (*)(int64_t n, const uint8_t* weight, size_t row_bytes, const uint8_t* act, size_t act_stride,
                             int64_t n_act, float* out, size_t ldo);
 inline constexpr int64_t kTileRows = 16;
-inline constexpr int64_t kTileMinActs = 4;  // tile4 measured faster than dot_rows for 4 rows (bench_dot)
+// Below it, dot_few: a whole verification step of the 8-layer V2-Lite bench model at 2 threads took 36-38 ms with 4
+// tokens against 44-45 through the tiles, about the same with 6, and 73 against 67 with 8 (one sitting, alternating).
+inline constexpr int64_t kTileMinActs = 6;
 // y[i] += a * x[i] for i < n.
 using AxpyFn = void (*)(int64_t n, float a, const float* x, float* y);
 // Attention of the heads that share one key head, one query token: scores[h * scores_stride + j] = q_h . k_j for
@@ -65,6 +73,7 @@ struct KernelTable {
   std::array<VecDotFn, kKernelSlots> vec_dot{};                          // by kernel_slot(weight type)
   std::array<VecDotRowsFn, kKernelSlots> vec_dot_rows{};                 // by kernel_slot(type); null: vec_dot per row
   std::array<VecDotManyFn, kKernelSlots> vec_dot_many{};                 // by kernel_slot(type); null: vec_dot per row
+  std::array<VecDotFewFn, kKernelSlots> vec_dot_few{};                   // by kernel_slot(type); null: dot_rows per row
   std::array<GemmTileFn, kKernelSlots> gemm_tile{};                      // by kernel_slot(type); null: none
   std::array<QuantizeActivationFn, kKernelSlots> quantize_activation{};  // by kernel_slot(vec_dot_type)
   std::array<QuantizeRowFn, kKernelSlots> quantize_weights{};            // by kernel_slot(type); null: the reference
@@ -90,6 +99,10 @@ struct KernelTable {
     const VecDotFn dot = dot_for(t);
     for (int64_t r = 0; r < n_rows; ++r) out[r] = dot(n, weight + static_cast<size_t>(r) * row_bytes, act);
   }
+  // Rows against a few activation rows (any count; kernels of their own below kTileMinActs): vec_dot_many for one,
+  // vec_dot_few where the tier has it, else dot_rows row by row.
+  void dot_few(quant::GgmlType t, int64_t n, const uint8_t* weight, size_t row_bytes, int64_t n_rows,
+               const uint8_t* act, size_t act_stride, int64_t n_act, float* out, size_t ldo) const;
   GemmTileFn tile_for(quant::GgmlType t) const { return gemm_tile[kernel_slot(t)]; }
   // n floats to `type`'s blocks (quant::quantize_row's bytes), with the tier's quantizer where it has one.
   void quantize_row(quant::GgmlType type, const float* src, void* dst, int64_t n) const;

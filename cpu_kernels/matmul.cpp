@@ -106,14 +106,16 @@ void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w,
   const int64_t units_per_head = (rows + kTileRows - 1) / kTileRows;
   pool.parallel_for_balanced(heads * units_per_head, 2, [&](int64_t u0, int64_t u1) {
     float out[kTokenChunk];
-    if (n_tokens == 1) {
-      // Decode: each head's rows of the piece in one dot_many call, without dot_rows' chunking (short rows feel it),
-      // the activation's side put together once per head and piece rather than once per unit of 16 rows.
+    if (!tile) {
+      // Decode and a few tokens: each head's rows of the piece in one dot_few call, without dot_rows' chunking (short
+      // rows feel it), the activation's side put together once per head and piece rather than once per unit of 16
+      // rows. Token t's input for head h is converted row t * heads + h.
       for (int64_t u = u0; u < u1;) {
         const int64_t h = u / units_per_head, end = std::min(u1, (h + 1) * units_per_head);
         const int64_t r0 = u % units_per_head * kTileRows, r1 = std::min(rows, (end - h * units_per_head) * kTileRows);
-        k.dot_many(w.type, cols, w.row(h * rows + r0), w.row_bytes, r1 - r0, act + static_cast<size_t>(h) * act_row,
-                   y + h * layout.y_head_stride + r0);
+        k.dot_few(w.type, cols, w.row(h * rows + r0), w.row_bytes, r1 - r0, act + static_cast<size_t>(h) * act_row,
+                  heads * act_row, n_tokens, y + h * layout.y_head_stride + r0,
+                  static_cast<size_t>(layout.y_token_stride));
         u = end;
       }
       return;
@@ -190,6 +192,21 @@ void swiglu_matmul(const KernelTable& k, ThreadPool& pool, const WeightMatrix& g
           k.swiglu(kTileRows, g.data() + t * kTileRows, u.data() + t * kTileRows, out + t * n_rows + r);
       },
       [&](int64_t r0, int64_t r1) {
+        if (n_tokens < kTileMinActs) {
+          // A few tokens: gate then up for a span of rows and all of them in one dot_few call each.
+          constexpr int64_t kSpan = 64;
+          float g[kTileMinActs * kSpan], u[kTileMinActs * kSpan];
+          for (int64_t s0 = r0; s0 < r1; s0 += kSpan) {
+            const int64_t rows = std::min(kSpan, r1 - s0);
+            k.dot_few(gate.type, gate.n_cols, gate.row(s0), gate.row_bytes, rows, gate_act, gate_row, n_tokens, g,
+                      kSpan);
+            k.dot_few(up.type, up.n_cols, up.row(s0), up.row_bytes, rows, up_act, up_row, n_tokens, u, kSpan);
+            for (int64_t t = 0; t < n_tokens; ++t)
+              for (int64_t r = 0; r < rows; ++r)
+                out[t * n_rows + s0 + r] = silu_times(g[t * kSpan + r], u[t * kSpan + r]);
+          }
+          return;
+        }
         float g[kTokenChunk], u[kTokenChunk];
         for (int64_t r = r0; r < r1; ++r)
           for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
@@ -256,14 +273,8 @@ void matmuls(const KernelTable& k, ThreadPool& pool, std::span<const MatmulOutpu
       const GemmTileFn t = tile[i];
       auto tile_fn = [&](int64_t r) { t(w.n_cols, w.row(r), w.row_bytes, act, act_row, n_tokens, y + r, ldy); };
       auto rows_fn = [&](int64_t r0, int64_t r1) {
-        if (n_tokens == 1) return k.dot_many(w.type, w.n_cols, w.row(r0), w.row_bytes, r1 - r0, act, y + r0);
-        float out[kTokenChunk];
-        for (int64_t r = r0; r < r1; ++r)
-          for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
-            const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
-            k.dot_rows(w.type, w.n_cols, w.row(r), act + t0 * act_row, act_row, nt, out);
-            for (int64_t j = 0; j < nt; ++j) y[(t0 + j) * ldy + r] = out[j];
-          }
+        k.dot_few(w.type, w.n_cols, w.row(r0), w.row_bytes, r1 - r0, act, act_row, n_tokens, y + r0,
+                  static_cast<size_t>(ldy));
       };
       run_blocks(lo - first[i], hi - first[i], w.n_rows, t != nullptr, tile_fn, rows_fn);
     }

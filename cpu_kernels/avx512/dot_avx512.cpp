@@ -192,16 +192,23 @@ struct Q4KZmm {
       return _mm_setr_ps(y[j][i].d, y[j][i].d, y[j][i + 1].d, y[j][i + 1].d);
     }
   };
-  // One activation row whose operands were put together once (many): one load each.
+  // An activation row whose operands were put together once (many, few): one load each.
   struct Prepared {
     const quant::BlockQ8_K* y;
     const __m512i* operands;  // 4 per super-block: half 0's two, then half 1's
     const int16_t* sums;      // 16 per super-block, packed
     const float* scales;      // 2 per super-block: its d twice
-    Halves halves(int, int64_t i, int c) const { return {operands[4 * i + 2 * c], operands[4 * i + 2 * c + 1]}; }
-    const quant::BlockQ8_K& block(int, int64_t i) const { return y[i]; }
-    __m512i pair_sums(int, int64_t i) const { return load512(sums + 16 * i); }
-    __m128 pair_scales(int, int64_t i) const { return _mm_loadu_ps(scales + 2 * i); }
+  };
+  // N of them as the activation rows of rows_of<N>.
+  template <int N>
+  struct PreparedRows {
+    Prepared row[N];
+    Halves halves(int j, int64_t i, int c) const {
+      return {row[j].operands[4 * i + 2 * c], row[j].operands[4 * i + 2 * c + 1]};
+    }
+    const quant::BlockQ8_K& block(int j, int64_t i) const { return row[j].y[i]; }
+    __m512i pair_sums(int j, int64_t i) const { return load512(row[j].sums + 16 * i); }
+    __m128 pair_scales(int j, int64_t i) const { return _mm_loadu_ps(row[j].scales + 2 * i); }
   };
 
   // Where a pair of super-blocks finds its scales and mins: q4k_scale_bytes of both (block i in bytes 0-15, i + 1 in
@@ -250,6 +257,7 @@ struct Q4KZmm {
     const auto* x = static_cast<const quant::BlockQ4_K*>(w);
     const __m512i pattern0 = load512(kScalePatterns[0].data()), pattern1 = load512(kScalePatterns[1].data());
     __m512 acc[N], acc_min[N];
+#pragma GCC unroll 8
     for (int j = 0; j < N; ++j) acc[j] = acc_min[j] = _mm512_setzero_ps();
     const int64_t n_super = n / quant::kQK_K;
     int64_t i = 0;
@@ -269,6 +277,7 @@ struct Q4KZmm {
         std::memcpy(&d0, &x[i].d, sizeof d0);
         std::memcpy(&d1, &x[i + 1].d, sizeof d1);
         const __m128 xd = _mm_cvtph_ps(_mm_setr_epi32(static_cast<int>(d0), static_cast<int>(d1), 0, 0));
+#pragma GCC unroll 8
         for (int j = 0; j < N; ++j) {
           const __m512i s0 = super_sums(x[i], act, j, i, sc0), s1 = super_sums(x[i + 1], act, j, i + 1, sc1);
           const __m128 dm = _mm_mul_ps(xd, act.pair_scales(j, i));  // d, dmin of i; d, dmin of i + 1
@@ -286,6 +295,7 @@ struct Q4KZmm {
       const __m512i scales = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(bytes));
       const __m512i sc[2] = {_mm512_shuffle_epi8(scales, pattern0), _mm512_shuffle_epi8(scales, pattern1)};
       const __m128 xd = d_and_dmin(x[i]);
+#pragma GCC unroll 8
       for (int j = 0; j < N; ++j) {
         const __m512i sumi = super_sums(x[i], act, j, i, sc);
         const quant::BlockQ8_K& y = act.block(j, i);
@@ -299,6 +309,7 @@ struct Q4KZmm {
                                   acc_min[j], i % 2 ? 0xFF00 : 0x00FF);
       }
     }
+#pragma GCC unroll 8
     for (int j = 0; j < N; ++j) out[j] = _mm512_reduce_add_ps(acc[j]) - _mm512_reduce_add_ps(acc_min[j]);
   }
 
@@ -315,27 +326,60 @@ struct Q4KZmm {
   // shows where the two cores out-read the arithmetic.
   static constexpr int64_t kManyMaxSuper = 64;  // rows of up to 16384 values
 
+  // The operands of one activation row (n_super super-blocks) into the caller's buffers.
+  struct PreparedStorage {
+    __m512i operands[4 * kManyMaxSuper];
+    alignas(64) int16_t sums[16 * kManyMaxSuper];
+    alignas(64) float scales[2 * kManyMaxSuper];
+
+    Prepared prepare(const void* act, int64_t n_super) {
+      const Blocks<1> blocks{ActRows<quant::BlockQ8_K, 1>(static_cast<const uint8_t*>(act), 0)};
+      const auto* y = static_cast<const quant::BlockQ8_K*>(act);
+      for (int64_t i = 0; i < n_super; ++i) {
+        for (int c = 0; c < 2; ++c) {
+          const auto [a_lo, a_hi] = blocks.halves(0, i, c);
+          operands[4 * i + 2 * c] = a_lo;
+          operands[4 * i + 2 * c + 1] = a_hi;
+        }
+        std::memcpy(sums + 16 * i, y[i].bsums, sizeof y[i].bsums);
+        scales[2 * i] = scales[2 * i + 1] = y[i].d;
+      }
+      return {y, operands, sums, scales};
+    }
+  };
+
   static void many(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
     const int64_t n_super = n / quant::kQK_K;
     // On the stack (18.5 kB at most: operands, 16-value sums, scales): a per-thread buffer would grow whenever a thread
     // first met a longer row.
     if (n_super > kManyMaxSuper) return dot_many<Q4KZmm>(n, w, row_bytes, n_rows, act, out);
-    __m512i operands[4 * kManyMaxSuper];
-    alignas(64) int16_t sums[16 * kManyMaxSuper];
-    alignas(64) float scales[2 * kManyMaxSuper];
-    const Blocks<1> blocks{ActRows<quant::BlockQ8_K, 1>(static_cast<const uint8_t*>(act), 0)};
-    const auto* y = static_cast<const quant::BlockQ8_K*>(act);
-    for (int64_t i = 0; i < n_super; ++i) {
-      for (int c = 0; c < 2; ++c) {
-        const auto [a_lo, a_hi] = blocks.halves(0, i, c);
-        operands[4 * i + 2 * c] = a_lo;
-        operands[4 * i + 2 * c + 1] = a_hi;
-      }
-      std::memcpy(sums + 16 * i, y[i].bsums, sizeof y[i].bsums);
-      scales[2 * i] = scales[2 * i + 1] = y[i].d;
-    }
-    const Prepared prepared{y, operands, sums, scales};
+    PreparedStorage storage;
+    const PreparedRows<1> prepared{{storage.prepare(act, n_super)}};
     for (int64_t r = 0; r < n_rows; ++r) rows_of<1>(n, w + static_cast<size_t>(r) * row_bytes, prepared, out + r);
+  }
+
+  // Rows against a few activation rows (a verification step, a few sequences decoded together), each prepared once as
+  // in many (in per-thread buffers): rows_of<2> for each pair of them, rows_of<1> for an odd one, each row's results
+  // their vec_dot's bit for bit. rows_of<2> over the rows' own loads and inserts ran at less than half of many's rate
+  // (harness, 64 rows of 2048 in L2, one thread: 22 against 49 GB/s of weights).
+  static void few(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const uint8_t* act, size_t stride,
+                  int64_t n_act, float* out, size_t ldo) {
+    const int64_t n_super = n / quant::kQK_K;
+    if (n_super > kManyMaxSuper) return dot_few<Q4KZmm>(n, w, row_bytes, n_rows, act, stride, n_act, out, ldo);
+    std::span<PreparedStorage> storage = scratch<PreparedStorage, struct Q4KFewStorageSite>(n_act);
+    std::span<Prepared> rows = scratch<Prepared, struct Q4KFewRowsSite>(n_act);
+    for (int64_t j = 0; j < n_act; ++j) rows[j] = storage[j].prepare(act + j * stride, n_super);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
+      int64_t j = 0;
+      for (; j + 2 <= n_act; j += 2) {
+        float two[2];
+        rows_of<2>(n, row, PreparedRows<2>{{rows[j], rows[j + 1]}}, two);
+        out[static_cast<size_t>(j) * ldo + r] = two[0];
+        out[static_cast<size_t>(j + 1) * ldo + r] = two[1];
+      }
+      if (j < n_act) rows_of<1>(n, row, PreparedRows<1>{{rows[j]}}, out + static_cast<size_t>(j) * ldo + r);
+    }
   }
 };
 
@@ -479,6 +523,7 @@ struct Q5PairZmm {
     for (; i + 2 <= n_blocks; i += 2) {
       const __m512i u = pair_values(x, i);
       const float xd0 = fp16_to_fp32(x[i].d), xd1 = fp16_to_fp32(x[i + 1].d);
+#pragma GCC unroll 8
       for (int j = 0; j < N; ++j) {
         const __m512i sums = pair_sums(u, act_pair(y[j], i));
         const __m512 scale = rest_scales(xd0, fp16_to_fp32(y[j][i].d), xd1, fp16_to_fp32(y[j][i + 1].d));
@@ -492,10 +537,12 @@ struct Q5PairZmm {
   template <int N>
   static void odd_block(const quant::BlockQ5_0* x, const ActRows<quant::BlockQ8_0, N>& y, int64_t i, int64_t n_blocks,
                         float (&tail)[N]) {
+#pragma GCC unroll 8
     for (int j = 0; j < N; ++j) tail[j] = 0.0f;
     if (i < n_blocks) {
       const auto q = block_weights<Q5Values>(x[i]);
       const float xd = fp16_to_fp32(x[i].d);
+#pragma GCC unroll 8
       for (int j = 0; j < N; ++j) {
         const __m256i qy = load256(y[j][i].qs);
         tail[j] = xd * fp16_to_fp32(y[j][i].d) * static_cast<float>(hsum_epi32(q.dot(qy)));
@@ -508,17 +555,20 @@ struct Q5PairZmm {
     const auto* x = static_cast<const quant::BlockQ5_0*>(w);
     const ActRows<quant::BlockQ8_0, N> y(act, stride);
     __m512 acc[N], odd[N];
+#pragma GCC unroll 8
     for (int j = 0; j < N; ++j) acc[j] = odd[j] = _mm512_setzero_ps();
     const int64_t n_blocks = n / 32;
     int64_t i = 0;
     for (; i + 8 <= n_blocks; i += 8) {
       const __m256 xd = block_scales8(x + i);
       __m256 scales8[N];
+#pragma GCC unroll 8
       for (int j = 0; j < N; ++j) scales8[j] = _mm256_mul_ps(xd, block_scales8(y[j] + i));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int p = 0; p < 4; ++p) {
         const int64_t b = i + 2 * p;
         const __m512i u = pair_values(x, b);
+#pragma GCC unroll 8
         for (int j = 0; j < N; ++j) {
           const __m512i sums = pair_sums(u, act_pair(y[j], b));
           __m512& into = p % 2 ? odd[j] : acc[j];
@@ -528,6 +578,7 @@ struct Q5PairZmm {
     }
     float tail[N];
     rest<N>(x, y, i, n_blocks, acc, tail);
+#pragma GCC unroll 8
     for (int j = 0; j < N; ++j) out[j] = reduce_add(_mm512_add_ps(acc[j], odd[j])) + tail[j];
   }
 
@@ -565,7 +616,7 @@ struct Q5PairZmm {
       for (int64_t s = 0; s < n_steps; ++s) {
         const __m256 scales8 = _mm256_mul_ps(eight_scales(x + 8 * s), scales[s]);
         const __m512i* a = pairs + 8 * s;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int p = 0; p < 4; ++p) {
           const __m512i sums = _mm512_dpbusd_epi32(a[2 * p + 1], pair_values(x, 8 * s + 2 * p), a[2 * p]);
           __m512& into = p % 2 ? odd : acc[0];
@@ -630,7 +681,7 @@ struct Q8ZeroMany {
       __m256 acc = _mm256_setzero_ps();
       for (int64_t i = 0; i < n_full; i += 8) {
         __m256i sums[4];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int b = 0; b < 8; b += 2)
           sums[b / 2] = _mm256_hadd_epi32(biased_dot(_mm256_setzero_si256(), x[i + b], i + b),
                                           biased_dot(_mm256_setzero_si256(), x[i + b + 1], i + b + 1));
@@ -667,11 +718,13 @@ struct Q6KZmm {
     const __m512i shift01 = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2);
     const __m512i shift23 = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
     __m256 acc[N];
+#pragma GCC unroll 8
     for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
       const quant::BlockQ6_K& b = x[i];
       const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
       __m256i offset[N];
+#pragma GCC unroll 8
       for (int j = 0; j < N; ++j) offset[j] = _mm256_slli_epi32(_mm256_madd_epi16(scales16, load256(y[j][i].bsums)), 5);
       __m512i sumi[N][2];
 #pragma GCC unroll 2
@@ -685,6 +738,7 @@ struct Q6KZmm {
         const __m512i sc = _mm512_shuffle_epi8(
             _mm512_broadcast_i32x4(h == 0 ? _mm256_castsi256_si128(scales16) : _mm256_extracti128_si256(scales16, 1)),
             pattern);
+#pragma GCC unroll 8
         for (int j = 0; j < N; ++j) {
           const int8_t* a = y[j][i].qs + 128 * h;
           const __m512i s01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v01, load512(a));
@@ -693,6 +747,7 @@ struct Q6KZmm {
         }
       }
       const float xd = fp16_to_fp32(b.d);
+#pragma GCC unroll 8
       for (int j = 0; j < N; ++j) {
         const __m512i s = _mm512_add_epi32(sumi[j][0], sumi[j][1]);
         const __m256i s8 =
@@ -700,6 +755,7 @@ struct Q6KZmm {
         acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(y[j][i].d * xd), _mm256_cvtepi32_ps(s8), acc[j]);
       }
     }
+#pragma GCC unroll 8
     for (int j = 0; j < N; ++j) out[j] = hsum(acc[j]);
   }
 };
@@ -811,12 +867,12 @@ struct Q4KTile {
         int64_t j = 0;
         for (; j + 4 <= n_act; j += 4) {
           const int8_t* a[4];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
           for (int c = 0; c < 4; ++c)
             a[c] = reinterpret_cast<const quant::BlockQ8_K*>(act + (j + c) * act_stride)[i].qs + 32 * g;
           __m512i pa0 = _mm512_setzero_si512(), pa1 = pa0, pa2 = pa0, pa3 = pa0;
           __m512i pb0 = pa0, pb1 = pa0, pb2 = pa0, pb3 = pa0;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
           for (int kk = 0; kk < 8; kk += 2) {
             pa0 = _mm512_dpbusd_epi32(pa0, wv[kk], broadcast4x16(a[0] + 4 * kk));
             pa1 = _mm512_dpbusd_epi32(pa1, wv[kk], broadcast4x16(a[1] + 4 * kk));
@@ -829,7 +885,7 @@ struct Q4KTile {
           }
           const __m512i p[4] = {_mm512_add_epi32(pa0, pb0), _mm512_add_epi32(pa1, pb1), _mm512_add_epi32(pa2, pb2),
                                 _mm512_add_epi32(pa3, pb3)};
-#pragma GCC unroll 4
+#pragma GCC unroll 8
           for (int c = 0; c < 4; ++c)
             _mm512_store_si512(sumi[j + c],
                                _mm512_add_epi32(_mm512_load_si512(sumi[j + c]), _mm512_mullo_epi32(p[c], sc)));
@@ -837,7 +893,7 @@ struct Q4KTile {
         for (; j < n_act; ++j) {
           const int8_t* a = reinterpret_cast<const quant::BlockQ8_K*>(act + j * act_stride)[i].qs + 32 * g;
           __m512i pa = _mm512_setzero_si512(), pb = _mm512_setzero_si512();
-#pragma GCC unroll 4
+#pragma GCC unroll 8
           for (int kk = 0; kk < 8; kk += 2) {
             pa = _mm512_dpbusd_epi32(pa, wv[kk], broadcast4x16(a + 4 * kk));
             pb = _mm512_dpbusd_epi32(pb, wv[kk + 1], broadcast4x16(a + 4 * kk + 4));
@@ -897,16 +953,16 @@ struct Q6KTile {
       for (int64_t j = 0; j < n_act; ++j) _mm512_store_si512(sumi[j], _mm512_setzero_si512());
       for (int sb = 0; sb < 16; ++sb) {  // 16 values: packed[4 sb .. 4 sb + 3]
         __m512i wv[4];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int k = 0; k < 4; ++k) wv[k] = _mm512_load_si512(packed[4 * sb + k]);
         const __m512i sc = _mm512_load_si512(scales[sb]);
         int64_t j = 0;
         for (; j + 4 <= n_act; j += 4) {  // four activation rows, two chains each
           const quant::BlockQ8_K* y[4];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
           for (int c = 0; c < 4; ++c) y[c] = reinterpret_cast<const quant::BlockQ8_K*>(act + (j + c) * act_stride) + i;
           __m512i pa[4], pb[4];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
           for (int c = 0; c < 4; ++c) {
             const int8_t* a = y[c]->qs + 16 * sb;
             pa[c] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], broadcast4x16(a));
@@ -914,7 +970,7 @@ struct Q6KTile {
             pa[c] = _mm512_dpbusd_epi32(pa[c], wv[2], broadcast4x16(a + 8));
             pb[c] = _mm512_dpbusd_epi32(pb[c], wv[3], broadcast4x16(a + 12));
           }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
           for (int c = 0; c < 4; ++c) {
             const __m512i p = _mm512_sub_epi32(_mm512_add_epi32(pa[c], pb[c]), _mm512_set1_epi32(32 * y[c]->bsums[sb]));
             _mm512_store_si512(sumi[j + c],
@@ -996,7 +1052,7 @@ struct Blocks32Tile {
         const auto& y0 = reinterpret_cast<const quant::BlockQ8_0*>(act + j * act_stride)[b];
         const auto& y1 = reinterpret_cast<const quant::BlockQ8_0*>(act + (j + 1) * act_stride)[b];
         __m512i pa0 = _mm512_setzero_si512(), pa1 = pa0, pb0 = pa0, pb1 = pa0;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int kk = 0; kk < 8; kk += 2) {
           pa0 = _mm512_dpbusd_epi32(pa0, wv[kk], broadcast4x16(y0.qs + 4 * kk));
           pa1 = _mm512_dpbusd_epi32(pa1, wv[kk], broadcast4x16(y1.qs + 4 * kk));
@@ -1012,7 +1068,7 @@ struct Blocks32Tile {
       for (; j < n_act; ++j) {
         const auto& y0 = reinterpret_cast<const quant::BlockQ8_0*>(act + j * act_stride)[b];
         __m512i pa = _mm512_setzero_si512(), pb = pa;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int kk = 0; kk < 8; kk += 2) {
           pa = _mm512_dpbusd_epi32(pa, wv[kk], broadcast4x16(y0.qs + 4 * kk));
           pb = _mm512_dpbusd_epi32(pb, wv[kk + 1], broadcast4x16(y0.qs + 4 * kk + 4));
@@ -1190,13 +1246,17 @@ void install(KernelTable& table) {
   table.vec_dot[kernel_slot(GgmlType::Q4_K)] = &dot_one<Q4KZmm>;
   table.vec_dot_rows[kernel_slot(GgmlType::Q4_K)] = &dot_rows<Q4KZmm>;
   table.vec_dot_many[kernel_slot(GgmlType::Q4_K)] = &Q4KZmm::many;
+  table.vec_dot_few[kernel_slot(GgmlType::Q4_K)] = &Q4KZmm::few;
   table.vec_dot[kernel_slot(GgmlType::Q5_0)] = &dot_one<Q5PairZmm>;
   table.vec_dot_rows[kernel_slot(GgmlType::Q5_0)] = &dot_rows<Q5PairZmm>;
   table.vec_dot_many[kernel_slot(GgmlType::Q5_0)] = &Q5PairZmm::many;
+  table.vec_dot_few[kernel_slot(GgmlType::Q5_0)] = &dot_few_by_activation<&Q5PairZmm::many>;
   table.vec_dot[kernel_slot(GgmlType::Q6_K)] = &dot_one<Q6KZmm>;
   table.vec_dot_rows[kernel_slot(GgmlType::Q6_K)] = &dot_rows<Q6KZmm>;
   table.vec_dot_many[kernel_slot(GgmlType::Q6_K)] = &dot_many<Q6KZmm>;
+  table.vec_dot_few[kernel_slot(GgmlType::Q6_K)] = &dot_few<Q6KZmm>;
   table.vec_dot_many[kernel_slot(GgmlType::Q8_0)] = &Q8ZeroMany::many;
+  table.vec_dot_few[kernel_slot(GgmlType::Q8_0)] = &dot_few_by_activation<&Q8ZeroMany::many>;
   table.gemm_tile[kernel_slot(GgmlType::Q4_K)] = &gemm_tile<Q4KTile>;
   table.gemm_tile[kernel_slot(GgmlType::Q8_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ8_0, Q8Biased>>;
   table.gemm_tile[kernel_slot(GgmlType::Q5_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ5_0, Q5Biased>>;

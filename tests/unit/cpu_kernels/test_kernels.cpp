@@ -194,6 +194,29 @@ TEST(Kernels, MultiRowDotEqualsSingleDotsBitForBit) {
 // groups of blocks (3 and 4 blocks: attn_k_b has 4), past them (9, 11 and 27 blocks: several groups of eight, a
 // pair, an odd block), and at and past the length whose activation side a tier prepares once per call on the stack;
 // rows packed (a tier may read several rows' fields at once) and with bytes between them.
+// `count` rows of n values of `type`, packed, quantized from random weights (a seed per row).
+std::vector<uint8_t> random_weight_rows(GgmlType type, int64_t n, int64_t count) {
+  const size_t packed = quant::row_bytes(type, n);
+  std::vector<uint8_t> rows(packed * count);
+  for (int64_t r = 0; r < count; ++r) {
+    const std::vector<float> w = random_floats(n, 300 + r, 0.05f);
+    quant::quantize_row(type, w.data(), rows.data() + r * packed, n);
+  }
+  return rows;
+}
+
+// Values converted for a dot product with weights of `type` (its vec_dot_type; F32 as they are).
+std::vector<uint8_t> activation_of(GgmlType type, const std::vector<float>& a) {
+  const auto n = static_cast<int64_t>(a.size());
+  const GgmlType act_type = quant::type_info(type).vec_dot_type;
+  std::vector<uint8_t> act(quant::activation_row_bytes(type, n));
+  if (act_type == GgmlType::F32)
+    std::memcpy(act.data(), a.data(), n * sizeof(float));
+  else
+    quant::quantize_activation(act_type, a.data(), act.data(), n);
+  return act;
+}
+
 TEST(Kernels, ManyRowDotEqualsSingleDotsBitForBit) {
   std::vector<KernelTable> tables;
   for (Isa isa : tiers_present()) tables.push_back(make_kernel_table(isa));
@@ -215,18 +238,8 @@ TEST(Kernels, ManyRowDotEqualsSingleDotsBitForBit) {
       // packed and with padding for every tier.
       const int64_t n_quantized = n >= 8192 ? 3 : 37;
       const size_t packed = quant::row_bytes(type, n);
-      std::vector<uint8_t> rows(packed * n_quantized);
-      for (int64_t r = 0; r < n_quantized; ++r) {
-        const std::vector<float> w = random_floats(n, 300 + r, 0.05f);
-        quant::quantize_row(type, w.data(), rows.data() + r * packed, n);
-      }
-      const GgmlType act_type = quant::type_info(type).vec_dot_type;
-      const std::vector<float> a = random_floats(n, 77);
-      std::vector<uint8_t> act(quant::activation_row_bytes(type, n));
-      if (act_type == GgmlType::F32)
-        std::memcpy(act.data(), a.data(), n * sizeof(float));
-      else
-        quant::quantize_activation(act_type, a.data(), act.data(), n);
+      const std::vector<uint8_t> rows = random_weight_rows(type, n, n_quantized);
+      const std::vector<uint8_t> act = activation_of(type, random_floats(n, 77));
       for (const size_t padding : {size_t{0}, size_t{8}}) {
         const size_t row_bytes = packed + padding;  // rows packed, and not
         std::vector<uint8_t> wq(row_bytes * n_quantized);
@@ -244,6 +257,54 @@ TEST(Kernels, ManyRowDotEqualsSingleDotsBitForBit) {
             EXPECT_EQ(got[n_rows], -1.0f) << "nothing written past the rows";
           }
       }
+    }
+  }
+}
+
+// Consecutive weight rows against a few activation rows (dot_few: a verification step, a few sequences decoded
+// together): every result equals the single dot of its row and activation, bit for bit, on every tier and format,
+// for 1-3 activations (the kernels of their own) and 5 (the row-by-row fallback), with the activations apart by more
+// than a row (matmul_heads: one row per head between a token's) and the outputs apart by more than the rows; rows
+// long enough for the stack buffers (Q4_K: 16384 values) and one block past them, and pieces of rows past the one
+// kept in L2 (Q5_0, Q8_0: 256 kB).
+TEST(Kernels, FewRowDotEqualsSingleDotsBitForBit) {
+  std::vector<KernelTable> tables;
+  for (Isa isa : tiers_present()) tables.push_back(make_kernel_table(isa));
+  constexpr int64_t kActs = 5;
+  for (GgmlType type : kWeightTypes) {
+    const int64_t block = quant::type_info(type).block_size;
+    std::vector<int64_t> lengths;
+    for (int64_t blocks : {3, 4, 9, 14, 44}) lengths.push_back(block == 1 ? 97 * blocks / 3 : block * blocks);
+    for (int64_t values : {2048, 10944, 16384, 16640})
+      if (values % block == 0 && (values <= 2048 || block == 32 || block == 256)) lengths.push_back(values);
+    for (const int64_t n : lengths) {
+      const size_t row_bytes = quant::row_bytes(type, n);
+      // Enough rows of 10944 Q8_0 values (11.6 kB) to pass a 256 kB piece.
+      const int64_t n_rows = n == 10944 ? 25 : (n >= 8192 ? 3 : 37);
+      const std::vector<uint8_t> wq = random_weight_rows(type, n, n_rows);
+      const size_t act_bytes = quant::activation_row_bytes(type, n), stride = act_bytes + 64;
+      std::vector<uint8_t> acts(stride * kActs);
+      for (int64_t j = 0; j < kActs; ++j) {
+        const std::vector<uint8_t> a = activation_of(type, random_floats(n, 77 + j));
+        std::memcpy(acts.data() + j * stride, a.data(), act_bytes);
+      }
+      const size_t ldo = n_rows + 3;
+      for (const KernelTable& table : tables)
+        for (int64_t n_act : {int64_t{1}, int64_t{2}, int64_t{3}, kActs}) {
+          std::vector<float> got(ldo * kActs, -1.0f);
+          table.dot_few(type, n, wq.data(), row_bytes, n_rows, acts.data(), stride, n_act, got.data(), ldo);
+          for (int64_t j = 0; j < kActs; ++j)
+            for (size_t r = 0; r < ldo; ++r) {
+              const float g = got[j * ldo + r];
+              if (j >= n_act || r >= static_cast<size_t>(n_rows)) {
+                ASSERT_EQ(g, -1.0f) << "nothing written past the rows and activations";
+                continue;
+              }
+              ASSERT_EQ(g, table.dot_for(type)(n, wq.data() + r * row_bytes, acts.data() + j * stride))
+                  << isa_name(table.isa) << " " << quant::type_info(type).name << " n " << n << " acts " << n_act
+                  << " act " << j << " r " << r;
+            }
+        }
     }
   }
 }
