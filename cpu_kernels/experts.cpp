@@ -196,6 +196,49 @@ void one_stream_rows(const KernelTable& k, const ExpertFfn& f, const Plan& p, Pa
   k.dot_many(w.type, w.n_cols, w.row(r0), w.row_bytes, r1 - r0, act + (gate ? p.gate : p.up).offset, dst + r0);
 }
 
+// Rows [r0, r1) of an expert's gate and up for its m (< kTileMinActs) tokens: per kGateRows rows, the gate's rows then
+// the up's (and the residual's) in one dot_few call each, each row unpacked once for the tokens; into its hidden rows.
+void few_gate_up_rows(const KernelTable& k, const ExpertFfn& f, const Plan& p, int64_t m, int64_t r0, int64_t r1,
+                      const uint8_t* act, float* hidden) {
+  float g[kTileMinActs * kGateRows], up[kTileMinActs * kGateRows];
+  float gr[kTileMinActs * kGateRows], ur[kTileMinActs * kGateRows];
+  const int64_t n_ff = f.gate.n_rows;
+  float* h = hidden + p.hidden;
+  for (int64_t s0 = r0; s0 < r1; s0 += kGateRows) {
+    const int64_t rows = std::min(kGateRows, r1 - s0);
+    auto dots = [&](const WeightMatrix& w, const ActLayout& layout, float* dst) {
+      k.dot_few(w.type, w.n_cols, w.row(s0), w.row_bytes, rows, act + layout.offset, layout.row_bytes, m, dst,
+                kGateRows);
+    };
+    dots(f.gate, p.gate, g);
+    dots(f.up, p.up, up);
+    if (f.has_residual()) {
+      dots(f.gate_r, p.gate_r, gr);
+      dots(f.up_r, p.up_r, ur);
+      for (int64_t q = 0; q < m * kGateRows; ++q) {
+        g[q] += gr[q];
+        up[q] += ur[q];
+      }
+    }
+    for (int64_t j = 0; j < m; ++j)
+      for (int64_t r = 0; r < rows; ++r)
+        h[j * n_ff + s0 + r] = f.hidden(s0 + r, g[j * kGateRows + r], up[j * kGateRows + r]);
+  }
+}
+
+// Down rows [c0, c0 + nr) (nr <= kDownRows) of an expert for its m (< kTileMinActs) tokens in one dot_few call (and
+// the residual's): y[j * kDownRows + r - c0], before the bias and the routing weight.
+void few_down_rows(const KernelTable& k, const ExpertFfn& f, const Plan& p, int64_t m, int64_t c0, int64_t nr,
+                   const uint8_t* down_act, float* y) {
+  k.dot_few(f.down.type, f.down.n_cols, f.down.row(c0), f.down.row_bytes, nr, down_act + p.down.offset,
+            p.down.row_bytes, m, y, kDownRows);
+  if (!f.has_residual()) return;
+  float yr[kTileMinActs * kDownRows];
+  k.dot_few(f.down_r.type, f.down_r.n_cols, f.down_r.row(c0), f.down_r.row_bytes, nr, down_act + p.down_r.offset,
+            p.down_r.row_bytes, m, yr, kDownRows);
+  for (int64_t q = 0; q < m * kDownRows; ++q) y[q] += yr[q];
+}
+
 // The end of the run of units from units[i] that continue one matrix's rows (same expert and part, each starting
 // where the last ended): a thread's piece reads such a run in one dot_many call. The units stay small for balance
 // (the pieces at a loop's end), the calls long: a V2-Lite layer's experts, one call per unit of 128 rows, read at
@@ -232,23 +275,28 @@ struct alignas(64) ExpertProgress {
   uint32_t ready = 0;
 };
 
-// One token whose experts have no residual (decode): pass 1, each expert's conversion and pass 2 in one parallel
-// loop. Each thread takes its range of the gate and up units, then its range of the down units (each expert's down
-// rows as units of their own, expert after expert, so that a thread streams whole matrices one at a time; both split
-// by cost, so a thread's down units are mostly those of the experts whose gate and up it read). The thread that
-// finishes an expert's last gate or up unit converts its hidden row; a down unit whose expert is not converted yet
-// waits for it. So a thread done with its part of pass 1 streams down rows while the other finishes, where two
-// barriers and a loop for the conversions stood between the passes. Each item's weighted rows go into a row of their
-// own, summed in rank order once all are done, as the span path sums them: the same floats as the passes apart.
-void one_token_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batch, const NodeUnits& gate_units,
+// A few tokens (decode: one; a verification step or a few sequences decoded together: fewer than kTileMinActs) whose
+// experts have no residual: pass 1, each expert's conversion and pass 2 in one parallel loop. Each thread takes its
+// range of the gate and up units, then its range of the down units (each expert's down rows as units of their own,
+// expert after expert, so that a thread streams whole matrices one at a time; both split by cost, so a thread's down
+// units are mostly those of the experts whose gate and up it read). The thread that finishes an expert's last gate or
+// up unit converts its hidden rows; a down unit whose expert is not converted yet waits for it. So a thread done with
+// its part of pass 1 streams down rows while the other finishes, where two barriers and a loop for the conversions
+// stood between the passes. An expert with one token reads its gate and its up as separate units (dot_many), one with
+// a few reads both per unit (dot_few). Each item's weighted rows go into a row of their own, summed per token in rank
+// order once all are done, as the span path sums them: the same floats as the passes apart.
+void few_token_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batch, const NodeUnits& gate_units,
                        std::span<const Plan> plan, const uint8_t* act, float* hidden, float* up_products,
                        uint8_t* down_act, int64_t n_embd, bool sparse, float* out) {
   const int64_t n_experts = static_cast<int64_t>(batch.experts.size()), per_token = batch.per_token;
+  auto items = [&](int64_t e) { return batch.first[e + 1] - batch.first[e]; };
   NodeUnits down_units(pool, scratch<Unit, struct DownExpertUnitSite>(n_experts * (n_embd / kDownRows + 66)));
   for (int64_t node = 0; node < down_units.n_nodes(); ++node) {
     down_units.begin_node(node);
     for (int64_t e = 0; e < n_experts; ++e)
-      down_units.add_rows(e, down_units.node_rows(node, n_embd, batch.experts[e].down.row_bytes), kOneStreamRows, 1);
+      if (items(e) > 0)
+        down_units.add_rows(e, down_units.node_rows(node, n_embd, batch.experts[e].down.row_bytes), kOneStreamRows,
+                            items(e));
   }
   down_units.end_nodes();
   std::span<ExpertProgress> progress = scratch<ExpertProgress, struct ExpertProgressSite>(n_experts);
@@ -259,8 +307,9 @@ void one_token_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch
   std::span<RangeClaim> down_claims = scratch<RangeClaim, struct OneTokenDownClaimSite>(n_pool);
   gate_units.claim_ranges(pool, gate_claims);
   down_units.claim_ranges(pool, down_claims);
-  // partial[k * n_embd + r]: the weighted output row of the item in slot k (zeros where a slot has none).
-  std::span<float> partial = scratch<float, struct ExpertOneTokenPartialSite>(per_token * n_embd);
+  // partial[(t * per_token + k) * n_embd + r]: the weighted output row of token t's item in slot k (zeros where a
+  // slot has none).
+  std::span<float> partial = scratch<float, struct ExpertOneTokenPartialSite>(batch.n_tokens * per_token * n_embd);
   if (sparse) std::fill(partial.begin(), partial.end(), 0.0f);
   std::atomic<bool> failed{false};  // a unit threw: whoever waits for an expert stops waiting
 
@@ -269,13 +318,16 @@ void one_token_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch
         gate_units.units().subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin));
     for (size_t i = 0; i < units.size();) {
       const size_t j = matrix_run_end(units, i);
-      const int64_t e = units[i].expert, n_units = static_cast<int64_t>(j - i);
-      one_stream_rows(k, batch.experts[e], plan[e], units[i].part, units[i].r0, units[j - 1].r1, act, hidden,
-                      up_products);
+      const int64_t e = units[i].expert, n_units = static_cast<int64_t>(j - i), m = items(e);
+      if (units[i].part == Part::kGateAndUp)
+        few_gate_up_rows(k, batch.experts[e], plan[e], m, units[i].r0, units[j - 1].r1, act, hidden);
+      else
+        one_stream_rows(k, batch.experts[e], plan[e], units[i].part, units[i].r0, units[j - 1].r1, act, hidden,
+                        up_products);
       i = j;
       // The last units' thread sees every unit's rows: each decrement releases them and the last one acquires all.
       if (std::atomic_ref<int64_t>(progress[e].left).fetch_sub(n_units, std::memory_order_acq_rel) != n_units) continue;
-      convert_hidden(k, batch.experts[e], plan[e], 1, hidden, up_products, down_act);
+      convert_hidden(k, batch.experts[e], plan[e], m, hidden, up_products, down_act);
       std::atomic_ref<uint32_t>(progress[e].ready).store(1, std::memory_order_release);
     }
   };
@@ -284,18 +336,34 @@ void one_token_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch
         down_units.units().subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin));
     for (size_t u = 0; u < units.size();) {
       const size_t j = matrix_run_end(units, u);
-      const int64_t e = units[u].expert, r0 = units[u].r0, r1 = units[j - 1].r1;
+      const int64_t e = units[u].expert, r0 = units[u].r0, r1 = units[j - 1].r1, m = items(e);
       u = j;
       while (std::atomic_ref<uint32_t>(progress[e].ready).load(std::memory_order_acquire) == 0) {
         if (failed.load(std::memory_order_relaxed)) return;
         cpu_relax();
       }
       const ExpertFfn& f = batch.experts[e];
-      const int64_t i = batch.first[e];
-      float* dst = &partial[batch.rank[i] * n_embd];
-      k.dot_many(f.down.type, f.down.n_cols, f.down.row(r0), f.down.row_bytes, r1 - r0, down_act + plan[e].down.offset,
-                 dst + r0);
-      for (int64_t r = r0; r < r1; ++r) dst[r] = (f.down_bias ? dst[r] + f.down_bias[r] : dst[r]) * batch.weight[i];
+      const int64_t i0 = batch.first[e];
+      auto dst_of = [&](int64_t i) { return &partial[(batch.token[i] * per_token + batch.rank[i]) * n_embd]; };
+      if (m == 1) {
+        float* dst = dst_of(i0);
+        k.dot_many(f.down.type, f.down.n_cols, f.down.row(r0), f.down.row_bytes, r1 - r0,
+                   down_act + plan[e].down.offset, dst + r0);
+        for (int64_t r = r0; r < r1; ++r) dst[r] = (f.down_bias ? dst[r] + f.down_bias[r] : dst[r]) * batch.weight[i0];
+        continue;
+      }
+      float y[kTileMinActs * kDownRows];
+      for (int64_t c0 = r0; c0 < r1; c0 += kDownRows) {
+        const int64_t nr = std::min(kDownRows, r1 - c0);
+        few_down_rows(k, f, plan[e], m, c0, nr, down_act, y);
+        for (int64_t jj = 0; jj < m; ++jj) {
+          float* dst = dst_of(i0 + jj);
+          for (int64_t r = c0; r < c0 + nr; ++r) {
+            const float v = f.down_bias ? y[jj * kDownRows + r - c0] + f.down_bias[r] : y[jj * kDownRows + r - c0];
+            dst[r] = v * batch.weight[i0 + jj];
+          }
+        }
+      }
     }
   };
   pool.parallel_for(pool.size(), 1, [&](int64_t thread, int64_t) {
@@ -307,10 +375,13 @@ void one_token_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch
       throw;
     }
   });
-  // In rank order, a row at a time through the tier's axpy (a multiply by 1 is exact, so each add is the plain add's):
-  // the scalar loop took 6 us a layer.
-  std::copy_n(partial.data(), n_embd, out);
-  for (int64_t kk = 1; kk < per_token; ++kk) k.axpy(n_embd, 1.0f, &partial[kk * n_embd], out);
+  // Per token, in rank order, a row at a time through the tier's axpy (a multiply by 1 is exact, so each add is the
+  // plain add's): the scalar loop took 6 us a layer.
+  for (int64_t t = 0; t < batch.n_tokens; ++t) {
+    const float* rows = &partial[t * per_token * n_embd];
+    std::copy_n(rows, n_embd, out + t * n_embd);
+    for (int64_t kk = 1; kk < per_token; ++kk) k.axpy(n_embd, 1.0f, rows + kk * n_embd, out + t * n_embd);
+  }
 }
 
 }  // namespace
@@ -456,12 +527,12 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
     }
   });
 
-  // One token whose experts have no residual (decode): the passes and the conversions in one loop.
-  bool one_token = batch.n_tokens == 1;
-  for (int64_t e = 0; e < n_experts; ++e)
-    one_token = one_token && one_stream(batch.experts[e], batch.first[e + 1] - batch.first[e]);
-  if (one_token)
-    return one_token_experts(k, pool, batch, gate_units, plan, act.data(), hidden.data(), up_products.data(),
+  // A few tokens whose experts have no residual (decode, a verification step): the passes and the conversions in one
+  // loop.
+  bool few_tokens = batch.n_tokens < kTileMinActs;
+  for (int64_t e = 0; e < n_experts; ++e) few_tokens = few_tokens && !batch.experts[e].has_residual();
+  if (few_tokens)
+    return few_token_experts(k, pool, batch, gate_units, plan, act.data(), hidden.data(), up_products.data(),
                              down_act.data(), n_embd, sparse, out);
 
   // Pass 1: hidden = silu(gate x) * up x, by units of kGateRows rows of one expert (of one of its two matrices for a
@@ -499,34 +570,7 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
     }
     if (unit.part != Part::kGateAndUp)  // an expert with one token among experts with more (prefill)
       return one_stream_rows(k, f, p, unit.part, unit.r0, unit.r1, act.data(), hidden.data(), up_products.data());
-    if (m < kTileMinActs) {
-      // A few tokens (a verification step, a few sequences decoded together): the unit's gate rows, then its up rows,
-      // for all of them in one dot_few call each, each row unpacked once for the tokens.
-      float g[kTileMinActs * kGateRows], up[kTileMinActs * kGateRows];
-      float gr[kTileMinActs * kGateRows], ur[kTileMinActs * kGateRows];
-      float* h = hidden.data() + p.hidden;
-      for (int64_t s0 = first_rest; s0 < r1; s0 += kGateRows) {
-        const int64_t rows = std::min(kGateRows, r1 - s0);
-        auto dots = [&](const WeightMatrix& w, const ActLayout& layout, float* dst) {
-          k.dot_few(w.type, w.n_cols, w.row(s0), w.row_bytes, rows, act.data() + layout.offset, layout.row_bytes, m,
-                    dst, kGateRows);
-        };
-        dots(f.gate, p.gate, g);
-        dots(f.up, p.up, up);
-        if (f.has_residual()) {
-          dots(f.gate_r, p.gate_r, gr);
-          dots(f.up_r, p.up_r, ur);
-          for (int64_t q = 0; q < m * kGateRows; ++q) {
-            g[q] += gr[q];
-            up[q] += ur[q];
-          }
-        }
-        for (int64_t j = 0; j < m; ++j)
-          for (int64_t r = 0; r < rows; ++r)
-            h[j * n_ff + s0 + r] = f.hidden(s0 + r, g[j * kGateRows + r], up[j * kGateRows + r]);
-      }
-      return;
-    }
+    if (m < kTileMinActs) return few_gate_up_rows(k, f, p, m, first_rest, r1, act.data(), hidden.data());
     float g[kItemChunk], up[kItemChunk];
     for (int64_t c0 = 0; c0 < m; c0 += kItemChunk) {
       const int64_t nc = std::min(kItemChunk, m - c0);
@@ -613,16 +657,10 @@ void run_experts(const KernelTable& k, ThreadPool& pool, const ExpertBatch& batc
       }
       if (m < kTileMinActs) {
         // A few tokens: the expert's rows of this span for all of them in one dot_few call (per part).
-        float yf[kTileMinActs * kDownRows], yr[kTileMinActs * kDownRows];
+        float yf[kTileMinActs * kDownRows];
         for (int64_t c0 = first_rest; c0 < r1; c0 += kDownRows) {
           const int64_t nr = std::min(kDownRows, r1 - c0);
-          k.dot_few(f.down.type, f.down.n_cols, f.down.row(c0), f.down.row_bytes, nr, down_act.data() + p.down.offset,
-                    p.down.row_bytes, m, yf, kDownRows);
-          if (f.has_residual()) {
-            k.dot_few(f.down_r.type, f.down_r.n_cols, f.down_r.row(c0), f.down_r.row_bytes, nr,
-                      down_act.data() + p.down_r.offset, p.down_r.row_bytes, m, yr, kDownRows);
-            for (int64_t q = 0; q < m * kDownRows; ++q) yf[q] += yr[q];
-          }
+          few_down_rows(k, f, p, m, c0, nr, down_act.data(), yf);
           for (int64_t j = 0; j < m; ++j) {
             const int64_t i = i0 + j;
             float* dst = &partial[(batch.token[i] * per_token + batch.rank[i]) * span_rows];

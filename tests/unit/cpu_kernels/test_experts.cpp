@@ -48,153 +48,158 @@ TEST(Experts, BatchedExecutorEqualsPerItemMatmulsAndOrderedSums) {
       // matrix between nodes (page-aligned node boundaries of the shapes above put all rows on one node).
       {1024, 64, 128, GgmlType::F16, GgmlType::F16, GgmlType::F16, GgmlType::F16, GgmlType::F16, GgmlType::F16},
   };
-  const int64_t n_tokens = 17, n_routed = 2;
-  for (const Shape& s : shapes) {
-    std::vector<Matrix> owned;
-    auto expert = [&](GgmlType g, GgmlType u, GgmlType d, int64_t n_ff, uint64_t seed) {
-      owned.push_back(random_matrix(g, n_ff, s.n_embd, seed));
-      owned.push_back(random_matrix(u, n_ff, s.n_embd, seed + 1));
-      owned.push_back(random_matrix(d, s.n_embd, n_ff, seed + 2));
-    };
-    for (int e = 0; e < 4; ++e) expert(s.gate, s.up, s.down, s.n_ff, 10 * e);
-    expert(s.shared_gate, s.shared_up, s.shared_down, s.n_ff_shared, 100);
-    auto ffn = [&](int e) {
-      return ExpertFfn{.gate = owned[3 * e].view, .up = owned[3 * e + 1].view, .down = owned[3 * e + 2].view};
-    };
+  const int64_t n_routed = 2;
+  // 17 tokens take the passes apart (tiles for the experts with enough tokens); 3 the few-token loop, with experts of
+  // one, two and three tokens.
+  for (const int64_t n_tokens : {int64_t{17}, int64_t{3}})
+    for (const Shape& s : shapes) {
+      std::vector<Matrix> owned;
+      auto expert = [&](GgmlType g, GgmlType u, GgmlType d, int64_t n_ff, uint64_t seed) {
+        owned.push_back(random_matrix(g, n_ff, s.n_embd, seed));
+        owned.push_back(random_matrix(u, n_ff, s.n_embd, seed + 1));
+        owned.push_back(random_matrix(d, s.n_embd, n_ff, seed + 2));
+      };
+      for (int e = 0; e < 4; ++e) expert(s.gate, s.up, s.down, s.n_ff, 10 * e);
+      expert(s.shared_gate, s.shared_up, s.shared_down, s.n_ff_shared, 100);
+      auto ffn = [&](int e) {
+        return ExpertFfn{.gate = owned[3 * e].view, .up = owned[3 * e + 1].view, .down = owned[3 * e + 2].view};
+      };
 
-    // Token 0 goes to experts 0 and 1, the others to 1 and 2 (odd tokens with 2 first); expert 3 gets nothing.
-    std::mt19937_64 rng(7);
-    std::uniform_real_distribution<float> unit(0.1f, 1.0f);
-    std::vector<int> ids(n_tokens * n_routed);
-    std::vector<float> weights(n_tokens * n_routed);
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      ids[t * 2] = t == 0 ? 0 : (t % 2 ? 2 : 1);
-      ids[t * 2 + 1] = t == 0 ? 1 : (t % 2 ? 1 : 2);
-      weights[t * 2] = unit(rng);
-      weights[t * 2 + 1] = unit(rng);
-    }
-    std::vector<float> x(n_tokens * s.n_embd);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (float& v : x) v = normal(rng);
-
-    ExpertBatch batch;
-    batch.clear(n_tokens, n_routed + 1);
-    for (int e = 0; e < 4; ++e) {
-      bool used = false;
-      for (int id : ids) used |= id == e;
-      if (!used) continue;
-      batch.add_expert(ffn(e));
-      for (int64_t i = 0; i < n_tokens * n_routed; ++i)
-        if (ids[i] == e) batch.add_item(static_cast<int32_t>(i / 2), static_cast<int32_t>(i % 2), weights[i]);
-    }
-    batch.add_expert(ffn(4));
-    for (int64_t t = 0; t < n_tokens; ++t) batch.add_item(static_cast<int32_t>(t), n_routed, 1.0f);
-
-    // The plain way: each expert over its tokens as one batch (swiglu_matmul, then matmul for down; batches of
-    // kTileMinActs or more take the same tile paths as the executor), then each token's weighted sum in slot order.
-    ThreadPool one(1);
-    std::vector<std::vector<float>> expert_out(5);  // [expert][token][n_embd], rows of tokens it does not serve unused
-    for (int e = 0; e < 5; ++e) {
-      std::vector<int64_t> tokens;
-      for (int64_t t = 0; t < n_tokens; ++t)
-        if (e == 4 || ids[t * 2] == e || ids[t * 2 + 1] == e) tokens.push_back(t);
-      expert_out[e].assign(n_tokens * s.n_embd, 0.0f);
-      if (tokens.empty()) continue;
-      const int64_t m = static_cast<int64_t>(tokens.size());
-      const ExpertFfn f = ffn(e);
-      std::vector<float> xs(m * s.n_embd), hidden(m * f.gate.n_rows), ys(m * s.n_embd);
-      for (int64_t j = 0; j < m; ++j) std::copy_n(&x[tokens[j] * s.n_embd], s.n_embd, &xs[j * s.n_embd]);
-      swiglu_matmul(kernels(), one, f.gate, f.up, xs.data(), m, hidden.data());
-      matmul(kernels(), one, f.down, hidden.data(), m, ys.data(), s.n_embd);
-      for (int64_t j = 0; j < m; ++j) std::copy_n(&ys[j * s.n_embd], s.n_embd, &expert_out[e][tokens[j] * s.n_embd]);
-    }
-    std::vector<float> want(n_tokens * s.n_embd);
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      float* o = &want[t * s.n_embd];
-      const float* y0 = &expert_out[ids[t * 2]][t * s.n_embd];
-      const float* y1 = &expert_out[ids[t * 2 + 1]][t * s.n_embd];
-      const float* ys = &expert_out[4][t * s.n_embd];
-      for (int64_t r = 0; r < s.n_embd; ++r) o[r] = y0[r] * weights[t * 2];
-      for (int64_t r = 0; r < s.n_embd; ++r) o[r] += y1[r] * weights[t * 2 + 1];
-      for (int64_t r = 0; r < s.n_embd; ++r) o[r] += ys[r];
-    }
-    // One token alone (decode): every expert runs on a single row.
-    std::vector<float> want5(s.n_embd), y(s.n_embd);
-    auto run_one = [&](int e, const float* xt, float* out) {
-      const ExpertFfn f = ffn(e);
-      std::vector<float> hidden(f.gate.n_rows);
-      swiglu_matmul(kernels(), one, f.gate, f.up, xt, 1, hidden.data());
-      matmul(kernels(), one, f.down, hidden.data(), 1, out, s.n_embd);
-    };
-    run_one(ids[10], &x[5 * s.n_embd], y.data());
-    for (int64_t r = 0; r < s.n_embd; ++r) want5[r] = y[r] * weights[10];
-    run_one(ids[11], &x[5 * s.n_embd], y.data());
-    for (int64_t r = 0; r < s.n_embd; ++r) want5[r] += y[r] * weights[11];
-    run_one(4, &x[5 * s.n_embd], y.data());
-    for (int64_t r = 0; r < s.n_embd; ++r) want5[r] += y[r];
-    // Plain pools, and pools placed on synthetic NUMA machines (2 nodes of 3 and 1 cores, 4 nodes of 2 cores),
-    // where each node's threads take the rows partition_rows gives that node: the result must not change.
-    std::vector<std::unique_ptr<ThreadPool>> pools;
-    for (int threads : {1, 2, 3}) pools.push_back(std::make_unique<ThreadPool>(threads));
-    const Topology uneven = Topology::from_nodes({{0, {0, 1, 2}, {0, 1, 2}, 0}, {1, {3}, {3}, 0}});
-    pools.push_back(std::make_unique<ThreadPool>(place_threads(uneven, 4)));
-    pools.push_back(
-        std::make_unique<ThreadPool>(place_threads(Topology::synthetic("package:4 numa:1 core:2 pu:1"), 8)));
-    for (const auto& pool_ptr : pools) {
-      ThreadPool& pool = *pool_ptr;
-      const int threads = pool.size();
-      std::vector<float> got(n_tokens * s.n_embd, -1.0f);
-      run_experts(kernels(), pool, batch, x.data(), s.n_embd, got.data());
-      EXPECT_EQ(got, want) << "n_embd " << s.n_embd << " threads " << threads;
-      // A single token (decode) through the same executor.
-      ExpertBatch single;
-      single.clear(1, n_routed + 1);
-      for (int k = 0; k < 2; ++k) {
-        single.add_expert(ffn(ids[2 * 5 + k]));
-        single.add_item(0, k, weights[2 * 5 + k]);
+      // Token 0 goes to experts 0 and 1, the others to 1 and 2 (odd tokens with 2 first); expert 3 gets nothing.
+      std::mt19937_64 rng(7);
+      std::uniform_real_distribution<float> unit(0.1f, 1.0f);
+      std::vector<int> ids(n_tokens * n_routed);
+      std::vector<float> weights(n_tokens * n_routed);
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        ids[t * 2] = t == 0 ? 0 : (t % 2 ? 2 : 1);
+        ids[t * 2 + 1] = t == 0 ? 1 : (t % 2 ? 1 : 2);
+        weights[t * 2] = unit(rng);
+        weights[t * 2 + 1] = unit(rng);
       }
-      single.add_expert(ffn(4));
-      single.add_item(0, n_routed, 1.0f);
-      std::vector<float> got1(s.n_embd);
-      run_experts(kernels(), pool, single, &x[5 * s.n_embd], s.n_embd, got1.data());
-      EXPECT_EQ(got1, want5);
+      std::vector<float> x(n_tokens * s.n_embd);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      for (float& v : x) v = normal(rng);
+
+      ExpertBatch batch;
+      batch.clear(n_tokens, n_routed + 1);
+      for (int e = 0; e < 4; ++e) {
+        bool used = false;
+        for (int id : ids) used |= id == e;
+        if (!used) continue;
+        batch.add_expert(ffn(e));
+        for (int64_t i = 0; i < n_tokens * n_routed; ++i)
+          if (ids[i] == e) batch.add_item(static_cast<int32_t>(i / 2), static_cast<int32_t>(i % 2), weights[i]);
+      }
+      batch.add_expert(ffn(4));
+      for (int64_t t = 0; t < n_tokens; ++t) batch.add_item(static_cast<int32_t>(t), n_routed, 1.0f);
+
+      // The plain way: each expert over its tokens as one batch (swiglu_matmul, then matmul for down; batches of
+      // kTileMinActs or more take the same tile paths as the executor), then each token's weighted sum in slot order.
+      ThreadPool one(1);
+      std::vector<std::vector<float>> expert_out(
+          5);  // [expert][token][n_embd], rows of tokens it does not serve unused
+      for (int e = 0; e < 5; ++e) {
+        std::vector<int64_t> tokens;
+        for (int64_t t = 0; t < n_tokens; ++t)
+          if (e == 4 || ids[t * 2] == e || ids[t * 2 + 1] == e) tokens.push_back(t);
+        expert_out[e].assign(n_tokens * s.n_embd, 0.0f);
+        if (tokens.empty()) continue;
+        const int64_t m = static_cast<int64_t>(tokens.size());
+        const ExpertFfn f = ffn(e);
+        std::vector<float> xs(m * s.n_embd), hidden(m * f.gate.n_rows), ys(m * s.n_embd);
+        for (int64_t j = 0; j < m; ++j) std::copy_n(&x[tokens[j] * s.n_embd], s.n_embd, &xs[j * s.n_embd]);
+        swiglu_matmul(kernels(), one, f.gate, f.up, xs.data(), m, hidden.data());
+        matmul(kernels(), one, f.down, hidden.data(), m, ys.data(), s.n_embd);
+        for (int64_t j = 0; j < m; ++j) std::copy_n(&ys[j * s.n_embd], s.n_embd, &expert_out[e][tokens[j] * s.n_embd]);
+      }
+      std::vector<float> want(n_tokens * s.n_embd);
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        float* o = &want[t * s.n_embd];
+        const float* y0 = &expert_out[ids[t * 2]][t * s.n_embd];
+        const float* y1 = &expert_out[ids[t * 2 + 1]][t * s.n_embd];
+        const float* ys = &expert_out[4][t * s.n_embd];
+        for (int64_t r = 0; r < s.n_embd; ++r) o[r] = y0[r] * weights[t * 2];
+        for (int64_t r = 0; r < s.n_embd; ++r) o[r] += y1[r] * weights[t * 2 + 1];
+        for (int64_t r = 0; r < s.n_embd; ++r) o[r] += ys[r];
+      }
+      // One token alone (decode): every expert runs on a single row.
+      const int64_t lone = std::min<int64_t>(5, n_tokens - 1);
+      std::vector<float> want5(s.n_embd), y(s.n_embd);
+      auto run_one = [&](int e, const float* xt, float* out) {
+        const ExpertFfn f = ffn(e);
+        std::vector<float> hidden(f.gate.n_rows);
+        swiglu_matmul(kernels(), one, f.gate, f.up, xt, 1, hidden.data());
+        matmul(kernels(), one, f.down, hidden.data(), 1, out, s.n_embd);
+      };
+      run_one(ids[2 * lone], &x[lone * s.n_embd], y.data());
+      for (int64_t r = 0; r < s.n_embd; ++r) want5[r] = y[r] * weights[2 * lone];
+      run_one(ids[2 * lone + 1], &x[lone * s.n_embd], y.data());
+      for (int64_t r = 0; r < s.n_embd; ++r) want5[r] += y[r] * weights[2 * lone + 1];
+      run_one(4, &x[lone * s.n_embd], y.data());
+      for (int64_t r = 0; r < s.n_embd; ++r) want5[r] += y[r];
+      // Plain pools, and pools placed on synthetic NUMA machines (2 nodes of 3 and 1 cores, 4 nodes of 2 cores),
+      // where each node's threads take the rows partition_rows gives that node: the result must not change.
+      std::vector<std::unique_ptr<ThreadPool>> pools;
+      for (int threads : {1, 2, 3}) pools.push_back(std::make_unique<ThreadPool>(threads));
+      const Topology uneven = Topology::from_nodes({{0, {0, 1, 2}, {0, 1, 2}, 0}, {1, {3}, {3}, 0}});
+      pools.push_back(std::make_unique<ThreadPool>(place_threads(uneven, 4)));
+      pools.push_back(
+          std::make_unique<ThreadPool>(place_threads(Topology::synthetic("package:4 numa:1 core:2 pu:1"), 8)));
+      for (const auto& pool_ptr : pools) {
+        ThreadPool& pool = *pool_ptr;
+        const int threads = pool.size();
+        std::vector<float> got(n_tokens * s.n_embd, -1.0f);
+        run_experts(kernels(), pool, batch, x.data(), s.n_embd, got.data());
+        EXPECT_EQ(got, want) << "n_embd " << s.n_embd << " threads " << threads << " tokens " << n_tokens;
+        // A single token (decode) through the same executor.
+        ExpertBatch single;
+        single.clear(1, n_routed + 1);
+        for (int k = 0; k < 2; ++k) {
+          single.add_expert(ffn(ids[2 * lone + k]));
+          single.add_item(0, k, weights[2 * lone + k]);
+        }
+        single.add_expert(ffn(4));
+        single.add_item(0, n_routed, 1.0f);
+        std::vector<float> got1(s.n_embd);
+        run_experts(kernels(), pool, single, &x[lone * s.n_embd], s.n_embd, got1.data());
+        EXPECT_EQ(got1, want5);
+      }
+      // Slots without an item (their expert ran elsewhere) add nothing: token 1 has none and gets zeros, token 0 only
+      // its one item; more items than slots is refused, not summed over memory it does not own.
+      ExpertBatch sparse;
+      sparse.clear(2, 2);
+      sparse.add_expert(ffn(0));
+      sparse.add_item(0, 1, 1.0f);
+      std::vector<float> out(2 * s.n_embd, -1.0f), alone(s.n_embd);
+      ThreadPool pool(2);
+      run_experts(kernels(), pool, sparse, x.data(), s.n_embd, out.data());
+      ExpertBatch one_item;
+      one_item.clear(1, 1);
+      one_item.add_expert(ffn(0));
+      one_item.add_item(0, 0, 1.0f);
+      run_experts(kernels(), pool, one_item, x.data(), s.n_embd, alone.data());
+      EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + s.n_embd), alone);
+      EXPECT_EQ(std::vector<float>(out.begin() + s.n_embd, out.end()), std::vector<float>(s.n_embd, 0.0f));
+      // The same for one token alone (decode's expert-by-expert second pass): its empty slots add nothing either.
+      ExpertBatch one_sparse;
+      one_sparse.clear(1, 3);
+      one_sparse.add_expert(ffn(0));
+      one_sparse.add_item(0, 1, 1.0f);
+      std::vector<float> got_sparse(s.n_embd, -1.0f);
+      run_experts(kernels(), pool, one_sparse, x.data(), s.n_embd, got_sparse.data());
+      EXPECT_EQ(got_sparse, alone);
+      ExpertBatch empty;  // every expert elsewhere: zeros
+      empty.clear(2, 3);
+      std::fill(out.begin(), out.end(), -1.0f);
+      run_experts(kernels(), pool, empty, x.data(), s.n_embd, out.data());
+      EXPECT_EQ(out, std::vector<float>(2 * s.n_embd, 0.0f));
+      ExpertBatch broken;
+      broken.clear(1, 1);
+      broken.add_expert(ffn(0));
+      broken.add_item(0, 0, 1.0f);
+      broken.add_item(0, 0, 1.0f);
+      EXPECT_THROW(run_experts(kernels(), pool, broken, x.data(), s.n_embd, out.data()), std::invalid_argument);
     }
-    // Slots without an item (their expert ran elsewhere) add nothing: token 1 has none and gets zeros, token 0 only
-    // its one item; more items than slots is refused, not summed over memory it does not own.
-    ExpertBatch sparse;
-    sparse.clear(2, 2);
-    sparse.add_expert(ffn(0));
-    sparse.add_item(0, 1, 1.0f);
-    std::vector<float> out(2 * s.n_embd, -1.0f), alone(s.n_embd);
-    ThreadPool pool(2);
-    run_experts(kernels(), pool, sparse, x.data(), s.n_embd, out.data());
-    ExpertBatch one_item;
-    one_item.clear(1, 1);
-    one_item.add_expert(ffn(0));
-    one_item.add_item(0, 0, 1.0f);
-    run_experts(kernels(), pool, one_item, x.data(), s.n_embd, alone.data());
-    EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + s.n_embd), alone);
-    EXPECT_EQ(std::vector<float>(out.begin() + s.n_embd, out.end()), std::vector<float>(s.n_embd, 0.0f));
-    // The same for one token alone (decode's expert-by-expert second pass): its empty slots add nothing either.
-    ExpertBatch one_sparse;
-    one_sparse.clear(1, 3);
-    one_sparse.add_expert(ffn(0));
-    one_sparse.add_item(0, 1, 1.0f);
-    std::vector<float> got_sparse(s.n_embd, -1.0f);
-    run_experts(kernels(), pool, one_sparse, x.data(), s.n_embd, got_sparse.data());
-    EXPECT_EQ(got_sparse, alone);
-    ExpertBatch empty;  // every expert elsewhere: zeros
-    empty.clear(2, 3);
-    std::fill(out.begin(), out.end(), -1.0f);
-    run_experts(kernels(), pool, empty, x.data(), s.n_embd, out.data());
-    EXPECT_EQ(out, std::vector<float>(2 * s.n_embd, 0.0f));
-    ExpertBatch broken;
-    broken.clear(1, 1);
-    broken.add_expert(ffn(0));
-    broken.add_item(0, 0, 1.0f);
-    broken.add_item(0, 0, 1.0f);
-    EXPECT_THROW(run_experts(kernels(), pool, broken, x.data(), s.n_embd, out.data()), std::invalid_argument);
-  }
 }
 
 // A split expert with its residual: gate, up and down each add the residual matrix's product to the
