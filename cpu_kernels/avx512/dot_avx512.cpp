@@ -648,51 +648,107 @@ struct Q5PairZmm {
 // alternating, one thread): 64 rows in L2 of 10944 values 39.2 -> 52.5 GB/s, of 1408 values 47.4 -> 55.2; from DRAM
 // (384 MB in 2 MB pages, 15 rounds) 34.8 -> 35.6 (two threads), 25.9 -> 26.1 (one).
 struct Q8ZeroMany {
-  // Rows of up to 32768 values (4 kB of offsets and 4 kB of scales on the stack); longer rows go through cols<1>.
+  // Rows of up to 32768 values (8 kB of offsets and scales an activation); longer rows go through cols<1>.
   static constexpr int64_t kMaxBlocks = 1024;
   using Rows = Blocks32<quant::BlockQ8_0, Q8Values>;
 
-  static void many(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
-    const int64_t n_blocks = n / 32, n_full = n_blocks / 8 * 8;
-    if (n_blocks > kMaxBlocks) return dot_many<Rows>(n, w, row_bytes, n_rows, act, out);
-    const auto* y = static_cast<const quant::BlockQ8_0*>(act);
-    const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
-    auto biased_dot = [&](__m256i from, const quant::BlockQ8_0& x, int64_t b) {
-      return _mm256_dpbusd_epi32(from, _mm256_xor_si256(load256(x.qs), bias), load256(y[b].qs));
-    };
-    // Per step of eight blocks, 128 x each block's activation sum (what the weights' +128 adds to its total) and
-    // the activation's scales; per block past the last step, -128 x its 4-value sums, lane by lane.
-    auto sums_x128 = [&](int64_t b) {  // 128 x block b's 4-value activation sums, lane by lane
-      return _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, load256(y[b].qs));
-    };
+  // One activation's side, worked out once per call: per step of eight blocks, 128 x each block's activation sum (what
+  // the weights' +128 adds to its total) and the activation's scales; per block past the last step, -128 x its
+  // 4-value sums, lane by lane.
+  struct Prepared {
+    const quant::BlockQ8_0* y = nullptr;
     __m256i offsets[kMaxBlocks / 8];
     __m256 scales[kMaxBlocks / 8];
     __m256i tail_start[8];
-    for (int64_t i = 0; i < n_full; i += 8) {
-      __m256i sums[4];
-      for (int b = 0; b < 8; b += 2) sums[b / 2] = _mm256_hadd_epi32(sums_x128(i + b), sums_x128(i + b + 1));
-      offsets[i / 8] = lane_totals8(sums);
-      scales[i / 8] = block_scales8(y + i);
-    }
-    for (int64_t i = n_full; i < n_blocks; ++i)
-      tail_start[i - n_full] = _mm256_sub_epi32(_mm256_setzero_si256(), sums_x128(i));
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const auto* x = reinterpret_cast<const quant::BlockQ8_0*>(w + static_cast<size_t>(r) * row_bytes);
-      __m256 acc = _mm256_setzero_ps();
+
+    void prepare(const void* act, int64_t n_blocks) {
+      y = static_cast<const quant::BlockQ8_0*>(act);
+      const int64_t n_full = n_blocks / 8 * 8;
+      auto sums_x128 = [&](int64_t b) {  // 128 x block b's 4-value activation sums, lane by lane
+        return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(0x80)), load256(y[b].qs));
+      };
       for (int64_t i = 0; i < n_full; i += 8) {
         __m256i sums[4];
-#pragma GCC unroll 8
-        for (int b = 0; b < 8; b += 2)
-          sums[b / 2] = _mm256_hadd_epi32(biased_dot(_mm256_setzero_si256(), x[i + b], i + b),
-                                          biased_dot(_mm256_setzero_si256(), x[i + b + 1], i + b + 1));
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(block_scales8(x + i), scales[i / 8]),
-                              _mm256_cvtepi32_ps(_mm256_sub_epi32(lane_totals8(sums), offsets[i / 8])), acc);
+        for (int b = 0; b < 8; b += 2) sums[b / 2] = _mm256_hadd_epi32(sums_x128(i + b), sums_x128(i + b + 1));
+        offsets[i / 8] = lane_totals8(sums);
+        scales[i / 8] = block_scales8(y + i);
       }
+      for (int64_t i = n_full; i < n_blocks; ++i)
+        tail_start[i - n_full] = _mm256_sub_epi32(_mm256_setzero_si256(), sums_x128(i));
+    }
+  };
+
+  // One weight row against N prepared activations: its blocks loaded and made unsigned once for all of them, each
+  // activation's sums, offsets and float steps those of many's one. Inlined: a call per row cost many 6 % on the
+  // experts' rows of 1408 values (L2, one thread).
+  template <int N>
+  __attribute__((always_inline)) static void row(const quant::BlockQ8_0* x, int64_t n_blocks,
+                                                 const Prepared* const (&p)[N], float* out, size_t ldo) {
+    const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+    const int64_t n_full = n_blocks / 8 * 8;
+    __m256 acc[N];
+#pragma GCC unroll 8
+    for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
+    // The weights' loads and xors are written per activation; the compiler shares them between activations.
+    auto biased_dot = [&](const quant::BlockQ8_0* y, int64_t b) {
+      return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_xor_si256(load256(x[b].qs), bias), load256(y[b].qs));
+    };
+    for (int64_t i = 0; i < n_full; i += 8) {
+#pragma GCC unroll 8
+      for (int j = 0; j < N; ++j) {
+        const quant::BlockQ8_0* y = p[j]->y;
+        __m256i sums[4];
+#pragma GCC unroll 8
+        for (int b = 0; b < 8; b += 2) sums[b / 2] = _mm256_hadd_epi32(biased_dot(y, i + b), biased_dot(y, i + b + 1));
+        acc[j] =
+            _mm256_fmadd_ps(_mm256_mul_ps(block_scales8(x + i), p[j]->scales[i / 8]),
+                            _mm256_cvtepi32_ps(_mm256_sub_epi32(lane_totals8(sums), p[j]->offsets[i / 8])), acc[j]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < N; ++j) {
+      const quant::BlockQ8_0* y = p[j]->y;
       __m256 tail = _mm256_setzero_ps();
       for (int64_t i = n_full; i < n_blocks; ++i)
-        tail = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(x[i].d) * fp16_to_fp32(y[i].d)),
-                               _mm256_cvtepi32_ps(biased_dot(tail_start[i - n_full], x[i], i)), tail);
-      out[r] = hsum(_mm256_add_ps(acc, tail));
+        tail = _mm256_fmadd_ps(
+            _mm256_set1_ps(fp16_to_fp32(x[i].d) * fp16_to_fp32(y[i].d)),
+            _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(p[j]->tail_start[i - n_full],
+                                                   _mm256_xor_si256(load256(x[i].qs), bias), load256(y[i].qs))),
+            tail);
+      out[static_cast<size_t>(j) * ldo] = hsum(_mm256_add_ps(acc[j], tail));
+    }
+  }
+
+  static void many(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
+    const int64_t n_blocks = n / 32;
+    if (n_blocks > kMaxBlocks) return dot_many<Rows>(n, w, row_bytes, n_rows, act, out);
+    Prepared prepared;
+    prepared.prepare(act, n_blocks);
+    const Prepared* const one[1] = {&prepared};
+    for (int64_t r = 0; r < n_rows; ++r)
+      row<1>(reinterpret_cast<const quant::BlockQ8_0*>(w + static_cast<size_t>(r) * row_bytes), n_blocks, one, out + r,
+             0);
+  }
+
+  // Rows against a few activations (a verification step, a few sequences decoded together), each prepared once (in
+  // per-thread buffers): row<2> for each pair, row<1> for an odd one. Each result is many's, bit for bit.
+  static void few(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const uint8_t* act, size_t stride,
+                  int64_t n_act, float* out, size_t ldo) {
+    const int64_t n_blocks = n / 32;
+    if (n_blocks > kMaxBlocks) return dot_few<Rows>(n, w, row_bytes, n_rows, act, stride, n_act, out, ldo);
+    std::span<Prepared> prepared = scratch<Prepared, struct Q8FewSite>(n_act);
+    for (int64_t j = 0; j < n_act; ++j) prepared[j].prepare(act + j * stride, n_blocks);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const auto* x = reinterpret_cast<const quant::BlockQ8_0*>(w + static_cast<size_t>(r) * row_bytes);
+      int64_t j = 0;
+      for (; j + 2 <= n_act; j += 2) {
+        const Prepared* const two[2] = {&prepared[j], &prepared[j + 1]};
+        row<2>(x, n_blocks, two, out + static_cast<size_t>(j) * ldo + r, ldo);
+      }
+      if (j < n_act) {
+        const Prepared* const one[1] = {&prepared[j]};
+        row<1>(x, n_blocks, one, out + static_cast<size_t>(j) * ldo + r, ldo);
+      }
     }
   }
 };
@@ -1256,7 +1312,7 @@ void install(KernelTable& table) {
   table.vec_dot_many[kernel_slot(GgmlType::Q6_K)] = &dot_many<Q6KZmm>;
   table.vec_dot_few[kernel_slot(GgmlType::Q6_K)] = &dot_few<Q6KZmm>;
   table.vec_dot_many[kernel_slot(GgmlType::Q8_0)] = &Q8ZeroMany::many;
-  table.vec_dot_few[kernel_slot(GgmlType::Q8_0)] = &dot_few_by_activation<&Q8ZeroMany::many>;
+  table.vec_dot_few[kernel_slot(GgmlType::Q8_0)] = &Q8ZeroMany::few;
   table.gemm_tile[kernel_slot(GgmlType::Q4_K)] = &gemm_tile<Q4KTile>;
   table.gemm_tile[kernel_slot(GgmlType::Q8_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ8_0, Q8Biased>>;
   table.gemm_tile[kernel_slot(GgmlType::Q5_0)] = &gemm_tile<Blocks32Tile<quant::BlockQ5_0, Q5Biased>>;
