@@ -383,6 +383,39 @@ struct Q4KZmm {
   }
 };
 
+// Kernels whose activation side is worked out once per call (a Prepared with prepare(act, n_blocks)) and whose row<N>
+// takes one weight row against N of them (out[j * ldo]): rows against one activation, its Prepared on the stack...
+template <typename Kernel>
+void prepared_many(int64_t n_blocks, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
+  typename Kernel::Prepared prepared;
+  prepared.prepare(act, n_blocks);
+  const typename Kernel::Prepared* const one[1] = {&prepared};
+  for (int64_t r = 0; r < n_rows; ++r)
+    Kernel::template row<1>(reinterpret_cast<const typename Kernel::Block*>(w + static_cast<size_t>(r) * row_bytes),
+                            n_blocks, one, out + r, 0);
+}
+
+// ... and against a few activations, each prepared once (per-thread buffers): row<2> per pair, row<1> for an odd one.
+template <typename Kernel>
+void prepared_few(int64_t n_blocks, const uint8_t* w, size_t row_bytes, int64_t n_rows, const uint8_t* act,
+                  size_t stride, int64_t n_act, float* out, size_t ldo) {
+  using Prepared = typename Kernel::Prepared;
+  std::span<Prepared> prepared = scratch<Prepared, Kernel>(n_act);
+  for (int64_t j = 0; j < n_act; ++j) prepared[j].prepare(act + j * stride, n_blocks);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const auto* x = reinterpret_cast<const typename Kernel::Block*>(w + static_cast<size_t>(r) * row_bytes);
+    int64_t j = 0;
+    for (; j + 2 <= n_act; j += 2) {
+      const Prepared* const two[2] = {&prepared[j], &prepared[j + 1]};
+      Kernel::template row<2>(x, n_blocks, two, out + static_cast<size_t>(j) * ldo + r, ldo);
+    }
+    if (j < n_act) {
+      const Prepared* const one[1] = {&prepared[j]};
+      Kernel::template row<1>(x, n_blocks, one, out + static_cast<size_t>(j) * ldo + r, ldo);
+    }
+  }
+}
+
 // Q5_0 for one or two activation rows, two blocks per 512-bit step. Each block's 16 bytes of nibbles go to two
 // 128-bit lanes (a broadcast, then a masked broadcast of the next block's), shifted by 0 and 4: values 0-15 and 16-31
 // of both blocks in order. The fifth bits of both, as one 64-bit mask, add 16 where set; the unsigned values (0..31)
@@ -395,6 +428,7 @@ struct Q4KZmm {
 // 2048 21.1-21.3 against 17.8-18.0 GB/s for the 256-bit kernel with eight-block totals; streamed from DRAM 18.2-19.2
 // against 15.6-16.6 (one thread) and 36.2-36.4 against 30.9-31.2 (two).
 struct Q5PairZmm {
+  using Block = quant::BlockQ5_0;
   // The unsigned values (0..31) of blocks b and b + 1: 32 of each, in order.
   static __m512i pair_values(const quant::BlockQ5_0* x, int64_t b) {
     const __m512i low4 = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
@@ -592,48 +626,89 @@ struct Q5PairZmm {
   // thread 20.8 -> 22.4, two threads 38.6-41.4 -> 43.1-45.0 (harness, alternating).
   static constexpr int64_t kManyMaxSteps = 32;  // rows of up to 8192 values
 
-  static void many_long(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
-    const auto* y = static_cast<const quant::BlockQ8_0*>(act);
-    const int64_t n_blocks = n / 32, n_steps = n_blocks / 8, n_pairs = n_blocks / 2;
-    // Per pair p: [2p] its 64 activation bytes, [2p + 1] its negated offset sums; the pairs past the last step of
-    // eight too (up to three), with their blocks' scales as floats.
-    // On the stack (17 kB at most), as in Q4KZmm::many.
-    if (n_steps > kManyMaxSteps) return dot_many<Q5PairZmm>(n, w, row_bytes, n_rows, act, out);
+  // One activation's side of rows of eight blocks or more, once per call: per pair p, [2p] its 64 bytes and [2p + 1]
+  // its negated offset sums (the pairs past the last step of eight too, up to three), each step's scales, and the
+  // scales of the blocks past the steps as floats.
+  struct Prepared {
+    const quant::BlockQ8_0* y = nullptr;
     __m512i pairs[8 * kManyMaxSteps + 6];
     __m256 scales[kManyMaxSteps];
     float rest_yd[6];
-    for (int64_t s = 0; s < n_steps; ++s) scales[s] = block_scales8(y + 8 * s);
-    for (int64_t b = 8 * n_steps; b < 2 * n_pairs; ++b) rest_yd[b - 8 * n_steps] = fp16_to_fp32(y[b].d);
-    for (int64_t p = 0; p < n_pairs; ++p) {
-      const __m512i a = act_pair(y, 2 * p);
-      pairs[2 * p] = a;
-      pairs[2 * p + 1] = negated_offset(a);
+
+    void prepare(const void* act, int64_t n_blocks) {
+      y = static_cast<const quant::BlockQ8_0*>(act);
+      const int64_t n_steps = n_blocks / 8, n_pairs = n_blocks / 2;
+      for (int64_t s = 0; s < n_steps; ++s) scales[s] = block_scales8(y + 8 * s);
+      for (int64_t b = 8 * n_steps; b < 2 * n_pairs; ++b) rest_yd[b - 8 * n_steps] = fp16_to_fp32(y[b].d);
+      for (int64_t p = 0; p < n_pairs; ++p) {
+        const __m512i a = act_pair(y, 2 * p);
+        pairs[2 * p] = a;
+        pairs[2 * p + 1] = negated_offset(a);
+      }
     }
-    const ActRows<quant::BlockQ8_0, 1> y1(static_cast<const uint8_t*>(act), 0);
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const auto* x = reinterpret_cast<const quant::BlockQ5_0*>(w + static_cast<size_t>(r) * row_bytes);
-      __m512 acc[1] = {_mm512_setzero_ps()}, odd = _mm512_setzero_ps();
-      for (int64_t s = 0; s < n_steps; ++s) {
-        const __m256 scales8 = _mm256_mul_ps(eight_scales(x + 8 * s), scales[s]);
-        const __m512i* a = pairs + 8 * s;
+  };
+
+  // One weight row of eight blocks or more against N prepared activations: its pairs' values and its steps' scales
+  // unpacked once for all of them, each activation's integers and float steps cols<1>'s. Inlined into the row loops.
+  template <int N>
+  __attribute__((always_inline)) static void row(const quant::BlockQ5_0* x, int64_t n_blocks,
+                                                 const Prepared* const (&p)[N], float* out, size_t ldo) {
+    const int64_t n_steps = n_blocks / 8, n_pairs = n_blocks / 2;
+    __m512 acc[N], odd[N];
 #pragma GCC unroll 8
-        for (int p = 0; p < 4; ++p) {
-          const __m512i sums = _mm512_dpbusd_epi32(a[2 * p + 1], pair_values(x, 8 * s + 2 * p), a[2 * p]);
-          __m512& into = p % 2 ? odd : acc[0];
-          into = _mm512_fmadd_ps(pair_scales(scales8, p), _mm512_cvtepi32_ps(sums), into);
+    for (int j = 0; j < N; ++j) acc[j] = odd[j] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < n_steps; ++s) {
+      const __m256 xd = eight_scales(x + 8 * s);
+      __m256 scales8[N];
+#pragma GCC unroll 8
+      for (int j = 0; j < N; ++j) scales8[j] = _mm256_mul_ps(xd, p[j]->scales[s]);
+#pragma GCC unroll 8
+      for (int q = 0; q < 4; ++q) {
+        const __m512i u = pair_values(x, 8 * s + 2 * q);
+#pragma GCC unroll 8
+        for (int j = 0; j < N; ++j) {
+          const __m512i* a = p[j]->pairs + 8 * s;
+          const __m512i sums = _mm512_dpbusd_epi32(a[2 * q + 1], u, a[2 * q]);
+          __m512& into = q % 2 ? odd[j] : acc[j];
+          into = _mm512_fmadd_ps(pair_scales(scales8[j], q), _mm512_cvtepi32_ps(sums), into);
         }
       }
-      // The pairs past the steps as rest<1> takes them (the same integers and float steps), prepared.
-      for (int64_t b = 8 * n_steps; b < 2 * n_pairs; b += 2) {
-        const __m512i sums = _mm512_dpbusd_epi32(pairs[b + 1], pair_values(x, b), pairs[b]);
-        const float* yd = rest_yd + (b - 8 * n_steps);
-        const __m512 scale = rest_scales(fp16_to_fp32(x[b].d), yd[0], fp16_to_fp32(x[b + 1].d), yd[1]);
-        acc[0] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sums), acc[0]);
-      }
-      float tail[1];
-      odd_block<1>(x, y1, 2 * n_pairs, n_blocks, tail);
-      out[r] = reduce_add(_mm512_add_ps(acc[0], odd)) + tail[0];
     }
+    // The pairs past the steps as rest<1> takes them (the same integers and float steps), prepared.
+    for (int64_t b = 8 * n_steps; b < 2 * n_pairs; b += 2) {
+      const __m512i u = pair_values(x, b);
+      const float xd0 = fp16_to_fp32(x[b].d), xd1 = fp16_to_fp32(x[b + 1].d);
+#pragma GCC unroll 8
+      for (int j = 0; j < N; ++j) {
+        const __m512i sums = _mm512_dpbusd_epi32(p[j]->pairs[b + 1], u, p[j]->pairs[b]);
+        const float* yd = p[j]->rest_yd + (b - 8 * n_steps);
+        acc[j] = _mm512_fmadd_ps(rest_scales(xd0, yd[0], xd1, yd[1]), _mm512_cvtepi32_ps(sums), acc[j]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < N; ++j) {
+      float tail[1];
+      odd_block<1>(x, ActRows<quant::BlockQ8_0, 1>(reinterpret_cast<const uint8_t*>(p[j]->y), 0), 2 * n_pairs, n_blocks,
+                   tail);
+      out[static_cast<size_t>(j) * ldo] = reduce_add(_mm512_add_ps(acc[j], odd[j])) + tail[0];
+    }
+  }
+
+  static void many_long(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
+    // The Prepared on the stack (17 kB at most), as in Q4KZmm::many.
+    if (n / 32 / 8 > kManyMaxSteps) return dot_many<Q5PairZmm>(n, w, row_bytes, n_rows, act, out);
+    prepared_many<Q5PairZmm>(n / 32, w, row_bytes, n_rows, act, out);
+  }
+
+  // Rows against a few activations: rows of eight blocks or more with each activation prepared once (per-thread
+  // buffers) and row<2> per pair, row<1> for an odd one; shorter rows (MLA's attn_k_b) one activation after another
+  // through many over pieces kept in L2. Each result many's, bit for bit.
+  static void few(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const uint8_t* act, size_t stride,
+                  int64_t n_act, float* out, size_t ldo) {
+    const int64_t n_blocks = n / 32;
+    if (n_blocks < 8 || n_blocks / 8 > kManyMaxSteps)
+      return dot_few_by_activation<&Q5PairZmm::many>(n, w, row_bytes, n_rows, act, stride, n_act, out, ldo);
+    prepared_few<Q5PairZmm>(n_blocks, w, row_bytes, n_rows, act, stride, n_act, out, ldo);
   }
 };
 
@@ -648,6 +723,7 @@ struct Q5PairZmm {
 // alternating, one thread): 64 rows in L2 of 10944 values 39.2 -> 52.5 GB/s, of 1408 values 47.4 -> 55.2; from DRAM
 // (384 MB in 2 MB pages, 15 rounds) 34.8 -> 35.6 (two threads), 25.9 -> 26.1 (one).
 struct Q8ZeroMany {
+  using Block = quant::BlockQ8_0;
   // Rows of up to 32768 values (8 kB of offsets and scales an activation); longer rows go through cols<1>.
   static constexpr int64_t kMaxBlocks = 1024;
   using Rows = Blocks32<quant::BlockQ8_0, Q8Values>;
@@ -722,12 +798,7 @@ struct Q8ZeroMany {
   static void many(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
     const int64_t n_blocks = n / 32;
     if (n_blocks > kMaxBlocks) return dot_many<Rows>(n, w, row_bytes, n_rows, act, out);
-    Prepared prepared;
-    prepared.prepare(act, n_blocks);
-    const Prepared* const one[1] = {&prepared};
-    for (int64_t r = 0; r < n_rows; ++r)
-      row<1>(reinterpret_cast<const quant::BlockQ8_0*>(w + static_cast<size_t>(r) * row_bytes), n_blocks, one, out + r,
-             0);
+    prepared_many<Q8ZeroMany>(n_blocks, w, row_bytes, n_rows, act, out);
   }
 
   // Rows against a few activations (a verification step, a few sequences decoded together), each prepared once (in
@@ -736,20 +807,7 @@ struct Q8ZeroMany {
                   int64_t n_act, float* out, size_t ldo) {
     const int64_t n_blocks = n / 32;
     if (n_blocks > kMaxBlocks) return dot_few<Rows>(n, w, row_bytes, n_rows, act, stride, n_act, out, ldo);
-    std::span<Prepared> prepared = scratch<Prepared, struct Q8FewSite>(n_act);
-    for (int64_t j = 0; j < n_act; ++j) prepared[j].prepare(act + j * stride, n_blocks);
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const auto* x = reinterpret_cast<const quant::BlockQ8_0*>(w + static_cast<size_t>(r) * row_bytes);
-      int64_t j = 0;
-      for (; j + 2 <= n_act; j += 2) {
-        const Prepared* const two[2] = {&prepared[j], &prepared[j + 1]};
-        row<2>(x, n_blocks, two, out + static_cast<size_t>(j) * ldo + r, ldo);
-      }
-      if (j < n_act) {
-        const Prepared* const one[1] = {&prepared[j]};
-        row<1>(x, n_blocks, one, out + static_cast<size_t>(j) * ldo + r, ldo);
-      }
-    }
+    prepared_few<Q8ZeroMany>(n_blocks, w, row_bytes, n_rows, act, stride, n_act, out, ldo);
   }
 };
 
@@ -1306,7 +1364,7 @@ void install(KernelTable& table) {
   table.vec_dot[kernel_slot(GgmlType::Q5_0)] = &dot_one<Q5PairZmm>;
   table.vec_dot_rows[kernel_slot(GgmlType::Q5_0)] = &dot_rows<Q5PairZmm>;
   table.vec_dot_many[kernel_slot(GgmlType::Q5_0)] = &Q5PairZmm::many;
-  table.vec_dot_few[kernel_slot(GgmlType::Q5_0)] = &dot_few_by_activation<&Q5PairZmm::many>;
+  table.vec_dot_few[kernel_slot(GgmlType::Q5_0)] = &Q5PairZmm::few;
   table.vec_dot[kernel_slot(GgmlType::Q6_K)] = &dot_one<Q6KZmm>;
   table.vec_dot_rows[kernel_slot(GgmlType::Q6_K)] = &dot_rows<Q6KZmm>;
   table.vec_dot_many[kernel_slot(GgmlType::Q6_K)] = &dot_many<Q6KZmm>;
