@@ -1368,7 +1368,7 @@ void install(KernelTable& table) {
   table.vec_dot[kernel_slot(GgmlType::Q6_K)] = &dot_one<Q6KZmm>;
   table.vec_dot_rows[kernel_slot(GgmlType::Q6_K)] = &dot_rows<Q6KZmm>;
   table.vec_dot_many[kernel_slot(GgmlType::Q6_K)] = &dot_many<Q6KZmm>;
-  table.vec_dot_few[kernel_slot(GgmlType::Q6_K)] = &dot_few<Q6KZmm>;
+  table.vec_dot_few[kernel_slot(GgmlType::Q6_K)] = &dot_few3<Q6KZmm>;
   table.vec_dot_many[kernel_slot(GgmlType::Q8_0)] = &Q8ZeroMany::many;
   table.vec_dot_few[kernel_slot(GgmlType::Q8_0)] = &Q8ZeroMany::few;
   table.gemm_tile[kernel_slot(GgmlType::Q4_K)] = &gemm_tile<Q4KTile>;
