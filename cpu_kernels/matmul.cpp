@@ -80,13 +80,7 @@ void for_row_blocks(ThreadPool& pool, int64_t n_rows, bool tiles, TileFn&& tile_
 void block_dots(const KernelTable& k, GemmTileFn tile, const WeightMatrix& w, int64_t r, const uint8_t* act,
                 size_t act_row, int64_t n_act, float* dst) {
   if (tile) return tile(w.n_cols, w.row(r), w.row_bytes, act, act_row, n_act, dst, kTileRows);
-  float col[kTokenChunk];
-  for (int64_t i = 0; i < kTileRows; ++i)
-    for (int64_t t0 = 0; t0 < n_act; t0 += kTokenChunk) {
-      const int64_t nt = std::min(kTokenChunk, n_act - t0);
-      k.dot_rows(w.type, w.n_cols, w.row(r + i), act + t0 * act_row, act_row, nt, col);
-      for (int64_t t = 0; t < nt; ++t) dst[(t0 + t) * kTileRows + i] = col[t];
-    }
+  k.dot_few(w.type, w.n_cols, w.row(r), w.row_bytes, kTileRows, act, act_row, n_act, dst, kTileRows);
 }
 
 void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w, const HeadsLayout& layout,
@@ -105,7 +99,6 @@ void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w,
   const GemmTileFn tile = n_tokens >= kTileMinActs ? k.tile_for(w.type) : nullptr;
   const int64_t units_per_head = (rows + kTileRows - 1) / kTileRows;
   pool.parallel_for_balanced(heads * units_per_head, 2, [&](int64_t u0, int64_t u1) {
-    float out[kTokenChunk];
     if (!tile) {
       // Decode and a few tokens: each head's rows of the piece in one dot_few call, without dot_rows' chunking (short
       // rows feel it), the activation's side put together once per head and piece rather than once per unit of 16
@@ -130,13 +123,8 @@ void matmul_heads(const KernelTable& k, ThreadPool& pool, const WeightMatrix& w,
              layout.y_token_stride);
         continue;
       }
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenChunk) {
-          const int64_t nt = std::min(kTokenChunk, n_tokens - t0);
-          k.dot_rows(w.type, cols, w.row(h * rows + r), head_act + static_cast<size_t>(t0 * heads) * act_row,
-                     heads * act_row, nt, out);
-          for (int64_t t = 0; t < nt; ++t) head_y[(t0 + t) * layout.y_token_stride + r] = out[t];
-        }
+      k.dot_few(w.type, cols, w.row(h * rows + r0), w.row_bytes, r1 - r0, head_act, heads * act_row, n_tokens,
+                head_y + r0, static_cast<size_t>(layout.y_token_stride));
     }
   });
 }
