@@ -9,24 +9,9 @@
 #include <cstdlib>
 #include <new>
 
+#include "cpu_kernels/kernel_table.h"
+
 namespace hetmoe::cpu {
-namespace {
-
-// Sums 64-bit words with four independent accumulators so the loop is bound by loads, not by the add chain.
-uint64_t read_slice(const uint64_t* p, size_t n) {
-  uint64_t a = 0, b = 0, c = 0, d = 0;
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    a += p[i];
-    b += p[i + 1];
-    c += p[i + 2];
-    d += p[i + 3];
-  }
-  for (; i < n; ++i) a += p[i];
-  return a + b + c + d;
-}
-
-}  // namespace
 
 ReadBandwidthProbe::ReadBandwidthProbe(ThreadPool& pool, size_t bytes) : pool_(pool) {
   constexpr size_t kHugePage = size_t{2} << 20;
@@ -47,10 +32,11 @@ ReadBandwidthProbe::~ReadBandwidthProbe() { std::free(words_); }
 double ReadBandwidthProbe::measure(int repeats) {
   double best = 0;
   std::atomic<uint64_t> sink{0};
+  const StreamSumFn stream_sum = kernels().stream_sum;
   for (int r = 0; r < repeats; ++r) {
     const auto start = std::chrono::steady_clock::now();
     pool_.parallel_for(static_cast<int64_t>(n_words_), 1 << 16, [&](int64_t b, int64_t e) {
-      sink += read_slice(words_ + b, static_cast<size_t>(e - b));  // keeps the reads from being optimised away
+      sink += stream_sum(words_ + b, static_cast<size_t>(e - b));  // keeps the reads from being optimised away
     });
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     best = std::max(best, static_cast<double>(n_words_ * sizeof(uint64_t)) / seconds);

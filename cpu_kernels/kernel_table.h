@@ -34,6 +34,10 @@ inline constexpr int64_t kTileRows = 16;
 // Below it, dot_few: a whole verification step of the 8-layer V2-Lite bench model at 2 threads took 36-38 ms with 4
 // tokens against 44-45 through the tiles, about the same with 6, and 73 against 67 with 8 (one sitting, alternating).
 inline constexpr int64_t kTileMinActs = 6;
+// The sum of the n 64-bit words at p, read with the tier's widest loads: the bandwidth probe's reads, so that the
+// probe measures the memory, not its own instructions (16-byte loads read 2-11 % less than 32- and 64-byte ones on
+// the bench VM, and trail the memory most when its cores are slow).
+using StreamSumFn = uint64_t (*)(const uint64_t* p, size_t n);
 // y[i] += a * x[i] for i < n.
 using AxpyFn = void (*)(int64_t n, float a, const float* x, float* y);
 // Attention of the heads that share one key head, one query token: scores[h * scores_stride + j] = q_h . k_j for
@@ -78,6 +82,7 @@ struct KernelTable {
   std::array<QuantizeActivationFn, kKernelSlots> quantize_activation{};  // by kernel_slot(vec_dot_type)
   std::array<QuantizeRowFn, kKernelSlots> quantize_weights{};            // by kernel_slot(type); null: the reference
   std::array<DequantizeRowFn, kKernelSlots> dequantize_weights{};        // by kernel_slot(type); null: the reference
+  StreamSumFn stream_sum = nullptr;
   AxpyFn axpy = nullptr;
   DotHeadsFn dot_heads = nullptr;
   SumHeadsFn sum_heads = nullptr;

@@ -157,6 +157,22 @@ TEST(Kernels, AttentionSoftmaxOfEveryTierMatchesTheReference) {
   }
 }
 
+// The bandwidth probe's reads: every tier's sum of words equals the plain sum (mod 2^64), at every start within a
+// 64-byte line and for lengths around its 32-word steps.
+TEST(Kernels, StreamSumOfEveryTierIsTheSumOfTheWords) {
+  std::vector<uint64_t> words(4096 + 64);
+  for (size_t i = 0; i < words.size(); ++i) words[i] = (i + 1) * 0x9E3779B97F4A7C15ULL ^ (i << 40);
+  for (Isa isa : tiers_present()) {
+    const KernelTable table = make_kernel_table(isa);
+    for (size_t start = 0; start < 8; ++start)
+      for (size_t n : {size_t{0}, size_t{1}, size_t{31}, size_t{32}, size_t{33}, size_t{127}, size_t{4096}}) {
+        uint64_t want = 0;
+        for (size_t i = 0; i < n; ++i) want += words[start + i];
+        EXPECT_EQ(table.stream_sum(words.data() + start, n), want) << isa_name(isa) << " start " << start << " n " << n;
+      }
+  }
+}
+
 // One weight row against many activation rows (the prefill and multi-token expert path) must give exactly what
 // the single dot gives for each of them, on every tier and for counts that are not multiples of the kernels' 4.
 TEST(Kernels, MultiRowDotEqualsSingleDotsBitForBit) {
