@@ -34,9 +34,9 @@ inline constexpr int64_t kTileRows = 16;
 // Below it, dot_few: a whole verification step of the 8-layer V2-Lite bench model at 2 threads took 36-38 ms with 4
 // tokens against 44-45 through the tiles, about the same with 6, and 73 against 67 with 8 (one sitting, alternating).
 inline constexpr int64_t kTileMinActs = 6;
-// The sum of the n 64-bit words at p, read with the tier's widest loads: the bandwidth probe's reads, so that the
-// probe measures the memory, not its own instructions (16-byte loads read 2-11 % less than 32- and 64-byte ones on
-// the bench VM, and trail the memory most when its cores are slow).
+// The sum of the n 64-bit words at p: the bandwidth probe's reads, with the loads that read the most of the memory
+// (the x86 tiers: 32 bytes each; the bench VM's Zen 4 read 3-16 % more with them than with 16-byte loads, per-round
+// median +11 %, and about as much as with 64-byte loads, which varied more).
 using StreamSumFn = uint64_t (*)(const uint64_t* p, size_t n);
 // y[i] += a * x[i] for i < n.
 using AxpyFn = void (*)(int64_t n, float a, const float* x, float* y);

@@ -416,18 +416,6 @@ void prepared_few(int64_t n_blocks, const uint8_t* w, size_t row_bytes, int64_t 
   }
 }
 
-// 64-bit words summed 64-byte load by 64-byte load, four lines a step into four sums (the bandwidth probe's reads).
-uint64_t stream_sum_512(const uint64_t* p, size_t n) {
-  __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32)
-    for (int u = 0; u < 4; ++u) acc[u] = _mm512_add_epi64(acc[u], _mm512_loadu_si512(p + i + 8 * u));
-  uint64_t sum = static_cast<uint64_t>(
-      _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(acc[0], acc[1]), _mm512_add_epi64(acc[2], acc[3]))));
-  for (; i < n; ++i) sum += p[i];
-  return sum;
-}
-
 // Q5_0 for one or two activation rows, two blocks per 512-bit step. Each block's 16 bytes of nibbles go to two
 // 128-bit lanes (a broadcast, then a masked broadcast of the next block's), shifted by 0 and 4: values 0-15 and 16-31
 // of both blocks in order. The fifth bits of both, as one 64-bit mask, add 16 where set; the unsigned values (0..31)
@@ -1368,7 +1356,6 @@ void install_tiles(KernelTable& table) {
 
 void install(KernelTable& table) {
   install_256(table);
-  table.stream_sum = &stream_sum_512;
   using quant::GgmlType;
   table.vec_dot[kernel_slot(GgmlType::Q4_K)] = &dot_one<Q4KZmm>;
   table.vec_dot_rows[kernel_slot(GgmlType::Q4_K)] = &dot_rows<Q4KZmm>;
