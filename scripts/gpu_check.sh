@@ -8,7 +8,9 @@
 #   5. `hetmoe bench` on the CPU and with --device cuda for each policy (the forward pass on the GPU, and with
 #      --host-pass only the FFNs there), and the policies with the measured profile on Zipf-skewed routing;
 #   6. what `hetmoe simulate` predicts for the same runs from the measured profile and the model's own routing, to
-#      set against step 5's measurements.
+#      set against step 5's measurements;
+#   7. the two splits (W^Q + W^R, and W^Q next to the source experts) and their benches;
+#   8. `hetmoe tune --verify` with the measured profile: the best settings it predicts, each benched here.
 # Everything it prints also goes to $OUT/gpu_check.log when OUT is set (the device tool's result folder).
 # Each step has a time limit (a hang must not eat a short lease) and a failed step does not stop the next.
 # Usage: scripts/gpu_check.sh            (HETMOE_GPU_LAYERS=4 by default; JOBS=nproc)
@@ -112,5 +114,18 @@ fi
 bench -m "$split" --policies cpu "${short[@]}"
 bench -m "$split" --device cuda --policies static,kt,crossover,split "${short[@]}"
 bench -m "$split" --device cuda --policies crossover --host-pass "${short[@]}"
+
+step "source split: W^Q next to the source experts (critical experts exact from the source), and its benches"
+source_split=out/v2lite-${LAYERS}l.source-split.gguf
+if [ ! -f "$source_split" ]; then
+  t0=$(date +%s%N)
+  timeout 240 "$hetmoe" split -m "$model" -o "$source_split" --critical-from source -t "$JOBS" 2>&1 | tail -2
+  echo "source split: $((($(date +%s%N) - t0) / 1000000)) ms for $(du -m "$model" | cut -f1) MB of source"
+fi
+bench -m "$source_split" --device cuda --policies crossover,split "${short[@]}"
+
+step "tune with the measured profile: the best settings predicted, then benched here (--verify)"
+timeout 300 "$hetmoe" tune -m "$model" --hw "$profile" --prompt 128 --gen 32 --top 3 --verify -t "$JOBS" 2>&1 |
+  tr '\r' '\n' | grep -vE ': (warm-up run|run [0-9]+/[0-9]+)'
 
 step done
