@@ -5,8 +5,11 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <memory>
+#include <new>
 #include <optional>
 #include <random>
 #include <vector>
@@ -30,6 +33,17 @@ std::optional<hetmoe::cpu::KernelTable> table_for(benchmark::State& state, Isa i
     return std::nullopt;
   }
   return hetmoe::cpu::make_kernel_table(isa);
+}
+
+// `bytes` in 2 MB pages where transparent huge pages allow, as a model file's weights are mapped (in 4 kB pages a
+// stream from DRAM pays a TLB miss every 4 kB).
+std::unique_ptr<uint8_t, decltype(&std::free)> huge_bytes(size_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  auto* p = static_cast<uint8_t*>(std::aligned_alloc(kHuge, rounded));
+  if (!p) throw std::bad_alloc();
+  madvise(p, rounded, MADV_HUGEPAGE);
+  return {p, &std::free};
 }
 
 // n_act activation rows per weight row through dot_rows, or per 8-row tile through gemm_tile (the prefill paths);
@@ -81,8 +95,9 @@ void bm_dot(benchmark::State& state, Isa isa, GgmlType type, int64_t n_act, bool
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(rb * rows) * std::max<int64_t>(1, n_act));
 }
 
-// One matrix-vector product over a 512 MB matrix (far beyond the last-level cache), so every weight byte comes
-// from DRAM: the gap to bm_dot is what memory stalls cost the kernel.
+// One matrix-vector product over a 512 MB matrix (far beyond the last-level cache) in 2 MB pages, so every weight byte
+// comes from DRAM: the gap to bm_dot is what memory stalls cost the kernel, the gap to bm_stream_loads what the
+// kernel's arithmetic costs its stream.
 void bm_stream(benchmark::State& state, Isa isa, GgmlType type, int threads) {
   if (isa > hetmoe::cpu::detect_isa()) {
     state.SkipWithError("tier not supported by this CPU");
@@ -97,16 +112,38 @@ void bm_stream(benchmark::State& state, Isa isa, GgmlType type, int threads) {
   std::vector<float> w(kCols * kTileRows), x(kCols), y(rows);
   for (float& v : w) v = dist(rng);
   for (float& v : x) v = dist(rng);
-  std::vector<uint8_t> tile(rb * kTileRows), wq(rb * rows);
+  std::vector<uint8_t> tile(rb * kTileRows);
+  const auto wq = huge_bytes(rb * rows);
   for (int64_t r = 0; r < kTileRows; ++r) hetmoe::quant::quantize_row(type, &w[r * kCols], tile.data() + r * rb, kCols);
-  for (int64_t r = 0; r < rows; r += kTileRows) std::copy(tile.begin(), tile.end(), wq.begin() + r * rb);
+  for (int64_t r = 0; r < rows; r += kTileRows) std::copy(tile.begin(), tile.end(), wq.get() + r * rb);
   hetmoe::cpu::ThreadPool pool(threads);
-  const hetmoe::cpu::WeightMatrix m{type, kCols, rows, rb, wq.data()};
+  const hetmoe::cpu::WeightMatrix m{type, kCols, rows, rb, wq.get()};
   for (auto _ : state) {
     hetmoe::cpu::matmul(table, pool, m, x.data(), 1, y.data(), rows);
     benchmark::DoNotOptimize(y.data());
   }
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(rb * rows));
+}
+
+// The same 512 MB through the tier's stream_sum (the bandwidth probe's reads), split between the threads as matmul
+// splits rows: what the memory gives these threads without a kernel's arithmetic, bm_stream's reference.
+void bm_stream_loads(benchmark::State& state, Isa isa, int threads) {
+  if (isa > hetmoe::cpu::detect_isa()) {
+    state.SkipWithError("tier not supported by this CPU");
+    return;
+  }
+  const hetmoe::cpu::KernelTable table = hetmoe::cpu::make_kernel_table(isa);
+  const size_t n_words = (size_t{512} << 20) / sizeof(uint64_t);
+  const auto buffer = huge_bytes(n_words * sizeof(uint64_t));
+  auto* words = reinterpret_cast<uint64_t*>(buffer.get());
+  for (size_t i = 0; i < n_words; ++i) words[i] = i * 0x9E3779B97F4A7C15ULL;
+  hetmoe::cpu::ThreadPool pool(threads);
+  std::atomic<uint64_t> sink{0};
+  for (auto _ : state)
+    pool.parallel_for(static_cast<int64_t>(n_words), 1 << 16,
+                      [&](int64_t b, int64_t e) { sink += table.stream_sum(words + b, static_cast<size_t>(e - b)); });
+  benchmark::DoNotOptimize(sink.load());
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(n_words * sizeof(uint64_t)));
 }
 
 // MLA's attn_k_b in a decode step through matmul_heads: V2-Lite's shape (16 heads of 512 rows x 128 values, Q5_0,
@@ -163,10 +200,8 @@ void bm_experts(benchmark::State& state, int threads, int64_t n_tokens, bool sha
   for (int64_t r = 0; r < kEmbd; ++r)
     hetmoe::quant::quantize_row(GgmlType::Q5_0, &w[r * kFf], down1.data() + r * down_rb, kFf);
   const size_t expert_bytes = 2 * gate1.size() + down1.size();
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t total = (expert_bytes * kExperts + kHuge - 1) / kHuge * kHuge;
-  uint8_t* base = static_cast<uint8_t*>(std::aligned_alloc(kHuge, total));
-  madvise(base, total, MADV_HUGEPAGE);
+  const auto buffer = huge_bytes(expert_bytes * kExperts);
+  uint8_t* base = buffer.get();
   for (int64_t e = 0; e < kExperts; ++e) {
     uint8_t* p = base + e * expert_bytes;
     std::copy(gate1.begin(), gate1.end(), p);
@@ -227,7 +262,6 @@ void bm_experts(benchmark::State& state, int threads, int64_t n_tokens, bool sha
   state.SetBytesProcessed(distinct * static_cast<int64_t>(expert_bytes) + shared_bytes);
   state.counters["experts"] =
       benchmark::Counter(static_cast<double>(distinct) / static_cast<double>(state.iterations()));
-  std::free(base);
 }
 
 // A tier's activation conversion (what every quantized matmul does to its input rows first): 2048 floats to the
@@ -304,6 +338,12 @@ void register_all() {
                                          .c_str(),
                                      [isa, t, threads](benchmark::State& s) { bm_stream(s, isa, t, threads); })
             ->UseRealTime();
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
+    for (int threads : {1, 2})
+      benchmark::RegisterBenchmark(
+          ("stream/" + std::string(hetmoe::cpu::isa_name(isa)) + "/loads/t" + std::to_string(threads)).c_str(),
+          [isa, threads](benchmark::State& s) { bm_stream_loads(s, isa, threads); })
+          ->UseRealTime();
   for (Isa isa : {Isa::kRef, Isa::kAvx2, Isa::kAvx512})
     for (GgmlType t :
          {GgmlType::BF16,  GgmlType::Q4_1,    GgmlType::Q5_1,  GgmlType::Q4_0,   GgmlType::IQ4_NL,  GgmlType::MXFP4,
