@@ -152,6 +152,39 @@ inline __m256i q4k_scale_bytes_pair(const uint8_t* a, const uint8_t* b) {
   return _mm256_or_si256(_mm256_and_si256(low, keep), _mm256_slli_epi32(_mm256_and_si256(top, high_bits), 4));
 }
 
+// Kernels whose activation side is worked out once per call (a Prepared with prepare(act, n_blocks)) and whose row<N>
+// takes one weight row against N of them (out[j * ldo]): rows against one activation, its Prepared on the stack...
+template <typename Kernel>
+void prepared_many(int64_t n_blocks, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
+  typename Kernel::Prepared prepared;
+  prepared.prepare(act, n_blocks);
+  const typename Kernel::Prepared* const one[1] = {&prepared};
+  for (int64_t r = 0; r < n_rows; ++r)
+    Kernel::template row<1>(reinterpret_cast<const typename Kernel::Block*>(w + static_cast<size_t>(r) * row_bytes),
+                            n_blocks, one, out + r, 0);
+}
+
+// ... and against a few activations, each prepared once (per-thread buffers): row<2> per pair, row<1> for an odd one.
+template <typename Kernel>
+void prepared_few(int64_t n_blocks, const uint8_t* w, size_t row_bytes, int64_t n_rows, const uint8_t* act,
+                  size_t stride, int64_t n_act, float* out, size_t ldo) {
+  using Prepared = typename Kernel::Prepared;
+  std::span<Prepared> prepared = scratch<Prepared, Kernel>(n_act);
+  for (int64_t j = 0; j < n_act; ++j) prepared[j].prepare(act + j * stride, n_blocks);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const auto* x = reinterpret_cast<const typename Kernel::Block*>(w + static_cast<size_t>(r) * row_bytes);
+    int64_t j = 0;
+    for (; j + 2 <= n_act; j += 2) {
+      const Prepared* const two[2] = {&prepared[j], &prepared[j + 1]};
+      Kernel::template row<2>(x, n_blocks, two, out + static_cast<size_t>(j) * ldo + r, ldo);
+    }
+    if (j < n_act) {
+      const Prepared* const one[1] = {&prepared[j]};
+      Kernel::template row<1>(x, n_blocks, one, out + static_cast<size_t>(j) * ldo + r, ldo);
+    }
+  }
+}
+
 // Q4_K for one or two activation rows in 512-bit steps. The 64 bytes of qs[64c..64c+63] hold groups 4c and 4c+2 in
 // their low nibbles and 4c+1 and 4c+3 in their high ones; one vpdpbusd per nibble half gives the 4-value sums of two
 // groups (the activation's two 32-byte runs put side by side), a saturating pack puts both halves' int32 sums
@@ -192,8 +225,8 @@ struct Q4KZmm {
       return _mm_setr_ps(y[j][i].d, y[j][i].d, y[j][i + 1].d, y[j][i + 1].d);
     }
   };
-  // An activation row whose operands were put together once (many, few): one load each.
-  struct Prepared {
+  // An activation row whose operands were put together once (Prepared): one load each.
+  struct PreparedView {
     const quant::BlockQ8_K* y;
     const __m512i* operands;  // 4 per super-block: half 0's two, then half 1's
     const int16_t* sums;      // 16 per super-block, packed
@@ -202,7 +235,7 @@ struct Q4KZmm {
   // N of them as the activation rows of rows_of<N>.
   template <int N>
   struct PreparedRows {
-    Prepared row[N];
+    PreparedView row[N];
     Halves halves(int j, int64_t i, int c) const {
       return {row[j].operands[4 * i + 2 * c], row[j].operands[4 * i + 2 * c + 1]};
     }
@@ -252,8 +285,10 @@ struct Q4KZmm {
   // the bench model's ffn_gate_exps in L2, one thread, 3 rounds alternating): 39.0-40.0 -> 45.6-46.3 GB/s; from DRAM
   // (two threads, two 104 MB matrices, 41 rounds alternating in one process) +0.6 and +1.6 % in two sittings: there
   // each core's stream, not its arithmetic, sets the pace.
+  // Inlined where one activation's rows go one after another (row<1> in prepared_many's loop: the constants and the
+  // activation's view stay in registers across rows), out of line elsewhere (rows_of).
   template <int N, typename Act>
-  static void rows_of(int64_t n, const void* w, const Act& act, float* out) {
+  __attribute__((always_inline)) static void rows_of_inline(int64_t n, const void* w, const Act& act, float* out) {
     const auto* x = static_cast<const quant::BlockQ4_K*>(w);
     const __m512i pattern0 = load512(kScalePatterns[0].data()), pattern1 = load512(kScalePatterns[1].data());
     __m512 acc[N], acc_min[N];
@@ -312,6 +347,10 @@ struct Q4KZmm {
 #pragma GCC unroll 8
     for (int j = 0; j < N; ++j) out[j] = _mm512_reduce_add_ps(acc[j]) - _mm512_reduce_add_ps(acc_min[j]);
   }
+  template <int N, typename Act>
+  static void rows_of(int64_t n, const void* w, const Act& act, float* out) {
+    rows_of_inline<N>(n, w, act, out);
+  }
 
   template <int N>
   static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
@@ -326,13 +365,16 @@ struct Q4KZmm {
   // shows where the two cores out-read the arithmetic.
   static constexpr int64_t kManyMaxSuper = 64;  // rows of up to 16384 values
 
-  // The operands of one activation row (n_super super-blocks) into the caller's buffers.
-  struct PreparedStorage {
+  // One activation row's operands (n_super super-blocks), put together once per call: the drivers' Prepared
+  // (prepared_many: on the stack, 18.5 kB at most; prepared_few: per-thread buffers).
+  using Block = quant::BlockQ4_K;
+  struct Prepared {
     __m512i operands[4 * kManyMaxSuper];
     alignas(64) int16_t sums[16 * kManyMaxSuper];
     alignas(64) float scales[2 * kManyMaxSuper];
+    PreparedRows<1> one;  // its view, as rows_of<1> takes it
 
-    Prepared prepare(const void* act, int64_t n_super) {
+    void prepare(const void* act, int64_t n_super) {
       const Blocks<1> blocks{ActRows<quant::BlockQ8_K, 1>(static_cast<const uint8_t*>(act), 0)};
       const auto* y = static_cast<const quant::BlockQ8_K*>(act);
       for (int64_t i = 0; i < n_super; ++i) {
@@ -344,77 +386,57 @@ struct Q4KZmm {
         std::memcpy(sums + 16 * i, y[i].bsums, sizeof y[i].bsums);
         scales[2 * i] = scales[2 * i + 1] = y[i].d;
       }
-      return {y, operands, sums, scales};
+      one = {{{y, operands, sums, scales}}};
     }
   };
 
-  static void many(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
-    const int64_t n_super = n / quant::kQK_K;
-    // On the stack (18.5 kB at most: operands, 16-value sums, scales): a per-thread buffer would grow whenever a thread
-    // first met a longer row.
-    if (n_super > kManyMaxSuper) return dot_many<Q4KZmm>(n, w, row_bytes, n_rows, act, out);
-    PreparedStorage storage;
-    const PreparedRows<1> prepared{{storage.prepare(act, n_super)}};
-    for (int64_t r = 0; r < n_rows; ++r) rows_of<1>(n, w + static_cast<size_t>(r) * row_bytes, prepared, out + r);
+  // One weight row against one prepared activation (prepared_many's loop), through rows_of_inline with the view as it
+  // lies in its Prepared. A copy of the view made for each row and read back at once by the out-of-line rows_of cost
+  // 5-6 % of many's rate in L2; inlining gains 4-7 % in L2 and 2-4 % from DRAM at two threads over that (64 rows of
+  // 2048 in L2, one thread; 512 MB of rows; old and new kernels in one process, 15 rounds alternating, per-round
+  // medians).
+  template <int N>
+  __attribute__((always_inline)) static void row(const quant::BlockQ4_K* x, int64_t n_super,
+                                                 const Prepared* const (&p)[N], float* out, size_t /*ldo*/) {
+    static_assert(N == 1, "few pairs its activations itself");
+    rows_of_inline<1>(n_super * quant::kQK_K, x, p[0]->one, out);
   }
 
-  // Rows against a few activation rows (a verification step, a few sequences decoded together), each prepared once as
-  // in many (in per-thread buffers): rows_of<2> for each pair of them, rows_of<1> for an odd one, each row's results
-  // their vec_dot's bit for bit. rows_of<2> over the rows' own loads and inserts ran at less than half of many's rate
-  // (harness, 64 rows of 2048 in L2, one thread: 22 against 49 GB/s of weights).
+  static void many(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
+    const int64_t n_super = n / quant::kQK_K;
+    if (n_super > kManyMaxSuper) return dot_many<Q4KZmm>(n, w, row_bytes, n_rows, act, out);
+    prepared_many<Q4KZmm>(n_super, w, row_bytes, n_rows, act, out);
+  }
+
+  // Rows against a few activation rows (a verification step, a few sequences decoded together), each prepared once
+  // (per-thread buffers): rows_of<2> for each pair of them, rows_of<1> for an odd one, each row's results their
+  // vec_dot's bit for bit. Each pair's views are put side by side once per call, not per row (where the out-of-line
+  // rows_of<2> would read back what was just stored; inlined it ran 1-2 % slower in L2). rows_of<2> over the rows' own
+  // loads and inserts ran at less than half of many's rate (harness, 64 rows of 2048 in L2, one thread: 22 against 49
+  // GB/s of weights).
   static void few(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const uint8_t* act, size_t stride,
                   int64_t n_act, float* out, size_t ldo) {
-    const int64_t n_super = n / quant::kQK_K;
-    if (n_super > kManyMaxSuper) return dot_few<Q4KZmm>(n, w, row_bytes, n_rows, act, stride, n_act, out, ldo);
-    std::span<PreparedStorage> storage = scratch<PreparedStorage, struct Q4KFewStorageSite>(n_act);
-    std::span<Prepared> rows = scratch<Prepared, struct Q4KFewRowsSite>(n_act);
-    for (int64_t j = 0; j < n_act; ++j) rows[j] = storage[j].prepare(act + j * stride, n_super);
+    constexpr int64_t kMaxPairs = 4;
+    const int64_t n_super = n / quant::kQK_K, n_pairs = n_act / 2;
+    if (n_super > kManyMaxSuper || n_pairs > kMaxPairs)
+      return dot_few<Q4KZmm>(n, w, row_bytes, n_rows, act, stride, n_act, out, ldo);
+    std::span<Prepared> prepared = scratch<Prepared, Q4KZmm>(n_act);
+    for (int64_t j = 0; j < n_act; ++j) prepared[j].prepare(act + j * stride, n_super);
+    PreparedRows<2> pairs[kMaxPairs];
+    for (int64_t q = 0; q < n_pairs; ++q) pairs[q] = {{prepared[2 * q].one.row[0], prepared[2 * q + 1].one.row[0]}};
     for (int64_t r = 0; r < n_rows; ++r) {
       const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
-      int64_t j = 0;
-      for (; j + 2 <= n_act; j += 2) {
+      for (int64_t q = 0; q < n_pairs; ++q) {
         float two[2];
-        rows_of<2>(n, row, PreparedRows<2>{{rows[j], rows[j + 1]}}, two);
-        out[static_cast<size_t>(j) * ldo + r] = two[0];
-        out[static_cast<size_t>(j + 1) * ldo + r] = two[1];
+        rows_of<2>(n, row, pairs[q], two);
+        out[static_cast<size_t>(2 * q) * ldo + r] = two[0];
+        out[static_cast<size_t>(2 * q + 1) * ldo + r] = two[1];
       }
-      if (j < n_act) rows_of<1>(n, row, PreparedRows<1>{{rows[j]}}, out + static_cast<size_t>(j) * ldo + r);
+      if (2 * n_pairs < n_act)
+        rows_of<1>(n, row, prepared[n_act - 1].one, out + static_cast<size_t>(n_act - 1) * ldo + r);
     }
   }
 };
-
-// Kernels whose activation side is worked out once per call (a Prepared with prepare(act, n_blocks)) and whose row<N>
-// takes one weight row against N of them (out[j * ldo]): rows against one activation, its Prepared on the stack...
-template <typename Kernel>
-void prepared_many(int64_t n_blocks, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
-  typename Kernel::Prepared prepared;
-  prepared.prepare(act, n_blocks);
-  const typename Kernel::Prepared* const one[1] = {&prepared};
-  for (int64_t r = 0; r < n_rows; ++r)
-    Kernel::template row<1>(reinterpret_cast<const typename Kernel::Block*>(w + static_cast<size_t>(r) * row_bytes),
-                            n_blocks, one, out + r, 0);
-}
-
-// ... and against a few activations, each prepared once (per-thread buffers): row<2> per pair, row<1> for an odd one.
-template <typename Kernel>
-void prepared_few(int64_t n_blocks, const uint8_t* w, size_t row_bytes, int64_t n_rows, const uint8_t* act,
-                  size_t stride, int64_t n_act, float* out, size_t ldo) {
-  using Prepared = typename Kernel::Prepared;
-  std::span<Prepared> prepared = scratch<Prepared, Kernel>(n_act);
-  for (int64_t j = 0; j < n_act; ++j) prepared[j].prepare(act + j * stride, n_blocks);
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const auto* x = reinterpret_cast<const typename Kernel::Block*>(w + static_cast<size_t>(r) * row_bytes);
-    int64_t j = 0;
-    for (; j + 2 <= n_act; j += 2) {
-      const Prepared* const two[2] = {&prepared[j], &prepared[j + 1]};
-      Kernel::template row<2>(x, n_blocks, two, out + static_cast<size_t>(j) * ldo + r, ldo);
-    }
-    if (j < n_act) {
-      const Prepared* const one[1] = {&prepared[j]};
-      Kernel::template row<1>(x, n_blocks, one, out + static_cast<size_t>(j) * ldo + r, ldo);
-    }
-  }
-}
 
 // Q5_0 for one or two activation rows, two blocks per 512-bit step. Each block's 16 bytes of nibbles go to two
 // 128-bit lanes (a broadcast, then a masked broadcast of the next block's), shifted by 0 and 4: values 0-15 and 16-31
@@ -695,7 +717,7 @@ struct Q5PairZmm {
   }
 
   static void many_long(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
-    // The Prepared on the stack (17 kB at most), as in Q4KZmm::many.
+    // The Prepared on the stack (17 kB at most).
     if (n / 32 / 8 > kManyMaxSteps) return dot_many<Q5PairZmm>(n, w, row_bytes, n_rows, act, out);
     prepared_many<Q5PairZmm>(n / 32, w, row_bytes, n_rows, act, out);
   }
