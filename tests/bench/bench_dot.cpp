@@ -5,7 +5,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -14,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "cpu_kernels/bandwidth.h"
 #include "cpu_kernels/experts.h"
 #include "cpu_kernels/isa.h"
 #include "cpu_kernels/kernel_table.h"
@@ -125,25 +125,13 @@ void bm_stream(benchmark::State& state, Isa isa, GgmlType type, int threads) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(rb * rows));
 }
 
-// The same 512 MB through the tier's stream_sum (the bandwidth probe's reads), split between the threads as matmul
-// splits rows: what the memory gives these threads without a kernel's arithmetic, bm_stream's reference.
-void bm_stream_loads(benchmark::State& state, Isa isa, int threads) {
-  if (isa > hetmoe::cpu::detect_isa()) {
-    state.SkipWithError("tier not supported by this CPU");
-    return;
-  }
-  const hetmoe::cpu::KernelTable table = hetmoe::cpu::make_kernel_table(isa);
-  const size_t n_words = (size_t{512} << 20) / sizeof(uint64_t);
-  const auto buffer = huge_bytes(n_words * sizeof(uint64_t));
-  auto* words = reinterpret_cast<uint64_t*>(buffer.get());
-  for (size_t i = 0; i < n_words; ++i) words[i] = i * 0x9E3779B97F4A7C15ULL;
+// The bandwidth probe itself (hetmoe bench's roofline) over 512 MB: what the memory gives these threads without a
+// kernel's arithmetic, bm_stream's reference.
+void bm_stream_loads(benchmark::State& state, int threads) {
   hetmoe::cpu::ThreadPool pool(threads);
-  std::atomic<uint64_t> sink{0};
-  for (auto _ : state)
-    pool.parallel_for(static_cast<int64_t>(n_words), 1 << 16,
-                      [&](int64_t b, int64_t e) { sink += table.stream_sum(words + b, static_cast<size_t>(e - b)); });
-  benchmark::DoNotOptimize(sink.load());
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(n_words * sizeof(uint64_t)));
+  hetmoe::cpu::ReadBandwidthProbe probe(pool, size_t{512} << 20);
+  for (auto _ : state) benchmark::DoNotOptimize(probe.measure(1));
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(size_t{512} << 20));
 }
 
 // MLA's attn_k_b in a decode step through matmul_heads: V2-Lite's shape (16 heads of 512 rows x 128 values, Q5_0,
@@ -338,12 +326,10 @@ void register_all() {
                                          .c_str(),
                                      [isa, t, threads](benchmark::State& s) { bm_stream(s, isa, t, threads); })
             ->UseRealTime();
-  for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
-    for (int threads : {1, 2})
-      benchmark::RegisterBenchmark(
-          ("stream/" + std::string(hetmoe::cpu::isa_name(isa)) + "/loads/t" + std::to_string(threads)).c_str(),
-          [isa, threads](benchmark::State& s) { bm_stream_loads(s, isa, threads); })
-          ->UseRealTime();
+  for (int threads : {1, 2})
+    benchmark::RegisterBenchmark(("stream/loads/t" + std::to_string(threads)).c_str(), [threads](benchmark::State& s) {
+      bm_stream_loads(s, threads);
+    })->UseRealTime();
   for (Isa isa : {Isa::kRef, Isa::kAvx2, Isa::kAvx512})
     for (GgmlType t :
          {GgmlType::BF16,  GgmlType::Q4_1,    GgmlType::Q5_1,  GgmlType::Q4_0,   GgmlType::IQ4_NL,  GgmlType::MXFP4,
