@@ -10,7 +10,8 @@
 #   6. what `hetmoe simulate` predicts for the same runs from the measured profile and the model's own routing, to
 #      set against step 5's measurements;
 #   7. the two splits (W^Q + W^R, and W^Q next to the source experts) and their benches;
-#   8. `hetmoe tune --verify` with the measured profile: the best settings it predicts, each benched here.
+#   8. `hetmoe tune --verify` with the measured profile: the best settings it predicts, each benched here;
+#   9. CPU decode against the DRAM roofline at 2, 4, 8 and all threads, and where a step's time goes at all of them.
 # Everything it prints also goes to $OUT/gpu_check.log when OUT is set (the device tool's result folder).
 # Each step has a time limit (a hang must not eat a short lease) and a failed step does not stop the next.
 # Usage: scripts/gpu_check.sh            (HETMOE_GPU_LAYERS=4 by default; JOBS=nproc)
@@ -127,5 +128,15 @@ bench -m "$source_split" --device cuda --policies crossover,split "${short[@]}"
 step "tune with the measured profile: the best settings predicted, then benched here (--verify)"
 timeout 300 "$hetmoe" tune -m "$model" --hw "$profile" --prompt 128 --gen 32 --top 3 --verify -t "$JOBS" 2>&1 |
   tr '\r' '\n' | grep -vE ': (warm-up run|run [0-9]+/[0-9]+)'
+
+step "CPU decode against the DRAM roofline, by thread count (two cores per memory system here against many)"
+# bench's roofline % is decode tok/s x weight bytes a token over the bandwidth its probe reads after each run with the
+# same threads; the profile's parts (one-token calls) say which part reads below it.
+for t in $(printf '%s\n' 2 4 8 "$JOBS" | awk -v max="$JOBS" '$1 <= max' | sort -nu); do
+  timeout 120 "$hetmoe" bench -m "$model" --policies cpu --prompt 128 --gen 64 --repeat 3 -t "$t" 2>&1 |
+    tr '\r' '\n' | grep -E '^(policy|cpu) '
+done
+HETMOE_PROFILE=1 timeout 60 "$hetmoe" bench -m "$model" --policies cpu --prompt 16 --gen 128 --repeat 1 -t "$JOBS" \
+  2>&1 | tr '\r' '\n' | grep -A5 'one-token calls'
 
 step done

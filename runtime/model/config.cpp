@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
 #include "runtime/error.h"
 #include "runtime/model/archs.h"
@@ -121,20 +122,44 @@ void read_expert_routing(const ConfigKeys& k, ModelConfig& c, Gating default_gat
           fmt::format("is out of range (1..{}, below {})", c.n_group - 1, k.key("expert_group_count")));
 }
 
-double active_bytes_per_token(const gguf::GgufFile& file, const ModelConfig& c) {
-  double active = 0;
+ActiveBytes active_bytes_by_part(const gguf::GgufFile& file, const ModelConfig& c) {
+  ActiveBytes b;
+  const bool separate_head = file.find_tensor("output.weight") != nullptr;
   for (const gguf::TensorInfo& t : file.tensors()) {
+    const int layer = layer_of(t.name);
     // The blocks past the trunk (an MTP head) run only for drafts, not in a decode step.
-    if (layer_of(t.name) >= c.n_layer) continue;
-    if (t.name == "token_embd.weight" && file.find_tensor("output.weight")) {
-      active += static_cast<double>(t.row_bytes);
-    } else if (t.name.find("_exps.") != std::string::npos && c.n_expert > 0) {
-      active += static_cast<double>(t.nbytes) * static_cast<double>(c.n_expert_used) / static_cast<double>(c.n_expert);
+    if (layer >= c.n_layer) continue;
+    const auto bytes = static_cast<double>(t.nbytes);
+    if (t.name == "token_embd.weight") {
+      // One row looked up, or the whole matrix when it is the output head too.
+      if (separate_head)
+        b.rest += static_cast<double>(t.row_bytes);
+      else
+        b.output += bytes;
+      continue;
+    }
+    if (layer < 0) {
+      (t.name.starts_with("output") ? b.output : b.rest) += bytes;
+      continue;
+    }
+    const std::string_view name = std::string_view(t.name).substr(t.name.find('.', 4) + 1);  // past "blk.N."
+    if (name.starts_with("attn_norm.") || name.starts_with("ffn_norm.") || name.starts_with("post_attention_norm.") ||
+        name.starts_with("hc_")) {
+      b.rest += bytes;
+    } else if (name.starts_with("ffn_") || name.starts_with("exp_probs")) {
+      const bool routed = name.find("_exps.") != std::string_view::npos && c.n_expert > 0;
+      const double read =
+          routed ? bytes * static_cast<double>(c.n_expert_used) / static_cast<double>(c.n_expert) : bytes;
+      (c.is_moe_layer(layer) ? b.moe_ffn : b.dense_ffn) += read;
     } else {
-      active += static_cast<double>(t.nbytes);
+      b.attention += bytes;
     }
   }
-  return active;
+  return b;
+}
+
+double active_bytes_per_token(const gguf::GgufFile& file, const ModelConfig& c) {
+  return active_bytes_by_part(file, c).total();
 }
 
 }  // namespace hetmoe::model

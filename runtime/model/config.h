@@ -138,6 +138,16 @@ void read_expert_routing(const ConfigKeys& k, ModelConfig& c, Gating default_gat
 // expected share under uniform routing).
 double active_bytes_per_token(const gguf::GgufFile& file, const ModelConfig& config);
 
+// The same bytes by the part of the forward pass that reads them, as HETMOE_PROFILE times the parts: a block's
+// attention (or linear attention: every tensor of the block that is not its FFN's, its sub-blocks' input norms or its
+// hyper-connection mixes), its FFN (a dense layer's, or a MoE layer's router, routed and shared experts), the output
+// head and its norm, and the rest (the embedding, the norms and mixes between the parts).
+struct ActiveBytes {
+  double attention = 0, dense_ffn = 0, moe_ffn = 0, output = 0, rest = 0;
+  double total() const { return attention + dense_ffn + moe_ffn + output + rest; }
+};
+ActiveBytes active_bytes_by_part(const gguf::GgufFile& file, const ModelConfig& config);
+
 // The common keys, then the architecture's own (its ArchSpec's configure). Fails with a one-line error for an unknown
 // architecture, a missing required key or inconsistent values.
 ModelConfig read_config(const gguf::GgufFile& file);

@@ -111,20 +111,29 @@ Model::Model(std::unique_ptr<gguf::GgufFile> file, ModelConfig config, int n_thr
 
 Model::~Model() {
   if (!profile_enabled_) return;
+  // A one-token call on the CPU reads each part's weights once (the routed experts: n_used of them): its bytes and the
+  // rate it read them at, to set against the DRAM bandwidth. Not with a device, which reads some of them itself.
+  const bool cpu_only = !device_pass_ && !device_experts_;
+  const ActiveBytes bytes = active_bytes_by_part(*file_, config_);
   for (const Profile& p : profile_) {
     if (p.calls == 0) continue;
     const double total = p.attention + p.dense_ffn + p.moe_ffn + p.output + p.rest;
-    auto part = [&](const char* name, double s) {
-      fmt::print(stderr, "  {:<10} {:9.1f} ms  {:5.1f}%  {:8.3f} ms a call\n", name, s * 1e3,
-                 100 * s / std::max(total, 1e-12), s * 1e3 / static_cast<double>(p.calls));
+    const bool rates = cpu_only && &p == &profile_[0];
+    auto part = [&](const char* name, double s, double part_bytes) {
+      const double a_call = s / static_cast<double>(p.calls);
+      fmt::print(stderr, "  {:<10} {:9.1f} ms  {:5.1f}%  {:8.3f} ms a call", name, s * 1e3,
+                 100 * s / std::max(total, 1e-12), a_call * 1e3);
+      if (rates && part_bytes > 0)
+        fmt::print(stderr, "  {:8.1f} MB  {:6.1f} GB/s", part_bytes / 1e6, part_bytes / std::max(a_call, 1e-12) / 1e9);
+      fmt::print(stderr, "\n");
     };
     fmt::print(stderr, "hetmoe profile, {}: {} forward calls, {} tokens, {:.1f} ms\n",
                &p == &profile_[0] ? "one-token calls" : "calls of several tokens", p.calls, p.tokens, total * 1e3);
-    part("attention", p.attention);
-    part("dense ffn", p.dense_ffn);
-    part("moe ffn", p.moe_ffn);
-    part("output", p.output);
-    part("rest", p.rest);
+    part("attention", p.attention, bytes.attention);
+    part("dense ffn", p.dense_ffn, bytes.dense_ffn);
+    part("moe ffn", p.moe_ffn, bytes.moe_ffn);
+    part("output", p.output, bytes.output);
+    part("rest", p.rest, 0);  // norms and an embedding row: its time is not their reading
   }
 }
 

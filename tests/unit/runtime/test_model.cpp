@@ -807,6 +807,49 @@ TEST(Config, ActiveBytesLeaveOutTheMtpBlock) {
               1e-6 * mtp_bytes);
 }
 
+// The profile's parts: a block's attention tensors, a dense layer's FFN, a MoE layer's router and experts (routed ones
+// by n_used of n_expert), the output head with its norm, and the rest (the embedding's row, the blocks' input norms).
+TEST(Config, ActiveBytesByPartSplitTheTokensBytes) {
+  const fs::path p = temp_dir() / "active-bytes-parts.gguf";
+  make_model({.preset = "tiny-deepseek-v3", .out_path = p.string(), .type = "Q8_0", .threads = 2});
+  const gguf::GgufFile file = gguf::GgufFile::open(p.string());
+  const model::ModelConfig c = model::read_config(file);
+  ASSERT_GT(c.n_leading_dense, 0);
+  ASSERT_GT(c.n_layer, c.n_leading_dense);
+  model::ActiveBytes want;
+  for (const gguf::TensorInfo& t : file.tensors()) {
+    const auto bytes = static_cast<double>(t.nbytes);
+    int layer = -1;
+    for (int l = 0; l < c.n_layer; ++l)
+      if (t.name.starts_with("blk." + std::to_string(l) + ".")) layer = l;
+    if (t.name == "token_embd.weight") {
+      want.rest += static_cast<double>(t.row_bytes);
+    } else if (t.name == "output.weight" || t.name == "output_norm.weight") {
+      want.output += bytes;
+    } else if (layer < 0) {
+      continue;  // the MTP block, if any
+    } else if (t.name.ends_with(".attn_norm.weight") || t.name.ends_with(".ffn_norm.weight")) {
+      want.rest += bytes;
+    } else if (t.name.find(".attn_") != std::string::npos) {
+      want.attention += bytes;
+    } else if (layer < c.n_leading_dense) {
+      want.dense_ffn += bytes;
+    } else {
+      want.moe_ffn += t.name.find("_exps.") != std::string::npos
+                          ? bytes * static_cast<double>(c.n_expert_used) / static_cast<double>(c.n_expert)
+                          : bytes;
+    }
+  }
+  const model::ActiveBytes got = model::active_bytes_by_part(file, c);
+  for (const double part : {want.attention, want.dense_ffn, want.moe_ffn, want.output, want.rest}) EXPECT_GT(part, 0);
+  EXPECT_NEAR(got.attention, want.attention, 1e-9 * want.total());
+  EXPECT_NEAR(got.dense_ffn, want.dense_ffn, 1e-9 * want.total());
+  EXPECT_NEAR(got.moe_ffn, want.moe_ffn, 1e-9 * want.total());
+  EXPECT_NEAR(got.output, want.output, 1e-9 * want.total());
+  EXPECT_NEAR(got.rest, want.rest, 1e-9 * want.total());
+  EXPECT_NEAR(model::active_bytes_per_token(file, c), want.total(), 1e-9 * want.total());
+}
+
 TEST(Config, OldFilesWithoutGatingKeyDefaultToSoftmax) {
   const ModelPlan plan = plan_model(MakeModelOptions{.preset = "tiny-deepseek-v3", .out_path = ""});
   gguf::GgufWriter w;
