@@ -11,7 +11,7 @@
 #      set against step 5's measurements;
 #   7. the two splits (W^Q + W^R, and W^Q next to the source experts) and their benches;
 #   8. `hetmoe tune --verify` with the measured profile: the best settings it predicts, each benched here;
-#   9. CPU decode against the DRAM roofline at 2, 4, 8 and all threads, and where a step's time goes at all of them.
+#   9. CPU decode against the DRAM roofline at 2, 4, 8 and all threads, and where a step's time goes with all of them.
 # Everything it prints also goes to $OUT/gpu_check.log when OUT is set (the device tool's result folder).
 # Each step has a time limit (a hang must not eat a short lease) and a failed step does not stop the next.
 # Usage: scripts/gpu_check.sh            (HETMOE_GPU_LAYERS=4 by default; JOBS=nproc)
