@@ -13,21 +13,25 @@
 
 namespace hetmoe::cpu {
 
-ReadBandwidthProbe::ReadBandwidthProbe(ThreadPool& pool, size_t bytes) : pool_(pool) {
+HugePageBuffer::HugePageBuffer(size_t bytes) {
   constexpr size_t kHugePage = size_t{2} << 20;
-  const size_t rounded = std::max(kHugePage, (bytes + kHugePage - 1) / kHugePage * kHugePage);
-  words_ = static_cast<uint64_t*>(std::aligned_alloc(kHugePage, rounded));
-  if (!words_) throw std::bad_alloc();
-  n_words_ = rounded / sizeof(uint64_t);
-  (void)::madvise(words_, rounded, MADV_HUGEPAGE);  // a hint: without huge pages the probe reads 4 KB pages
+  size_ = std::max(kHugePage, (bytes + kHugePage - 1) / kHugePage * kHugePage);
+  data_.reset(static_cast<uint8_t*>(std::aligned_alloc(kHugePage, size_)));
+  if (!data_) throw std::bad_alloc();
+  (void)::madvise(data_.get(), size_, MADV_HUGEPAGE);  // a hint: without huge pages the buffer is in 4 KB pages
+}
+
+ReadBandwidthProbe::ReadBandwidthProbe(ThreadPool& pool, size_t bytes)
+    : pool_(pool),
+      buffer_(bytes),
+      words_(reinterpret_cast<uint64_t*>(buffer_.data())),
+      n_words_(buffer_.size() / sizeof(uint64_t)) {
   // First touch from the pool's threads, so each slice's pages sit where the thread that reads it runs. Distinct
   // words, so that no page of the buffer equals another.
   pool_.parallel_for(static_cast<int64_t>(n_words_), 1 << 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) words_[i] = static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ULL;
   });
 }
-
-ReadBandwidthProbe::~ReadBandwidthProbe() { std::free(words_); }
 
 double ReadBandwidthProbe::measure(int repeats) {
   double best = 0;

@@ -2,13 +2,10 @@
 // the DRAM one; "dot/..."), and matrix-vector products over 512 MB of weights streamed from DRAM through the
 // pool at 1 and 2 threads ("stream/..."). Prints GB/s of weight bytes consumed. Run: build/tests/bench/bench_dot
 #include <benchmark/benchmark.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <memory>
-#include <new>
 #include <optional>
 #include <random>
 #include <vector>
@@ -33,17 +30,6 @@ std::optional<hetmoe::cpu::KernelTable> table_for(benchmark::State& state, Isa i
     return std::nullopt;
   }
   return hetmoe::cpu::make_kernel_table(isa);
-}
-
-// `bytes` in 2 MB pages where transparent huge pages allow, as a model file's weights are mapped (in 4 kB pages a
-// stream from DRAM pays a TLB miss every 4 kB).
-std::unique_ptr<uint8_t, decltype(&std::free)> huge_bytes(size_t bytes) {
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
-  auto* p = static_cast<uint8_t*>(std::aligned_alloc(kHuge, rounded));
-  if (!p) throw std::bad_alloc();
-  madvise(p, rounded, MADV_HUGEPAGE);
-  return {p, &std::free};
 }
 
 // n_act activation rows per weight row through dot_rows, or per 8-row tile through gemm_tile (the prefill paths);
@@ -113,11 +99,11 @@ void bm_stream(benchmark::State& state, Isa isa, GgmlType type, int threads) {
   for (float& v : w) v = dist(rng);
   for (float& v : x) v = dist(rng);
   std::vector<uint8_t> tile(rb * kTileRows);
-  const auto wq = huge_bytes(rb * rows);
+  const hetmoe::cpu::HugePageBuffer wq(rb * rows);
   for (int64_t r = 0; r < kTileRows; ++r) hetmoe::quant::quantize_row(type, &w[r * kCols], tile.data() + r * rb, kCols);
-  for (int64_t r = 0; r < rows; r += kTileRows) std::copy(tile.begin(), tile.end(), wq.get() + r * rb);
+  for (int64_t r = 0; r < rows; r += kTileRows) std::copy(tile.begin(), tile.end(), wq.data() + r * rb);
   hetmoe::cpu::ThreadPool pool(threads);
-  const hetmoe::cpu::WeightMatrix m{type, kCols, rows, rb, wq.get()};
+  const hetmoe::cpu::WeightMatrix m{type, kCols, rows, rb, wq.data()};
   for (auto _ : state) {
     hetmoe::cpu::matmul(table, pool, m, x.data(), 1, y.data(), rows);
     benchmark::DoNotOptimize(y.data());
@@ -188,8 +174,8 @@ void bm_experts(benchmark::State& state, int threads, int64_t n_tokens, bool sha
   for (int64_t r = 0; r < kEmbd; ++r)
     hetmoe::quant::quantize_row(GgmlType::Q5_0, &w[r * kFf], down1.data() + r * down_rb, kFf);
   const size_t expert_bytes = 2 * gate1.size() + down1.size();
-  const auto buffer = huge_bytes(expert_bytes * kExperts);
-  uint8_t* base = buffer.get();
+  const hetmoe::cpu::HugePageBuffer buffer(expert_bytes * kExperts);
+  uint8_t* base = buffer.data();
   for (int64_t e = 0; e < kExperts; ++e) {
     uint8_t* p = base + e * expert_bytes;
     std::copy(gate1.begin(), gate1.end(), p);
