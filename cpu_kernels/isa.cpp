@@ -64,6 +64,16 @@ Isa detect_isa() {
 #endif
 }
 
+bool has_avx512_vbmi_bitalg() {
+#if defined(__x86_64__)
+  unsigned eax, ebx, ecx, edx;
+  if (detect_isa() < Isa::kAvx512 || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  return (ecx & (1u << 1)) && (ecx & (1u << 12));  // AVX512_VBMI, AVX512_BITALG
+#else
+  return false;
+#endif
+}
+
 Isa selected_isa() {
   static const Isa selected = [] {
     Isa have = detect_isa();

@@ -13,6 +13,10 @@ std::string_view isa_name(Isa isa);
 // the OS having granted the tile state.
 Isa detect_isa();
 
+// Whether the CPU has AVX-512 VBMI and BITALG (Ice Lake and later, Zen 4), which some kernels of the AVX-512 tier
+// use where present (the tier itself needs neither: Skylake-X and Cascade Lake lack them).
+bool has_avx512_vbmi_bitalg();
+
 // The tier the kernels use: detect_isa(), lowered by HETMOE_ISA=ref|avx2|avx512|amx when that names a lower tier.
 // A request above what the CPU has is refused with an error rather than executed into SIGILL.
 Isa selected_isa();

@@ -177,6 +177,7 @@ KernelTable make_kernel_table(Isa isa) {
     avx512::install(t);
     avx512::install_attention(t);
     avx512::install_quantize(t);
+    if (has_avx512_vbmi_bitalg()) avx512::install_iq_vbmi(t);
   }
   if (isa >= Isa::kAmx) avx512::install_amx(t);
   t.isa = isa;
