@@ -225,6 +225,94 @@ struct IqVbmi {
   }
 };
 
+// IQ1_S: d, 32 index low bytes, 8 uint16 qh (per 32 values: 4 x 3 index bits, the 3-bit scale x, the sign of the
+// shift in bit 15). A value is (8g + t) / 8, g in {-1, 0, 1} from the grid, t = -1 where the sign bit is set, else 1.
+// With c = g + 1 in {0, 1, 2}, a sub-block's integer (2x + 1) sum(q8 (8g + t)) = sum(q8 8c(2x + 1)) - (8 - t)(2x + 1)
+// sum(q8): the first by vpdpbusd with the unsigned bytes 8c(2x + 1) <= 240, the second from the activation's sums
+// per 16 (Q8_K's bsums). The 2048-entry grid is too big for registers: its codes are gathered, 16 at a time.
+struct Iq1sTables {
+  alignas(64) uint16_t codes[2048 + 2];        // c of each value, 2 bits each, first lowest; 2 spare for the gather
+  alignas(64) uint8_t weights[64];             // vpermb: c | x << 2 -> 8c(2x + 1)
+  alignas(64) uint16_t qh_words[2][32];        // vpermw (odd words zeroed): dword i of half h <- qh[(16h + i) / 4]
+  alignas(64) uint32_t qh_shifts[16];          // (qh << 8) >> 3(i mod 4): dword i's 3 index bits to bits 8-10
+  alignas(64) uint8_t code_shifts[64];         // vpmultishiftqb: value j's c to the bottom of byte j
+  alignas(64) uint8_t sub_block_bytes[4][64];  // vpermb: each byte of output vector p <- its sub-block's x << 2
+  alignas(32) uint16_t bias_words[16];         // vpermw: bsum m's factor <- sub-block m / 2's
+  Iq1sTables() {
+    for (int e = 0; e < 2048; ++e) {
+      unsigned code = 0;
+      for (int j = 0; j < 8; ++j) {
+        const auto g = static_cast<int8_t>(quant::iq1s_grid[e] >> (8 * j));
+        code |= static_cast<unsigned>(g + 1) << (2 * j);
+      }
+      codes[e] = static_cast<uint16_t>(code);
+    }
+    codes[2048] = codes[2049] = 0;
+    for (int i = 0; i < 64; ++i) weights[i] = static_cast<uint8_t>(8 * (i & 3) * (2 * (i >> 2 & 7) + 1));
+    for (int h = 0; h < 2; ++h)
+      for (int w = 0; w < 32; ++w) qh_words[h][w] = static_cast<uint16_t>((16 * h + w / 2) / 4);
+    for (int i = 0; i < 16; ++i) qh_shifts[i] = static_cast<uint32_t>(3 * (i % 4));
+    for (int i = 0; i < 64; ++i) code_shifts[i] = static_cast<uint8_t>(2 * (i % 8));
+    for (int p = 0; p < 4; ++p)
+      for (int i = 0; i < 64; ++i) sub_block_bytes[p][i] = static_cast<uint8_t>(2 * (2 * p + i / 32));
+    for (int m = 0; m < 16; ++m) bias_words[m] = static_cast<uint16_t>(m / 2);
+  }
+};
+
+struct Iq1sVbmi {
+  template <int N>
+  static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
+    static const Iq1sTables t;
+    const ActRows<quant::BlockQ8_K, N> y(act, stride);
+    float sum[N] = {};
+    for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
+      const uint8_t* b = static_cast<const uint8_t*>(w) + static_cast<size_t>(i) * sizeof(quant::BlockIQ1_S);
+      const __m128i qh = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 34));
+      __m512i group_codes[2];
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m512i low = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * h)));
+        const __m512i words =
+            _mm512_maskz_permutexvar_epi16(0x55555555U, load(t.qh_words[h]), _mm512_castsi128_si512(qh));
+        const __m512i high = _mm512_srlv_epi32(_mm512_slli_epi32(words, 8), load(t.qh_shifts));
+        const __m512i index =
+            _mm512_ternarylogic_epi32(low, high, _mm512_set1_epi32(0x700), 0xF8);  // low | high & 0x700
+        group_codes[h] = _mm512_i32gather_epi32(index, t.codes, 2);
+      }
+      // Per sub-block k, word k: x << 2 in the low byte; the bsums' factor (8 - t)(2x + 1).
+      const __m128i x4 = _mm_and_si128(_mm_srli_epi16(qh, 10), _mm_set1_epi16(0x1c));
+      const __m128i odd = _mm_or_si128(_mm_srli_epi16(x4, 1), _mm_set1_epi16(1));
+      const __m128i eight_minus_t = _mm_add_epi16(_mm_set1_epi16(7), _mm_slli_epi16(_mm_srli_epi16(qh, 15), 1));
+      const __m256i factor =
+          _mm256_permutexvar_epi16(load256(t.bias_words), _mm256_castsi128_si256(_mm_mullo_epi16(odd, eight_minus_t)));
+      __m512i weights[4];
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        const __m512i g = group_codes[p / 2];
+        const __m512i qwords =
+            _mm512_cvtepu32_epi64(p % 2 == 0 ? _mm512_castsi512_si256(g) : _mm512_extracti64x4_epi64(g, 1));
+        const __m512i scale = _mm512_permutexvar_epi8(load(t.sub_block_bytes[p]), _mm512_castsi128_si512(x4));
+        const __m512i index = _mm512_ternarylogic_epi32(_mm512_multishift_epi64_epi8(load(t.code_shifts), qwords),
+                                                        _mm512_set1_epi8(3), scale, 0xEA);  // c | x << 2
+        weights[p] = _mm512_permutexvar_epi8(index, load(t.weights));
+      }
+      uint16_t half;
+      std::memcpy(&half, b, 2);
+      const float d = _cvtsh_ss(half);
+#pragma GCC unroll 8
+      for (int j = 0; j < N; ++j) {
+        const __m256i bias = _mm256_madd_epi16(load256(y[j][i].bsums), factor);
+        __m512i acc = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(bias));
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; ++p) acc = _mm512_dpbusd_epi32(acc, weights[p], load(y[j][i].qs + 64 * p));
+        sum[j] += d * y[j][i].d * static_cast<float>(_mm512_reduce_add_epi32(acc));
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < N; ++j) out[j] = sum[j] * 0.125f;
+  }
+};
+
 template <typename Kernel>
 void set_kernel(KernelTable& table, quant::GgmlType type) {
   table.vec_dot[kernel_slot(type)] = &dot_one<Kernel>;
@@ -238,6 +326,7 @@ void set_kernel(KernelTable& table, quant::GgmlType type) {
 void install_iq_vbmi(KernelTable& table) {
   set_kernel<IqVbmi<Iq2XxsFormat>>(table, quant::GgmlType::IQ2_XXS);
   set_kernel<IqVbmi<Iq3XxsFormat>>(table, quant::GgmlType::IQ3_XXS);
+  set_kernel<Iq1sVbmi>(table, quant::GgmlType::IQ1_S);
 }
 
 }  // namespace hetmoe::cpu::avx512

@@ -285,18 +285,18 @@ TEST(Kernels, VbmiIqDotsEqualTheAvx2TierBitForBit) {
   if (!has_avx512_vbmi_bitalg()) GTEST_SKIP() << "this CPU lacks AVX-512 VBMI or BITALG";
   const KernelTable avx2 = make_kernel_table(Isa::kAvx2), avx512 = make_kernel_table(Isa::kAvx512);
   std::mt19937_64 rng(5);
-  for (GgmlType type : {GgmlType::IQ2_XXS, GgmlType::IQ3_XXS}) {
+  for (GgmlType type : {GgmlType::IQ2_XXS, GgmlType::IQ3_XXS, GgmlType::IQ1_S}) {
     const size_t slot = kernel_slot(type);
     ASSERT_NE(avx512.vec_dot[slot], avx2.vec_dot[slot]) << quant::type_info(type).name << ": no kernel of its own";
     for (int64_t blocks : {1, 2, 7, 9}) {
-      const int64_t n = 256 * blocks;  // both formats: blocks of 256
+      const int64_t n = 256 * blocks;  // these formats: blocks of 256
       const size_t row_bytes = quant::row_bytes(type, n), block_bytes = row_bytes / blocks;
       for (int row = 0; row < 20; ++row) {
         std::vector<uint8_t> w(row_bytes);
         for (uint8_t& byte : w) byte = static_cast<uint8_t>(rng());
         for (int64_t b = 0; b < blocks; ++b) {
           const uint16_t d = quant::fp32_to_fp16(std::ldexp(1.0f + static_cast<float>(rng() % 100) / 100, -8));
-          std::memcpy(w.data() + b * block_bytes, &d, 2);  // d leads both formats' blocks
+          std::memcpy(w.data() + b * block_bytes, &d, 2);  // d leads these formats' blocks
         }
         const std::vector<uint8_t> act = activation_of(type, random_floats(n, 900 + row));
         const float want = avx2.dot_for(type)(n, w.data(), act.data());
