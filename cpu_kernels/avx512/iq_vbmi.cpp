@@ -30,7 +30,7 @@ namespace {
 
 // The constant vectors of one format, built once (on first use, so only on a CPU that runs this file).
 struct GridTables {
-  alignas(64) uint16_t codes[256];        // grid entry -> its values' level numbers, code_bits each, first lowest
+  alignas(64) uint16_t codes[512];        // grid entry -> its values' level numbers, code_bits each, first lowest
   alignas(64) uint8_t levels[64];         // vpermb: level number (the low code_bits of the byte) -> magnitude
   alignas(64) int64_t code_qwords[4][8];  // vpermq: the codes of output vector p's qword q
   alignas(64) uint8_t code_shifts[64];    // vpmultishiftqb: each value's code to the bottom of its byte
@@ -40,9 +40,10 @@ struct GridTables {
 // The tables of a grid with `n_levels` magnitudes (`levels`), coded in `code_bits` bits, `values_per_word` values
 // to a 16-bit code.
 template <typename Entry>
-GridTables make_tables(const Entry* grid, const uint8_t* levels, int n_levels, int code_bits, int values_per_word) {
+GridTables make_tables(const Entry* grid, int entries, const uint8_t* levels, int n_levels, int code_bits,
+                       int values_per_word) {
   GridTables t{};
-  for (int e = 0; e < 256; ++e) {
+  for (int e = 0; e < entries; ++e) {
     unsigned code = 0;
     for (int j = 0; j < values_per_word; ++j) {
       const auto byte = static_cast<uint8_t>(static_cast<uint64_t>(grid[e]) >> (8 * j));
@@ -95,21 +96,29 @@ const SignTables& sign_tables() {
 inline __m512i load(const void* p) { return _mm512_loadu_si512(p); }
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-// 32 grid indices (words, at most 255) -> their 16-bit codes.
+// 32 grid indices (words below kEntries, 256 or 512) -> their 16-bit codes: a vpermt2w per 64 entries, then blends by
+// the index's bits 6, 7 (and 8).
+template <int kEntries>
 struct CodeLookup {
-  __m512i t[8];
+  static constexpr int kPairs = kEntries / 64;
+  __m512i t[2 * kPairs];
   explicit CodeLookup(const uint16_t* codes) {
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) t[i] = load(codes + 32 * i);
+#pragma GCC unroll 16
+    for (int i = 0; i < 2 * kPairs; ++i) t[i] = load(codes + 32 * i);
   }
   __m512i operator()(__m512i idx) const {
-    const __m512i r0 = _mm512_permutex2var_epi16(t[0], idx, t[1]);
-    const __m512i r1 = _mm512_permutex2var_epi16(t[2], idx, t[3]);
-    const __m512i r2 = _mm512_permutex2var_epi16(t[4], idx, t[5]);
-    const __m512i r3 = _mm512_permutex2var_epi16(t[6], idx, t[7]);
-    const __mmask32 b6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x40));
-    const __mmask32 b7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(0x80));
-    return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1), _mm512_mask_blend_epi16(b6, r2, r3));
+    __m512i r[kPairs];
+#pragma GCC unroll 8
+    for (int i = 0; i < kPairs; ++i) r[i] = _mm512_permutex2var_epi16(t[2 * i], idx, t[2 * i + 1]);
+    // Halve the candidates by one index bit at a time.
+    int bit = 0x40;
+#pragma GCC unroll 3
+    for (int n = kPairs; n > 1; n /= 2, bit *= 2) {
+      const __mmask32 set = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(static_cast<int16_t>(bit)));
+#pragma GCC unroll 4
+      for (int i = 0; i < n / 2; ++i) r[i] = _mm512_mask_blend_epi16(set, r[2 * i], r[2 * i + 1]);
+    }
+    return r[0];
   }
 };
 
@@ -144,18 +153,19 @@ inline __m512i magnitudes(__m512i codes, const GridTables& t, int p) {
 
 // d, then per 32 values 4 index bytes and the uint32 of signs and scale.
 struct Iq2XxsFormat {
+  static constexpr int kEntries = 256;
   static constexpr size_t kBytes = sizeof(quant::BlockIQ2_XXS);
   static constexpr float kUnit = 0.125f;
   static const GridTables& tables() {
     static const GridTables t = [] {
       const uint8_t levels[3] = {8, 25, 43};
-      GridTables g = make_tables(quant::iq2xxs_grid, levels, 3, 2, 8);
+      GridTables g = make_tables(quant::iq2xxs_grid, 256, levels, 3, 2, 8);
       for (int i = 0; i < 32; ++i) g.index_bytes[2 * i] = static_cast<uint8_t>(8 * (i / 4) + i % 4);
       return g;
     }();
     return t;
   }
-  static void decode(const uint8_t* b, const CodeLookup& lookup, const GridTables& t, const SignTables& s,
+  static void decode(const uint8_t* b, const CodeLookup<kEntries>& lookup, const GridTables& t, const SignTables& s,
                      DecodedBlock& out) {
     const __m512i q = load(b + 2);
     // Index byte l of sub-block k (byte 8k + l) to word 4k + l.
@@ -168,16 +178,17 @@ struct Iq2XxsFormat {
 
 // d, 64 index bytes (one per 4 values), then per 32 values the uint32 of signs and scale.
 struct Iq3XxsFormat {
+  static constexpr int kEntries = 256;
   static constexpr size_t kBytes = sizeof(quant::BlockIQ3_XXS);
   static constexpr float kUnit = 0.25f;
   static const GridTables& tables() {
     static const GridTables t = [] {
       const uint8_t levels[8] = {4, 12, 20, 28, 36, 44, 52, 62};
-      return make_tables(quant::iq3xxs_grid, levels, 8, 3, 4);
+      return make_tables(quant::iq3xxs_grid, 256, levels, 8, 3, 4);
     }();
     return t;
   }
-  static void decode(const uint8_t* b, const CodeLookup& lookup, const GridTables& t, const SignTables& s,
+  static void decode(const uint8_t* b, const CodeLookup<kEntries>& lookup, const GridTables& t, const SignTables& s,
                      DecodedBlock& out) {
     const __m512i low = lookup(_mm512_cvtepu8_epi16(load256(b + 2)));
     const __m512i high = lookup(_mm512_cvtepu8_epi16(load256(b + 34)));
@@ -187,15 +198,63 @@ struct Iq3XxsFormat {
   }
 };
 
+// d, 32 uint16 (a 9-bit grid index, 7 sign bits above it), 8 scale bytes (4 bits per 16 values).
+struct Iq2XsFormat {
+  static constexpr int kEntries = 512;
+  static constexpr size_t kBytes = sizeof(quant::BlockIQ2_XS);
+  static constexpr float kUnit = 0.125f;
+  struct Tables : GridTables {
+    alignas(64) uint8_t sign_bits[64];        // vpshufbitqmb: group 8p + q's sign byte is byte 2(q mod 4) of its qword
+    alignas(64) uint8_t scale_nibbles[64];    // vpmultishiftqb: byte u (< 16) <- the scale of values 16u..16u+15
+    alignas(32) uint16_t scale_words[4][32];  // vpermw: output vector p's words <- their 16 values' scale
+  };
+  static const Tables& tables() {
+    static const Tables t = [] {
+      const uint8_t levels[3] = {8, 25, 43};
+      Tables x{};
+      static_cast<GridTables&>(x) = make_tables(quant::iq2xs_grid, 512, levels, 3, 2, 8);
+      for (int q = 0; q < 8; ++q)
+        for (int j = 0; j < 8; ++j) {
+          x.sign_bits[8 * q + j] = static_cast<uint8_t>(16 * (q % 4) + j);
+          x.scale_nibbles[8 * q + j] = static_cast<uint8_t>(4 * (8 * q + j) % 64);
+        }
+      for (int p = 0; p < 4; ++p)
+        for (int w = 0; w < 32; ++w) x.scale_words[p][w] = static_cast<uint16_t>(4 * p + w / 8);
+      return x;
+    }();
+    return t;
+  }
+  static void decode(const uint8_t* b, const CodeLookup<kEntries>& lookup, const Tables& t, const SignTables& s,
+                     DecodedBlock& out) {
+    const __m512i q = load(b + 2);
+    const __m512i codes = lookup(_mm512_and_si512(q, _mm512_set1_epi16(0x1ff)));
+    const __m512i signs = _mm512_permutex2var_epi8(load(s.parity), _mm512_srli_epi16(q, 9), load(s.parity + 64));
+    uint64_t packed;
+    std::memcpy(&packed, b + 66, 8);
+    const __m512i nibbles =
+        _mm512_multishift_epi64_epi8(load(t.scale_nibbles), _mm512_set1_epi64(static_cast<int64_t>(packed)));
+    const __m128i x = _mm512_castsi512_si128(_mm512_and_si512(nibbles, _mm512_set1_epi8(0xf)));
+    const __m512i odd =
+        _mm512_castsi256_si512(_mm256_or_si256(_mm256_slli_epi16(_mm256_cvtepu8_epi16(x), 1), _mm256_set1_epi16(1)));
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      out.mag[p] = magnitudes(codes, t, p);
+      out.neg[p] =
+          _mm512_bitshuffle_epi64_mask(_mm512_permutexvar_epi64(load(s.sub_blocks[p]), signs), load(t.sign_bits));
+      out.scale[p] = _mm512_permutexvar_epi16(load(t.scale_words[p]), odd);
+    }
+  }
+};
+
 // One weight row against N activation rows: each block decoded once, then per activation its 256 bytes negated
 // under the masks, maddubs with the magnitudes (at most 62 x 128: no saturation), vpdpwssd with the multipliers.
 template <typename Format>
 struct IqVbmi {
   template <int N>
   static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
-    const GridTables& t = Format::tables();
+    const auto& t = Format::tables();
     const SignTables& s = sign_tables();
-    const CodeLookup lookup(t.codes);
+    const CodeLookup<Format::kEntries> lookup(t.codes);
     const ActRows<quant::BlockQ8_K, N> y(act, stride);
     const __m512i zero = _mm512_setzero_si512();
     float sum[N] = {};
@@ -326,6 +385,7 @@ void set_kernel(KernelTable& table, quant::GgmlType type) {
 void install_iq_vbmi(KernelTable& table) {
   set_kernel<IqVbmi<Iq2XxsFormat>>(table, quant::GgmlType::IQ2_XXS);
   set_kernel<IqVbmi<Iq3XxsFormat>>(table, quant::GgmlType::IQ3_XXS);
+  set_kernel<IqVbmi<Iq2XsFormat>>(table, quant::GgmlType::IQ2_XS);
   set_kernel<Iq1sVbmi>(table, quant::GgmlType::IQ1_S);
 }
 

@@ -285,7 +285,7 @@ TEST(Kernels, VbmiIqDotsEqualTheAvx2TierBitForBit) {
   if (!has_avx512_vbmi_bitalg()) GTEST_SKIP() << "this CPU lacks AVX-512 VBMI or BITALG";
   const KernelTable avx2 = make_kernel_table(Isa::kAvx2), avx512 = make_kernel_table(Isa::kAvx512);
   std::mt19937_64 rng(5);
-  for (GgmlType type : {GgmlType::IQ2_XXS, GgmlType::IQ3_XXS, GgmlType::IQ1_S}) {
+  for (GgmlType type : {GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ3_XXS, GgmlType::IQ1_S}) {
     const size_t slot = kernel_slot(type);
     ASSERT_NE(avx512.vec_dot[slot], avx2.vec_dot[slot]) << quant::type_info(type).name << ": no kernel of its own";
     for (int64_t blocks : {1, 2, 7, 9}) {
