@@ -37,12 +37,11 @@ struct GridTables {
   alignas(64) uint8_t index_bytes[64];    // vpermb: where a format's index bytes lie in its first 64 bytes
 };
 
-// The tables of a grid with `n_levels` magnitudes (`levels`), coded in `code_bits` bits, `values_per_word` values
-// to a 16-bit code.
+// The 16-bit codes of `entries` grid entries with `n_levels` magnitudes (`levels`): the level numbers of an entry's
+// `values_per_word` values, `code_bits` each, first lowest.
 template <typename Entry>
-GridTables make_tables(const Entry* grid, int entries, const uint8_t* levels, int n_levels, int code_bits,
-                       int values_per_word) {
-  GridTables t{};
+void fill_codes(const Entry* grid, int entries, const uint8_t* levels, int n_levels, int code_bits, int values_per_word,
+                uint16_t* codes) {
   for (int e = 0; e < entries; ++e) {
     unsigned code = 0;
     for (int j = 0; j < values_per_word; ++j) {
@@ -50,8 +49,16 @@ GridTables make_tables(const Entry* grid, int entries, const uint8_t* levels, in
       const auto level = static_cast<unsigned>(std::find(levels, levels + n_levels, byte) - levels);
       code |= level << (code_bits * j);
     }
-    t.codes[e] = static_cast<uint16_t>(code);
+    codes[e] = static_cast<uint16_t>(code);
   }
+}
+
+// The tables of such a grid (at most 512 entries).
+template <typename Entry>
+GridTables make_tables(const Entry* grid, int entries, const uint8_t* levels, int n_levels, int code_bits,
+                       int values_per_word) {
+  GridTables t{};
+  fill_codes(grid, entries, levels, n_levels, code_bits, values_per_word, t.codes);
   const int code_mask = (1 << code_bits) - 1;
   for (int i = 0; i < 64; ++i) t.levels[i] = (i & code_mask) < n_levels ? levels[i & code_mask] : 0;
   // Output vector p holds values 64p..64p+63, its qword q values 64p+8q..+7; a qword of codes holds four words.
@@ -122,6 +129,11 @@ struct CodeLookup {
   }
 };
 
+// For the formats whose grid is gathered instead.
+struct NoLookup {
+  explicit NoLookup(const uint16_t* /*codes*/) {}
+};
+
 // One block's 256 values as four vectors of magnitude bytes, four masks of the negative ones and four vectors of
 // multipliers (one word per pair of maddubs' words).
 struct DecodedBlock {
@@ -151,9 +163,46 @@ inline __m512i magnitudes(__m512i codes, const GridTables& t, int p) {
   return _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load(t.code_shifts), words), load(t.levels));
 }
 
+// Scales of 4 bits (x, the multiplier 2x + 1), packed in nibbles, one per group of kPer values (16 or 32).
+struct NibbleTables {
+  alignas(64) uint8_t nibbles[64];       // vpmultishiftqb: byte u (< 16) <- nibble u of the qword
+  alignas(64) uint16_t words[2][4][32];  // vpermw: output vector p's words <- their group's multiplier (16, 32)
+  NibbleTables() {
+    for (int i = 0; i < 64; ++i) nibbles[i] = static_cast<uint8_t>(4 * i % 64);
+    for (int p = 0; p < 4; ++p)
+      for (int w = 0; w < 32; ++w) {
+        words[0][p][w] = static_cast<uint16_t>(4 * p + w / 8);
+        words[1][p][w] = static_cast<uint16_t>(2 * p + w / 16);
+      }
+  }
+};
+
+const NibbleTables& nibble_tables() {
+  static const NibbleTables t;
+  return t;
+}
+
+template <int kPer>
+inline void nibble_multipliers(uint64_t packed, DecodedBlock& out) {
+  const NibbleTables& t = nibble_tables();
+  const __m512i nibbles =
+      _mm512_multishift_epi64_epi8(load(t.nibbles), _mm512_set1_epi64(static_cast<int64_t>(packed)));
+  const __m128i x = _mm512_castsi512_si128(_mm512_and_si512(nibbles, _mm512_set1_epi8(0xf)));
+  const __m512i odd =
+      _mm512_castsi256_si512(_mm256_or_si256(_mm256_slli_epi16(_mm256_cvtepu8_epi16(x), 1), _mm256_set1_epi16(1)));
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) out.scale[p] = _mm512_permutexvar_epi16(load(t.words[kPer == 16 ? 0 : 1][p]), odd);
+}
+
+inline uint64_t load_u64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
 // d, then per 32 values 4 index bytes and the uint32 of signs and scale.
 struct Iq2XxsFormat {
-  static constexpr int kEntries = 256;
+  using Lookup = CodeLookup<256>;
   static constexpr size_t kBytes = sizeof(quant::BlockIQ2_XXS);
   static constexpr float kUnit = 0.125f;
   static const GridTables& tables() {
@@ -165,7 +214,7 @@ struct Iq2XxsFormat {
     }();
     return t;
   }
-  static void decode(const uint8_t* b, const CodeLookup<kEntries>& lookup, const GridTables& t, const SignTables& s,
+  static void decode(const uint8_t* b, const Lookup& lookup, const GridTables& t, const SignTables& s,
                      DecodedBlock& out) {
     const __m512i q = load(b + 2);
     // Index byte l of sub-block k (byte 8k + l) to word 4k + l.
@@ -178,7 +227,7 @@ struct Iq2XxsFormat {
 
 // d, 64 index bytes (one per 4 values), then per 32 values the uint32 of signs and scale.
 struct Iq3XxsFormat {
-  static constexpr int kEntries = 256;
+  using Lookup = CodeLookup<256>;
   static constexpr size_t kBytes = sizeof(quant::BlockIQ3_XXS);
   static constexpr float kUnit = 0.25f;
   static const GridTables& tables() {
@@ -188,7 +237,7 @@ struct Iq3XxsFormat {
     }();
     return t;
   }
-  static void decode(const uint8_t* b, const CodeLookup<kEntries>& lookup, const GridTables& t, const SignTables& s,
+  static void decode(const uint8_t* b, const Lookup& lookup, const GridTables& t, const SignTables& s,
                      DecodedBlock& out) {
     const __m512i low = lookup(_mm512_cvtepu8_epi16(load256(b + 2)));
     const __m512i high = lookup(_mm512_cvtepu8_epi16(load256(b + 34)));
@@ -200,13 +249,11 @@ struct Iq3XxsFormat {
 
 // d, 32 uint16 (a 9-bit grid index, 7 sign bits above it), 8 scale bytes (4 bits per 16 values).
 struct Iq2XsFormat {
-  static constexpr int kEntries = 512;
+  using Lookup = CodeLookup<512>;
   static constexpr size_t kBytes = sizeof(quant::BlockIQ2_XS);
   static constexpr float kUnit = 0.125f;
   struct Tables : GridTables {
-    alignas(64) uint8_t sign_bits[64];        // vpshufbitqmb: group 8p + q's sign byte is byte 2(q mod 4) of its qword
-    alignas(64) uint8_t scale_nibbles[64];    // vpmultishiftqb: byte u (< 16) <- the scale of values 16u..16u+15
-    alignas(32) uint16_t scale_words[4][32];  // vpermw: output vector p's words <- their 16 values' scale
+    alignas(64) uint8_t sign_bits[64];  // vpshufbitqmb: group 8p + q's sign byte is byte 2(q mod 4) of its qword
   };
   static const Tables& tables() {
     static const Tables t = [] {
@@ -214,35 +261,101 @@ struct Iq2XsFormat {
       Tables x{};
       static_cast<GridTables&>(x) = make_tables(quant::iq2xs_grid, 512, levels, 3, 2, 8);
       for (int q = 0; q < 8; ++q)
-        for (int j = 0; j < 8; ++j) {
-          x.sign_bits[8 * q + j] = static_cast<uint8_t>(16 * (q % 4) + j);
-          x.scale_nibbles[8 * q + j] = static_cast<uint8_t>(4 * (8 * q + j) % 64);
-        }
-      for (int p = 0; p < 4; ++p)
-        for (int w = 0; w < 32; ++w) x.scale_words[p][w] = static_cast<uint16_t>(4 * p + w / 8);
+        for (int j = 0; j < 8; ++j) x.sign_bits[8 * q + j] = static_cast<uint8_t>(16 * (q % 4) + j);
       return x;
     }();
     return t;
   }
-  static void decode(const uint8_t* b, const CodeLookup<kEntries>& lookup, const Tables& t, const SignTables& s,
-                     DecodedBlock& out) {
+  static void decode(const uint8_t* b, const Lookup& lookup, const Tables& t, const SignTables& s, DecodedBlock& out) {
     const __m512i q = load(b + 2);
     const __m512i codes = lookup(_mm512_and_si512(q, _mm512_set1_epi16(0x1ff)));
     const __m512i signs = _mm512_permutex2var_epi8(load(s.parity), _mm512_srli_epi16(q, 9), load(s.parity + 64));
-    uint64_t packed;
-    std::memcpy(&packed, b + 66, 8);
-    const __m512i nibbles =
-        _mm512_multishift_epi64_epi8(load(t.scale_nibbles), _mm512_set1_epi64(static_cast<int64_t>(packed)));
-    const __m128i x = _mm512_castsi512_si128(_mm512_and_si512(nibbles, _mm512_set1_epi8(0xf)));
-    const __m512i odd =
-        _mm512_castsi256_si512(_mm256_or_si256(_mm256_slli_epi16(_mm256_cvtepu8_epi16(x), 1), _mm256_set1_epi16(1)));
+    nibble_multipliers<16>(load_u64(b + 66), out);
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {
       out.mag[p] = magnitudes(codes, t, p);
       out.neg[p] =
           _mm512_bitshuffle_epi64_mask(_mm512_permutexvar_epi64(load(s.sub_blocks[p]), signs), load(t.sign_bits));
-      out.scale[p] = _mm512_permutexvar_epi16(load(t.scale_words[p]), odd);
     }
+  }
+};
+
+// d, 64 index low bytes, 8 qh bytes (bit i of the 64: index i's ninth bit), 32 sign bytes (bit j of byte g: value
+// 8g + j negative), 4 scale bytes (a nibble per 32 values).
+struct Iq3sFormat {
+  using Lookup = CodeLookup<512>;
+  static constexpr size_t kBytes = sizeof(quant::BlockIQ3_S);
+  static constexpr float kUnit = 1.0f;
+  static const GridTables& tables() {
+    static const GridTables t = [] {
+      const uint8_t levels[8] = {1, 3, 5, 7, 9, 11, 13, 15};
+      return make_tables(quant::iq3s_grid, 512, levels, 8, 3, 4);
+    }();
+    return t;
+  }
+  static void decode(const uint8_t* b, const Lookup& lookup, const GridTables& t, const SignTables& /*s*/,
+                     DecodedBlock& out) {
+    const uint64_t ninth = load_u64(b + 66);
+    const __m512i nine = _mm512_set1_epi16(0x100);
+    const __m512i first = _mm512_cvtepu8_epi16(load256(b + 2)), second = _mm512_cvtepu8_epi16(load256(b + 34));
+    const __m512i low = lookup(_mm512_mask_add_epi16(first, static_cast<__mmask32>(ninth), first, nine));
+    const __m512i high = lookup(_mm512_mask_add_epi16(second, static_cast<__mmask32>(ninth >> 32), second, nine));
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      out.mag[p] = magnitudes(p < 2 ? low : high, t, p);
+      out.neg[p] = _cvtu64_mask64(load_u64(b + 74 + 8 * p));
+    }
+    uint32_t packed;
+    std::memcpy(&packed, b + 106, 4);
+    nibble_multipliers<32>(packed, out);
+  }
+};
+
+// d, 32 index low bytes, 32 sign bytes (bit j of byte g: value 8g + j negative), 8 qh bytes (bits 2i, 2i + 1 of the
+// 64: index i's bits 8 and 9), 8 scale bytes (a nibble per 16 values). The 1024-entry grid's codes are gathered.
+struct Iq2sFormat {
+  using Lookup = NoLookup;
+  static constexpr size_t kBytes = sizeof(quant::BlockIQ2_S);
+  static constexpr float kUnit = 0.125f;
+  struct Tables {
+    alignas(64) uint16_t codes[1024 + 2];  // 2 bits a value; 2 spare for the 4-byte gather of the last
+    alignas(64) uint8_t levels[64];        // vpermb: level number -> magnitude
+    alignas(64) uint8_t code_shifts[64];   // vpmultishiftqb: value j's code to the bottom of byte j
+    alignas(64) uint32_t qh_shifts[16];    // dword i's two high index bits to the bottom
+  };
+  static const Tables& tables() {
+    static const Tables t = [] {
+      const uint8_t levels[3] = {8, 25, 43};
+      Tables x{};
+      fill_codes(quant::iq2s_grid, 1024, levels, 3, 2, 8, x.codes);
+      for (int i = 0; i < 64; ++i) x.levels[i] = (i & 3) < 3 ? levels[i & 3] : 0;
+      for (int i = 0; i < 64; ++i) x.code_shifts[i] = static_cast<uint8_t>(2 * (i % 8));
+      for (int i = 0; i < 16; ++i) x.qh_shifts[i] = static_cast<uint32_t>(2 * i);
+      return x;
+    }();
+    return t;
+  }
+  static void decode(const uint8_t* b, const Lookup& /*lookup*/, const Tables& t, const SignTables& /*s*/,
+                     DecodedBlock& out) {
+    const uint64_t qh = load_u64(b + 66);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m512i low = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * h)));
+      const __m512i bits =
+          _mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int32_t>(qh >> (32 * h))), load(t.qh_shifts));
+      const __m512i index = _mm512_ternarylogic_epi32(low, _mm512_slli_epi32(bits, 8), _mm512_set1_epi32(0x300), 0xF8);
+      const __m512i codes = _mm512_i32gather_epi32(index, t.codes, 2);
+#pragma GCC unroll 2
+      for (int half = 0; half < 2; ++half) {
+        const __m512i qwords =
+            _mm512_cvtepu32_epi64(half == 0 ? _mm512_castsi512_si256(codes) : _mm512_extracti64x4_epi64(codes, 1));
+        out.mag[2 * h + half] =
+            _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load(t.code_shifts), qwords), load(t.levels));
+      }
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) out.neg[p] = _cvtu64_mask64(load_u64(b + 34 + 8 * p));
+    nibble_multipliers<16>(load_u64(b + 74), out);
   }
 };
 
@@ -254,7 +367,7 @@ struct IqVbmi {
   static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
     const auto& t = Format::tables();
     const SignTables& s = sign_tables();
-    const CodeLookup<Format::kEntries> lookup(t.codes);
+    const typename Format::Lookup lookup(t.codes);
     const ActRows<quant::BlockQ8_K, N> y(act, stride);
     const __m512i zero = _mm512_setzero_si512();
     float sum[N] = {};
@@ -289,29 +402,46 @@ struct IqVbmi {
 // With c = g + 1 in {0, 1, 2}, a sub-block's integer (2x + 1) sum(q8 (8g + t)) = sum(q8 8c(2x + 1)) - (8 - t)(2x + 1)
 // sum(q8): the first by vpdpbusd with the unsigned bytes 8c(2x + 1) <= 240, the second from the activation's sums
 // per 16 (Q8_K's bsums). The 2048-entry grid is too big for registers: its codes are gathered, 16 at a time.
+// The grid of IQ1_S and IQ1_M: c = g + 1 of each value, 2 bits each, first lowest (2 spare entries for the 4-byte
+// gather of the last), and the byte weights of both formats' vpdpbusd.
+struct Iq1Grid {
+  alignas(64) uint16_t codes[2048 + 2];
+  alignas(64) uint8_t weights[64];        // vpermb: c | x << 2 -> 8c(2x + 1)
+  alignas(64) uint8_t shift_weights[64];  // vpermb: x | (t negative) << 3 -> (8 - t)(2x + 1)
+  alignas(64) uint8_t code_shifts[64];    // vpmultishiftqb: value j's c to the bottom of byte j
+  Iq1Grid() {
+    const uint8_t levels[3] = {0xff, 0, 1};
+    fill_codes(quant::iq1s_grid, 2048, levels, 3, 2, 8, codes);
+    codes[2048] = codes[2049] = 0;
+    for (int i = 0; i < 64; ++i) {
+      weights[i] = static_cast<uint8_t>(8 * (i & 3) * (2 * (i >> 2 & 7) + 1));
+      shift_weights[i] = static_cast<uint8_t>((i & 8 ? 9 : 7) * (2 * (i & 7) + 1));
+      code_shifts[i] = static_cast<uint8_t>(2 * (i % 8));
+    }
+  }
+};
+
+const Iq1Grid& iq1_grid() {
+  static const Iq1Grid t;
+  return t;
+}
+
+// The unsigned bytes c of output vector p's 64 values, from the gathered codes of its half: lanes 8(p mod 2).. of g.
+inline __m512i iq1_code_bytes(__m512i g, int p, const Iq1Grid& t) {
+  const __m512i qwords =
+      _mm512_cvtepu32_epi64(p % 2 == 0 ? _mm512_castsi512_si256(g) : _mm512_extracti64x4_epi64(g, 1));
+  return _mm512_and_si512(_mm512_multishift_epi64_epi8(load(t.code_shifts), qwords), _mm512_set1_epi8(3));
+}
+
 struct Iq1sTables {
-  alignas(64) uint16_t codes[2048 + 2];        // c of each value, 2 bits each, first lowest; 2 spare for the gather
-  alignas(64) uint8_t weights[64];             // vpermb: c | x << 2 -> 8c(2x + 1)
   alignas(64) uint16_t qh_words[2][32];        // vpermw (odd words zeroed): dword i of half h <- qh[(16h + i) / 4]
   alignas(64) uint32_t qh_shifts[16];          // (qh << 8) >> 3(i mod 4): dword i's 3 index bits to bits 8-10
-  alignas(64) uint8_t code_shifts[64];         // vpmultishiftqb: value j's c to the bottom of byte j
   alignas(64) uint8_t sub_block_bytes[4][64];  // vpermb: each byte of output vector p <- its sub-block's x << 2
   alignas(32) uint16_t bias_words[16];         // vpermw: bsum m's factor <- sub-block m / 2's
   Iq1sTables() {
-    for (int e = 0; e < 2048; ++e) {
-      unsigned code = 0;
-      for (int j = 0; j < 8; ++j) {
-        const auto g = static_cast<int8_t>(quant::iq1s_grid[e] >> (8 * j));
-        code |= static_cast<unsigned>(g + 1) << (2 * j);
-      }
-      codes[e] = static_cast<uint16_t>(code);
-    }
-    codes[2048] = codes[2049] = 0;
-    for (int i = 0; i < 64; ++i) weights[i] = static_cast<uint8_t>(8 * (i & 3) * (2 * (i >> 2 & 7) + 1));
     for (int h = 0; h < 2; ++h)
       for (int w = 0; w < 32; ++w) qh_words[h][w] = static_cast<uint16_t>((16 * h + w / 2) / 4);
     for (int i = 0; i < 16; ++i) qh_shifts[i] = static_cast<uint32_t>(3 * (i % 4));
-    for (int i = 0; i < 64; ++i) code_shifts[i] = static_cast<uint8_t>(2 * (i % 8));
     for (int p = 0; p < 4; ++p)
       for (int i = 0; i < 64; ++i) sub_block_bytes[p][i] = static_cast<uint8_t>(2 * (2 * p + i / 32));
     for (int m = 0; m < 16; ++m) bias_words[m] = static_cast<uint16_t>(m / 2);
@@ -322,6 +452,7 @@ struct Iq1sVbmi {
   template <int N>
   static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
     static const Iq1sTables t;
+    const Iq1Grid& grid = iq1_grid();
     const ActRows<quant::BlockQ8_K, N> y(act, stride);
     float sum[N] = {};
     for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
@@ -336,7 +467,7 @@ struct Iq1sVbmi {
         const __m512i high = _mm512_srlv_epi32(_mm512_slli_epi32(words, 8), load(t.qh_shifts));
         const __m512i index =
             _mm512_ternarylogic_epi32(low, high, _mm512_set1_epi32(0x700), 0xF8);  // low | high & 0x700
-        group_codes[h] = _mm512_i32gather_epi32(index, t.codes, 2);
+        group_codes[h] = _mm512_i32gather_epi32(index, grid.codes, 2);
       }
       // Per sub-block k, word k: x << 2 in the low byte; the bsums' factor (8 - t)(2x + 1).
       const __m128i x4 = _mm_and_si128(_mm_srli_epi16(qh, 10), _mm_set1_epi16(0x1c));
@@ -347,13 +478,9 @@ struct Iq1sVbmi {
       __m512i weights[4];
 #pragma GCC unroll 4
       for (int p = 0; p < 4; ++p) {
-        const __m512i g = group_codes[p / 2];
-        const __m512i qwords =
-            _mm512_cvtepu32_epi64(p % 2 == 0 ? _mm512_castsi512_si256(g) : _mm512_extracti64x4_epi64(g, 1));
         const __m512i scale = _mm512_permutexvar_epi8(load(t.sub_block_bytes[p]), _mm512_castsi128_si512(x4));
-        const __m512i index = _mm512_ternarylogic_epi32(_mm512_multishift_epi64_epi8(load(t.code_shifts), qwords),
-                                                        _mm512_set1_epi8(3), scale, 0xEA);  // c | x << 2
-        weights[p] = _mm512_permutexvar_epi8(index, load(t.weights));
+        const __m512i index = _mm512_or_si512(iq1_code_bytes(group_codes[p / 2], p, grid), scale);  // c | x << 2
+        weights[p] = _mm512_permutexvar_epi8(index, load(grid.weights));
       }
       uint16_t half;
       std::memcpy(&half, b, 2);
@@ -365,6 +492,96 @@ struct Iq1sVbmi {
 #pragma GCC unroll 4
         for (int p = 0; p < 4; ++p) acc = _mm512_dpbusd_epi32(acc, weights[p], load(y[j][i].qs + 64 * p));
         sum[j] += d * y[j][i].d * static_cast<float>(_mm512_reduce_add_epi32(acc));
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < N; ++j) out[j] = sum[j] * 0.125f;
+  }
+};
+
+// IQ1_M: 32 index low bytes, 16 qh bytes (a nibble per group of 8: 3 index bits, the shift's sign in the top bit),
+// 4 uint16 scale words (four 3-bit scales x, one per 16 values, under a nibble of the fp16 d each). Values as IQ1_S's,
+// the shift's sign per group of 8: (2x + 1) sum(q8 (8g + t)) = sum(q8 8c(2x + 1)) - sum(q8 (8 - t)(2x + 1)), both by
+// vpdpbusd with unsigned byte weights.
+struct Iq1mTables {
+  alignas(64) uint8_t qh_bytes[64];        // vpermb (zeroing): dword i <- qh[i / 2] (groups 0-15; +8 for 16-31)
+  alignas(64) uint32_t qh_shifts[16];      // dword i's 3 index bits to bits 8-10: << 8 - 4(i mod 2)
+  alignas(64) uint8_t scale_fields[64];    // vpmultishiftqb: byte u (< 16) <- x of values 16u..16u+15
+  alignas(64) int64_t qh_qwords[8];        // vpermq: the qh qword of output qword q's groups
+  alignas(64) uint8_t shift_bits[64];      // vpmultishiftqb: byte g (< 32) <- group g's sign bit at the bottom
+  alignas(64) uint8_t unit_of_group[64];   // vpermb: byte g <- x of group g's 16
+  alignas(64) uint8_t group_bytes[4][64];  // vpermb: each byte of output vector p <- its group's
+  Iq1mTables() {
+    for (int i = 0; i < 64; ++i) {
+      qh_bytes[i] = static_cast<uint8_t>(i % 4 == 0 ? i / 8 : 0);
+      const int u = i % 16, g = i % 32;
+      scale_fields[i] = static_cast<uint8_t>(16 * (u / 4) + 3 * (u % 4));
+      shift_bits[i] = static_cast<uint8_t>(8 * (g / 2 % 8) + 3 + 4 * (g % 2));
+      unit_of_group[i] = static_cast<uint8_t>(g / 2);
+    }
+    for (int i = 0; i < 16; ++i) qh_shifts[i] = static_cast<uint32_t>(8 - 4 * (i % 2));
+    for (int q = 0; q < 8; ++q) qh_qwords[q] = q / 2;
+    for (int p = 0; p < 4; ++p)
+      for (int i = 0; i < 64; ++i) group_bytes[p][i] = static_cast<uint8_t>(8 * p + i / 8);
+  }
+};
+
+struct Iq1mVbmi {
+  template <int N>
+  static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
+    static const Iq1mTables t;
+    const Iq1Grid& grid = iq1_grid();
+    const ActRows<quant::BlockQ8_K, N> y(act, stride);
+    float sum[N] = {};
+    for (int64_t i = 0; i < n / quant::kQK_K; ++i) {
+      const uint8_t* b = static_cast<const uint8_t*>(w) + static_cast<size_t>(i) * sizeof(quant::BlockIQ1_M);
+      const __m512i qh = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 32)));
+      __m512i group_codes[2];
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m512i low = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16 * h)));
+        const __m512i bytes = _mm512_maskz_permutexvar_epi8(
+            0x1111111111111111ULL, _mm512_add_epi8(load(t.qh_bytes), _mm512_set1_epi32(8 * h)), qh);
+        const __m512i high = _mm512_sllv_epi32(bytes, load(t.qh_shifts));
+        const __m512i index =
+            _mm512_ternarylogic_epi32(low, high, _mm512_set1_epi32(0x700), 0xF8);  // low | high & 0x700
+        group_codes[h] = _mm512_i32gather_epi32(index, grid.codes, 2);
+      }
+      const uint64_t packed = load_u64(b + 48);
+      const __m512i x = _mm512_and_si512(
+          _mm512_multishift_epi64_epi8(load(t.scale_fields), _mm512_set1_epi64(static_cast<int64_t>(packed))),
+          _mm512_set1_epi8(7));
+      const __m512i negative = _mm512_and_si512(
+          _mm512_multishift_epi64_epi8(load(t.shift_bits), _mm512_permutexvar_epi64(load(t.qh_qwords), qh)),
+          _mm512_set1_epi8(1));
+      const __m512i x_of_group = _mm512_permutexvar_epi8(load(t.unit_of_group), x);
+      // Per group: x << 2 (for c | x << 2) and x | negative << 3; bytes below 32, so word shifts carry nothing over.
+      const __m512i scale_bytes = _mm512_slli_epi16(x_of_group, 2);
+      const __m512i shift_bytes = _mm512_or_si512(x_of_group, _mm512_slli_epi16(negative, 3));
+      __m512i weights[4], shift_weights[4];
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        const __m512i mine = load(t.group_bytes[p]);
+        const __m512i index =
+            _mm512_or_si512(iq1_code_bytes(group_codes[p / 2], p, grid), _mm512_permutexvar_epi8(mine, scale_bytes));
+        weights[p] = _mm512_permutexvar_epi8(index, load(grid.weights));
+        shift_weights[p] =
+            _mm512_permutexvar_epi8(_mm512_permutexvar_epi8(mine, shift_bytes), load(grid.shift_weights));
+      }
+      uint16_t s[4];
+      std::memcpy(s, b + 48, 8);
+      const float d = _cvtsh_ss(
+          static_cast<uint16_t>((s[0] >> 12) | (s[1] >> 8 & 0x00f0) | (s[2] >> 4 & 0x0f00) | (s[3] & 0xf000)));
+#pragma GCC unroll 8
+      for (int j = 0; j < N; ++j) {
+        __m512i acc = _mm512_setzero_si512(), shift = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; ++p) {
+          const __m512i qy = load(y[j][i].qs + 64 * p);
+          acc = _mm512_dpbusd_epi32(acc, weights[p], qy);
+          shift = _mm512_dpbusd_epi32(shift, shift_weights[p], qy);
+        }
+        sum[j] += d * y[j][i].d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_sub_epi32(acc, shift)));
       }
     }
 #pragma GCC unroll 8
@@ -386,7 +603,10 @@ void install_iq_vbmi(KernelTable& table) {
   set_kernel<IqVbmi<Iq2XxsFormat>>(table, quant::GgmlType::IQ2_XXS);
   set_kernel<IqVbmi<Iq3XxsFormat>>(table, quant::GgmlType::IQ3_XXS);
   set_kernel<IqVbmi<Iq2XsFormat>>(table, quant::GgmlType::IQ2_XS);
+  set_kernel<IqVbmi<Iq2sFormat>>(table, quant::GgmlType::IQ2_S);
+  set_kernel<IqVbmi<Iq3sFormat>>(table, quant::GgmlType::IQ3_S);
   set_kernel<Iq1sVbmi>(table, quant::GgmlType::IQ1_S);
+  set_kernel<Iq1mVbmi>(table, quant::GgmlType::IQ1_M);
 }
 
 }  // namespace hetmoe::cpu::avx512

@@ -280,12 +280,14 @@ TEST(Kernels, ManyRowDotEqualsSingleDotsBitForBit) {
 
 // Where the CPU has AVX-512 VBMI and BITALG, the AVX-512 tier decodes the IQ grid formats' blocks in vector registers
 // (iq_vbmi.cpp); its integers and float steps are the AVX2 tier's, so every dot equals that tier's bit for bit. The
-// blocks are random bytes with a finite scale, so every grid entry, sign pattern and multiplier occurs.
+// blocks are random bytes with a finite scale (IQ1_M keeps its in the scale words' top nibbles), so every grid entry,
+// sign pattern and multiplier occurs.
 TEST(Kernels, VbmiIqDotsEqualTheAvx2TierBitForBit) {
   if (!has_avx512_vbmi_bitalg()) GTEST_SKIP() << "this CPU lacks AVX-512 VBMI or BITALG";
   const KernelTable avx2 = make_kernel_table(Isa::kAvx2), avx512 = make_kernel_table(Isa::kAvx512);
   std::mt19937_64 rng(5);
-  for (GgmlType type : {GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ3_XXS, GgmlType::IQ1_S}) {
+  for (GgmlType type : {GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S,
+                        GgmlType::IQ1_S, GgmlType::IQ1_M}) {
     const size_t slot = kernel_slot(type);
     ASSERT_NE(avx512.vec_dot[slot], avx2.vec_dot[slot]) << quant::type_info(type).name << ": no kernel of its own";
     for (int64_t blocks : {1, 2, 7, 9}) {
@@ -296,7 +298,13 @@ TEST(Kernels, VbmiIqDotsEqualTheAvx2TierBitForBit) {
         for (uint8_t& byte : w) byte = static_cast<uint8_t>(rng());
         for (int64_t b = 0; b < blocks; ++b) {
           const uint16_t d = quant::fp32_to_fp16(std::ldexp(1.0f + static_cast<float>(rng() % 100) / 100, -8));
-          std::memcpy(w.data() + b * block_bytes, &d, 2);  // d leads these formats' blocks
+          uint8_t* block = w.data() + b * block_bytes;
+          if (type != GgmlType::IQ1_M) {
+            std::memcpy(block, &d, 2);  // d leads the other formats' blocks
+            continue;
+          }
+          for (int k = 0; k < 4; ++k)
+            block[49 + 2 * k] = static_cast<uint8_t>((block[49 + 2 * k] & 0x0f) | (d >> (4 * k) & 0xf) << 4);
         }
         const std::vector<uint8_t> act = activation_of(type, random_floats(n, 900 + row));
         const float want = avx2.dot_for(type)(n, w.data(), act.data());
