@@ -1,15 +1,19 @@
-// IQ2_XXS and IQ3_XXS dots with AVX-512 VBMI and BITALG (Ice Lake and later Xeons, Zen 4): a whole 256-value block
+// The IQ grid formats' dots with AVX-512 VBMI and BITALG (Ice Lake and later Xeons, Zen 4): a whole 256-value block
 // decoded in vector registers. The tier's kernel (dots256.inc's IqGrid) builds each group of 8 values from a grid
 // entry loaded into a general register and inserted into a vector, about 40 instructions per 32 values; here:
-//   - the grid becomes a table of 16-bit codes (2 bits a value for IQ2_XXS's three levels, 3 bits for IQ3_XXS's
-//     eight), 256 entries in eight registers, looked up 32 indices at a time by four vpermt2w and two blends;
-//   - vpmultishiftqb cuts the codes into one byte per value and vpermb turns each into its level;
-//   - the seven stored sign bits of each group become its eight (the parity bit) by one vpermi2b over a 128-entry
-//     table, and vpshufbitqmb makes them a mask that negates the activation bytes (vpsubb under the mask);
-//   - maddubs and vpdpwssd with the odd multipliers give the block's integer total, the reference's integer.
-// The float steps are IqGrid's, so the results equal the tier's bit for bit (the kernel tests check it).
-// bench_dot (rows of 2048 in L2, one thread, Zen 4), the tier's kernel -> these: IQ2_XXS 3.3 -> 7.5 GB/s, IQ3_XXS
-// 3.8 -> 9.2 (docs/kernels.md).
+//   - a grid becomes a table of 16-bit codes (2 bits a value for the IQ2 and IQ1 grids' three levels, 3 bits for the
+//     IQ3 grids' eight); 256 or 512 entries (IQ2_XXS, IQ3_XXS; IQ2_XS, IQ3_S) stay in 8 or 16 registers and are
+//     looked up 32 indices at a time by vpermt2w and blends on the index's high bits; the 1024 of IQ2_S and the 2048
+//     of IQ1_S and IQ1_M are gathered, 16 indices at a time;
+//   - vpmultishiftqb cuts the codes into one byte per value and vpermb turns each into its magnitude;
+//   - seven stored sign bits per group become eight (the parity bit) by one vpermi2b over a 128-entry table and a
+//     mask by vpshufbitqmb; whole sign bytes are masks as they are; the mask negates the activation bytes (vpsubb
+//     under it); maddubs and vpdpwssd with the odd multipliers give the block's integer;
+//   - IQ1's values 8g + t (g in {-1, 0, 1}, the shift t = +-1) go unsigned: 8(g + 1)(2x + 1) <= 240 by vpdpbusd,
+//     less (8 - t)(2x + 1) times the activation's sums (IQ1_S: Q8_K's sums per 16; IQ1_M, whose t is per 8 values:
+//     a second vpdpbusd).
+// Every block's integer is the reference's and the float steps are IqGrid's, so the results equal the tier's bit for
+// bit (tests/unit/cpu_kernels: Kernels.VbmiIqDotsEqualTheAvx2TierBitForBit). Speeds: docs/kernels.md.
 // Compiled with the AVX-512 tier's flags plus -mavx512vbmi -mavx512bitalg; installed only where the CPU has both
 // (has_avx512_vbmi_bitalg()).
 #include <immintrin.h>
@@ -74,14 +78,23 @@ GridTables make_tables(const Entry* grid, int entries, const uint8_t* levels, in
   return t;
 }
 
-// What IQ2_XXS and IQ3_XXS share: 32-value sub-blocks with a uint32 of four 7-bit sign fields and a 4-bit scale.
-struct SignTables {
-  alignas(64) uint8_t parity[128];          // 7 stored sign bits -> the 8 (quant::kIqParitySigns)
-  alignas(64) uint8_t sign_fields[64];      // vpmultishiftqb: qword k's high dword's 4 fields to its bytes 0-3
-  alignas(64) int64_t sub_blocks[4][8];     // vpermq: output vector p's two sub-blocks, four qwords each
-  alignas(64) uint8_t sign_bits[64];        // vpshufbitqmb: qword q's 8 bits, byte q mod 4 of its sub-block's
-  alignas(64) uint16_t scale_words[4][32];  // vpermw: sub-block 2p's multiplier to words 0-15, 2p+1's to 16-31
-  SignTables() {
+// The tables the formats share: the signs and scales of IQ2_XXS and IQ3_XXS (32-value sub-blocks with a uint32 of
+// four 7-bit sign fields and a 4-bit scale), the parity table (IQ2_XS too), the unpacking of nibble scales.
+struct CommonTables {
+  alignas(64) uint8_t parity[128];              // 7 stored sign bits -> the 8 (quant::kIqParitySigns)
+  alignas(64) uint8_t sign_fields[64];          // vpmultishiftqb: qword k's high dword's 4 fields to its bytes 0-3
+  alignas(64) int64_t sub_blocks[4][8];         // vpermq: output vector p's two sub-blocks, four qwords each
+  alignas(64) uint8_t sign_bits[64];            // vpshufbitqmb: qword q's 8 bits, byte q mod 4 of its sub-block's
+  alignas(64) uint16_t scale_words[4][32];      // vpermw: sub-block 2p's multiplier to words 0-15, 2p+1's to 16-31
+  alignas(64) uint8_t nibbles[64];              // vpmultishiftqb: byte u (< 16) <- nibble u of the qword
+  alignas(64) uint16_t nibble_words[2][4][32];  // vpermw: output vector p's words <- their group's multiplier
+  CommonTables() {
+    for (int i = 0; i < 64; ++i) nibbles[i] = static_cast<uint8_t>(4 * i % 64);
+    for (int p = 0; p < 4; ++p)
+      for (int w = 0; w < 32; ++w) {
+        nibble_words[0][p][w] = static_cast<uint16_t>(4 * p + w / 8);   // groups of 16 values
+        nibble_words[1][p][w] = static_cast<uint16_t>(2 * p + w / 16);  // groups of 32
+      }
     for (int i = 0; i < 128; ++i) parity[i] = quant::kIqParitySigns[i];
     for (int q = 0; q < 8; ++q)
       for (int j = 0; j < 8; ++j) {
@@ -95,8 +108,8 @@ struct SignTables {
   }
 };
 
-const SignTables& sign_tables() {
-  static const SignTables t;
+const CommonTables& common_tables() {
+  static const CommonTables t;
   return t;
 }
 
@@ -144,7 +157,7 @@ struct DecodedBlock {
 
 // The signs and multipliers of 8 sub-blocks whose uint32 (4 x 7 sign bits, the scale in the top 4) is the high
 // dword of qword k of `aux`.
-inline void decode_signs(__m512i aux, const SignTables& s, DecodedBlock& out) {
+inline void decode_signs(__m512i aux, const CommonTables& s, DecodedBlock& out) {
   const __m512i fields = _mm512_multishift_epi64_epi8(load(s.sign_fields), aux);
   const __m512i signs = _mm512_permutex2var_epi8(load(s.parity), fields, load(s.parity + 64));
   const __m512i top = _mm512_srli_epi64(aux, 60);
@@ -163,35 +176,17 @@ inline __m512i magnitudes(__m512i codes, const GridTables& t, int p) {
   return _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load(t.code_shifts), words), load(t.levels));
 }
 
-// Scales of 4 bits (x, the multiplier 2x + 1), packed in nibbles, one per group of kPer values (16 or 32).
-struct NibbleTables {
-  alignas(64) uint8_t nibbles[64];       // vpmultishiftqb: byte u (< 16) <- nibble u of the qword
-  alignas(64) uint16_t words[2][4][32];  // vpermw: output vector p's words <- their group's multiplier (16, 32)
-  NibbleTables() {
-    for (int i = 0; i < 64; ++i) nibbles[i] = static_cast<uint8_t>(4 * i % 64);
-    for (int p = 0; p < 4; ++p)
-      for (int w = 0; w < 32; ++w) {
-        words[0][p][w] = static_cast<uint16_t>(4 * p + w / 8);
-        words[1][p][w] = static_cast<uint16_t>(2 * p + w / 16);
-      }
-  }
-};
-
-const NibbleTables& nibble_tables() {
-  static const NibbleTables t;
-  return t;
-}
-
+// The multipliers 2x + 1 of 4-bit scales x packed in nibbles (nibble u: the u-th group of kPer values, 16 or 32),
+// as the words of output vectors 0-3.
 template <int kPer>
-inline void nibble_multipliers(uint64_t packed, DecodedBlock& out) {
-  const NibbleTables& t = nibble_tables();
+inline void nibble_multipliers(uint64_t packed, const CommonTables& t, DecodedBlock& out) {
   const __m512i nibbles =
       _mm512_multishift_epi64_epi8(load(t.nibbles), _mm512_set1_epi64(static_cast<int64_t>(packed)));
   const __m128i x = _mm512_castsi512_si128(_mm512_and_si512(nibbles, _mm512_set1_epi8(0xf)));
   const __m512i odd =
       _mm512_castsi256_si512(_mm256_or_si256(_mm256_slli_epi16(_mm256_cvtepu8_epi16(x), 1), _mm256_set1_epi16(1)));
 #pragma GCC unroll 4
-  for (int p = 0; p < 4; ++p) out.scale[p] = _mm512_permutexvar_epi16(load(t.words[kPer == 16 ? 0 : 1][p]), odd);
+  for (int p = 0; p < 4; ++p) out.scale[p] = _mm512_permutexvar_epi16(load(t.nibble_words[kPer == 16 ? 0 : 1][p]), odd);
 }
 
 inline uint64_t load_u64(const uint8_t* p) {
@@ -214,7 +209,7 @@ struct Iq2XxsFormat {
     }();
     return t;
   }
-  static void decode(const uint8_t* b, const Lookup& lookup, const GridTables& t, const SignTables& s,
+  static void decode(const uint8_t* b, const Lookup& lookup, const GridTables& t, const CommonTables& s,
                      DecodedBlock& out) {
     const __m512i q = load(b + 2);
     // Index byte l of sub-block k (byte 8k + l) to word 4k + l.
@@ -237,7 +232,7 @@ struct Iq3XxsFormat {
     }();
     return t;
   }
-  static void decode(const uint8_t* b, const Lookup& lookup, const GridTables& t, const SignTables& s,
+  static void decode(const uint8_t* b, const Lookup& lookup, const GridTables& t, const CommonTables& s,
                      DecodedBlock& out) {
     const __m512i low = lookup(_mm512_cvtepu8_epi16(load256(b + 2)));
     const __m512i high = lookup(_mm512_cvtepu8_epi16(load256(b + 34)));
@@ -266,11 +261,12 @@ struct Iq2XsFormat {
     }();
     return t;
   }
-  static void decode(const uint8_t* b, const Lookup& lookup, const Tables& t, const SignTables& s, DecodedBlock& out) {
+  static void decode(const uint8_t* b, const Lookup& lookup, const Tables& t, const CommonTables& s,
+                     DecodedBlock& out) {
     const __m512i q = load(b + 2);
     const __m512i codes = lookup(_mm512_and_si512(q, _mm512_set1_epi16(0x1ff)));
     const __m512i signs = _mm512_permutex2var_epi8(load(s.parity), _mm512_srli_epi16(q, 9), load(s.parity + 64));
-    nibble_multipliers<16>(load_u64(b + 66), out);
+    nibble_multipliers<16>(load_u64(b + 66), s, out);
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {
       out.mag[p] = magnitudes(codes, t, p);
@@ -293,7 +289,7 @@ struct Iq3sFormat {
     }();
     return t;
   }
-  static void decode(const uint8_t* b, const Lookup& lookup, const GridTables& t, const SignTables& /*s*/,
+  static void decode(const uint8_t* b, const Lookup& lookup, const GridTables& t, const CommonTables& s,
                      DecodedBlock& out) {
     const uint64_t ninth = load_u64(b + 66);
     const __m512i nine = _mm512_set1_epi16(0x100);
@@ -307,7 +303,7 @@ struct Iq3sFormat {
     }
     uint32_t packed;
     std::memcpy(&packed, b + 106, 4);
-    nibble_multipliers<32>(packed, out);
+    nibble_multipliers<32>(packed, s, out);
   }
 };
 
@@ -335,7 +331,7 @@ struct Iq2sFormat {
     }();
     return t;
   }
-  static void decode(const uint8_t* b, const Lookup& /*lookup*/, const Tables& t, const SignTables& /*s*/,
+  static void decode(const uint8_t* b, const Lookup& /*lookup*/, const Tables& t, const CommonTables& s,
                      DecodedBlock& out) {
     const uint64_t qh = load_u64(b + 66);
 #pragma GCC unroll 2
@@ -355,7 +351,7 @@ struct Iq2sFormat {
     }
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) out.neg[p] = _cvtu64_mask64(load_u64(b + 34 + 8 * p));
-    nibble_multipliers<16>(load_u64(b + 74), out);
+    nibble_multipliers<16>(load_u64(b + 74), s, out);
   }
 };
 
@@ -366,7 +362,7 @@ struct IqVbmi {
   template <int N>
   static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
     const auto& t = Format::tables();
-    const SignTables& s = sign_tables();
+    const CommonTables& s = common_tables();
     const typename Format::Lookup lookup(t.codes);
     const ActRows<quant::BlockQ8_K, N> y(act, stride);
     const __m512i zero = _mm512_setzero_si512();
