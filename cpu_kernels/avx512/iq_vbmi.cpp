@@ -2,9 +2,9 @@
 // decoded in vector registers. The tier's kernel (dots256.inc's IqGrid) builds each group of 8 values from a grid
 // entry loaded into a general register and inserted into a vector, about 40 instructions per 32 values; here:
 //   - a grid becomes a table of 16-bit codes (2 bits a value for the IQ2 and IQ1 grids' three levels, 3 bits for the
-//     IQ3 grids' eight); 256 or 512 entries (IQ2_XXS, IQ3_XXS; IQ2_XS, IQ3_S) stay in 8 or 16 registers and are
-//     looked up 32 indices at a time by vpermt2w and blends on the index's high bits; the 1024 of IQ2_S and the 2048
-//     of IQ1_S and IQ1_M are gathered, 16 indices at a time;
+//     IQ3 grids' eight); 256 or 512 entries (IQ2_XXS, IQ3_XXS; IQ2_XS, IQ3_S) are loaded into 8 or 16 vectors once a
+//     call (kept in registers for one activation row) and looked up 32 indices at a time by vpermt2w and blends on the
+//     index's high bits; the 1024 of IQ2_S and the 2048 of IQ1_S and IQ1_M are gathered, 16 indices at a time;
 //   - vpmultishiftqb cuts the codes into one byte per value and vpermb turns each into its magnitude;
 //   - seven stored sign bits per group become eight (the parity bit) by one vpermi2b over a 128-entry table and a
 //     mask by vpshufbitqmb; whole sign bytes are masks as they are; the mask negates the activation bytes (vpsubb
@@ -13,7 +13,7 @@
 //     less (8 - t)(2x + 1) times the activation's sums (IQ1_S: Q8_K's sums per 16; IQ1_M, whose t is per 8 values:
 //     a second vpdpbusd).
 // Every block's integer is the reference's and the float steps are IqGrid's, so the results equal the tier's bit for
-// bit (tests/unit/cpu_kernels: Kernels.VbmiIqDotsEqualTheAvx2TierBitForBit). Speeds: docs/kernels.md.
+// bit (tests/unit/cpu_kernels: Kernels.VbmiIqDotsEqualTheTiersOwnBitForBit). Speeds: docs/kernels.md.
 // Compiled with the AVX-512 tier's flags plus -mavx512vbmi -mavx512bitalg; installed only where the CPU has both
 // (has_avx512_vbmi_bitalg()).
 #include <immintrin.h>
@@ -148,7 +148,7 @@ struct NoLookup {
 };
 
 // One block's 256 values as four vectors of magnitude bytes, four masks of the negative ones and four vectors of
-// multipliers (one word per pair of maddubs' words).
+// multipliers (one word per maddubs word: vpdpwssd multiplies them word by word).
 struct DecodedBlock {
   __m512i mag[4];
   __mmask64 neg[4];
@@ -393,11 +393,6 @@ struct IqVbmi {
   }
 };
 
-// IQ1_S: d, 32 index low bytes, 8 uint16 qh (per 32 values: 4 x 3 index bits, the 3-bit scale x, the sign of the
-// shift in bit 15). A value is (8g + t) / 8, g in {-1, 0, 1} from the grid, t = -1 where the sign bit is set, else 1.
-// With c = g + 1 in {0, 1, 2}, a sub-block's integer (2x + 1) sum(q8 (8g + t)) = sum(q8 8c(2x + 1)) - (8 - t)(2x + 1)
-// sum(q8): the first by vpdpbusd with the unsigned bytes 8c(2x + 1) <= 240, the second from the activation's sums
-// per 16 (Q8_K's bsums). The 2048-entry grid is too big for registers: its codes are gathered, 16 at a time.
 // The grid of IQ1_S and IQ1_M: c = g + 1 of each value, 2 bits each, first lowest (2 spare entries for the 4-byte
 // gather of the last), and the byte weights of both formats' vpdpbusd.
 struct Iq1Grid {
@@ -444,10 +439,20 @@ struct Iq1sTables {
   }
 };
 
+const Iq1sTables& iq1s_tables() {
+  static const Iq1sTables t;
+  return t;
+}
+
+// IQ1_S: d, 32 index low bytes, 8 uint16 qh (per 32 values: 4 x 3 index bits, the 3-bit scale x, the sign of the
+// shift in bit 15). A value is (8g + t) / 8, g in {-1, 0, 1} from the grid, t = -1 where the sign bit is set, else 1.
+// With c = g + 1 in {0, 1, 2}, a sub-block's integer (2x + 1) sum(q8 (8g + t)) = sum(q8 8c(2x + 1)) - (8 - t)(2x + 1)
+// sum(q8): the first by vpdpbusd with the unsigned bytes 8c(2x + 1) <= 240, the second from the activation's sums
+// per 16 (Q8_K's bsums). The 2048-entry grid is too big for registers: its codes are gathered, 16 at a time.
 struct Iq1sVbmi {
   template <int N>
   static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
-    static const Iq1sTables t;
+    const Iq1sTables& t = iq1s_tables();
     const Iq1Grid& grid = iq1_grid();
     const ActRows<quant::BlockQ8_K, N> y(act, stride);
     float sum[N] = {};
@@ -522,10 +527,15 @@ struct Iq1mTables {
   }
 };
 
+const Iq1mTables& iq1m_tables() {
+  static const Iq1mTables t;
+  return t;
+}
+
 struct Iq1mVbmi {
   template <int N>
   static void cols(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
-    static const Iq1mTables t;
+    const Iq1mTables& t = iq1m_tables();
     const Iq1Grid& grid = iq1_grid();
     const ActRows<quant::BlockQ8_K, N> y(act, stride);
     float sum[N] = {};

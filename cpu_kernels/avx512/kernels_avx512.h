@@ -11,8 +11,8 @@ void install(KernelTable& table);
 void install_attention(KernelTable& table);
 // Puts the AVX-512 weight quantizers (the split formats' W^Q fit) into `table`; the same conditions.
 void install_quantize(KernelTable& table);
-// Puts the IQ2_XXS and IQ3_XXS dots with VBMI and BITALG into `table`, over the tier's. Call only when the AVX-512
-// tier runs and has_avx512_vbmi_bitalg() is true.
+// Puts the seven IQ grid formats' dots with VBMI and BITALG (iq_vbmi.cpp) into `table`, over the tier's. Call only when
+// the AVX-512 tier runs and has_avx512_vbmi_bitalg() is true.
 void install_iq_vbmi(KernelTable& table);
 // Puts the AMX tile kernels (Q4_K, Q8_0, Q5_0 tiles for batches) over those; the rest of the AMX tier is AVX-512.
 // Call only when detect_isa() returned Isa::kAmx (CPU support and the OS's permission for tile state).
