@@ -185,18 +185,21 @@ void prepared_few(int64_t n_blocks, const uint8_t* w, size_t row_bytes, int64_t 
   }
 }
 
-// Q4_K for one or two activation rows in 512-bit steps. The 64 bytes of qs[64c..64c+63] hold groups 4c and 4c+2 in
+// Q4_K (and Q5_K: QkZmm<BlockQ5_K, true>, its fifth bits added under a mask, 16 where set) for one or two activation
+// rows in 512-bit steps. The 64 bytes of qs[64c..64c+63] hold groups 4c and 4c+2 in
 // their low nibbles and 4c+1 and 4c+3 in their high ones; one vpdpbusd per nibble half gives the 4-value sums of two
 // groups (the activation's two 32-byte runs put side by side), a saturating pack puts both halves' int32 sums
-// (|sum| <= 4 * 15 * 128, so nothing saturates) in one vector of int16 pairs, and one vpdpwssd multiplies each pair
+// (|sum| <= 4 * 31 * 128, so nothing saturates) in one vector of int16 pairs, and one vpdpwssd multiplies each pair
 // by its group scale and adds it to the super-block's sums: per super-block 4 vpdpbusd and 2 vpdpwssd where the
 // 256-bit kernel takes 8 maddubs and 8 vpdpwssd. The mins meet the activation's sixteen 16-value sums in one 256-bit
 // madd (each min taken twice); d and dmin convert in one instruction, and the 16 float lanes are summed only at the
 // end of the row. The integer sums are the 256-bit kernel's; their float lanes are split differently, so results
 // differ from the AVX2 tier's by rounding. bench_dot (L2-resident, one thread, Zen 4): 32.5 GB/s of weights against
 // 25.7 for the 256-bit kernel; the one-madd mins, the single conversion and the 512-bit float lanes took it from 32.2
-// to 37.0 GB/s (a standalone copy of both, alternating, one sitting).
-struct Q4KZmm {
+// to 37.0 GB/s (a standalone copy of both, alternating, one sitting). Q5_K through it: bench_dot dot/avx512/Q5_K
+// 22.9-23.3 -> 33.9-34.9 GB/s against the 256-bit kernel (the two binaries alternating, two sittings).
+template <typename BlockT, bool kFifthBit>
+struct QkZmm {
   // The shuffles for c = 0 and 1: in 128-bit lane k the pack holds four sums of the low-nibble vector's lane k
   // (group 4c, or 4c + 2 for k >= 2), then four of the high-nibble vector's (one group more).
   static constexpr std::array<int8_t, 64> kScalePatterns[2] = {
@@ -259,14 +262,26 @@ struct Q4KZmm {
   // The 4-value sums of super-block x's 256 values against activation row j, each pair of int16 sums times its
   // group's scale (sc: operand c's scales), in 16 int32 lanes.
   template <typename Act>
-  static __m512i super_sums(const quant::BlockQ4_K& x, const Act& act, int j, int64_t i, const __m512i sc[2]) {
+  static __m512i super_sums(const BlockT& x, const Act& act, int j, int64_t i, const __m512i sc[2]) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     __m512i sumi = _mm512_setzero_si512();
+    [[maybe_unused]] __m512i qh;
+    if constexpr (kFifthBit) qh = _mm512_broadcast_i64x4(load256(x.qh));  // both halves: value l's bits in byte l
 #pragma GCC unroll 2
     for (int c = 0; c < 2; ++c) {
       const __m512i q4 = load512(x.qs + 64 * c);
-      const __m512i lo = _mm512_and_si512(q4, low4);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q4, 4), low4);
+      __m512i lo = _mm512_and_si512(q4, low4);
+      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q4, 4), low4);
+      if constexpr (kFifthBit) {
+        // Q5_K: group g's fifth bits are bit g of qh; lo holds groups 4c and 4c + 2, hi 4c + 1 and 4c + 3.
+        const auto bits = [](int first, int second) {
+          return _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << first)),
+                                    _mm256_set1_epi8(static_cast<char>(1 << second)), 1);
+        };
+        const __m512i sixteen = _mm512_set1_epi8(16);
+        lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, bits(4 * c, 4 * c + 2)), lo, sixteen);
+        hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, bits(4 * c + 1, 4 * c + 3)), hi, sixteen);
+      }
       const auto [a_lo, a_hi] = act.halves(j, i, c);
       const __m512i v_lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, a_lo);
       const __m512i v_hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, a_hi);
@@ -289,7 +304,7 @@ struct Q4KZmm {
   // activation's view stay in registers across rows), out of line elsewhere (rows_of).
   template <int N, typename Act>
   __attribute__((always_inline)) static void rows_of_inline(int64_t n, const void* w, const Act& act, float* out) {
-    const auto* x = static_cast<const quant::BlockQ4_K*>(w);
+    const auto* x = static_cast<const BlockT*>(w);
     const __m512i pattern0 = load512(kScalePatterns[0].data()), pattern1 = load512(kScalePatterns[1].data());
     __m512 acc[N], acc_min[N];
 #pragma GCC unroll 8
@@ -367,7 +382,7 @@ struct Q4KZmm {
 
   // One activation row's operands (n_super super-blocks), put together once per call: the drivers' Prepared
   // (prepared_many: on the stack, 18.5 kB at most; prepared_few: per-thread buffers).
-  using Block = quant::BlockQ4_K;
+  using Block = BlockT;
   struct Prepared {
     __m512i operands[4 * kManyMaxSuper];
     alignas(64) int16_t sums[16 * kManyMaxSuper];
@@ -396,16 +411,16 @@ struct Q4KZmm {
   // 2048 in L2, one thread; 512 MB of rows; old and new kernels in one process, 15 rounds alternating, per-round
   // medians).
   template <int N>
-  __attribute__((always_inline)) static void row(const quant::BlockQ4_K* x, int64_t n_super,
-                                                 const Prepared* const (&p)[N], float* out, size_t /*ldo*/) {
+  __attribute__((always_inline)) static void row(const BlockT* x, int64_t n_super, const Prepared* const (&p)[N],
+                                                 float* out, size_t /*ldo*/) {
     static_assert(N == 1, "few pairs its activations itself");
     rows_of_inline<1>(n_super * quant::kQK_K, x, p[0]->one, out);
   }
 
   static void many(int64_t n, const uint8_t* w, size_t row_bytes, int64_t n_rows, const void* act, float* out) {
     const int64_t n_super = n / quant::kQK_K;
-    if (n_super > kManyMaxSuper) return dot_many<Q4KZmm>(n, w, row_bytes, n_rows, act, out);
-    prepared_many<Q4KZmm>(n_super, w, row_bytes, n_rows, act, out);
+    if (n_super > kManyMaxSuper) return dot_many<QkZmm>(n, w, row_bytes, n_rows, act, out);
+    prepared_many<QkZmm>(n_super, w, row_bytes, n_rows, act, out);
   }
 
   // Rows against a few activation rows (a verification step, a few sequences decoded together), each prepared once
@@ -419,8 +434,8 @@ struct Q4KZmm {
     constexpr int64_t kMaxPairs = 4;
     const int64_t n_super = n / quant::kQK_K, n_pairs = n_act / 2;
     if (n_super > kManyMaxSuper || n_pairs > kMaxPairs)
-      return dot_few<Q4KZmm>(n, w, row_bytes, n_rows, act, stride, n_act, out, ldo);
-    std::span<Prepared> prepared = scratch<Prepared, Q4KZmm>(n_act);
+      return dot_few<QkZmm>(n, w, row_bytes, n_rows, act, stride, n_act, out, ldo);
+    std::span<Prepared> prepared = scratch<Prepared, QkZmm>(n_act);
     for (int64_t j = 0; j < n_act; ++j) prepared[j].prepare(act + j * stride, n_super);
     PreparedRows<2> pairs[kMaxPairs];
     for (int64_t q = 0; q < n_pairs; ++q) pairs[q] = {{prepared[2 * q].one.row[0], prepared[2 * q + 1].one.row[0]}};
@@ -437,6 +452,8 @@ struct Q4KZmm {
     }
   }
 };
+using Q4KZmm = QkZmm<quant::BlockQ4_K, false>;
+using Q5KZmm = QkZmm<quant::BlockQ5_K, true>;
 
 // Q5_0 for one or two activation rows, two blocks per 512-bit step. Each block's 16 bytes of nibbles go to two
 // 128-bit lanes (a broadcast, then a masked broadcast of the next block's), shifted by 0 and 4: values 0-15 and 16-31
@@ -1383,6 +1400,10 @@ void install(KernelTable& table) {
   table.vec_dot_rows[kernel_slot(GgmlType::Q4_K)] = &dot_rows<Q4KZmm>;
   table.vec_dot_many[kernel_slot(GgmlType::Q4_K)] = &Q4KZmm::many;
   table.vec_dot_few[kernel_slot(GgmlType::Q4_K)] = &Q4KZmm::few;
+  table.vec_dot[kernel_slot(GgmlType::Q5_K)] = &dot_one<Q5KZmm>;
+  table.vec_dot_rows[kernel_slot(GgmlType::Q5_K)] = &dot_rows<Q5KZmm>;
+  table.vec_dot_many[kernel_slot(GgmlType::Q5_K)] = &Q5KZmm::many;
+  table.vec_dot_few[kernel_slot(GgmlType::Q5_K)] = &Q5KZmm::few;
   table.vec_dot[kernel_slot(GgmlType::Q5_0)] = &dot_one<Q5PairZmm>;
   table.vec_dot_rows[kernel_slot(GgmlType::Q5_0)] = &dot_rows<Q5PairZmm>;
   table.vec_dot_many[kernel_slot(GgmlType::Q5_0)] = &Q5PairZmm::many;
