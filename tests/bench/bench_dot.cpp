@@ -327,7 +327,8 @@ void register_all() {
                                        .c_str(),
                                    [isa, t](benchmark::State& s) { bm_dot(s, isa, t, 1); });
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
-    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::IQ2_XXS})
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::IQ2_XXS,
+                       GgmlType::Q2_K, GgmlType::Q3_K})
       benchmark::RegisterBenchmark((std::string("rows16/") + std::string(hetmoe::cpu::isa_name(isa)) + "/" +
                                     std::string(hetmoe::quant::type_info(t).name))
                                        .c_str(),
