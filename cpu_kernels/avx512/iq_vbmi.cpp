@@ -307,6 +307,14 @@ struct Iq3sFormat {
   }
 };
 
+// 16 grid indices, low_bytes[i] | (lane i of high & high_mask), and their 16-bit codes gathered: 4 bytes at codes +
+// 2 x index each (the tables keep two spare entries for the last), the code in the low half.
+inline __m512i gather_codes(const uint8_t* low_bytes, __m512i high, int32_t high_mask, const uint16_t* codes) {
+  const __m512i low = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(low_bytes)));
+  const __m512i index = _mm512_ternarylogic_epi32(low, high, _mm512_set1_epi32(high_mask), 0xF8);  // low | high & mask
+  return _mm512_i32gather_epi32(index, codes, 2);
+}
+
 // d, 32 index low bytes, 32 sign bytes (bit j of byte g: value 8g + j negative), 8 qh bytes (bits 2i, 2i + 1 of the
 // 64: index i's bits 8 and 9), 8 scale bytes (a nibble per 16 values). The 1024-entry grid's codes are gathered.
 struct Iq2sFormat {
@@ -336,11 +344,9 @@ struct Iq2sFormat {
     const uint64_t qh = load_u64(b + 66);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
-      const __m512i low = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * h)));
       const __m512i bits =
           _mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int32_t>(qh >> (32 * h))), load(t.qh_shifts));
-      const __m512i index = _mm512_ternarylogic_epi32(low, _mm512_slli_epi32(bits, 8), _mm512_set1_epi32(0x300), 0xF8);
-      const __m512i codes = _mm512_i32gather_epi32(index, t.codes, 2);
+      const __m512i codes = gather_codes(b + 2 + 16 * h, _mm512_slli_epi32(bits, 8), 0x300, t.codes);
 #pragma GCC unroll 2
       for (int half = 0; half < 2; ++half) {
         const __m512i qwords =
@@ -462,13 +468,10 @@ struct Iq1sVbmi {
       __m512i group_codes[2];
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
-        const __m512i low = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * h)));
         const __m512i words =
             _mm512_maskz_permutexvar_epi16(0x55555555U, load(t.qh_words[h]), _mm512_castsi128_si512(qh));
         const __m512i high = _mm512_srlv_epi32(_mm512_slli_epi32(words, 8), load(t.qh_shifts));
-        const __m512i index =
-            _mm512_ternarylogic_epi32(low, high, _mm512_set1_epi32(0x700), 0xF8);  // low | high & 0x700
-        group_codes[h] = _mm512_i32gather_epi32(index, grid.codes, 2);
+        group_codes[h] = gather_codes(b + 2 + 16 * h, high, 0x700, grid.codes);
       }
       // Per sub-block k, word k: x << 2 in the low byte; the bsums' factor (8 - t)(2x + 1).
       const __m128i x4 = _mm_and_si128(_mm_srli_epi16(qh, 10), _mm_set1_epi16(0x1c));
@@ -545,13 +548,9 @@ struct Iq1mVbmi {
       __m512i group_codes[2];
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
-        const __m512i low = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16 * h)));
         const __m512i bytes = _mm512_maskz_permutexvar_epi8(
             0x1111111111111111ULL, _mm512_add_epi8(load(t.qh_bytes), _mm512_set1_epi32(8 * h)), qh);
-        const __m512i high = _mm512_sllv_epi32(bytes, load(t.qh_shifts));
-        const __m512i index =
-            _mm512_ternarylogic_epi32(low, high, _mm512_set1_epi32(0x700), 0xF8);  // low | high & 0x700
-        group_codes[h] = _mm512_i32gather_epi32(index, grid.codes, 2);
+        group_codes[h] = gather_codes(b + 16 * h, _mm512_sllv_epi32(bytes, load(t.qh_shifts)), 0x700, grid.codes);
       }
       const uint64_t packed = load_u64(b + 48);
       const __m512i x = _mm512_and_si512(
